@@ -1,0 +1,59 @@
+import { readdir, readFile } from 'node:fs/promises';
+import { fileURLToPath } from 'node:url';
+import type { Db } from './pool.js';
+
+const MIGRATIONS_DIR = fileURLToPath(new URL('./migrations/', import.meta.url));
+// Arbitrary constant shared by every mnemos process: serialises concurrent migrators.
+const MIGRATION_LOCK_KEY = 724_518_301;
+
+export interface Migration {
+  version: number;
+  name: string;
+  sql: string;
+}
+
+export async function loadMigrations(dir = MIGRATIONS_DIR): Promise<Migration[]> {
+  const files = (await readdir(dir)).filter((f) => /^\d{3}_[a-z0-9_]+\.sql$/.test(f)).sort();
+  return Promise.all(
+    files.map(async (f) => ({
+      version: Number(f.slice(0, 3)),
+      name: f.replace(/\.sql$/, ''),
+      sql: await readFile(`${dir}${f}`, 'utf8'),
+    })),
+  );
+}
+
+/**
+ * Applies pending migrations in one transaction under a transaction-scoped advisory lock, so
+ * several processes starting at once apply each file exactly once. Returns the names applied.
+ */
+export async function migrate(db: Db, migrations?: Migration[]): Promise<string[]> {
+  const all = migrations ?? (await loadMigrations());
+  return db.transaction(async (tx) => {
+    await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
+    await tx.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
+      version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`);
+    const done = await tx.query<{ version: number }>('SELECT version FROM schema_migrations');
+    const applied = new Set(done.rows.map((r) => r.version));
+    const names: string[] = [];
+    for (const m of all) {
+      if (applied.has(m.version)) continue;
+      await tx.query(m.sql);
+      await tx.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [m.version, m.name]);
+      names.push(m.name);
+    }
+    return names;
+  });
+}
+
+/** Pending migration names; empty when the schema is current (used by /readyz). */
+export async function pendingMigrations(db: Db, migrations?: Migration[]): Promise<string[]> {
+  const all = migrations ?? (await loadMigrations());
+  try {
+    const done = await db.query<{ version: number }>('SELECT version FROM schema_migrations');
+    const applied = new Set(done.rows.map((r) => r.version));
+    return all.filter((m) => !applied.has(m.version)).map((m) => m.name);
+  } catch {
+    return all.map((m) => m.name);
+  }
+}

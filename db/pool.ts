@@ -1,0 +1,93 @@
+import pg from 'pg';
+import type { Logger } from '../services/logger.js';
+
+/**
+ * The only module that imports `pg`. Everything else talks to a `Queryable` (a pool, a transaction
+ * client, or the embedded PGlite adapter) so queries can run inside or outside a transaction.
+ */
+export interface QueryResult<R> {
+  rows: R[];
+  rowCount: number | null;
+}
+
+export interface Queryable {
+  query<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<QueryResult<R>>;
+}
+
+export interface Db extends Queryable {
+  /** Runs fn in one transaction on one connection; commits on success, rolls back on throw. */
+  transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+  readonly kind: 'postgres' | 'embedded';
+}
+
+// bigint (int8) as JS number would silently lose precision for unix-ns; keep it as string and
+// convert at the call site. count(*) and seq fit in a double, so those are cast to int in SQL.
+pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
+
+export function makePgDb(opts: { connectionString: string; max?: number; logger?: Logger; applicationName?: string }): Db {
+  const pool = new pg.Pool({
+    connectionString: opts.connectionString,
+    max: opts.max ?? 10,
+    application_name: opts.applicationName ?? 'mnemos',
+    connectionTimeoutMillis: 5000,
+    idleTimeoutMillis: 30000,
+  });
+  // An idle client losing its connection (Postgres restart) must not crash the process.
+  pool.on('error', (err) => opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error'));
+  return {
+    kind: 'postgres',
+    query: (text, params) => pool.query(text, params as unknown[]) as never,
+    async transaction(fn) {
+      const client = await pool.connect();
+      try {
+        await client.query('BEGIN');
+        const result = await fn({ query: (text, params) => client.query(text, params as unknown[]) as never });
+        await client.query('COMMIT');
+        return result;
+      } catch (err) {
+        await client.query('ROLLBACK').catch(() => undefined);
+        throw err;
+      } finally {
+        client.release();
+      }
+    },
+    close: () => pool.end(),
+  };
+}
+
+/** Shorthand used by query modules: `withTransaction(db, async (tx) => …)`. */
+export function withTransaction<T>(db: Db, fn: (tx: Queryable) => Promise<T>): Promise<T> {
+  return db.transaction(fn);
+}
+
+/** SQLSTATEs we branch on (never on message text). */
+export const PG = {
+  uniqueViolation: '23505',
+  serializationFailure: '40001',
+  deadlock: '40P01',
+  undefinedTable: '42P01',
+  invalidTextRepresentation: '22P02',
+} as const;
+
+export function pgCode(err: unknown): string | undefined {
+  return typeof err === 'object' && err !== null && 'code' in err && typeof err.code === 'string'
+    ? err.code
+    : undefined;
+}
+
+/** True for errors that mean "Postgres is not reachable right now" (connection refused, shutdown, timeout). */
+export function isPgUnavailable(err: unknown): boolean {
+  const code = pgCode(err);
+  if (code && /^(08|57P0[1-3]|53300)/.test(code)) return true;
+  const msg = err instanceof Error ? err.message : '';
+  return (
+    code === 'ECONNREFUSED' ||
+    code === 'ECONNRESET' ||
+    code === 'ETIMEDOUT' ||
+    code === 'EPIPE' ||
+    /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error/.test(
+      msg,
+    )
+  );
+}

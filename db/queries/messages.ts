@@ -1,0 +1,99 @@
+import type { Queryable } from '../pool.js';
+
+export interface ArchiveInsertRow {
+  seq: number;
+  id: string;
+  role: string;
+  content: string | null;
+  parts: unknown[] | null;
+  name: string | null;
+  tool_call_id: string | null;
+  tool_calls: unknown[] | null;
+  metadata: Record<string, unknown> | null;
+  sent_at_ns: string;
+  sent_at_given: boolean;
+  bytes: number;
+  fingerprint: string;
+  fts_en: string;
+  fts_cjk: string;
+}
+
+/**
+ * Archives a batch in one statement. `on conflict do nothing` makes a replayed drain a no-op
+ * (the primary key on seq and the unique client id are the last guard of exactly-once).
+ */
+export async function insertArchiveBatch(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+  rows: ArchiveInsertRow[],
+): Promise<Array<{ seq: string; bytes: number; sent_at_ns: string }>> {
+  const r = await q.query<{ seq: string; bytes: number; sent_at_ns: string }>(
+    `INSERT INTO messages (tenant_id, session_id, seq, id, role, content, parts, name, tool_call_id,
+       tool_calls, metadata, sent_at_ns, sent_at_given, bytes, fingerprint, search_tsv)
+     SELECT $1, $2, x.seq, x.id, x.role, x.content, x.parts, x.name, x.tool_call_id, x.tool_calls,
+       x.metadata, x.sent_at_ns, x.sent_at_given, x.bytes, x.fingerprint,
+       to_tsvector('english', x.fts_en) || to_tsvector('simple', x.fts_cjk)
+     FROM jsonb_to_recordset($3::jsonb) AS x(seq bigint, id text, role text, content text, parts jsonb,
+       name text, tool_call_id text, tool_calls jsonb, metadata jsonb, sent_at_ns bigint,
+       sent_at_given boolean, bytes integer, fingerprint text, fts_en text, fts_cjk text)
+     ORDER BY x.seq
+     ON CONFLICT DO NOTHING
+     RETURNING seq, bytes, sent_at_ns`,
+    [tenantId, sessionId, JSON.stringify(rows)],
+  );
+  return r.rows;
+}
+
+export interface StoredMessageRow {
+  seq: string;
+  id: string;
+  role: string;
+  content: string | null;
+  parts: unknown[] | null;
+  name: string | null;
+  tool_call_id: string | null;
+  tool_calls: unknown[] | null;
+  metadata: Record<string, unknown> | null;
+  sent_at_ns: string;
+  fingerprint: string;
+}
+
+const MSG_COLS = 'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
+
+export async function findByClientIds(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+  ids: string[],
+): Promise<StoredMessageRow[]> {
+  if (ids.length === 0) return [];
+  const r = await q.query<StoredMessageRow>(
+    `SELECT ${MSG_COLS} FROM messages WHERE tenant_id = $1 AND session_id = $2 AND id = ANY($3::text[])`,
+    [tenantId, sessionId, ids],
+  );
+  return r.rows;
+}
+
+/** A page of the archive in seq order; both bounds exclusive. */
+export async function pageMessages(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; afterSeq: number | null; beforeSeq: number | null; limit: number; desc: boolean },
+): Promise<StoredMessageRow[]> {
+  const r = await q.query<StoredMessageRow>(
+    `SELECT ${MSG_COLS} FROM messages
+     WHERE tenant_id = $1 AND session_id = $2
+       AND ($3::bigint IS NULL OR seq > $3) AND ($4::bigint IS NULL OR seq < $4)
+     ORDER BY seq ${a.desc ? 'DESC' : 'ASC'} LIMIT $5`,
+    [a.tenantId, a.sessionId, a.afterSeq, a.beforeSeq, a.limit],
+  );
+  return r.rows;
+}
+
+export async function maxArchivedSeq(q: Queryable, tenantId: string, sessionId: string): Promise<number> {
+  const r = await q.query<{ m: string | null }>(
+    'SELECT max(seq) AS m FROM messages WHERE tenant_id = $1 AND session_id = $2',
+    [tenantId, sessionId],
+  );
+  return Number(r.rows[0]?.m ?? 0);
+}

@@ -1,0 +1,81 @@
+import type { Queryable } from '../pool.js';
+
+export interface SessionRow {
+  tenant_id: string;
+  id: string;
+  generation: number;
+  next_seq: string;
+  message_count: number;
+  hot_bytes: string;
+  start_seq: string;
+  start_at_ns: string | null;
+  created_at: Date;
+  last_message_at: Date | null;
+  deleted_at: Date | null;
+}
+
+const COLS = `tenant_id, id, generation, next_seq, message_count, hot_bytes, start_seq, start_at_ns,
+  created_at, last_message_at, deleted_at`;
+
+/** Creates the session row if needed and locks it; the caller holds a transaction. */
+export async function lockOrCreateSession(q: Queryable, tenantId: string, sessionId: string): Promise<SessionRow> {
+  await q.query(`INSERT INTO sessions (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, [tenantId, sessionId]);
+  const r = await q.query<SessionRow>(`SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE`, [
+    tenantId,
+    sessionId,
+  ]);
+  return r.rows[0]!;
+}
+
+export async function lockSession(q: Queryable, tenantId: string, sessionId: string): Promise<SessionRow | null> {
+  const r = await q.query<SessionRow>(`SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE`, [
+    tenantId,
+    sessionId,
+  ]);
+  return r.rows[0] ?? null;
+}
+
+/** A live (not deleted) session. */
+export async function getSession(q: Queryable, tenantId: string, sessionId: string): Promise<SessionRow | null> {
+  const r = await q.query<SessionRow>(
+    `SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL`,
+    [tenantId, sessionId],
+  );
+  return r.rows[0] ?? null;
+}
+
+/** Keyset page over live sessions, newest activity first (cursor = last id of the previous page). */
+export async function listSessions(
+  q: Queryable,
+  tenantId: string,
+  afterId: string | null,
+  limit: number,
+): Promise<SessionRow[]> {
+  const r = await q.query<SessionRow>(
+    `SELECT ${COLS} FROM sessions
+     WHERE tenant_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR id > $2)
+     ORDER BY id LIMIT $3`,
+    [tenantId, afterId, limit],
+  );
+  return r.rows;
+}
+
+/** Records what a drain archived: the mark readers respect, counters, and the session's liveness. */
+export async function recordArchived(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; nextSeq: number; count: number; bytes: number; lastSentNs: string | null },
+): Promise<{ hot_bytes: string; message_count: number }> {
+  const r = await q.query<{ hot_bytes: string; message_count: number }>(
+    `UPDATE sessions SET
+       next_seq = GREATEST(next_seq, $3::bigint),
+       message_count = message_count + $4::int,
+       hot_bytes = hot_bytes + $5::bigint,
+       last_message_at = CASE WHEN $6::bigint IS NULL THEN last_message_at
+         ELSE GREATEST(last_message_at, to_timestamp($6::bigint / 1e9)) END,
+       deleted_at = CASE WHEN $4::int > 0 THEN NULL ELSE deleted_at END
+     WHERE tenant_id = $1 AND id = $2
+     RETURNING hot_bytes, message_count`,
+    [a.tenantId, a.sessionId, a.nextSeq, a.count, a.bytes, a.lastSentNs],
+  );
+  return r.rows[0]!;
+}

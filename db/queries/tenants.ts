@@ -1,0 +1,97 @@
+import type { Queryable } from '../pool.js';
+
+export interface TenantRow {
+  id: string;
+  name: string;
+  created_at: Date;
+}
+
+export interface ApiKeyRow {
+  id: string;
+  tenant_id: string;
+  name: string;
+  secret_hash: Buffer;
+  created_at: Date;
+  last_used_at: Date | null;
+  revoked_at: Date | null;
+}
+
+export async function insertTenant(q: Queryable, id: string, name: string): Promise<TenantRow | null> {
+  const r = await q.query<TenantRow>(
+    `INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING id, name, created_at`,
+    [id, name],
+  );
+  return r.rows[0] ?? null;
+}
+
+export async function listTenants(q: Queryable): Promise<TenantRow[]> {
+  const r = await q.query<TenantRow>('SELECT id, name, created_at FROM tenants ORDER BY created_at, id');
+  return r.rows;
+}
+
+export async function findTenant(q: Queryable, idOrName: string): Promise<TenantRow | null> {
+  const r = await q.query<TenantRow>(
+    'SELECT id, name, created_at FROM tenants WHERE id = $1 OR name = $1 ORDER BY (id = $1) DESC LIMIT 1',
+    [idOrName],
+  );
+  return r.rows[0] ?? null;
+}
+
+export async function deleteTenantRow(q: Queryable, id: string): Promise<boolean> {
+  const r = await q.query('DELETE FROM tenants WHERE id = $1', [id]);
+  return (r.rowCount ?? 0) > 0;
+}
+
+export async function insertApiKey(
+  q: Queryable,
+  key: { id: string; tenantId: string; name: string; secretHash: Buffer },
+): Promise<ApiKeyRow> {
+  const r = await q.query<ApiKeyRow>(
+    `INSERT INTO api_keys (id, tenant_id, name, secret_hash) VALUES ($1, $2, $3, $4)
+     RETURNING id, tenant_id, name, secret_hash, created_at, last_used_at, revoked_at`,
+    [key.id, key.tenantId, key.name, key.secretHash],
+  );
+  return r.rows[0]!;
+}
+
+export async function findApiKey(q: Queryable, id: string): Promise<ApiKeyRow | null> {
+  const r = await q.query<ApiKeyRow>(
+    `SELECT id, tenant_id, name, secret_hash, created_at, last_used_at, revoked_at FROM api_keys WHERE id = $1`,
+    [id],
+  );
+  return r.rows[0] ?? null;
+}
+
+export async function listApiKeys(q: Queryable, tenantId?: string): Promise<ApiKeyRow[]> {
+  const r = await q.query<ApiKeyRow>(
+    `SELECT id, tenant_id, name, secret_hash, created_at, last_used_at, revoked_at FROM api_keys
+     WHERE ($1::text IS NULL OR tenant_id = $1) ORDER BY created_at, id`,
+    [tenantId ?? null],
+  );
+  return r.rows;
+}
+
+export async function revokeApiKey(q: Queryable, id: string): Promise<boolean> {
+  const r = await q.query(
+    'UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL',
+    [id],
+  );
+  return (r.rowCount ?? 0) > 0;
+}
+
+export async function revokeTenantKeys(q: Queryable, tenantId: string): Promise<number> {
+  const r = await q.query(
+    'UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1 AND revoked_at IS NULL',
+    [tenantId],
+  );
+  return r.rowCount ?? 0;
+}
+
+/** Throttled to once a minute per key so authentication stays a read on the hot path. */
+export async function touchApiKey(q: Queryable, id: string): Promise<void> {
+  await q.query(
+    `UPDATE api_keys SET last_used_at = now()
+     WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')`,
+    [id],
+  );
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env node
+// `npm test`: makes sure Postgres (with pgvector) and Redis are up, migrates a template database
+// once, runs every test file in parallel (each clones its own database from the template and uses
+// its own Redis prefix), then drops this run's databases and any a crashed earlier run left behind.
+import { spawnSync } from 'node:child_process';
+import { readdirSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
+import path from 'node:path';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const run = (cmd, args, opts = {}) => {
+  const r = spawnSync(cmd, args, { stdio: 'inherit', cwd: root, ...opts });
+  if (r.status !== 0) {
+    console.error(`[test] ${cmd} ${args.join(' ')} failed (exit ${r.status})`);
+    process.exit(r.status ?? 1);
+  }
+};
+
+const adminUrl = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+if (!process.env.TEST_SKIP_SETUP) {
+  run('bash', ['scripts/ensure-services.sh']);
+  run('bash', ['scripts/install-pgvector.sh']);
+}
+
+const runId = `${Math.floor(Date.now() / 1000)}_${randomBytes(3).toString('hex')}`;
+const template = `mnemos_tpl_${runId}`;
+const env = {
+  ...process.env,
+  TEST_DATABASE_ADMIN_URL: adminUrl,
+  MNEMOS_TEST_TEMPLATE: template,
+  MNEMOS_TEST_RUN: runId,
+};
+
+run(process.execPath, ['--import', 'tsx', 'test/support/global-setup.ts', 'setup'], { env });
+
+const only = process.argv.slice(2);
+const files = (only.length ? only : readdirSync(path.join(root, 'test')).filter((f) => f.endsWith('.test.ts')).sort().map((f) => `test/${f}`));
+const concurrency = process.env.TEST_CONCURRENCY ?? '4';
+const result = spawnSync(
+  process.execPath,
+  ['--import', 'tsx', '--test', `--test-concurrency=${concurrency}`, '--test-timeout=300000', ...files],
+  { stdio: 'inherit', cwd: root, env },
+);
+
+spawnSync(process.execPath, ['--import', 'tsx', 'test/support/global-setup.ts', 'teardown'], { stdio: 'inherit', cwd: root, env });
+process.exit(result.status ?? 1);

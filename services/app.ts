@@ -1,0 +1,114 @@
+import { randomUUID } from 'node:crypto';
+import { createBullBoard } from '@bull-board/api';
+import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
+import { ExpressAdapter } from '@bull-board/express';
+import express from 'express';
+import type { RequestHandler, Router } from 'express';
+import { requireAdmin, requireTenant } from './auth.js';
+import type { CoreDeps } from './deps.js';
+import { AppError } from './errors.js';
+import { makeErrorHandler, notFoundHandler } from './http-errors.js';
+import { buildOpenApi } from './openapi.js';
+import type { Mounted, RouteMeta } from './openapi.js';
+import { adminRoutesMeta, makeAdminRoutes } from './routes/admin-routes.js';
+import { jobRoutesMeta, makeJobRoutes, makeOpsRoutes, opsRoutesMeta } from './routes/ops-routes.js';
+import { makeSessionRoutes, sessionRoutesMeta } from './routes/session-routes.js';
+
+export const MAX_BODY_BYTES = 8 * 1024 * 1024;
+export const VERSION = '0.1.0';
+
+/** Extra routers mounted under /v1 by capability modules (error memory, search, …). */
+export interface ExtraRoutes {
+  prefix: string;
+  router: Router;
+  meta: Record<string, RouteMeta>;
+  /** Default 'tenant'. */
+  auth?: 'tenant' | 'none';
+}
+
+export interface AppOptions {
+  extraRoutes?: ExtraRoutes[];
+  eraseTenant?: (tenantId: string) => Promise<boolean>;
+  /** Content types besides JSON that a route accepts raw (e.g. JSON Lines import). */
+}
+
+const requestId: RequestHandler = (req, res, next) => {
+  const given = req.header('x-request-id');
+  const id = given && /^[A-Za-z0-9._-]{1,128}$/.test(given) ? given : randomUUID();
+  res.setHeader('x-request-id', id);
+  res.locals.requestId = id;
+  next();
+};
+
+/** Bodies must be JSON (or JSON Lines where a route says so); anything else is a 415, not a 400. */
+const requireJson: RequestHandler = (req, _res, next) => {
+  const hasBody = req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+  if (!hasBody || req.method === 'GET' || req.method === 'HEAD') return next();
+  if (req.is(['application/json', 'application/*+json', 'application/x-ndjson', 'application/jsonl'])) return next();
+  throw new AppError(415, 'unsupported_media_type', 'send the body as application/json');
+};
+
+export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express {
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('trust proxy', false);
+  app.set('query parser', 'simple');
+
+  app.use(requestId);
+  app.use((req, res, next) => {
+    const end = deps.metrics.httpDuration.startTimer();
+    res.on('finish', () => {
+      // The matched route pattern, never the raw path (it holds tenant-chosen session ids).
+      const route = req.route?.path ? `${req.baseUrl}${req.route.path as string}` : 'unmatched';
+      end({ method: req.method, route, status: String(res.statusCode) });
+    });
+    next();
+  });
+  app.use(requireJson);
+  app.use(express.json({ limit: MAX_BODY_BYTES, strict: false }));
+
+  const mounts: Mounted[] = [];
+  const openapi = () => buildOpenApi(mounts, VERSION);
+
+  const ops = makeOpsRoutes(deps, openapi);
+  app.use('/', ops);
+  mounts.push({ prefix: '', router: ops, meta: opsRoutesMeta });
+
+  // Bull Board: behind the admin token (bearer, or Basic for browsers); 404 without a token.
+  if (deps.config.adminToken) {
+    const board = new ExpressAdapter();
+    board.setBasePath('/admin/queues');
+    createBullBoard({
+      queues: Object.values(deps.queues)
+        .filter((q): q is CoreDeps['queues']['ingest'] => typeof q === 'object' && q !== null && 'add' in q)
+        .map((q) => new BullMQAdapter(q)),
+      serverAdapter: board,
+    });
+    app.use('/admin/queues', requireAdmin(deps.config.adminToken, { basicChallenge: true }), board.getRouter());
+  } else {
+    app.use('/admin', requireAdmin(undefined));
+  }
+
+  const admin = makeAdminRoutes({ db: deps.db, ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}) });
+  app.use('/v1/admin', requireAdmin(deps.config.adminToken), admin);
+  mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
+
+  const tenant = requireTenant(deps.db);
+  const sessions = makeSessionRoutes(deps);
+  app.use('/v1/sessions', tenant, sessions);
+  mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });
+
+  const jobs = makeJobRoutes(deps);
+  app.use('/v1/jobs', tenant, jobs);
+  mounts.push({ prefix: '/v1/jobs', router: jobs, meta: jobRoutesMeta });
+
+  for (const extra of opts.extraRoutes ?? []) {
+    if (extra.auth === 'none') app.use(extra.prefix, extra.router);
+    else app.use(extra.prefix, tenant, extra.router);
+    mounts.push({ prefix: extra.prefix, router: extra.router, meta: extra.meta });
+  }
+
+  app.use(notFoundHandler);
+  app.use(makeErrorHandler(deps.logger));
+  return app;
+}

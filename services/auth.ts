@@ -1,0 +1,46 @@
+import type { RequestHandler } from 'express';
+import type { Db } from '../db/pool.js';
+import { AppError } from './errors.js';
+import { authenticateKey, isAdminToken } from './tenants.js';
+
+function bearer(header: string | undefined): string | undefined {
+  if (!header) return undefined;
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(header);
+  return m?.[1];
+}
+
+/** Tenant API key → res.locals.tenantId. The tenant always comes from the key, never from input. */
+export function requireTenant(db: Db): RequestHandler {
+  return async (req, res, next) => {
+    const key = bearer(req.header('authorization'));
+    if (!key) throw new AppError(401, 'unauthorized', 'missing API key: send Authorization: Bearer <api key>');
+    const who = await authenticateKey(db, key);
+    if (!who) throw new AppError(401, 'unauthorized', 'invalid or revoked API key');
+    res.locals.tenantId = who.tenantId;
+    res.locals.keyId = who.keyId;
+    next();
+  };
+}
+
+/**
+ * Admin token as a bearer token, or as the password of HTTP Basic (so a browser can open Bull
+ * Board). With no MNEMOS_ADMIN_TOKEN the admin surface does not exist (404).
+ */
+export function requireAdmin(adminToken: string | undefined, opts: { basicChallenge?: boolean } = {}): RequestHandler {
+  return (req, res, next) => {
+    if (!adminToken) throw new AppError(404, 'not_found', `no route for ${req.method} ${req.path}`);
+    const header = req.header('authorization') ?? '';
+    let presented = bearer(header);
+    const basic = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header);
+    if (!presented && basic) {
+      const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
+      presented = decoded.slice(decoded.indexOf(':') + 1);
+    }
+    if (isAdminToken(adminToken, presented)) return next();
+    if (opts.basicChallenge) res.setHeader('www-authenticate', 'Basic realm="mnemos admin"');
+    if (presented?.startsWith('mn_')) {
+      throw new AppError(403, 'forbidden', 'a tenant API key cannot use admin routes');
+    }
+    throw new AppError(401, 'unauthorized', presented ? 'invalid admin token' : 'missing admin token');
+  };
+}

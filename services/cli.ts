@@ -1,0 +1,110 @@
+import { Command } from 'commander';
+import { migrate } from '../db/migrate.js';
+import { makePgDb } from '../db/pool.js';
+import type { Db } from '../db/pool.js';
+import { loadConfig, ConfigError } from './config.js';
+import { AppError } from './errors.js';
+import { defaultExtensions } from './extensions.js';
+import { runFromEnv } from './main.js';
+import { createKey, createTenant, keyList, revokeKey, tenantList } from './tenants.js';
+
+async function withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
+  const config = loadConfig(process.env);
+  if (!config.databaseUrl) {
+    throw new Error('set DATABASE_URL (the embedded database is only reachable through "mnemos serve")');
+  }
+  const db = makePgDb({ connectionString: config.databaseUrl, max: 2 });
+  try {
+    await migrate(db);
+    return await fn(db);
+  } finally {
+    await db.close();
+  }
+}
+
+const print = (s: string) => process.stdout.write(`${s}\n`);
+
+const program = new Command('mnemos')
+  .description('Tiered conversation memory for multi-agent LLM backends')
+  .showHelpAfterError();
+
+program.command('serve').description('API and workers in one process (what npm start runs)').action(() => runFromEnv('serve', defaultExtensions));
+program.command('api').description('HTTP API only').action(() => runFromEnv('api', defaultExtensions));
+program.command('worker').description('all job processors and schedules').action(() => runFromEnv('worker', defaultExtensions));
+program
+  .command('migrate')
+  .description('apply pending database migrations')
+  .action(() =>
+    withDb(async (db) => {
+      const applied = await migrate(db);
+      print(applied.length ? `applied: ${applied.join(', ')}` : 'schema is up to date');
+    }),
+  );
+
+const tenant = program.command('tenant').description('manage tenants');
+tenant
+  .command('create <name>')
+  .option('--json', 'print one JSON line {"tenant_id","api_key"}')
+  .action((name: string, o: { json?: boolean }) =>
+    withDb(async (db) => {
+      const t = await createTenant(db, name);
+      if (o.json) print(JSON.stringify(t));
+      else print(`tenant_id: ${t.tenant_id}\napi_key:   ${t.api_key}\n(the key is shown once; store it now)`);
+    }),
+  );
+tenant
+  .command('list')
+  .option('--json', 'JSON output')
+  .action((o: { json?: boolean }) =>
+    withDb(async (db) => {
+      const rows = await tenantList(db);
+      if (o.json) print(JSON.stringify(rows));
+      else for (const t of rows) print(`${t.tenant_id}\t${t.name}\t${t.created_at}`);
+    }),
+  );
+
+const key = program.command('key').description('manage API keys');
+key
+  .command('create')
+  .requiredOption('--tenant <id|name>', 'tenant id or name')
+  .option('--name <name>', 'a label for the key', '')
+  .option('--json', 'print one JSON line {"key_id","tenant_id","api_key"}')
+  .action((o: { tenant: string; name: string; json?: boolean }) =>
+    withDb(async (db) => {
+      const k = await createKey(db, o.tenant, o.name);
+      if (o.json) print(JSON.stringify(k));
+      else print(`key_id:  ${k.key_id}\napi_key: ${k.api_key}\n(the key is shown once; store it now)`);
+    }),
+  );
+key
+  .command('list')
+  .option('--tenant <id>', 'only this tenant')
+  .option('--json', 'JSON output')
+  .action((o: { tenant?: string; json?: boolean }) =>
+    withDb(async (db) => {
+      const rows = await keyList(db, o.tenant);
+      if (o.json) print(JSON.stringify(rows));
+      else
+        for (const k of rows)
+          print(`${k.key_id}\t${k.tenant_id}\t${k.name || '-'}\tcreated ${k.created_at}\tlast used ${k.last_used_at ?? 'never'}${k.revoked_at ? `\tREVOKED ${k.revoked_at}` : ''}`);
+    }),
+  );
+key
+  .command('revoke <key_id>')
+  .action((id: string) =>
+    withDb(async (db) => {
+      if (!(await revokeKey(db, id))) throw new AppError(404, 'not_found', `no active key ${id}`);
+      print(`revoked ${id}`);
+    }),
+  );
+
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  if (err instanceof ConfigError || err instanceof AppError) {
+    process.stderr.write(`mnemos: ${err.message}\n`);
+  } else {
+    process.stderr.write(`mnemos: ${err instanceof Error ? err.message : String(err)}\n`);
+  }
+  process.exit(err instanceof ConfigError ? 78 : 1);
+}

@@ -1,0 +1,198 @@
+import { z } from 'zod';
+
+/**
+ * Every environment variable of SPEC §2, parsed once. A malformed value stops start-up with the
+ * variable's name and how to fix it; nothing else in the code base reads process.env.
+ */
+
+const int = (min: number, max: number, hint: string) =>
+  z
+    .string()
+    .trim()
+    .regex(/^-?\d+$/, `must be a whole number (${hint})`)
+    .transform(Number)
+    .pipe(z.number().int().min(min, `must be at least ${min} (${hint})`).max(max, `must be at most ${max}`));
+
+const optionalText = z
+  .string()
+  .trim()
+  .transform((v) => (v === '' ? undefined : v))
+  .optional();
+
+const urlText = (protocols: string[], hint: string) =>
+  z
+    .string()
+    .trim()
+    .refine((v) => {
+      try {
+        return protocols.includes(new URL(v).protocol);
+      } catch {
+        return false;
+      }
+    }, `must be a URL starting with ${protocols.map((p) => `${p}//`).join(' or ')} (${hint})`);
+
+// Five fields (minute precision) or six (with seconds, so tests can run the sweep quickly).
+const cronPattern = z
+  .string()
+  .trim()
+  .refine(
+    (v) => [5, 6].includes(v.split(/\s+/).length) && /^[\d*/,\-\sA-Za-z?LW#]+$/.test(v),
+    'must be a cron pattern of 5 fields (or 6 with seconds), e.g. "*/15 * * * *"',
+  );
+
+const schema = z.object({
+  PORT: int(0, 65535, 'TCP port of the HTTP listener').default(8080),
+  HOST: z.string().trim().min(1).default('127.0.0.1'),
+  DATABASE_URL: urlText(['postgres:', 'postgresql:'], 'e.g. postgres://user@127.0.0.1:5432/mnemos').optional(),
+  MNEMOS_DATA_DIR: z.string().trim().min(1).default('./data'),
+  REDIS_URL: urlText(['redis:', 'rediss:'], 'e.g. redis://127.0.0.1:6379').default('redis://127.0.0.1:6379'),
+  MNEMOS_PREFIX: z
+    .string()
+    .regex(/^[A-Za-z0-9_-]{1,64}$/, 'must be 1-64 characters of letters, digits, "_" or "-" (no ":")')
+    .default('mnemos'),
+  MNEMOS_ADMIN_TOKEN: z
+    .string()
+    .min(16, 'must be at least 16 characters (use e.g. `openssl rand -hex 24`)')
+    .optional(),
+  OPENAI_API_KEY: optionalText,
+  OPENAI_BASE_URL: urlText(['http:', 'https:'], 'an OpenAI-compatible endpoint, e.g. http://127.0.0.1:11434/v1')
+    .optional()
+    .or(z.literal('').transform(() => undefined)),
+  EMBEDDING_MODEL: optionalText,
+  EMBEDDING_DIMENSIONS: int(1, 16000, 'dimension of the embedding vectors').optional(),
+  EMBED_ROLES: z
+    .string()
+    .default('user,assistant')
+    .transform((v) =>
+      v
+        .split(',')
+        .map((r) => r.trim())
+        .filter(Boolean),
+    )
+    .pipe(
+      z
+        .array(z.enum(['user', 'assistant', 'system', 'developer', 'tool']), {
+          error: 'must be a comma-separated list of user, assistant, system, developer, tool',
+        })
+        .min(1),
+    ),
+  SUMMARY_MODEL: z.string().trim().min(1).default('gpt-4o-mini'),
+  DECISION_MODEL: optionalText,
+  MAX_HISTORY_MESSAGES: int(1, 1000, 'messages in the context window').default(16),
+  MAX_HISTORY_BYTES: int(1024, 1 << 30, 'hot-history bytes that trigger compaction').default(4194304),
+  SUMMARY_RUNES: int(500, 1_000_000, 'code points per summary chunk').default(32000),
+  SUMMARY_CRON: cronPattern.default('*/15 * * * *'),
+  ERROR_MEMORY_TTL_DAYS: z
+    .string()
+    .trim()
+    .regex(/^\d+(\.\d+)?$/, 'must be a positive number of days, e.g. 90')
+    .transform(Number)
+    .pipe(z.number().positive('must be a positive number of days').max(3650))
+    .default(90),
+  REPLY_LANG: z
+    .string()
+    .trim()
+    .regex(/^(auto|[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})*)$/, 'must be "auto" or a BCP-47 tag such as en or zh-TW')
+    .default('auto'),
+  TZ: optionalText,
+  WORKER_CONCURRENCY: int(1, 1000, 'jobs per worker process').default(8),
+  LLM_TIMEOUT_MS: int(100, 3_600_000, 'per-call LLM timeout').default(60000),
+  RELEVANCE_TIMEOUT_MS: int(50, 600_000, 'timeout of the per-turn relevance call').default(2000),
+  RATE_LIMIT_PER_MIN: int(0, 10_000_000, 'requests per API key per minute, 0 = off').default(6000),
+  SHUTDOWN_TIMEOUT_MS: int(0, 600_000, 'grace period on SIGTERM').default(25000),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+export interface Config {
+  port: number;
+  host: string;
+  databaseUrl: string | undefined;
+  dataDir: string;
+  redisUrl: string;
+  prefix: string;
+  adminToken: string | undefined;
+  llm: { apiKey: string | undefined; baseURL: string | undefined; configured: boolean };
+  embedding: { model: string; dimensions: number; local: boolean };
+  embedRoles: string[];
+  summaryModel: string;
+  decisionModel: string | undefined;
+  maxHistoryMessages: number;
+  maxHistoryBytes: number;
+  summaryRunes: number;
+  summaryCron: string;
+  errorMemoryTtlDays: number;
+  replyLang: string;
+  timeZone: string;
+  workerConcurrency: number;
+  llmTimeoutMs: number;
+  relevanceTimeoutMs: number;
+  rateLimitPerMin: number;
+  shutdownTimeoutMs: number;
+  logLevel: string;
+}
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`Invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+export function loadConfig(env: Record<string, string | undefined>): Config {
+  // Empty strings count as unset, as in most twelve-factor tooling (compose passes `VAR=` through).
+  const present = Object.fromEntries(
+    Object.keys(schema.shape)
+      .map((k) => [k, env[k]] as const)
+      .filter(([, v]) => v !== undefined && v !== ''),
+  );
+  const parsed = schema.safeParse(present);
+  if (!parsed.success) {
+    throw new ConfigError(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`));
+  }
+  const e = parsed.data;
+  const configured = Boolean(e.OPENAI_API_KEY ?? e.OPENAI_BASE_URL);
+  const local = !configured;
+  const problems: string[] = [];
+  let timeZone = e.TZ ?? Intl.DateTimeFormat().resolvedOptions().timeZone;
+  try {
+    new Intl.DateTimeFormat('en-US', { timeZone });
+  } catch {
+    problems.push(`TZ: unknown time zone "${e.TZ}" (use an IANA name such as Asia/Taipei or UTC)`);
+    timeZone = 'UTC';
+  }
+  if (e.DECISION_MODEL && !configured) {
+    problems.push('DECISION_MODEL: set OPENAI_API_KEY or OPENAI_BASE_URL too, or unset DECISION_MODEL');
+  }
+  if (problems.length > 0) throw new ConfigError(problems);
+  return {
+    port: e.PORT,
+    host: e.HOST,
+    databaseUrl: e.DATABASE_URL,
+    dataDir: e.MNEMOS_DATA_DIR,
+    redisUrl: e.REDIS_URL,
+    prefix: e.MNEMOS_PREFIX,
+    adminToken: e.MNEMOS_ADMIN_TOKEN,
+    llm: { apiKey: e.OPENAI_API_KEY, baseURL: e.OPENAI_BASE_URL, configured },
+    embedding: {
+      model: e.EMBEDDING_MODEL ?? (local ? 'local-hash' : 'text-embedding-3-small'),
+      dimensions: e.EMBEDDING_DIMENSIONS ?? (local ? 384 : 1536),
+      local: local || e.EMBEDDING_MODEL === 'local-hash',
+    },
+    embedRoles: e.EMBED_ROLES,
+    summaryModel: e.SUMMARY_MODEL,
+    decisionModel: e.DECISION_MODEL,
+    maxHistoryMessages: e.MAX_HISTORY_MESSAGES,
+    maxHistoryBytes: e.MAX_HISTORY_BYTES,
+    summaryRunes: e.SUMMARY_RUNES,
+    summaryCron: e.SUMMARY_CRON,
+    errorMemoryTtlDays: e.ERROR_MEMORY_TTL_DAYS,
+    replyLang: e.REPLY_LANG,
+    timeZone,
+    workerConcurrency: e.WORKER_CONCURRENCY,
+    llmTimeoutMs: e.LLM_TIMEOUT_MS,
+    relevanceTimeoutMs: e.RELEVANCE_TIMEOUT_MS,
+    rateLimitPerMin: e.RATE_LIMIT_PER_MIN,
+    shutdownTimeoutMs: e.SHUTDOWN_TIMEOUT_MS,
+    logLevel: e.LOG_LEVEL,
+  };
+}

@@ -1,0 +1,115 @@
+import type { ErrorClass } from './types.js';
+
+/**
+ * Text rules of error memory, all pure: keyword clean-up, the normalised symptom that decides
+ * dedupe, significant terms (what "shares a term" means for search and the term index), and
+ * the automatic error class.
+ */
+
+/** Keywords are stored joined by this character, so it (and every control character) is stripped. */
+export const KEYWORD_SEPARATOR = '\u001f';
+
+export function normaliseKeywords(keywords: readonly string[]): string[] {
+  const out: string[] = [];
+  const seen = new Set<string>();
+  for (const raw of keywords) {
+    const k = raw
+      .normalize('NFKC')
+      .replace(/[\p{Cc}\s]+/gu, ' ')
+      .trim()
+      .toLowerCase();
+    if (k === '' || seen.has(k)) continue;
+    seen.add(k);
+    out.push(k);
+  }
+  return out;
+}
+
+// Order matters: URLs and quoted values first (they may contain paths and numbers), numbers last.
+const MASKS: ReadonlyArray<readonly [RegExp, string]> = [
+  [/\b[a-z][a-z0-9+.-]*:\/\/[^\s'"`<>]+/g, '<url>'],
+  // A single quote only opens after a non-word character and closes before one, so the
+  // apostrophes of "can't" and "don't" are not taken for quotes.
+  [/"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{L}\p{N}])/gu, '<q>'],
+  [/\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/g, '<id>'],
+  [/[a-z]:\\(?:[^\s\\'"`<>|?*]+\\?)*/g, '<path>'],
+  [/(?<![\w./\\-])(?:~|\.{1,2})?(?:\/[\w.@%+~-]+)+\/?/g, '<path>'],
+  [/(?<![\w./\\-])[\w.-]+(?:\/[\w.@%+~-]+){2,}|(?<![\w./\\-])[\w.-]+\/[\w@%+~-]+\.[a-z0-9]{1,8}\b/g, '<path>'],
+  [/\b0x[0-9a-f]+\b/g, '<id>'],
+  // Hex ids (commit hashes, object ids) and long mixed tokens (request ids, base32/64 keys).
+  [/\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b/g, '<id>'],
+  [/\b(?=[a-z_-]*\d)(?=[\d_-]*[a-z])[a-z0-9_-]{16,}\b/g, '<id>'],
+  [/\d+(?:\.\d+)*/g, '<n>'],
+];
+
+/** The symptom as dedupe sees it: ids, numbers, paths, URLs and quoted values masked. */
+export function normaliseSymptom(symptom: string): string {
+  let s = symptom.normalize('NFKC').toLowerCase();
+  for (const [re, mask] of MASKS) s = s.replace(re, mask);
+  return s.replace(/\s+/g, ' ').trim();
+}
+
+const CJK = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]/u;
+const RUN =
+  /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]+|(?:(?![\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}])[\p{L}\p{N}\p{M}])+/gu;
+
+const STOP_WORDS = new Set(
+  (
+    'a an the and or but if then else of to in on at by for with from into onto as is are was were be been ' +
+    'being am it its this that these those not no nor do does did done has have had can could should would ' +
+    'will shall may might must so than too very just also we you he she they me my our your their them us ' +
+    'there here what when where which who whom how why all any some such only own same other about after ' +
+    'before over under again up down out off while during per via'
+  ).split(' '),
+);
+
+/**
+ * Significant terms, in order of first appearance, without repeats: lower-cased words of two or
+ * more characters that are not stop words, plus overlapping bigrams of CJK runs (CJK is written
+ * without spaces, so words cannot be split on them). No stemming: "timeouts" is not "timeout".
+ */
+export function significantTerms(text: string, max = Infinity): string[] {
+  const terms = new Set<string>();
+  for (const match of text.normalize('NFKC').toLowerCase().matchAll(RUN)) {
+    const run = match[0];
+    if (CJK.test(run)) {
+      const chars = Array.from(run);
+      for (let i = 0; i + 1 < chars.length; i++) terms.add(`${chars[i]}${chars[i + 1]}`);
+    } else if (Array.from(run).length >= 2 && !STOP_WORDS.has(run)) {
+      terms.add(run);
+    }
+    if (terms.size >= max) break;
+  }
+  return [...terms].slice(0, max);
+}
+
+// First rule that matches wins: "command not found" is a missing tool, not a missing file.
+const CLASS_RULES: ReadonlyArray<readonly [ErrorClass, RegExp]> = [
+  [
+    'tool_missing',
+    /\b(?:unknown|unsupported|unregistered|undefined) (?:tool|function|command)\b|\b(?:tool|function) (?:is )?(?:not found|not available|unavailable|not registered|does not exist)\b|\bno (?:such )?tool\b|command not found|is not recognized as an? (?:internal or external )?command|not installed|找不到工具|未安裝/,
+  ],
+  ['timeout', /\btimed? ?out\b|timeout|deadline exceeded|etimedout|took too long|超時|逾時/],
+  [
+    'permission',
+    /permission|\bdenied\b|forbidden|unauthori[sz]ed|not authori[sz]ed|not allowed|eacces|eperm|\b40[13]\b|權限|拒絕存取/,
+  ],
+  [
+    'missing_parameter',
+    /\bmissing\b.{0,40}\b(?:param(?:eter)?|arg(?:ument)?|field|option|property|properties|key|value|input)s?\b|\b(?:param(?:eter)?|arg(?:ument)?|field|option|property|key|value|input)s? (?:is |are )?required\b|\brequired (?:param(?:eter)?|arg(?:ument)?|field|option|property)s?\b|缺少|必填/,
+  ],
+  [
+    'not_found',
+    /not found|no such (?:file|directory|key|entity|resource|object|table|column)|enoent|\b404\b|does ?n[o']t exist|\b(?:cannot|can't|could not|unable to) find|找不到|不存在/,
+  ],
+  [
+    'invalid_parameter',
+    /invalid|malformed|bad request|\b400\b|unexpected (?:token|type|value|argument)|must be (?:a|an|one of)\b|\bexpected\b.{1,40}\b(?:got|but|received)\b|out of range|not a valid|wrong type|格式錯誤|無效|不合法/,
+  ],
+];
+
+export function classifyError(text: string): ErrorClass {
+  const t = text.normalize('NFKC').toLowerCase();
+  for (const [cls, re] of CLASS_RULES) if (re.test(t)) return cls;
+  return 'other';
+}

@@ -1,0 +1,160 @@
+import { classifyError, significantTerms } from './normalise.js';
+import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
+
+/**
+ * Ranking without a search module: a record matches when it shares at least one significant
+ * term with the query; relevance weighs where the shared terms sit (keywords > symptom > cause >
+ * action) and how much of the query they cover, plus small boosts for the error class, a tool
+ * named in the query, and embedding cosine. Relevance is compared in buckets of 0.05 so that
+ * near-equal candidates fall through to outcome, hits and recency.
+ */
+
+export const MAX_QUERY_TERMS = 32;
+export const MAX_INDEXED_TERMS = 256;
+
+export type RankQuery = {
+  terms: string[];
+  errorClass: ErrorClass;
+  /** Set when the caller filtered by tool (every candidate already matches it). */
+  toolName: string | undefined;
+  vector: number[] | null;
+};
+
+export function buildQuery(
+  text: string,
+  toolName: string | undefined,
+  embed: ((text: string) => number[]) | undefined,
+): RankQuery {
+  return {
+    terms: significantTerms(text, MAX_QUERY_TERMS),
+    errorClass: classifyError(text),
+    toolName,
+    vector: embed ? embed(text) : null,
+  };
+}
+
+type FieldTerms = { keywords: Set<string>; symptom: Set<string>; cause: Set<string>; action: Set<string> };
+
+function fieldTerms(rec: StoredError): FieldTerms {
+  return {
+    keywords: new Set(significantTerms(rec.keywords.join(' '))),
+    symptom: new Set(significantTerms(rec.symptom)),
+    cause: new Set(significantTerms(rec.cause ?? '')),
+    action: new Set(significantTerms(rec.action)),
+  };
+}
+
+/** The terms a record is indexed under: symptom first, so a long action cannot crowd it out. */
+export function indexTerms(rec: StoredError): string[] {
+  const f = fieldTerms(rec);
+  const all = new Set([...f.symptom, ...f.keywords, ...f.cause, ...f.action]);
+  return [...all].slice(0, MAX_INDEXED_TERMS);
+}
+
+const WEIGHTS = { keywords: 3, symptom: 2, cause: 1.5, action: 1 } as const;
+const MAX_WEIGHT = 3;
+
+function cosine(a: readonly number[], b: readonly number[]): number {
+  let dot = 0;
+  let na = 0;
+  let nb = 0;
+  for (let i = 0; i < Math.min(a.length, b.length); i++) {
+    const x = a[i] ?? 0;
+    const y = b[i] ?? 0;
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  return na === 0 || nb === 0 ? 0 : dot / Math.sqrt(na * nb);
+}
+
+/** Relevance in [0, ~1.6], or null when the record shares no significant term with the query. */
+export function relevance(rec: StoredError, q: RankQuery): number | null {
+  if (q.terms.length === 0) return null;
+  const f = fieldTerms(rec);
+  let matched = 0;
+  let weighted = 0;
+  for (const t of q.terms) {
+    let w = 0;
+    for (const field of ['keywords', 'symptom', 'cause', 'action'] as const) {
+      if (f[field].has(t)) w = Math.max(w, WEIGHTS[field]);
+    }
+    if (w > 0) {
+      matched++;
+      weighted += w;
+    }
+  }
+  if (matched === 0) return null;
+  let score = 0.5 * (matched / q.terms.length) + 0.5 * (weighted / (MAX_WEIGHT * q.terms.length));
+  if (q.errorClass !== 'other' && q.errorClass === rec.error_class) score += 0.15;
+  if (q.toolName === undefined) {
+    const toolTerms = significantTerms(rec.tool_name);
+    if (toolTerms.length > 0 && toolTerms.every((t) => q.terms.includes(t))) score += 0.2;
+  }
+  if (q.vector && rec.embedding) score += 0.25 * Math.max(0, cosine(q.vector, rec.embedding));
+  return score;
+}
+
+const OUTCOME_ORDER: Record<Outcome, number> = { resolved: 0, failed: 1, abandoned: 2 };
+
+export function rankRecords(records: readonly StoredError[], q: RankQuery, limit: number): StoredError[] {
+  const scored: Array<{ rec: StoredError; bucket: number }> = [];
+  for (const rec of records) {
+    if (q.toolName !== undefined && rec.tool_name !== q.toolName) continue;
+    const r = relevance(rec, q);
+    if (r !== null) scored.push({ rec, bucket: Math.round(r * 20) });
+  }
+  scored.sort(
+    (a, b) =>
+      b.bucket - a.bucket ||
+      OUTCOME_ORDER[a.rec.outcome] - OUTCOME_ORDER[b.rec.outcome] ||
+      b.rec.hits - a.rec.hits ||
+      b.rec.last_hit_ms - a.rec.last_hit_ms ||
+      b.rec.created_ms - a.rec.created_ms ||
+      (a.rec.id < b.rec.id ? -1 : a.rec.id > b.rec.id ? 1 : 0),
+  );
+  return scored.slice(0, limit).map((s) => s.rec);
+}
+
+export function toApiRecord(rec: StoredError): ErrorRecord {
+  return {
+    id: rec.id,
+    tool_name: rec.tool_name,
+    symptom: rec.symptom,
+    cause: rec.cause,
+    action: rec.action,
+    outcome: rec.outcome,
+    keywords: rec.keywords,
+    hits: rec.hits,
+    created_at: new Date(rec.created_ms).toISOString(),
+    last_hit_at: new Date(rec.last_hit_ms).toISOString(),
+  };
+}
+
+export const RELATED_MAX_RECORDS = 4;
+export const RELATED_MAX_CHARS = 1500;
+
+function clip(text: string, max: number): string {
+  const flat = text.replace(/\s+/g, ' ').trim();
+  const chars = Array.from(flat);
+  return chars.length <= max ? flat : `${chars.slice(0, max - 1).join('')}…`;
+}
+
+/**
+ * The hint appended to a failed tool result: one line per record, best first, within
+ * RELATED_MAX_CHARS; exactly `NONE` when nothing matched.
+ */
+export function renderRelated(records: readonly StoredError[]): string {
+  const lines: string[] = [];
+  let size = 0;
+  for (const rec of records.slice(0, RELATED_MAX_RECORDS)) {
+    const cause = rec.cause ? ` (cause: ${clip(rec.cause, 160)})` : '';
+    const verb = rec.outcome === 'resolved' ? 'fix' : 'tried';
+    const line = `- [${rec.outcome}] ${clip(rec.tool_name, 64)}: ${clip(rec.symptom, 200)} → ${verb}: ${clip(rec.action, 400)}${cause}`;
+    const added = line.length + (lines.length > 0 ? 1 : 0);
+    if (size + added > RELATED_MAX_CHARS) break;
+    lines.push(line);
+    size += added;
+  }
+  return lines.length === 0 ? 'NONE' : lines.join('\n');
+}

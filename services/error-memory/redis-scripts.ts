@@ -1,0 +1,105 @@
+/**
+ * Lua run by the error-memory store. Every step that must not interleave with a concurrent
+ * write, renewal or delete is one script: a record is never resurrected by touching a key that
+ * expired a moment ago (HSET/PEXPIRE only after EXISTS, inside the script), and a dedupe key is
+ * only renewed or deleted while it still points at the record in hand. Scripts build a record's
+ * dedupe key from its `dedupe` field, so they assume a standalone Redis (not Cluster).
+ */
+
+/**
+ * Merge a duplicate into an existing record.
+ * KEYS: record, dedupe key. ARGV: id, ttl ms, now ms, action, outcome, has cause (0/1), cause,
+ * keywords joined by \31, max keywords, session id ('' = keep).
+ * Returns 1, or 0 when the record is gone.
+ */
+export const MERGE_SCRIPT = String.raw`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'hits', 1)
+redis.call('HSET', KEYS[1], 'action', ARGV[4], 'outcome', ARGV[5], 'last_hit_ms', ARGV[3])
+if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'cause', ARGV[7]) end
+if ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'session_id', ARGV[10]) end
+if ARGV[8] ~= '' then
+  local max = tonumber(ARGV[9])
+  local list, seen = {}, {}
+  local function add(s)
+    for k in string.gmatch(s, '[^\31]+') do
+      if not seen[k] and #list < max then
+        seen[k] = true
+        list[#list + 1] = k
+      end
+    end
+  end
+  local current = redis.call('HGET', KEYS[1], 'keywords')
+  if current then add(current) end
+  add(ARGV[8])
+  redis.call('HSET', KEYS[1], 'keywords', table.concat(list, '\31'))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return 1
+`;
+
+/**
+ * A hit: renew the record and its dedupe key, stamp last_hit_ms.
+ * KEYS: record. ARGV: id, ttl ms, now ms, dedupe key prefix. Returns 1, or 0 when gone.
+ */
+export const RENEW_SCRIPT = String.raw`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'last_hit_ms', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local d = redis.call('HGET', KEYS[1], 'dedupe')
+if d then
+  local dk = ARGV[4] .. d
+  local v = redis.call('GET', dk)
+  if v == ARGV[1] then
+    redis.call('PEXPIRE', dk, ARGV[2])
+  elseif not v then
+    redis.call('SET', dk, ARGV[1], 'PX', ARGV[2])
+  end
+end
+return 1
+`;
+
+/**
+ * Delete a record and its dedupe key. KEYS: record. ARGV: id, dedupe key prefix.
+ * Returns the record's tool name, or nil when it did not exist.
+ */
+export const DELETE_SCRIPT = String.raw`
+local f = redis.call('HMGET', KEYS[1], 'tool_name', 'dedupe')
+if redis.call('DEL', KEYS[1]) == 0 then return false end
+if f[2] then
+  local dk = ARGV[2] .. f[2]
+  if redis.call('GET', dk) == ARGV[1] then redis.call('DEL', dk) end
+end
+return f[1] or ''
+`;
+
+/** Delete KEYS[1] only while it holds ARGV[1] (a dedupe key whose record vanished). */
+export const COMPARE_AND_DELETE_SCRIPT = String.raw`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`;
+
+/**
+ * Remove dead ids from one index key; forget the key in the registry once it is empty.
+ * KEYS: index key, registry set. ARGV: ids.
+ */
+export const SWEEP_KEY_SCRIPT = String.raw`
+for i = 1, #ARGV, 500 do
+  redis.call('ZREM', KEYS[1], unpack(ARGV, i, math.min(i + 499, #ARGV)))
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], KEYS[1]) end
+return 1
+`;
+
+/**
+ * Forget a tenant in the tenant registry once it has no index left.
+ * KEYS: all index, registry of index keys, dead set, tenant registry. ARGV: tenant id.
+ */
+export const FORGET_TENANT_SCRIPT = String.raw`
+if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]) == 0 then
+  redis.call('SREM', KEYS[4], ARGV[1])
+  return 1
+end
+return 0
+`;

@@ -1,0 +1,28 @@
+/**
+ * The one application error class. Every 4xx/5xx the API sends is an AppError rendered as
+ * `{"error":{"code","message","details"?}}`; anything else becomes a generic 500.
+ */
+export class AppError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly details?: unknown,
+    readonly headers?: Record<string, string>,
+  ) {
+    super(message);
+    this.name = 'AppError';
+  }
+}
+
+export const notFound = (what = 'resource') => new AppError(404, 'not_found', `${what} not found`);
+
+/** A dependency (Postgres, Redis) cannot take the request right now; clients should retry. */
+export const unavailable = (dependency: string, retryAfterSeconds = 2) =>
+  new AppError(
+    503,
+    'unavailable',
+    `${dependency} is unavailable, retry later`,
+    { dependency },
+    { 'retry-after': String(retryAfterSeconds) },
+  );

@@ -1,0 +1,59 @@
+import type { ErrorRequestHandler, RequestHandler } from 'express';
+import { AppError } from './errors.js';
+import type { Logger } from './logger.js';
+
+/** Body-parser and friends throw errors with `type`/`status`; map them onto the API's error shape. */
+function fromExpressError(err: unknown): AppError | undefined {
+  if (err instanceof AppError) return err;
+  if (typeof err !== 'object' || err === null) return undefined;
+  const e = err as { type?: string; status?: number; statusCode?: number; message?: string; limit?: number };
+  switch (e.type) {
+    case 'entity.parse.failed':
+      return new AppError(400, 'malformed_json', 'request body is not valid JSON');
+    case 'entity.too.large':
+      return new AppError(413, 'body_too_large', `request body exceeds ${e.limit ?? 'the limit of'} bytes`);
+    case 'encoding.unsupported':
+    case 'charset.unsupported':
+      return new AppError(415, 'unsupported_encoding', e.message ?? 'unsupported encoding');
+    case 'request.aborted':
+      return new AppError(400, 'request_aborted', 'request aborted by the client');
+    case 'entity.verify.failed':
+      return new AppError(400, 'invalid_body', e.message ?? 'invalid body');
+  }
+  const status = e.status ?? e.statusCode;
+  if (status && status >= 400 && status < 500) {
+    return new AppError(status, 'bad_request', e.message ?? 'bad request');
+  }
+  return undefined;
+}
+
+export function sendError(res: Parameters<RequestHandler>[1], err: AppError): void {
+  if (err.headers) for (const [k, v] of Object.entries(err.headers)) res.setHeader(k, v);
+  const body: { error: { code: string; message: string; details?: unknown } } = {
+    error: { code: err.code, message: err.message },
+  };
+  if (err.details !== undefined) body.error.details = err.details;
+  res.status(err.status).json(body);
+}
+
+/** The last middleware: every error leaves as `{"error":{"code","message","details"?}}`. */
+export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
+  return (err, req, res, _next) => {
+    const mapped = fromExpressError(err);
+    if (mapped) {
+      if (mapped.status >= 500) logger.warn({ code: mapped.code, path: req.path }, mapped.message);
+      sendError(res, mapped);
+      return;
+    }
+    logger.error({ err, method: req.method, path: req.path }, 'unhandled error');
+    if (res.headersSent) {
+      res.end();
+      return;
+    }
+    sendError(res, new AppError(500, 'internal', 'internal server error'));
+  };
+}
+
+export const notFoundHandler: RequestHandler = (req, res) => {
+  sendError(res, new AppError(404, 'not_found', `no route for ${req.method} ${req.path}`));
+};

@@ -1,0 +1,571 @@
+/**
+ * The only module that talks to an LLM endpoint (OpenAI or anything OpenAI-compatible: Ollama,
+ * vLLM, LiteLLM...). Everything else depends on the small LlmClient interface so the SDK stays
+ * swappable and tests can use a fake.
+ *
+ * Retry policy lives here, not in the SDK (its retries are disabled): every failure is
+ * classified exactly once into an LlmError whose `retryable` flag tells the caller (a BullMQ
+ * job) whether trying again later can help.
+ */
+import OpenAI, { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
+
+export type LlmPurpose = 'summary' | 'noise' | 'supersede' | 'relevance' | 'embedding';
+
+export interface LlmUsage {
+  purpose: LlmPurpose;
+  model: string;
+  inputTokens: number;
+  outputTokens: number;
+  tenantId: string;
+  sessionId: string | null;
+}
+
+export interface LlmCallContext {
+  purpose: LlmPurpose;
+  tenantId: string;
+  sessionId?: string | null;
+  signal?: AbortSignal;
+  /** Per attempt; defaults to the client's timeoutMs. */
+  timeoutMs?: number;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
+export interface ChatRequest extends LlmCallContext {
+  model: string;
+  messages: ChatMessage[];
+  json?: boolean;
+  temperature?: number;
+  maxTokens?: number;
+}
+
+export interface ChatResult {
+  content: string;
+  inputTokens: number;
+  outputTokens: number;
+}
+
+export interface EmbedRequest extends LlmCallContext {
+  model: string;
+  input: string[];
+  dimensions?: number;
+}
+
+export interface LlmClient {
+  chat(req: ChatRequest): Promise<ChatResult>;
+  embed(req: EmbedRequest): Promise<number[][]>;
+}
+
+export type LlmErrorKind =
+  'timeout' | 'rate_limited' | 'server' | 'network' | 'bad_request' | 'auth' | 'invalid_response' | 'aborted';
+
+export class LlmError extends Error {
+  readonly retryable: boolean;
+  readonly status: number | undefined;
+  readonly kind: LlmErrorKind;
+  readonly retryAfterMs?: number;
+
+  constructor(
+    message: string,
+    init: { kind: LlmErrorKind; retryable: boolean; status?: number; retryAfterMs?: number; cause?: unknown },
+  ) {
+    super(message, init.cause === undefined ? undefined : { cause: init.cause });
+    this.name = 'LlmError';
+    this.kind = init.kind;
+    this.retryable = init.retryable;
+    this.status = init.status;
+    if (init.retryAfterMs !== undefined) this.retryAfterMs = init.retryAfterMs;
+  }
+}
+
+export interface LlmCallEvent {
+  purpose: LlmPurpose;
+  model: string;
+  outcome: 'ok' | 'error';
+  kind?: string;
+  durationMs: number;
+}
+
+export interface LlmClientOptions {
+  apiKey?: string;
+  baseURL?: string;
+  timeoutMs: number;
+  /** Total attempts including the first. Default 3. */
+  maxAttempts?: number;
+  /** Default 250. */
+  baseDelayMs?: number;
+  /** Caps both computed backoff and server-sent retry-after. Default 8000. */
+  maxDelayMs?: number;
+  onUsage?: (u: LlmUsage) => void | Promise<void>;
+  /** Called after every attempt (not every call), for metrics. */
+  onCall?: (e: LlmCallEvent) => void;
+  logger?: { warn(obj: object, msg: string): void };
+}
+
+const DEFAULT_BASE_URL = 'https://api.openai.com/v1';
+// The SDK refuses to start without a key, but local servers (Ollama, vLLM) ignore it.
+const PLACEHOLDER_API_KEY = 'unused';
+// Bounds how much of an endpoint's error text ends up in our messages (and hence logs).
+const MAX_ERROR_TEXT = 300;
+
+/** Per-model knowledge about what an OpenAI-compatible endpoint rejects, learnt from 400s. */
+interface ChatCompat {
+  noJsonMode: boolean;
+  useMaxCompletionTokens: boolean;
+  noTemperature: boolean;
+}
+
+interface ChatParams {
+  model: string;
+  messages: ChatMessage[];
+  response_format?: { type: 'json_object' };
+  temperature?: number;
+  max_tokens?: number;
+  max_completion_tokens?: number;
+}
+
+export function makeLlmClient(opts: LlmClientOptions): LlmClient {
+  if (!opts.apiKey && !opts.baseURL) {
+    throw new LlmError('LLM client needs an apiKey or a baseURL', { kind: 'auth', retryable: false });
+  }
+  assertPositive('timeoutMs', opts.timeoutMs);
+  const maxAttempts = Math.max(1, Math.floor(opts.maxAttempts ?? 3));
+  const baseDelayMs = Math.max(0, opts.baseDelayMs ?? 250);
+  const maxDelayMs = Math.max(0, opts.maxDelayMs ?? 8000);
+  const logger = opts.logger;
+
+  // Everything is passed explicitly so the SDK does not pick up OPENAI_* variables behind the
+  // config module's back; its own logging is off because it can dump request bodies.
+  const sdk = new OpenAI({
+    apiKey: opts.apiKey || PLACEHOLDER_API_KEY,
+    baseURL: opts.baseURL || DEFAULT_BASE_URL,
+    organization: null,
+    project: null,
+    webhookSecret: null,
+    maxRetries: 0,
+    timeout: sdkTimeout(opts.timeoutMs),
+    logLevel: 'off',
+  });
+
+  const compatByModel = new Map<string, ChatCompat>();
+  const compatFor = (model: string): ChatCompat => {
+    let compat = compatByModel.get(model);
+    if (!compat) {
+      compat = { noJsonMode: false, useMaxCompletionTokens: false, noTemperature: false };
+      compatByModel.set(model, compat);
+    }
+    return compat;
+  };
+
+  function emitCall(event: LlmCallEvent): void {
+    try {
+      opts.onCall?.(event);
+    } catch (err) {
+      logger?.warn({ err: errorSummary(err), purpose: event.purpose }, 'llm onCall hook failed');
+    }
+  }
+
+  async function reportUsage(usage: LlmUsage): Promise<void> {
+    if (!opts.onUsage) return;
+    try {
+      // Awaited so usage accounting is done (or has failed visibly) when the call resolves.
+      await opts.onUsage(usage);
+    } catch (err) {
+      logger?.warn(
+        { err: errorSummary(err), purpose: usage.purpose, model: usage.model },
+        'llm onUsage hook failed',
+      );
+    }
+  }
+
+  async function withRetries<T>(
+    ctx: LlmCallContext,
+    model: string,
+    attempt: (signal: AbortSignal, timeoutMs: number) => Promise<T>,
+  ): Promise<T> {
+    const timeoutMs = ctx.timeoutMs ?? opts.timeoutMs;
+    assertPositive('timeoutMs', timeoutMs);
+    const external = ctx.signal;
+
+    for (let n = 1; ; n++) {
+      if (external?.aborted) throw abortedError();
+      const started = performance.now();
+      // One controller per attempt: it fires on our timeout or the caller's abort, and we
+      // record which, because the SDK reports both as the same "user abort".
+      const controller = new AbortController();
+      let timedOut = false;
+      const timer = setTimeout(() => {
+        timedOut = true;
+        controller.abort();
+      }, timeoutMs);
+      const onExternalAbort = (): void => controller.abort();
+      external?.addEventListener('abort', onExternalAbort, { once: true });
+
+      let failure: LlmError;
+      try {
+        const result = await attempt(controller.signal, timeoutMs);
+        emitCall({ purpose: ctx.purpose, model, outcome: 'ok', durationMs: performance.now() - started });
+        return result;
+      } catch (err) {
+        failure = classify(err, {
+          externallyAborted: external?.aborted === true,
+          timedOut,
+          timeoutMs,
+          maxDelayMs,
+        });
+        emitCall({
+          purpose: ctx.purpose,
+          model,
+          outcome: 'error',
+          kind: failure.kind,
+          durationMs: performance.now() - started,
+        });
+      } finally {
+        clearTimeout(timer);
+        external?.removeEventListener('abort', onExternalAbort);
+      }
+
+      if (!failure.retryable || n >= maxAttempts) throw failure;
+      const delayMs = failure.retryAfterMs ?? fullJitter(n, baseDelayMs, maxDelayMs);
+      logger?.warn(
+        {
+          purpose: ctx.purpose,
+          model,
+          kind: failure.kind,
+          status: failure.status,
+          attempt: n,
+          maxAttempts,
+          delayMs,
+        },
+        'llm call failed, retrying',
+      );
+      await sleep(delayMs, external);
+    }
+  }
+
+  async function chat(req: ChatRequest): Promise<ChatResult> {
+    const compat = compatFor(req.model);
+    const result = await withRetries(req, req.model, async (signal, timeoutMs) => {
+      // Each compatibility fallback stops sending one parameter for good, so this loop makes
+      // at most three extra requests; they share the attempt's timeout.
+      for (;;) {
+        const params = chatParams(req, compat);
+        let raw: unknown;
+        try {
+          raw = await sdk.chat.completions.create(params, sdkRequestOptions(signal, timeoutMs));
+        } catch (err) {
+          const dropped = learnFromRejection(err, params, compat);
+          if (!dropped) throw err;
+          logger?.warn(
+            { purpose: req.purpose, model: req.model, dropped },
+            'llm endpoint rejected a parameter; adapting',
+          );
+          continue;
+        }
+        // Validated inside the attempt so a bad payload is classified (and counted) like any
+        // other failed attempt.
+        const content = firstChoiceText(raw);
+        if (content === undefined) {
+          throw new LlmError('chat completion has no text content in choices[0]', {
+            kind: 'invalid_response',
+            retryable: false,
+          });
+        }
+        const usage = readUsage(raw);
+        return { content, inputTokens: usage.prompt, outputTokens: usage.completion };
+      }
+    });
+    await reportUsage({
+      purpose: req.purpose,
+      model: req.model,
+      inputTokens: result.inputTokens,
+      outputTokens: result.outputTokens,
+      tenantId: req.tenantId,
+      sessionId: req.sessionId ?? null,
+    });
+    return result;
+  }
+
+  async function embed(req: EmbedRequest): Promise<number[][]> {
+    // The API rejects an empty input list; nothing to embed is not an error for our callers.
+    if (req.input.length === 0) return [];
+    const response = await withRetries(req, req.model, async (signal, timeoutMs) => {
+      // Explicit floats: without encoding_format the SDK asks for base64 and decodes it itself,
+      // which some compatible servers do not implement.
+      const params: OpenAI.EmbeddingCreateParams = {
+        model: req.model,
+        input: req.input,
+        encoding_format: 'float',
+        ...(req.dimensions !== undefined ? { dimensions: req.dimensions } : {}),
+      };
+      const raw: unknown = await sdk.embeddings.create(params, sdkRequestOptions(signal, timeoutMs));
+      // Validated inside the attempt so a bad payload is classified like any other failure.
+      return { vectors: readEmbeddings(raw, req.input.length, req.dimensions), usage: readUsage(raw) };
+    });
+    await reportUsage({
+      purpose: req.purpose,
+      model: req.model,
+      inputTokens: response.usage.prompt,
+      outputTokens: 0,
+      tenantId: req.tenantId,
+      sessionId: req.sessionId ?? null,
+    });
+    return response.vectors;
+  }
+
+  return { chat, embed };
+}
+
+function sdkRequestOptions(signal: AbortSignal, timeoutMs: number) {
+  return { signal, timeout: sdkTimeout(timeoutMs), maxRetries: 0 };
+}
+
+// Our own per-attempt timer is authoritative because it also covers reading the body (the
+// SDK's stops at the headers); the SDK's is set a little later as a backstop. The SDK insists
+// on a positive integer.
+function sdkTimeout(timeoutMs: number): number {
+  return Math.ceil(timeoutMs) + 1000;
+}
+
+function chatParams(req: ChatRequest, compat: ChatCompat): ChatParams {
+  const params: ChatParams = { model: req.model, messages: req.messages };
+  if (req.json && !compat.noJsonMode) params.response_format = { type: 'json_object' };
+  if (req.temperature !== undefined && !compat.noTemperature) params.temperature = req.temperature;
+  if (req.maxTokens !== undefined) {
+    // max_tokens is what compatible servers understand; OpenAI's reasoning models only accept
+    // max_completion_tokens and say so in a 400, which flips this per model.
+    if (compat.useMaxCompletionTokens) params.max_completion_tokens = req.maxTokens;
+    else params.max_tokens = req.maxTokens;
+  }
+  return params;
+}
+
+/**
+ * If `err` is a 400 complaining about an optional parameter we sent, remember (per model) to
+ * stop sending it and return its name; otherwise undefined.
+ */
+function learnFromRejection(err: unknown, params: ChatParams, compat: ChatCompat): string | undefined {
+  if (!(err instanceof APIError) || err.status !== 400) return undefined;
+  const text = `${err.message} ${err.param ?? ''} ${safeJson(err.error)}`;
+  const unsupported =
+    /unsupported|not supported|unknown|unrecogni[sz]ed|not allowed|extra (?:fields|inputs)/i;
+
+  // OpenAI's "messages must contain the word 'json'" also mentions response_format, but it is a
+  // prompt bug, not a missing feature; dropping JSON mode would hide it.
+  if (params.response_format && text.includes('response_format') && !/must contain the word/i.test(text)) {
+    compat.noJsonMode = true;
+    return 'response_format';
+  }
+  if (params.max_tokens !== undefined && text.includes('max_tokens') && unsupported.test(text)) {
+    compat.useMaxCompletionTokens = true;
+    return 'max_tokens';
+  }
+  if (params.temperature !== undefined && text.includes('temperature') && unsupported.test(text)) {
+    compat.noTemperature = true;
+    return 'temperature';
+  }
+  return undefined;
+}
+
+interface ClassifyContext {
+  externallyAborted: boolean;
+  timedOut: boolean;
+  timeoutMs: number;
+  maxDelayMs: number;
+}
+
+function classify(err: unknown, ctx: ClassifyContext): LlmError {
+  if (err instanceof LlmError) return err;
+  // The caller's abort wins over whatever the request died of.
+  if (ctx.externallyAborted) return abortedError(err);
+  if (ctx.timedOut || err instanceof APIConnectionTimeoutError) {
+    return new LlmError(`llm request timed out after ${ctx.timeoutMs}ms`, {
+      kind: 'timeout',
+      retryable: true,
+      cause: err,
+    });
+  }
+  if (err instanceof APIUserAbortError) return abortedError(err);
+  if (err instanceof APIConnectionError) {
+    return new LlmError(`llm endpoint unreachable: ${truncate(err.message)}`, {
+      kind: 'network',
+      retryable: true,
+      cause: err,
+    });
+  }
+  if (err instanceof APIError && typeof err.status === 'number')
+    return classifyStatus(err, err.status, ctx.maxDelayMs);
+  // A 200 whose body claims to be JSON but is not.
+  if (err instanceof SyntaxError) {
+    return new LlmError('llm endpoint returned malformed JSON', {
+      kind: 'invalid_response',
+      retryable: false,
+      cause: err,
+    });
+  }
+  // Errors raised while reading a response body escape the SDK's wrapping (undici "terminated",
+  // socket resets); they are connection trouble.
+  if (isNetworkLike(err)) {
+    return new LlmError(`llm connection failed: ${truncate(errorSummary(err).message)}`, {
+      kind: 'network',
+      retryable: true,
+      cause: err,
+    });
+  }
+  // Anything else is unexpected (an SDK-side validation error, a bug); retrying will not help.
+  return new LlmError(`llm call failed unexpectedly: ${truncate(errorSummary(err).message)}`, {
+    kind: 'invalid_response',
+    retryable: false,
+    cause: err,
+  });
+}
+
+function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmError {
+  const detail = `llm endpoint answered ${status}: ${truncate(err.message)}`;
+  const retryAfterMs = retryAfter(err.headers, maxDelayMs);
+  const withDelay = retryAfterMs === undefined ? {} : { retryAfterMs };
+  if (status === 429)
+    return new LlmError(detail, { kind: 'rate_limited', retryable: true, status, ...withDelay, cause: err });
+  if (status === 408) return new LlmError(detail, { kind: 'timeout', retryable: true, status, cause: err });
+  // 409 is what OpenAI sends for lock contention; the SDK itself treats it as transient.
+  if (status >= 500 || status === 409) {
+    return new LlmError(detail, { kind: 'server', retryable: true, status, ...withDelay, cause: err });
+  }
+  if (status === 401 || status === 403)
+    return new LlmError(detail, { kind: 'auth', retryable: false, status, cause: err });
+  return new LlmError(detail, { kind: 'bad_request', retryable: false, status, cause: err });
+}
+
+/** retry-after-ms (OpenAI's extension) or retry-after (seconds or HTTP date), capped. */
+function retryAfter(headers: Headers | undefined, maxDelayMs: number): number | undefined {
+  if (!headers) return undefined;
+  let ms: number | undefined;
+  const msHeader = headers.get('retry-after-ms');
+  if (msHeader !== null && msHeader.trim() !== '') {
+    const parsed = Number(msHeader);
+    if (Number.isFinite(parsed)) ms = parsed;
+  }
+  const header = headers.get('retry-after');
+  if (ms === undefined && header !== null && header.trim() !== '') {
+    const seconds = Number(header);
+    if (Number.isFinite(seconds)) ms = seconds * 1000;
+    else {
+      const date = Date.parse(header);
+      if (!Number.isNaN(date)) ms = date - Date.now();
+    }
+  }
+  if (ms === undefined) return undefined;
+  return Math.min(Math.max(0, ms), maxDelayMs);
+}
+
+function fullJitter(attempt: number, baseDelayMs: number, maxDelayMs: number): number {
+  const ceiling = Math.min(maxDelayMs, baseDelayMs * 2 ** (attempt - 1));
+  return Math.random() * ceiling;
+}
+
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(abortedError());
+      return;
+    }
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      reject(abortedError());
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+function abortedError(cause?: unknown): LlmError {
+  return new LlmError('llm call aborted', { kind: 'aborted', retryable: false, cause });
+}
+
+function firstChoiceText(completion: unknown): string | undefined {
+  if (!isRecord(completion) || !Array.isArray(completion['choices'])) return undefined;
+  const choice: unknown = completion['choices'][0];
+  if (!isRecord(choice) || !isRecord(choice['message'])) return undefined;
+  const content = choice['message']['content'];
+  return typeof content === 'string' && content.length > 0 ? content : undefined;
+}
+
+function readUsage(body: unknown): { prompt: number; completion: number } {
+  const usage = isRecord(body) && isRecord(body['usage']) ? body['usage'] : {};
+  const count = (v: unknown): number => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : 0);
+  return { prompt: count(usage['prompt_tokens']), completion: count(usage['completion_tokens']) };
+}
+
+function readEmbeddings(body: unknown, expected: number, dimensions: number | undefined): number[][] {
+  const invalid = (why: string): LlmError =>
+    new LlmError(`invalid embeddings response: ${why}`, { kind: 'invalid_response', retryable: false });
+  if (!isRecord(body) || !Array.isArray(body['data'])) throw invalid('no data array');
+  const data: unknown[] = body['data'];
+  if (data.length !== expected) throw invalid(`expected ${expected} vectors, got ${data.length}`);
+
+  const vectors = new Array<number[] | undefined>(expected).fill(undefined);
+  for (const [position, item] of data.entries()) {
+    if (!isRecord(item)) throw invalid(`item ${position} is not an object`);
+    // Order by `index` as the API specifies; fall back to position for servers that omit it.
+    const index = item['index'] ?? position;
+    if (typeof index !== 'number' || !Number.isInteger(index) || index < 0 || index >= expected) {
+      throw invalid(`item ${position} has index ${String(index)}`);
+    }
+    if (vectors[index] !== undefined) throw invalid(`duplicate index ${index}`);
+    const embedding = item['embedding'];
+    if (!Array.isArray(embedding) || embedding.length === 0)
+      throw invalid(`vector ${index} is not a number array`);
+    if (!embedding.every((v): v is number => typeof v === 'number' && Number.isFinite(v))) {
+      throw invalid(`vector ${index} has non-finite values`);
+    }
+    if (dimensions !== undefined && embedding.length !== dimensions) {
+      throw invalid(`vector ${index} has ${embedding.length} dimensions, expected ${dimensions}`);
+    }
+    vectors[index] = embedding;
+  }
+  return vectors.map((v, i) => {
+    if (!v) throw invalid(`missing vector ${i}`);
+    return v;
+  });
+}
+
+function isNetworkLike(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const code = (err as { code?: unknown }).code;
+  const causeCode = (err.cause as { code?: unknown } | undefined)?.code;
+  const codes = [code, causeCode].filter((c): c is string => typeof c === 'string');
+  if (codes.some((c) => /^(?:E[A-Z]+|UND_ERR_[A-Z_]+)$/.test(c))) return true;
+  return err.name === 'AbortError' || /fetch failed|terminated|socket|network/i.test(err.message);
+}
+
+function errorSummary(err: unknown): { name: string; message: string } {
+  if (err instanceof Error) return { name: err.name, message: err.message };
+  return { name: typeof err, message: String(err) };
+}
+
+function truncate(text: string): string {
+  return text.length > MAX_ERROR_TEXT ? `${text.slice(0, MAX_ERROR_TEXT)}…` : text;
+}
+
+function safeJson(value: unknown): string {
+  try {
+    return JSON.stringify(value) ?? '';
+  } catch {
+    return '';
+  }
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function assertPositive(name: string, value: number): void {
+  if (!Number.isFinite(value) || value <= 0)
+    throw new RangeError(`${name} must be a positive number, got ${value}`);
+}

@@ -1,0 +1,143 @@
+import type { Server } from 'node:http';
+import { migrate } from '../db/migrate.js';
+import { startWorkers } from '../workers/main.js';
+import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
+import { makeApp } from './app.js';
+import type { ExtraRoutes } from './app.js';
+import { loadConfig } from './config.js';
+import type { Config } from './config.js';
+import type { CoreDeps } from './deps.js';
+import { makeLogger } from './logger.js';
+import type { Logger } from './logger.js';
+import { redisDurabilityWarnings, waitForRedis } from './redis.js';
+import { closeDeps, openDeps } from './runtime.js';
+
+export type Mode = 'api' | 'worker' | 'serve';
+
+export interface RunningService {
+  deps: CoreDeps;
+  server: Server | null;
+  workers: RunningWorkers | null;
+  url: string | null;
+  stop(): Promise<void>;
+}
+
+/** Capability modules that add routers and resources (error memory, …), opened with the process. */
+export interface Extension {
+  routes?: ExtraRoutes[];
+  close?(): Promise<void>;
+}
+
+export type ExtensionFactory = (deps: CoreDeps) => Promise<Extension>;
+
+/**
+ * Starts the API, the workers, or both, in this process. Used by the CLI and by tests (which pass
+ * a config directly instead of the environment).
+ */
+export async function startService(
+  mode: Mode,
+  config: Config,
+  opts: { logger?: Logger; worker?: WorkerOptions; extensions?: ExtensionFactory[] } = {},
+): Promise<RunningService> {
+  const logger = opts.logger ?? makeLogger(config.logLevel);
+  if (!config.databaseUrl && mode !== 'serve') {
+    throw new Error(
+      `mnemos ${mode} needs DATABASE_URL: the embedded Postgres is single-process, so only "mnemos serve" can run without it.`,
+    );
+  }
+  const deps = await openDeps(config, logger, { defaultMetrics: true });
+  const extensions: Extension[] = [];
+  let server: Server | null = null;
+  let workers: RunningWorkers | null = null;
+  let stopping: Promise<void> | null = null;
+
+  const stop = () =>
+    (stopping ??= (async () => {
+      // Ordered: stop intake, finish in-flight work, then close queues, Redis and the pool.
+      const deadline = config.shutdownTimeoutMs;
+      if (server) {
+        const s = server;
+        await new Promise<void>((resolve) => {
+          s.close(() => resolve());
+          s.closeIdleConnections();
+          setTimeout(() => {
+            s.closeAllConnections();
+            resolve();
+          }, deadline).unref();
+        });
+      }
+      if (workers) await workers.close(deadline);
+      for (const e of extensions) await e.close?.().catch(() => undefined);
+      await closeDeps(deps).catch(() => undefined);
+    })());
+
+  try {
+    await migrate(deps.db);
+    if (!(await waitForRedis(deps.redis, 5000))) {
+      throw new Error(`cannot reach Redis at ${config.redisUrl} (is it running?)`);
+    }
+    for (const w of await redisDurabilityWarnings(deps.redis)) logger.warn(w);
+    for (const f of opts.extensions ?? []) extensions.push(await f(deps));
+    if (mode !== 'api') workers = await startWorkers(deps, opts.worker);
+    let url: string | null = null;
+    if (mode !== 'worker') {
+      const app = makeApp(deps, { extraRoutes: extensions.flatMap((e) => e.routes ?? []) });
+      server = await new Promise<Server>((resolve, reject) => {
+        const s = app.listen(config.port, config.host, () => resolve(s));
+        s.once('error', reject);
+      });
+      server.keepAliveTimeout = 65_000;
+      const addr = server.address();
+      const port = typeof addr === 'object' && addr ? addr.port : config.port;
+      url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
+    }
+    return { deps, server, workers, url, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/** Process entry: environment → service, with signal handling. */
+export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []): Promise<void> {
+  const config = loadConfig(process.env);
+  const logger = makeLogger(config.logLevel);
+  const svc = await startService(mode, config, { logger, extensions });
+  if (svc.url) {
+    logger.info({ url: svc.url }, `mnemos ${mode} listening on ${svc.url}`);
+    const lines = [
+      `mnemos ${mode} listening on ${svc.url}`,
+      `  API keys:   npx mnemos tenant create <name>   (prints a tenant id and its first key)`,
+      config.adminToken
+        ? `  Bull Board: ${svc.url}/admin/queues   (user: any, password: MNEMOS_ADMIN_TOKEN)`
+        : '  Bull Board: set MNEMOS_ADMIN_TOKEN to enable /admin/queues',
+      `  Health:     ${svc.url}/readyz   Metrics: ${svc.url}/metrics   OpenAPI: ${svc.url}/openapi.json`,
+    ];
+    process.stdout.write(`${lines.join('\n')}\n`);
+  } else {
+    logger.info(`mnemos ${mode} started`);
+  }
+  let signals = 0;
+  const onSignal = (sig: string) => {
+    signals++;
+    if (signals > 1) {
+      logger.warn({ sig }, 'second signal: exiting now');
+      process.exit(1);
+    }
+    logger.info({ sig }, 'shutting down');
+    const force = setTimeout(() => {
+      logger.error('shutdown deadline passed: exiting');
+      process.exit(1);
+    }, config.shutdownTimeoutMs + 5000);
+    force.unref();
+    svc.stop().then(
+      () => process.exit(0),
+      (err: unknown) => {
+        logger.error({ err }, 'shutdown failed');
+        process.exit(1);
+      },
+    );
+  };
+  process.on('SIGTERM', () => onSignal('SIGTERM'));
+  process.on('SIGINT', () => onSignal('SIGINT'));
+}

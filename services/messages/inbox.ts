@@ -1,0 +1,234 @@
+import type { Redis } from '../redis.js';
+import type { AcceptedMessage } from './message-input.js';
+
+/**
+ * The per-session inbox in Redis: the ordering point of ingestion. One Lua call takes the next
+ * seq numbers and appends the messages in the same atomic step, so list order is seq order for
+ * any number of API processes; a worker holding the session's Postgres row lock drains the head
+ * of the list into the archive in one transaction. See docs/ingestion.md.
+ *
+ * Keys (P = MNEMOS_PREFIX): P:sess:<tenant>:<sid> hash {seq, gen, armed, archived};
+ * P:inbox:<tenant>:<sid> list of "<seq> <gen> <json>"; P:ids:<tenant>:<sid> hash
+ * client id → "<seq> <fp> <sent_ns>" (idempotency of not-yet-archived or recent messages, 24 h);
+ * P:armed zset of "<tenant> <sid>" by the time a flush was requested (the ingest sweeper's list).
+ */
+
+export interface InboxKeys {
+  sess: string;
+  inbox: string;
+  ids: string;
+  armed: string;
+  member: string;
+}
+
+export const inboxKeys = (prefix: string, tenantId: string, sessionId: string): InboxKeys => ({
+  sess: `${prefix}:sess:${tenantId}:${sessionId}`,
+  inbox: `${prefix}:inbox:${tenantId}:${sessionId}`,
+  ids: `${prefix}:ids:${tenantId}:${sessionId}`,
+  armed: `${prefix}:armed`,
+  member: `${tenantId} ${sessionId}`,
+});
+
+const IDS_TTL_SECONDS = 24 * 3600;
+
+// ARGV: now_ms, armed member, ids ttl, then 6 per message: id, cid (0/1), fp, given sent ns ('' when
+// the client gave none), stored sent ns, payload json.
+const ACCEPT = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'SEED'} end
+local gen = redis.call('HGET', KEYS[1], 'gen')
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
+local n = (#ARGV - 3) / 6
+local known = {}
+local conflicts = {'CONFLICT'}
+for i = 0, n - 1 do
+  local b = 4 + i * 6
+  if ARGV[b + 1] == '1' then
+    local prev = redis.call('HGET', KEYS[3], ARGV[b])
+    if prev then
+      local pseq, pfp, psent = string.match(prev, '^(%d+) (%S+) (%d+)$')
+      if pfp ~= ARGV[b + 2] or (ARGV[b + 3] ~= '' and ARGV[b + 3] ~= psent) then
+        conflicts[#conflicts + 1] = i
+      else
+        known[i] = pseq
+      end
+    end
+  end
+end
+if #conflicts > 1 then return conflicts end
+local out = {'OK', 0, gen}
+local added = 0
+for i = 0, n - 1 do
+  local b = 4 + i * 6
+  if known[i] then
+    out[#out + 1] = known[i]
+    out[#out + 1] = 1
+  else
+    seq = seq + 1
+    added = added + 1
+    redis.call('RPUSH', KEYS[2], seq .. ' ' .. gen .. ' ' .. ARGV[b + 5])
+    if ARGV[b + 1] == '1' then
+      redis.call('HSET', KEYS[3], ARGV[b], seq .. ' ' .. ARGV[b + 2] .. ' ' .. ARGV[b + 4])
+    end
+    out[#out + 1] = seq
+    out[#out + 1] = 0
+  end
+end
+if added > 0 then
+  redis.call('HSET', KEYS[1], 'seq', seq)
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+  if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
+    redis.call('HSET', KEYS[1], 'armed', '1')
+    redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
+    out[2] = 1
+  end
+end
+return out
+`;
+
+// Seeds a session's Redis state from Postgres (first use, or Redis came back empty). Never moves
+// the counter backwards: it starts after both the archive and whatever is still in the inbox.
+// ARGV: last archived seq (next_seq - 1), generation.
+const SEED = `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local seq = tonumber(ARGV[1])
+local tail = redis.call('LINDEX', KEYS[2], -1)
+if tail then
+  local t = tonumber(string.match(tail, '^(%d+) '))
+  if t and t > seq then seq = t end
+end
+redis.call('HSET', KEYS[1], 'seq', seq, 'gen', ARGV[2], 'archived', ARGV[1])
+if redis.call('LLEN', KEYS[2]) > 0 then redis.call('HSET', KEYS[1], 'armed', '1') end
+return 1
+`;
+
+// After a committed drain: drop the head entries up to the last seq the worker read, record the
+// archived mark, and disarm when the inbox is empty (so the next accept requests a new flush).
+// ARGV: last seq read, armed member.
+const FINISH = `
+local last = tonumber(ARGV[1])
+local entries = redis.call('LRANGE', KEYS[2], 0, 999)
+local k = 0
+for _, e in ipairs(entries) do
+  local s = tonumber(string.match(e, '^(%d+) '))
+  if s and s <= last then k = k + 1 else break end
+end
+if k > 0 then redis.call('LTRIM', KEYS[2], k, -1) end
+local prev = tonumber(redis.call('HGET', KEYS[1], 'archived') or '0')
+if last > prev and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'archived', last) end
+local left = redis.call('LLEN', KEYS[2])
+if left == 0 then
+  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'armed', '0') end
+  redis.call('ZREM', KEYS[3], ARGV[2])
+end
+return left
+`;
+
+// Reset/delete: pending message work goes, the generation moves on, the seq counter stays.
+// ARGV: new generation, armed member.
+const CLEAR = `
+redis.call('DEL', KEYS[2], KEYS[3])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '0')
+end
+redis.call('ZREM', KEYS[4], ARGV[2])
+return 1
+`;
+
+export interface InboxEntry {
+  seq: number;
+  gen: number;
+  message: AcceptedMessage;
+}
+
+export type AcceptResult =
+  | { kind: 'seed' }
+  | { kind: 'conflict'; indexes: number[] }
+  | { kind: 'ok'; wake: boolean; generation: number; results: Array<{ seq: number; duplicate: boolean }> };
+
+type Script = { name: string; body: string };
+const scripts = {
+  accept: { name: 'mnemosAccept', body: ACCEPT },
+  seed: { name: 'mnemosSeed', body: SEED },
+  finish: { name: 'mnemosFinish', body: FINISH },
+  clear: { name: 'mnemosClear', body: CLEAR },
+} satisfies Record<string, Script>;
+
+type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unknown>>;
+
+/** Registers the Lua scripts on a connection (EVALSHA with automatic EVAL fallback). */
+export function defineInboxScripts(redis: Redis): void {
+  const r = redis as ScriptedRedis;
+  if (typeof r.mnemosAccept === 'function') return;
+  const numberOfKeys = { accept: 4, seed: 2, finish: 3, clear: 4 } as const;
+  for (const [k, s] of Object.entries(scripts)) {
+    redis.defineCommand(s.name, { numberOfKeys: numberOfKeys[k as keyof typeof numberOfKeys], lua: s.body });
+  }
+}
+
+export async function acceptIntoInbox(
+  redis: Redis,
+  keys: InboxKeys,
+  messages: AcceptedMessage[],
+  givenSent: Array<string | null>,
+): Promise<AcceptResult> {
+  const args: (string | number)[] = [Date.now(), keys.member, IDS_TTL_SECONDS];
+  messages.forEach((m, i) => {
+    args.push(m.id, m.cid ? '1' : '0', m.fp, givenSent[i] ?? '', m.sent_at_ns, JSON.stringify(m));
+  });
+  const r = (await (redis as ScriptedRedis).mnemosAccept!(
+    keys.sess,
+    keys.inbox,
+    keys.ids,
+    keys.armed,
+    ...args,
+  )) as (string | number)[];
+  if (r[0] === 'SEED') return { kind: 'seed' };
+  if (r[0] === 'CONFLICT') return { kind: 'conflict', indexes: r.slice(1).map(Number) };
+  const results: Array<{ seq: number; duplicate: boolean }> = [];
+  for (let i = 3; i < r.length; i += 2) results.push({ seq: Number(r[i]), duplicate: Number(r[i + 1]) === 1 });
+  return { kind: 'ok', wake: Number(r[1]) === 1, generation: Number(r[2]), results };
+}
+
+export async function seedInbox(redis: Redis, keys: InboxKeys, lastArchivedSeq: number, generation: number) {
+  await (redis as ScriptedRedis).mnemosSeed!(keys.sess, keys.inbox, lastArchivedSeq, generation);
+}
+
+export async function readInbox(redis: Redis, keys: InboxKeys, maxEntries: number): Promise<InboxEntry[]> {
+  const raw = await redis.lrange(keys.inbox, 0, maxEntries - 1);
+  return raw.map((e) => {
+    const a = e.indexOf(' ');
+    const b = e.indexOf(' ', a + 1);
+    return {
+      seq: Number(e.slice(0, a)),
+      gen: Number(e.slice(a + 1, b)),
+      message: JSON.parse(e.slice(b + 1)) as AcceptedMessage,
+    };
+  });
+}
+
+/** Returns how many entries are still waiting after the trim. */
+export async function finishDrain(redis: Redis, keys: InboxKeys, lastSeqRead: number): Promise<number> {
+  return Number(await (redis as ScriptedRedis).mnemosFinish!(keys.sess, keys.inbox, keys.armed, lastSeqRead, keys.member));
+}
+
+export async function clearInbox(redis: Redis, keys: InboxKeys, newGeneration: number): Promise<void> {
+  await (redis as ScriptedRedis).mnemosClear!(keys.sess, keys.inbox, keys.ids, keys.armed, newGeneration, keys.member);
+}
+
+export async function archivedMark(redis: Redis, keys: InboxKeys): Promise<number | null> {
+  const v = await redis.hget(keys.sess, 'archived');
+  return v === null ? null : Number(v);
+}
+
+/** Sessions that asked for a flush before `olderThanMs` and still hold work (crash recovery). */
+export async function staleArmedSessions(redis: Redis, prefix: string, olderThanMs: number, limit = 500) {
+  const members = await redis.zrangebyscore(`${prefix}:armed`, '-inf', Date.now() - olderThanMs, 'LIMIT', 0, limit);
+  return members.map((m) => {
+    const i = m.indexOf(' ');
+    return { tenantId: m.slice(0, i), sessionId: m.slice(i + 1), member: m };
+  });
+}
+
+export async function touchArmed(redis: Redis, prefix: string, member: string): Promise<void> {
+  await redis.zadd(`${prefix}:armed`, 'XX', Date.now(), member);
+}

@@ -1,0 +1,79 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+/**
+ * One registry per process (not prom-client's global one, so tests can build several apps).
+ * No tenant or session labels: their cardinality is unbounded.
+ */
+export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
+  const registry = new Registry();
+  if (opts.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'mnemos_process_' });
+  const m = {
+    registry,
+    httpDuration: new Histogram({
+      name: 'mnemos_http_request_duration_seconds',
+      help: 'HTTP request duration by route and status',
+      labelNames: ['method', 'route', 'status'] as const,
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers: [registry],
+    }),
+    messagesAccepted: new Counter({
+      name: 'mnemos_messages_accepted_total',
+      help: 'Messages accepted by the API (new, not idempotent repeats)',
+      registers: [registry],
+    }),
+    messagesDuplicate: new Counter({
+      name: 'mnemos_messages_duplicate_total',
+      help: 'Idempotent re-posts answered with the original seq',
+      registers: [registry],
+    }),
+    messagesArchived: new Counter({
+      name: 'mnemos_messages_archived_total',
+      help: 'Messages written to the archive by ingest workers',
+      registers: [registry],
+    }),
+    messagesDropped: new Counter({
+      name: 'mnemos_messages_dropped_total',
+      help: 'Inbox entries dropped because their session was reset or deleted meanwhile',
+      registers: [registry],
+    }),
+    jobDuration: new Histogram({
+      name: 'mnemos_job_duration_seconds',
+      help: 'Job processing time by queue',
+      labelNames: ['queue'] as const,
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      registers: [registry],
+    }),
+    jobFailures: new Counter({
+      name: 'mnemos_job_failures_total',
+      help: 'Failed job attempts by queue and whether the job is now dead-lettered (no attempts left)',
+      labelNames: ['queue', 'final'] as const,
+      registers: [registry],
+    }),
+    queueJobs: new Gauge({
+      name: 'mnemos_queue_jobs',
+      help: 'Jobs per queue and state (sampled)',
+      labelNames: ['queue', 'state'] as const,
+      registers: [registry],
+    }),
+    enqueueFailures: new Counter({
+      name: 'mnemos_enqueue_failures_total',
+      help: 'Flush requests that could not be enqueued (the ingest sweeper recovers them)',
+      registers: [registry],
+    }),
+    llmCalls: new Counter({
+      name: 'mnemos_llm_calls_total',
+      help: 'LLM calls by purpose, model and outcome',
+      labelNames: ['purpose', 'model', 'outcome'] as const,
+      registers: [registry],
+    }),
+    llmTokens: new Counter({
+      name: 'mnemos_llm_tokens_total',
+      help: 'LLM tokens by purpose, model and direction',
+      labelNames: ['purpose', 'model', 'direction'] as const,
+      registers: [registry],
+    }),
+  };
+  return m;
+}
+
+export type Metrics = ReturnType<typeof makeMetrics>;

@@ -1,0 +1,107 @@
+import type { Router } from 'express';
+import { z } from 'zod';
+
+/**
+ * The OpenAPI document is derived from the routers that are actually mounted (so a route cannot
+ * exist undocumented without the completeness test noticing) plus the zod schemas the handlers
+ * validate with.
+ */
+export interface RouteMeta {
+  summary: string;
+  body?: z.ZodType;
+  query?: z.ZodType;
+  auth?: 'tenant' | 'admin' | 'none';
+  success?: number;
+}
+
+export interface Mounted {
+  prefix: string;
+  router: Router;
+  meta: Record<string, RouteMeta>;
+}
+
+interface Layer {
+  route?: { path: string | string[]; methods: Record<string, boolean> };
+}
+
+export function listRoutes(mounts: Mounted[]): Array<{ method: string; path: string; meta: RouteMeta | undefined }> {
+  const out: Array<{ method: string; path: string; meta: RouteMeta | undefined }> = [];
+  for (const m of mounts) {
+    for (const layer of (m.router as unknown as { stack: Layer[] }).stack) {
+      if (!layer.route) continue;
+      const paths = Array.isArray(layer.route.path) ? layer.route.path : [layer.route.path];
+      for (const p of paths) {
+        for (const [method, on] of Object.entries(layer.route.methods)) {
+          if (!on || method === '_all') continue;
+          const path = (m.prefix + (p === '/' ? '' : p)).replace(/\/$/, '') || '/';
+          out.push({ method: method.toUpperCase(), path, meta: m.meta[`${method.toUpperCase()} ${p}`] });
+        }
+      }
+    }
+  }
+  return out;
+}
+
+const toOpenApiPath = (p: string) => p.replace(/:([A-Za-z_]+)/g, '{$1}');
+
+function jsonSchema(s: z.ZodType): unknown {
+  try {
+    return z.toJSONSchema(s, { io: 'input', unrepresentable: 'any' });
+  } catch {
+    return { type: 'object' };
+  }
+}
+
+export function buildOpenApi(mounts: Mounted[], version: string): Record<string, unknown> {
+  const paths: Record<string, Record<string, unknown>> = {};
+  for (const r of listRoutes(mounts)) {
+    const p = toOpenApiPath(r.path);
+    const meta = r.meta;
+    const op: Record<string, unknown> = {
+      summary: meta?.summary ?? 'undocumented',
+      parameters: [...p.matchAll(/\{([A-Za-z_]+)\}/g)].map((x) => ({
+        name: x[1],
+        in: 'path',
+        required: true,
+        schema: { type: 'string' },
+      })),
+      responses: {
+        [String(meta?.success ?? 200)]: { description: 'success' },
+        default: { description: 'error', content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } } },
+      },
+    };
+    if (meta?.auth !== 'none') op.security = [{ [meta?.auth === 'admin' ? 'adminToken' : 'apiKey']: [] }];
+    if (meta?.body) op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(meta.body) } } };
+    if (meta?.query) {
+      const q = jsonSchema(meta.query) as { properties?: Record<string, unknown> };
+      for (const [name, schema] of Object.entries(q.properties ?? {})) {
+        (op.parameters as unknown[]).push({ name, in: 'query', required: false, schema });
+      }
+    }
+    (paths[p] ??= {})[r.method.toLowerCase()] = op;
+  }
+  return {
+    openapi: '3.1.0',
+    info: { title: 'mnemos', version, description: 'Tiered conversation memory for multi-agent LLM backends' },
+    paths,
+    components: {
+      securitySchemes: {
+        apiKey: { type: 'http', scheme: 'bearer', description: 'tenant API key mn_<key id>_<secret>' },
+        adminToken: { type: 'http', scheme: 'bearer', description: 'MNEMOS_ADMIN_TOKEN' },
+      },
+      schemas: {
+        Error: {
+          type: 'object',
+          required: ['error'],
+          properties: {
+            error: {
+              type: 'object',
+              required: ['code', 'message'],
+              properties: { code: { type: 'string' }, message: { type: 'string' }, details: {} },
+            },
+          },
+        },
+      },
+    },
+  };
+}

@@ -1,0 +1,68 @@
+import { Redis } from 'ioredis';
+import type { Logger } from './logger.js';
+
+export type { Redis };
+
+/**
+ * Producer connections (the API) fail fast: no offline queue, one retry, so a Redis outage turns
+ * into a 503 instead of requests piling up in memory. Worker connections (BullMQ) retry forever.
+ */
+export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Logger): Redis {
+  const redis =
+    role === 'producer'
+      ? new Redis(url, {
+          enableOfflineQueue: false,
+          maxRetriesPerRequest: 1,
+          connectTimeout: 2000,
+          commandTimeout: 5000,
+          retryStrategy: (times) => Math.min(200 * times, 2000),
+          lazyConnect: false,
+        })
+      : new Redis(url, {
+          maxRetriesPerRequest: null,
+          enableReadyCheck: true,
+          retryStrategy: (times) => Math.min(100 * 2 ** Math.min(times, 6), 5000),
+        });
+  let lastWarn = 0;
+  redis.on('error', (err: Error) => {
+    // Reconnect loops emit an error per attempt; keep the log readable.
+    const now = Date.now();
+    if (now - lastWarn > 5000) {
+      lastWarn = now;
+      logger?.warn({ err: { message: err.message }, role }, 'redis connection error');
+    }
+  });
+  return redis;
+}
+
+/** Waits until the connection is ready or the deadline passes. */
+export async function waitForRedis(redis: Redis, timeoutMs: number): Promise<boolean> {
+  if (redis.status === 'ready') return true;
+  return new Promise((resolve) => {
+    const t = setTimeout(() => {
+      redis.off('ready', onReady);
+      resolve(false);
+    }, timeoutMs);
+    const onReady = () => {
+      clearTimeout(t);
+      resolve(true);
+    };
+    redis.once('ready', onReady);
+  });
+}
+
+/** SPEC §1: production Redis should persist (AOF) and never evict queue keys. */
+export async function redisDurabilityWarnings(redis: Redis): Promise<string[]> {
+  const warnings: string[] = [];
+  try {
+    const aof = (await redis.config('GET', 'appendonly')) as string[];
+    const policy = (await redis.config('GET', 'maxmemory-policy')) as string[];
+    if (aof[1] !== 'yes')
+      warnings.push('Redis runs without AOF (appendonly no): a Redis restart can lose accepted messages not yet archived');
+    if (policy[1] !== 'noeviction')
+      warnings.push(`Redis maxmemory-policy is ${policy[1]}: set noeviction so queue keys are never evicted`);
+  } catch {
+    warnings.push('could not read Redis persistence settings (CONFIG GET refused)');
+  }
+  return warnings;
+}

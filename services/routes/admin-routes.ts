@@ -1,0 +1,60 @@
+import { Router } from 'express';
+import { z } from 'zod';
+import type { Db } from '../../db/pool.js';
+import { findTenant } from '../../db/queries/tenants.js';
+import { AppError, notFound } from '../errors.js';
+import type { RouteMeta } from '../openapi.js';
+import { createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
+import { parseInput } from '../validate.js';
+
+const tenantBody = z
+  .object({ name: z.string().trim().min(1).max(128).regex(/^[^\s].*$/, 'must not be blank') })
+  .strict();
+const keyBody = z.object({ name: z.string().max(128).optional() }).strict();
+
+export const adminRoutesMeta: Record<string, RouteMeta> = {
+  'POST /tenants': { summary: 'Create a tenant and its first API key', body: tenantBody, auth: 'admin', success: 201 },
+  'GET /tenants': { summary: 'List tenants', auth: 'admin' },
+  'DELETE /tenants/:id': { summary: 'Erase a tenant and all its data (Postgres and Redis)', auth: 'admin', success: 204 },
+  'POST /tenants/:id/keys': { summary: 'Create an API key (shown once)', body: keyBody, auth: 'admin', success: 201 },
+  'GET /tenants/:id/keys': { summary: "List a tenant's keys (never the secret)", auth: 'admin' },
+  'DELETE /keys/:key_id': { summary: 'Revoke an API key', auth: 'admin', success: 204 },
+};
+
+export function makeAdminRoutes(deps: { db: Db; eraseTenant?: (tenantId: string) => Promise<boolean> }): Router {
+  const router = Router();
+
+  router.post('/tenants', async (req, res) => {
+    const body = parseInput(tenantBody, req.body ?? {});
+    res.status(201).json(await createTenant(deps.db, body.name));
+  });
+
+  router.get('/tenants', async (_req, res) => {
+    res.json({ tenants: await tenantList(deps.db), next: null });
+  });
+
+  router.delete('/tenants/:id', async (req, res) => {
+    if (!deps.eraseTenant) throw new AppError(501, 'not_implemented', 'tenant erasure is not available');
+    if (!(await deps.eraseTenant(req.params.id!))) throw notFound('tenant');
+    res.status(204).end();
+  });
+
+  router.post('/tenants/:id/keys', async (req, res) => {
+    const body = parseInput(keyBody, req.body ?? {});
+    const key = await createKey(deps.db, req.params.id!, body.name ?? '');
+    res.status(201).json({ key_id: key.key_id, tenant_id: key.tenant_id, api_key: key.api_key });
+  });
+
+  router.get('/tenants/:id/keys', async (req, res) => {
+    const t = await findTenant(deps.db, req.params.id!);
+    if (!t) throw notFound('tenant');
+    res.json({ keys: await keyList(deps.db, t.id), next: null });
+  });
+
+  router.delete('/keys/:key_id', async (req, res) => {
+    if (!(await revokeKey(deps.db, req.params.key_id!))) throw notFound('key');
+    res.status(204).end();
+  });
+
+  return router;
+}

@@ -1,0 +1,98 @@
+import { Router } from 'express';
+import { pendingMigrations } from '../../db/migrate.js';
+import type { CoreDeps } from '../deps.js';
+import { AppError, notFound } from '../errors.js';
+import type { RouteMeta } from '../openapi.js';
+import { QUEUE_NAMES } from '../../workers/queues.js';
+import type { QueueName } from '../../workers/queues.js';
+
+async function timed<T>(p: Promise<T>, ms: number): Promise<T> {
+  let t: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, rej) => {
+        t = setTimeout(() => rej(new Error('timeout')), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(t);
+  }
+}
+
+export const opsRoutesMeta: Record<string, RouteMeta> = {
+  'GET /healthz': { summary: 'Liveness: the process is up', auth: 'none' },
+  'GET /readyz': { summary: 'Readiness with per-dependency status (503 when not ready)', auth: 'none' },
+  'GET /metrics': { summary: 'Prometheus metrics', auth: 'none' },
+  'GET /openapi.json': { summary: 'This document', auth: 'none' },
+};
+
+export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
+  const router = Router();
+  router.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' });
+  });
+  router.get('/readyz', async (_req, res) => {
+    const checks: Record<string, string> = {};
+    await Promise.all([
+      timed(deps.db.query('SELECT 1'), 2000).then(
+        () => (checks.postgres = 'ok'),
+        () => (checks.postgres = 'down'),
+      ),
+      timed(deps.redis.ping(), 2000).then(
+        () => (checks.redis = 'ok'),
+        () => (checks.redis = 'down'),
+      ),
+    ]);
+    if (checks.postgres === 'ok') {
+      const pending = await pendingMigrations(deps.db).catch(() => ['unknown']);
+      checks.migrations = pending.length === 0 ? 'ok' : `pending: ${pending.join(', ')}`;
+    } else {
+      checks.migrations = 'unknown';
+    }
+    checks.llm = deps.llm ? 'configured' : 'disabled';
+    const ready = checks.postgres === 'ok' && checks.redis === 'ok' && checks.migrations === 'ok';
+    if (!ready) res.setHeader('retry-after', '5');
+    res.status(ready ? 200 : 503).json({ status: ready ? 'ready' : 'not_ready', checks });
+  });
+  router.get('/metrics', async (_req, res) => {
+    res.setHeader('content-type', deps.metrics.registry.contentType);
+    res.send(await deps.metrics.registry.metrics());
+  });
+  router.get('/openapi.json', (_req, res) => {
+    res.json(openapi());
+  });
+  return router;
+}
+
+export const jobRoutesMeta: Record<string, RouteMeta> = {
+  'GET /:id': { summary: "State of one of the tenant's jobs (id as returned, e.g. summary.42)" },
+};
+
+/** Job ids given to clients are `<queue>.<bullmq id>`; only the owning tenant can read them. */
+export function makeJobRoutes(deps: CoreDeps): Router {
+  const router = Router();
+  router.get('/:id', async (req, res) => {
+    const m = /^([a-z]+)\.([A-Za-z0-9_-]{1,200})$/.exec(req.params.id!);
+    if (!m || !QUEUE_NAMES.includes(m[1] as QueueName)) throw notFound('job');
+    const queue = deps.queues[m[1] as QueueName];
+    const job = await queue.getJob(m[2]!).catch(() => {
+      throw new AppError(503, 'unavailable', 'redis is unavailable, retry later', undefined, { 'retry-after': '2' });
+    });
+    const data = job?.data as { tenantId?: string } | undefined;
+    if (!job || data?.tenantId !== res.locals.tenantId) throw notFound('job');
+    const state = await job.getState();
+    res.json({
+      id: req.params.id,
+      queue: m[1],
+      name: job.name,
+      state,
+      attempts: job.attemptsMade,
+      failed_reason: job.failedReason ?? null,
+      created_at: new Date(job.timestamp).toISOString(),
+      finished_at: job.finishedOn ? new Date(job.finishedOn).toISOString() : null,
+      result: state === 'completed' ? (job.returnvalue ?? null) : null,
+    });
+  });
+  return router;
+}

@@ -1,0 +1,164 @@
+import { Router } from 'express';
+import { z } from 'zod';
+import { pageMessages } from '../../db/queries/messages.js';
+import type { StoredMessageRow } from '../../db/queries/messages.js';
+import { getSession, listSessions } from '../../db/queries/sessions.js';
+import { getSummaryState } from '../../db/queries/summaries.js';
+import type { CoreDeps } from '../deps.js';
+import { notFound } from '../errors.js';
+import { acceptMessages, asDependencyError, waitArchived } from '../messages/accept-messages.js';
+import { inboxKeys } from '../messages/inbox.js';
+import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
+import type { RouteMeta } from '../openapi.js';
+import { nsToRfc3339 } from '../time.js';
+import { parseInput } from '../validate.js';
+
+const WAIT_TIMEOUT_MS = 10_000;
+
+const seqParam = z
+  .string()
+  .regex(/^\d{1,15}$/, 'must be a non-negative integer')
+  .transform(Number);
+const limitParam = z
+  .string()
+  .regex(/^\d{1,4}$/, 'must be an integer from 1 to 500')
+  .transform(Number)
+  .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500'));
+
+const postQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
+const pageQuery = z
+  .object({
+    after_seq: seqParam.optional(),
+    before_seq: seqParam.optional(),
+    limit: limitParam.optional(),
+    order: z.enum(['asc', 'desc']).optional(),
+  })
+  .strict();
+const listQuery = z
+  .object({ cursor: z.string().max(300).optional(), limit: limitParam.optional() })
+  .strict();
+
+export interface StoredMessage {
+  id: string;
+  seq: number;
+  role: string;
+  content: unknown;
+  name?: string;
+  tool_call_id?: string;
+  tool_calls?: unknown[];
+  metadata?: Record<string, unknown>;
+  sent_at: string;
+  sent_at_ns: string;
+}
+
+/** Archive row → the API's StoredMessage (content in its original form: text or parts). */
+export function toStoredMessage(r: StoredMessageRow): StoredMessage {
+  const m: StoredMessage = {
+    id: r.id,
+    seq: Number(r.seq),
+    role: r.role,
+    content: r.parts ?? r.content,
+    sent_at: nsToRfc3339(r.sent_at_ns),
+    sent_at_ns: r.sent_at_ns,
+  };
+  if (r.name !== null) m.name = r.name;
+  if (r.tool_call_id !== null) m.tool_call_id = r.tool_call_id;
+  if (r.tool_calls !== null) m.tool_calls = r.tool_calls;
+  if (r.metadata !== null) m.metadata = r.metadata;
+  return m;
+}
+
+export const sessionRoutesMeta: Record<string, RouteMeta> = {
+  'POST /:sid/messages': {
+    summary: 'Append messages (202 accepted; 201 durable with ?wait=true)',
+    body: z.object({ messages: z.array(messageSchema) }),
+    query: postQuery,
+    success: 202,
+  },
+  'GET /:sid/messages': { summary: 'Page through the archive in seq order', query: pageQuery },
+  'GET /': { summary: 'List sessions', query: listQuery },
+  'GET /:sid': { summary: 'Session counters, cutoff and summary state' },
+};
+
+export function makeSessionRoutes(deps: CoreDeps): Router {
+  const router = Router();
+
+  router.post('/:sid/messages', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const q = parseInput(postQuery, req.query, 'query');
+    const tenantId = res.locals.tenantId as string;
+    const messages = parseMessages(req.body, deps.config.timeZone);
+    const outcome = await acceptMessages(deps, tenantId, sid, messages);
+    if (q.wait === 'true') {
+      const maxSeq = Math.max(...outcome.messages.map((m) => m.seq));
+      const durable = await waitArchived(deps, tenantId, sid, maxSeq, WAIT_TIMEOUT_MS);
+      res.status(durable ? 201 : 202).json(outcome);
+      return;
+    }
+    res.status(202).json(outcome);
+  });
+
+  router.get('/:sid/messages', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const q = parseInput(pageQuery, req.query, 'query');
+    const tenantId = res.locals.tenantId as string;
+    const limit = q.limit ?? 100;
+    const desc = q.order === 'desc';
+    const session = await getSession(deps.db, tenantId, sid).catch((e: unknown) => {
+      throw asDependencyError(e);
+    });
+    if (!session) throw notFound('session');
+    const rows = await pageMessages(deps.db, {
+      tenantId,
+      sessionId: sid,
+      afterSeq: q.after_seq ?? null,
+      beforeSeq: q.before_seq ?? null,
+      limit,
+      desc,
+    });
+    const messages = rows.map(toStoredMessage);
+    const last = messages[messages.length - 1];
+    res.json({ messages, next: messages.length === limit && last ? last.seq : null });
+  });
+
+  router.get('/', async (req, res) => {
+    const q = parseInput(listQuery, req.query, 'query');
+    const tenantId = res.locals.tenantId as string;
+    const limit = q.limit ?? 100;
+    const rows = await listSessions(deps.db, tenantId, q.cursor ?? null, limit);
+    const last = rows[rows.length - 1];
+    res.json({
+      sessions: rows.map((s) => ({
+        id: s.id,
+        message_count: s.message_count,
+        created_at: s.created_at.toISOString(),
+        last_message_at: s.last_message_at?.toISOString() ?? null,
+      })),
+      next: rows.length === limit && last ? last.id : null,
+    });
+  });
+
+  router.get('/:sid', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const tenantId = res.locals.tenantId as string;
+    const s = await getSession(deps.db, tenantId, sid);
+    if (!s) throw notFound('session');
+    const sum = await getSummaryState(deps.db, tenantId, sid);
+    const pending = await deps.redis.llen(inboxKeys(deps.config.prefix, tenantId, sid).inbox).catch(() => null);
+    res.json({
+      id: s.id,
+      message_count: s.message_count,
+      hot_bytes: Number(s.hot_bytes),
+      start_seq: Number(s.start_seq),
+      start_at: s.start_at_ns ? nsToRfc3339(s.start_at_ns) : null,
+      last_message_at: s.last_message_at?.toISOString() ?? null,
+      created_at: s.created_at.toISOString(),
+      summary: sum
+        ? { version: sum.version, cursor_seq: sum.cursor_seq === null ? null : Number(sum.cursor_seq), status: sum.status }
+        : null,
+      pending_jobs: pending,
+    });
+  });
+
+  return router;
+}

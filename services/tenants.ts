@@ -1,0 +1,119 @@
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import type { Db } from '../db/pool.js';
+import {
+  findApiKey,
+  findTenant,
+  insertApiKey,
+  insertTenant,
+  listApiKeys,
+  listTenants,
+  revokeApiKey,
+  touchApiKey,
+} from '../db/queries/tenants.js';
+import { AppError } from './errors.js';
+
+/** API keys look like `mn_<key id>_<secret>`; only sha256(secret) is stored. */
+const KEY_RE = /^mn_([a-z2-7]{12})_([A-Za-z0-9]{40})$/;
+const BASE32 = 'abcdefghijklmnopqrstuvwxyz234567';
+const BASE62 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
+
+function randomString(alphabet: string, length: number): string {
+  // Rejection sampling keeps every character uniform.
+  const out: string[] = [];
+  const limit = 256 - (256 % alphabet.length);
+  while (out.length < length) {
+    for (const b of randomBytes(length * 2)) {
+      if (b < limit && out.length < length) out.push(alphabet[b % alphabet.length]!);
+    }
+  }
+  return out.join('');
+}
+
+const hashSecret = (secret: string) => createHash('sha256').update(secret).digest();
+
+export const newTenantId = () => `t_${randomString(BASE32, 16)}`;
+
+export interface TenantView {
+  tenant_id: string;
+  name: string;
+  created_at: string;
+}
+
+export interface KeyView {
+  key_id: string;
+  tenant_id: string;
+  name: string;
+  created_at: string;
+  last_used_at: string | null;
+  revoked_at: string | null;
+}
+
+export async function createTenant(db: Db, name: string): Promise<{ tenant_id: string; api_key: string }> {
+  return db.transaction(async (tx) => {
+    const row = await insertTenant(tx, newTenantId(), name);
+    if (!row) throw new AppError(409, 'tenant_exists', `a tenant named "${name}" already exists`);
+    const key = await createKeyIn(tx, row.id, 'default');
+    return { tenant_id: row.id, api_key: key.api_key };
+  });
+}
+
+async function createKeyIn(tx: Parameters<typeof insertApiKey>[0], tenantId: string, name: string) {
+  const id = randomString(BASE32, 12);
+  const secret = randomString(BASE62, 40);
+  await insertApiKey(tx, { id, tenantId, name, secretHash: hashSecret(secret) });
+  return { key_id: id, api_key: `mn_${id}_${secret}` };
+}
+
+export async function createKey(
+  db: Db,
+  tenantIdOrName: string,
+  name = '',
+): Promise<{ key_id: string; tenant_id: string; api_key: string }> {
+  const tenant = await findTenant(db, tenantIdOrName);
+  if (!tenant) throw new AppError(404, 'not_found', 'tenant not found');
+  const key = await createKeyIn(db, tenant.id, name);
+  return { ...key, tenant_id: tenant.id };
+}
+
+export async function tenantList(db: Db): Promise<TenantView[]> {
+  return (await listTenants(db)).map((t) => ({
+    tenant_id: t.id,
+    name: t.name,
+    created_at: t.created_at.toISOString(),
+  }));
+}
+
+export async function keyList(db: Db, tenantId?: string): Promise<KeyView[]> {
+  return (await listApiKeys(db, tenantId)).map((k) => ({
+    key_id: k.id,
+    tenant_id: k.tenant_id,
+    name: k.name,
+    created_at: k.created_at.toISOString(),
+    last_used_at: k.last_used_at?.toISOString() ?? null,
+    revoked_at: k.revoked_at?.toISOString() ?? null,
+  }));
+}
+
+export async function revokeKey(db: Db, keyId: string): Promise<boolean> {
+  return revokeApiKey(db, keyId);
+}
+
+// A fixed hash to compare against when the key id is unknown, so a miss costs the same as a hit.
+const DUMMY_HASH = hashSecret('mnemos-dummy-secret-for-constant-time-compare');
+
+/** Resolves a bearer key to its tenant, or null. Constant-time on the secret. */
+export async function authenticateKey(db: Db, presented: string): Promise<{ tenantId: string; keyId: string } | null> {
+  const m = KEY_RE.exec(presented);
+  const given = hashSecret(m?.[2] ?? presented);
+  const row = m ? await findApiKey(db, m[1]!) : null;
+  const ok = timingSafeEqual(given, row ? row.secret_hash : DUMMY_HASH) && row !== null && row.revoked_at === null;
+  if (!ok || !row) return null;
+  void touchApiKey(db, row.id).catch(() => undefined);
+  return { tenantId: row.tenant_id, keyId: row.id };
+}
+
+/** Constant-time comparison of the admin token. */
+export function isAdminToken(expected: string | undefined, presented: string | undefined): boolean {
+  if (!expected || presented === undefined) return false;
+  return timingSafeEqual(hashSecret(expected), hashSecret(presented));
+}

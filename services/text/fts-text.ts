@@ -1,0 +1,40 @@
+/**
+ * Text preparation for the archive's tsvector. Postgres's parsers do not segment Chinese,
+ * Japanese or Korean, so CJK runs are indexed as overlapping character bigrams (with the 'simple'
+ * configuration) beside the stemmed English lexemes of the rest of the text.
+ *
+ * Both parts are capped so that no accepted message (content ≤ 1 MiB) can produce a tsvector
+ * over Postgres's 1 MB limit: 64k characters of non-CJK text make at most ~32k lexemes (~400 KB
+ * worst case), 32k CJK characters at most 32k bigrams (~390 KB).
+ */
+
+export const FTS_EN_CAP = 65_536;
+export const FTS_CJK_CAP = 32_768;
+
+const CJK_CHAR = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]/u;
+const CJK_RUN = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]+/gu;
+
+export const hasCjk = (s: string) => CJK_CHAR.test(s);
+
+/** Overlapping bigrams of every CJK run; a run of one character is kept as a unigram. */
+export function cjkBigrams(text: string, capChars = Infinity): string[] {
+  const out: string[] = [];
+  let budget = capChars;
+  for (const m of text.matchAll(CJK_RUN)) {
+    if (budget <= 0) break;
+    const chars = Array.from(m[0]).slice(0, budget);
+    budget -= chars.length;
+    if (chars.length === 1) out.push(chars[0]!);
+    for (let i = 0; i + 1 < chars.length; i++) out.push(chars[i]! + chars[i + 1]!);
+  }
+  return out;
+}
+
+/** The two inputs of the stored tsvector: `to_tsvector('english', en) || to_tsvector('simple', cjk)`. */
+export function ftsDocument(text: string): { en: string; cjk: string } {
+  const en = text.replace(CJK_RUN, ' ');
+  return {
+    en: en.length > FTS_EN_CAP ? en.slice(0, FTS_EN_CAP) : en,
+    cjk: cjkBigrams(text, FTS_CJK_CAP).join(' '),
+  };
+}

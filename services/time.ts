@@ -1,0 +1,84 @@
+/**
+ * Timestamps are stored as UTC unix nanoseconds (bigint). Clients send RFC 3339, unix ns as a
+ * decimal string (a JSON number cannot hold ns precisely), or naive `YYYY-MM-DD HH:MM:SS` in TZ.
+ */
+
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$/;
+const NAIVE = /^(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$/;
+const UNIX_NS = /^\d{1,19}$/;
+// 1970 .. 2262 (int64 ns range); anything else is a client bug.
+const MAX_NS = 9_223_372_036_854_775_807n;
+
+function validParts(y: number, mo: number, d: number, h: number, mi: number, s: number): boolean {
+  if (mo < 1 || mo > 12 || d < 1 || h > 23 || mi > 59 || s > 59) return false;
+  const dim = new Date(Date.UTC(y, mo, 0)).getUTCDate();
+  return d <= dim;
+}
+
+/** Offset of `zone` from UTC in ms at the given UTC instant. */
+function zoneOffsetMs(zone: string, utcMs: number): number {
+  const f = new Intl.DateTimeFormat('en-US', {
+    timeZone: zone,
+    hourCycle: 'h23',
+    year: 'numeric',
+    month: '2-digit',
+    day: '2-digit',
+    hour: '2-digit',
+    minute: '2-digit',
+    second: '2-digit',
+  });
+  const p = Object.fromEntries(f.formatToParts(new Date(utcMs)).map((x) => [x.type, x.value]));
+  const asUtc = Date.UTC(+p.year!, +p.month! - 1, +p.day!, +p.hour!, +p.minute!, +p.second!);
+  return asUtc - Math.floor(utcMs / 1000) * 1000;
+}
+
+/** Wall-clock time in `zone` → UTC ms (two passes settle DST transitions). */
+export function zonedToUtcMs(zone: string, y: number, mo: number, d: number, h: number, mi: number, s: number): number {
+  const naive = Date.UTC(y, mo - 1, d, h, mi, s);
+  let utc = naive - zoneOffsetMs(zone, naive);
+  utc = naive - zoneOffsetMs(zone, utc);
+  return utc;
+}
+
+/** Parses a client `sent_at`; returns unix ns, or an error message for the 400. */
+export function parseSentAt(value: string, zone: string): bigint | string {
+  const v = value.trim();
+  if (UNIX_NS.test(v)) {
+    const ns = BigInt(v);
+    return ns <= MAX_NS ? ns : 'unix nanoseconds out of range';
+  }
+  let m = RFC3339.exec(v);
+  if (m) {
+    const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [number, number, number, number, number, number];
+    if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
+    const frac = (m[7] ?? '.').slice(1).padEnd(9, '0');
+    const tz = m[8]!;
+    let offsetMin = 0;
+    if (tz !== 'Z' && tz !== 'z') {
+      const sign = tz[0] === '-' ? -1 : 1;
+      offsetMin = sign * (Number(tz.slice(1, 3)) * 60 + Number(tz.slice(4, 6)));
+    }
+    const ms = Date.UTC(y, mo - 1, d, h, mi, s) - offsetMin * 60_000;
+    if (ms < 0) return 'dates before 1970 are not supported';
+    return BigInt(ms) * 1_000_000n + BigInt(frac);
+  }
+  m = NAIVE.exec(v);
+  if (m) {
+    const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [number, number, number, number, number, number];
+    if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
+    const ms = zonedToUtcMs(zone, y, mo, d, h, mi, s);
+    if (ms < 0) return 'dates before 1970 are not supported';
+    return BigInt(ms) * 1_000_000n;
+  }
+  return 'must be RFC 3339 (2026-01-02T03:04:05Z), unix nanoseconds as a decimal string, or "YYYY-MM-DD HH:MM:SS"';
+}
+
+export const nowNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
+
+/** RFC 3339 in UTC with nanosecond precision. */
+export function nsToRfc3339(ns: bigint | string): string {
+  const n = BigInt(ns);
+  const ms = Number(n / 1_000_000n);
+  const frac = (n % 1_000_000_000n).toString().padStart(9, '0');
+  return new Date(ms).toISOString().replace(/\.\d{3}Z$/, `.${frac}Z`);
+}

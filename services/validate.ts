@@ -1,0 +1,34 @@
+import type { z } from 'zod';
+import { AppError } from './errors.js';
+
+/** Renders a zod path the way clients write it: `messages[3].role`. */
+export function fieldPath(path: ReadonlyArray<PropertyKey>): string {
+  let out = '';
+  for (const p of path) {
+    if (typeof p === 'number') out += `[${p}]`;
+    else out += out === '' ? String(p) : `.${String(p)}`;
+  }
+  return out;
+}
+
+/** Parses untrusted input; failures become a 400 whose details name every offending field path. */
+export function parseInput<S extends z.ZodType>(
+  schema: S,
+  input: unknown,
+  where = 'body',
+  basePath: ReadonlyArray<PropertyKey> = [],
+): z.output<S> {
+  const r = schema.safeParse(input);
+  if (r.success) return r.data;
+  const problems = r.error.issues.slice(0, 20).map((i) => {
+    const path = i.code === 'unrecognized_keys' ? [...i.path, i.keys[0] ?? ''] : i.path;
+    return { path: fieldPath([...basePath, ...path]) || where, message: i.message };
+  });
+  const first = problems[0];
+  throw new AppError(
+    400,
+    'validation_failed',
+    first ? `${first.path}: ${first.message}` : `invalid ${where}`,
+    { problems },
+  );
+}

@@ -1,0 +1,545 @@
+import { after, before, beforeEach, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { LlmError, makeLlmClient } from '../services/llm/llm-client.js';
+import type { LlmCallEvent, LlmClientOptions, LlmUsage } from '../services/llm/llm-client.js';
+import {
+  LOCAL_EMBEDDING_MODEL,
+  lightStem,
+  localEmbed,
+  localEmbedMany,
+} from '../services/llm/local-embedder.js';
+import { decodeFloat32Base64, startFakeOpenAI } from './support/fake-openai.js';
+import type { FakeOpenAI } from './support/fake-openai.js';
+
+const CTX = { purpose: 'summary', tenantId: 't1', sessionId: 's1' } as const;
+const MESSAGES = [{ role: 'user', content: 'hello' }] as const;
+
+let fake: FakeOpenAI;
+
+before(async () => {
+  fake = await startFakeOpenAI();
+});
+after(async () => {
+  await fake.close();
+});
+beforeEach(() => fake.reset());
+
+function client(overrides: Partial<LlmClientOptions> = {}) {
+  return makeLlmClient({ baseURL: fake.url, timeoutMs: 2000, baseDelayMs: 5, maxDelayMs: 50, ...overrides });
+}
+
+function chatReq(extra: Record<string, unknown> = {}) {
+  return { ...CTX, model: 'gpt-4o-mini', messages: [...MESSAGES], ...extra };
+}
+
+async function rejectsWith(promise: Promise<unknown>, check: (err: LlmError) => void): Promise<LlmError> {
+  try {
+    await promise;
+  } catch (err) {
+    assert.ok(err instanceof LlmError, `expected LlmError, got ${String(err)}`);
+    check(err);
+    return err;
+  }
+  assert.fail('expected the call to fail');
+}
+
+function cosine(a: number[], b: number[]): number {
+  let dot = 0;
+  let na = 0;
+  let nb = 0;
+  a.forEach((v, i) => {
+    const w = b[i] ?? 0;
+    dot += v * w;
+    na += v * v;
+    nb += w * w;
+  });
+  return dot / Math.sqrt(na * nb);
+}
+
+void describe('llm client: chat', () => {
+  void test('happy path returns content and reports usage once', async () => {
+    const usages: LlmUsage[] = [];
+    const calls: LlmCallEvent[] = [];
+    fake.queueChat({ content: 'a summary', usage: { prompt_tokens: 12, completion_tokens: 3 } });
+    const result = await client({
+      onUsage: (u) => void usages.push(u),
+      onCall: (e) => void calls.push(e),
+    }).chat(chatReq());
+
+    assert.deepEqual(result, { content: 'a summary', inputTokens: 12, outputTokens: 3 });
+    assert.deepEqual(usages, [
+      {
+        purpose: 'summary',
+        model: 'gpt-4o-mini',
+        inputTokens: 12,
+        outputTokens: 3,
+        tenantId: 't1',
+        sessionId: 's1',
+      },
+    ]);
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0]?.outcome, 'ok');
+    const [req] = fake.chatRequests();
+    assert.equal((req?.body as any).model, 'gpt-4o-mini');
+    assert.deepEqual((req?.body as any).messages, MESSAGES);
+    assert.equal((req?.body as any).response_format, undefined);
+    // A placeholder key is sent when only a baseURL is configured.
+    assert.equal(req?.headers['authorization'], 'Bearer unused');
+  });
+
+  void test('missing sessionId is reported as null and an async onUsage is awaited', async () => {
+    let usage: LlmUsage | undefined;
+    await client({
+      onUsage: async (u) => {
+        await new Promise((r) => setTimeout(r, 20));
+        usage = u;
+      },
+    }).chat({ purpose: 'noise', tenantId: 't2', model: 'm', messages: [...MESSAGES] });
+    assert.equal(usage?.sessionId, null);
+    assert.equal(usage?.purpose, 'noise');
+  });
+
+  void test('JSON mode sends response_format json_object and passes sampling params', async () => {
+    fake.queueChat({ content: '{"ok":true}' });
+    const result = await client().chat(chatReq({ json: true, temperature: 0.2, maxTokens: 50 }));
+    assert.equal(result.content, '{"ok":true}');
+    const body = fake.chatRequests()[0]?.body as any;
+    assert.deepEqual(body.response_format, { type: 'json_object' });
+    assert.equal(body.temperature, 0.2);
+    assert.equal(body.max_tokens, 50);
+  });
+
+  void test('a 400 about response_format falls back to plain mode and remembers it', async () => {
+    fake.queueChat(
+      {
+        status: 400,
+        body: { error: { message: 'response_format is not supported by this server', type: 'x' } },
+      },
+      { content: '{"a":1}' },
+      { content: '{"b":2}' },
+    );
+    const warnings: string[] = [];
+    const llm = client({ logger: { warn: (_o, msg) => void warnings.push(msg) } });
+    assert.equal((await llm.chat(chatReq({ json: true }))).content, '{"a":1}');
+    assert.equal((await llm.chat(chatReq({ json: true }))).content, '{"b":2}');
+    const formats = fake.chatRequests().map((r) => (r.body as any).response_format);
+    assert.deepEqual(formats, [{ type: 'json_object' }, undefined, undefined]);
+    assert.equal(warnings.length, 1);
+  });
+
+  void test('a model rejecting max_tokens/temperature is adapted to, per model', async () => {
+    fake.queueChat(
+      {
+        status: 400,
+        body: {
+          error: {
+            message:
+              "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+            param: 'max_tokens',
+          },
+        },
+      },
+      {
+        status: 400,
+        body: {
+          error: { message: "Unsupported value: 'temperature' does not support 0.2 with this model." },
+        },
+      },
+      { content: 'one' },
+      { content: 'two' },
+      { content: 'other model' },
+    );
+    const llm = client();
+    const req = chatReq({ model: 'reasoner', temperature: 0.2, maxTokens: 10 });
+    assert.equal((await llm.chat(req)).content, 'one');
+    assert.equal((await llm.chat(req)).content, 'two');
+    assert.equal((await llm.chat({ ...req, model: 'classic' })).content, 'other model');
+    const sent = fake.chatRequests().map((r) => {
+      const b = r.body as any;
+      return [b.model, b.max_tokens, b.max_completion_tokens, b.temperature];
+    });
+    assert.deepEqual(sent, [
+      ['reasoner', 10, undefined, 0.2],
+      ['reasoner', undefined, 10, 0.2],
+      ['reasoner', undefined, 10, undefined],
+      ['reasoner', undefined, 10, undefined],
+      ['classic', 10, undefined, 0.2],
+    ]);
+  });
+
+  void test("OpenAI's 'must contain the word json' 400 is a prompt bug, not a reason to drop JSON mode", async () => {
+    fake.queueChat({
+      status: 400,
+      body: {
+        error: {
+          message:
+            "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'.",
+        },
+      },
+    });
+    await rejectsWith(client().chat(chatReq({ json: true })), (err) => assert.equal(err.kind, 'bad_request'));
+    assert.equal(fake.chatRequests().length, 1);
+  });
+
+  void test('429 with retry-after: 0 is retried and succeeds', async () => {
+    fake.queueChat({ status: 429, headers: { 'retry-after': '0' } }, { content: 'ok' });
+    const calls: LlmCallEvent[] = [];
+    const result = await client({ onCall: (e) => void calls.push(e) }).chat(chatReq());
+    assert.equal(result.content, 'ok');
+    assert.equal(fake.chatRequests().length, 2);
+    assert.deepEqual(
+      calls.map((c) => [c.outcome, c.kind]),
+      [
+        ['error', 'rate_limited'],
+        ['ok', undefined],
+      ],
+    );
+  });
+
+  void test('retry-after-ms is honoured as the backoff delay', async () => {
+    fake.queueChat({ status: 429, headers: { 'retry-after-ms': '300' } }, { content: 'ok' });
+    const started = Date.now();
+    await client({ maxDelayMs: 5000 }).chat(chatReq());
+    const [first, second] = fake.chatRequests();
+    assert.ok(first && second);
+    assert.ok(second.at - first.at >= 280, `retried after ${second.at - first.at}ms`);
+    assert.ok(Date.now() - started < 2000);
+  });
+
+  void test('retry-after is capped at maxDelayMs and exposed on the final error', async () => {
+    fake.queueChat(
+      { status: 429, headers: { 'retry-after': '60' } },
+      { status: 429, headers: { 'retry-after': '60' } },
+    );
+    const started = Date.now();
+    await rejectsWith(client({ maxAttempts: 2, maxDelayMs: 40 }).chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'rate_limited');
+      assert.equal(err.retryable, true);
+      assert.equal(err.status, 429);
+      assert.equal(err.retryAfterMs, 40);
+    });
+    assert.ok(Date.now() - started < 1000);
+    assert.equal(fake.chatRequests().length, 2);
+  });
+
+  void test('500 x3 fails retryable with kind server after exactly maxAttempts requests', async () => {
+    fake.queueChat({ status: 500 }, { status: 500 }, { status: 500 }, { content: 'never reached' });
+    let usageCalls = 0;
+    await rejectsWith(client({ maxAttempts: 3, onUsage: () => void usageCalls++ }).chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'server');
+      assert.equal(err.retryable, true);
+      assert.equal(err.status, 500);
+    });
+    assert.equal(fake.chatRequests().length, 3);
+    assert.equal(usageCalls, 0);
+  });
+
+  void test('400 fails at once, not retryable', async () => {
+    fake.queueChat({ status: 400 }, { content: 'never reached' });
+    await rejectsWith(client().chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'bad_request');
+      assert.equal(err.retryable, false);
+      assert.equal(err.status, 400);
+    });
+    assert.equal(fake.chatRequests().length, 1);
+  });
+
+  void test('401 is an auth error, not retried', async () => {
+    fake.queueChat({ status: 401 });
+    await rejectsWith(client({ apiKey: 'sk-test' }).chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'auth');
+      assert.equal(err.retryable, false);
+    });
+    assert.equal(fake.chatRequests().length, 1);
+    assert.equal(fake.chatRequests()[0]?.headers['authorization'], 'Bearer sk-test');
+  });
+
+  void test('malformed JSON body is invalid_response and not retried', async () => {
+    fake.queueChat({ malformed: true }, { content: 'never reached' });
+    await rejectsWith(client().chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'invalid_response');
+      assert.equal(err.retryable, false);
+    });
+    assert.equal(fake.chatRequests().length, 1);
+  });
+
+  void test('empty content is invalid_response', async () => {
+    fake.queueChat({ content: '' });
+    await rejectsWith(client().chat(chatReq()), (err) => assert.equal(err.kind, 'invalid_response'));
+    assert.equal(fake.chatRequests().length, 1);
+  });
+
+  void test('a hanging endpoint times out per attempt and is retryable', async () => {
+    fake.queueChat({ hang: true }, { hang: true }, { content: 'never reached' });
+    const started = Date.now();
+    await rejectsWith(client({ maxAttempts: 2 }).chat(chatReq({ timeoutMs: 200 })), (err) => {
+      assert.equal(err.kind, 'timeout');
+      assert.equal(err.retryable, true);
+    });
+    const elapsed = Date.now() - started;
+    assert.equal(fake.chatRequests().length, 2);
+    assert.ok(elapsed >= 400 && elapsed < 1500, `took ${elapsed}ms`);
+  });
+
+  void test('a slow answer that fits in the timeout succeeds', async () => {
+    fake.queueChat({ delayMs: 50, then: { content: 'late but fine' } });
+    assert.equal((await client().chat(chatReq({ timeoutMs: 1000 }))).content, 'late but fine');
+  });
+
+  void test('abort during the backoff sleep ends the call quickly as aborted', async () => {
+    fake.queueChat({ status: 429, headers: { 'retry-after': '5' } }, { content: 'never reached' });
+    const controller = new AbortController();
+    setTimeout(() => controller.abort(), 100);
+    const started = Date.now();
+    await rejectsWith(client({ maxDelayMs: 10_000 }).chat(chatReq({ signal: controller.signal })), (err) => {
+      assert.equal(err.kind, 'aborted');
+      assert.equal(err.retryable, false);
+    });
+    assert.ok(Date.now() - started < 1000);
+    assert.equal(fake.chatRequests().length, 1);
+  });
+
+  void test('abort during an in-flight request is aborted, not timeout', async () => {
+    fake.queueChat({ hang: true });
+    const controller = new AbortController();
+    setTimeout(() => controller.abort(), 100);
+    await rejectsWith(client().chat(chatReq({ signal: controller.signal })), (err) =>
+      assert.equal(err.kind, 'aborted'),
+    );
+    assert.equal(fake.chatRequests().length, 1);
+  });
+
+  void test('an already-aborted signal sends nothing', async () => {
+    await rejectsWith(client().chat(chatReq({ signal: AbortSignal.abort() })), (err) =>
+      assert.equal(err.kind, 'aborted'),
+    );
+    assert.equal(fake.chatRequests().length, 0);
+  });
+
+  void test('an unreachable endpoint is a retryable network error', async () => {
+    const dead = await startFakeOpenAI();
+    const url = dead.url;
+    await dead.close();
+    await rejectsWith(
+      makeLlmClient({ baseURL: url, timeoutMs: 1000, maxAttempts: 2, baseDelayMs: 1 }).chat(chatReq()),
+      (err) => {
+        assert.equal(err.kind, 'network');
+        assert.equal(err.retryable, true);
+      },
+    );
+  });
+
+  void test('a throwing onUsage is logged and does not fail the call', async () => {
+    const warnings: Array<{ obj: object; msg: string }> = [];
+    const result = await client({
+      onUsage: () => {
+        throw new Error('metrics down');
+      },
+      logger: { warn: (obj, msg) => void warnings.push({ obj, msg }) },
+    }).chat(chatReq());
+    assert.equal(result.content, '{}');
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0]?.msg ?? '', /onUsage/);
+  });
+});
+
+void describe('llm client: embed', () => {
+  void test('float path returns vectors of the requested dimensions in input order', async () => {
+    const usages: LlmUsage[] = [];
+    const inputs = ['first text', 'second text', '記憶系統'];
+    const vectors = await client({ onUsage: (u) => void usages.push(u) }).embed({
+      ...CTX,
+      purpose: 'embedding',
+      model: 'text-embedding-3-small',
+      input: inputs,
+      dimensions: 64,
+    });
+    assert.equal(vectors.length, 3);
+    for (const [i, v] of vectors.entries()) {
+      assert.equal(v.length, 64);
+      // The fake embeds with localEmbed, so order is checkable against it.
+      assert.ok(cosine(v, localEmbed(inputs[i] ?? '', 64)) > 0.9999);
+    }
+    const body = fake.embeddingRequests()[0]?.body as any;
+    assert.equal(body.encoding_format, 'float');
+    assert.equal(body.dimensions, 64);
+    assert.deepEqual(body.input, inputs);
+    assert.equal(usages[0]?.purpose, 'embedding');
+    assert.ok((usages[0]?.inputTokens ?? 0) > 0);
+    assert.equal(usages[0]?.outputTokens, 0);
+  });
+
+  void test('vectors are re-ordered by index', async () => {
+    fake.queueEmbeddings({
+      status: 200,
+      body: {
+        object: 'list',
+        data: [
+          { object: 'embedding', index: 1, embedding: [0, 1] },
+          { object: 'embedding', index: 0, embedding: [1, 0] },
+        ],
+      },
+    });
+    const vectors = await client().embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['a', 'b'] });
+    assert.deepEqual(vectors, [
+      [1, 0],
+      [0, 1],
+    ]);
+  });
+
+  void test('a 500 then ok is retried', async () => {
+    fake.queueEmbeddings({ status: 500 }, 'ok');
+    const vectors = await client().embed({
+      ...CTX,
+      purpose: 'embedding',
+      model: 'e',
+      input: ['x'],
+      dimensions: 8,
+    });
+    assert.equal(vectors[0]?.length, 8);
+    assert.equal(fake.embeddingRequests().length, 2);
+  });
+
+  void test('wrong dimensions or non-finite values are invalid_response', async () => {
+    fake.queueEmbeddings(
+      { status: 200, body: { data: [{ index: 0, embedding: [1, 2, 3] }] } },
+      { status: 200, body: { data: [{ index: 0, embedding: [1, 'x'] }] } },
+    );
+    const llm = client();
+    await rejectsWith(
+      llm.embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['a'], dimensions: 4 }),
+      (err) => {
+        assert.equal(err.kind, 'invalid_response');
+        assert.equal(err.retryable, false);
+      },
+    );
+    await rejectsWith(llm.embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['a'] }), (err) =>
+      assert.equal(err.kind, 'invalid_response'),
+    );
+    assert.equal(fake.embeddingRequests().length, 2);
+  });
+
+  void test('empty input makes no request', async () => {
+    assert.deepEqual(await client().embed({ ...CTX, purpose: 'embedding', model: 'e', input: [] }), []);
+    assert.equal(fake.requests.length, 0);
+  });
+});
+
+void describe('fake OpenAI server', () => {
+  void test('base64 encoding decodes to the same vector as float', async () => {
+    const post = async (extra: Record<string, unknown>) => {
+      const res = await fetch(`${fake.url}/embeddings`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: 'text-embedding-3-small',
+          input: 'compaction of memories',
+          dimensions: 32,
+          ...extra,
+        }),
+      });
+      assert.equal(res.status, 200);
+      return ((await res.json()) as any).data[0].embedding as unknown;
+    };
+    const asFloat = await post({ encoding_format: 'float' });
+    const asBase64 = await post({ encoding_format: 'base64' });
+    const asDefault = await post({});
+    assert.ok(Array.isArray(asFloat) && asFloat.length === 32);
+    assert.equal(typeof asBase64, 'string');
+    assert.equal(asDefault, asBase64);
+    assert.deepEqual(decodeFloat32Base64(asBase64 as string), asFloat);
+  });
+
+  void test('chat echoes the model, models are listed, unknown routes are 404', async () => {
+    const chat = await fetch(`${fake.url}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'my-model', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    const body = (await chat.json()) as any;
+    assert.equal(body.object, 'chat.completion');
+    assert.equal(body.model, 'my-model');
+    assert.equal(body.choices[0].message.content, '{}');
+    assert.equal(body.choices[0].finish_reason, 'stop');
+
+    const models = (await (await fetch(`${fake.url}/models`)).json()) as any;
+    assert.ok(models.data.length > 0);
+
+    const missing = await fetch(`${fake.url}/nope`);
+    assert.equal(missing.status, 404);
+    assert.equal(typeof ((await missing.json()) as any).error.message, 'string');
+    assert.deepEqual(
+      fake.requests.map((r) => [r.method, r.path]),
+      [
+        ['POST', '/v1/chat/completions'],
+        ['GET', '/v1/models'],
+        ['GET', '/v1/nope'],
+      ],
+    );
+  });
+
+  void test('onChat handler answers when the queue is empty', async () => {
+    fake.onChat((body) => ({ content: `echo:${body.messages[0].content}` }));
+    assert.equal((await client().chat(chatReq())).content, 'echo:hello');
+  });
+});
+
+void describe('local embedder', () => {
+  void test('is deterministic and L2-normalised', () => {
+    const a = localEmbed('The quick brown fox, 2024!', 384);
+    const b = localEmbed('The quick brown fox, 2024!', 384);
+    assert.deepEqual(a, b);
+    assert.equal(a.length, 384);
+    const norm = Math.sqrt(a.reduce((s, v) => s + v * v, 0));
+    assert.ok(Math.abs(norm - 1) < 1e-9);
+    assert.deepEqual(localEmbedMany(['The quick brown fox, 2024!'], 384), [a]);
+    assert.equal(LOCAL_EMBEDDING_MODEL, 'local-hash');
+  });
+
+  void test('output is pinned: changing it invalidates stored vectors', () => {
+    // If this fails, the hash/tokeniser changed; that needs a new model name and a re-embed.
+    const v = localEmbed('Compacting conversation memories: 記憶系統 memory', 64);
+    const nonZero = v.flatMap((x, i) => (x === 0 ? [] : [[i, Number(x.toFixed(6))]]));
+    // memories + memory share a stem, so that feature carries the sublinear weight 1 + ln 2.
+    assert.deepEqual(nonZero, [
+      [5, -0.603667],
+      [11, 0.356535],
+      [23, -0.356535],
+      [31, 0.356535],
+      [44, 0.356535],
+      [46, 0.356535],
+    ]);
+  });
+
+  void test('empty or featureless text gives a unit vector, never zero', () => {
+    for (const text of ['', '   ', '?!...']) {
+      const v = localEmbed(text, 8);
+      assert.deepEqual(v, [1, 0, 0, 0, 0, 0, 0, 0]);
+    }
+  });
+
+  void test('same-stem words are closer than unrelated words', () => {
+    assert.equal(lightStem('compacting'), 'compact');
+    assert.equal(lightStem('compaction'), 'compact');
+    const dims = 256;
+    const query = localEmbed('compacting the archive', dims);
+    const sameStem = localEmbed('archive compaction', dims);
+    const unrelated = localEmbed('banana smoothie recipe', dims);
+    assert.ok(cosine(query, sameStem) > 0.6, `same stem ${cosine(query, sameStem)}`);
+    assert.ok(cosine(query, sameStem) > cosine(query, unrelated) + 0.4);
+  });
+
+  void test('CJK bigram overlap gives high similarity', () => {
+    const dims = 384;
+    const query = localEmbed('記憶系統', dims);
+    const related = cosine(query, localEmbed('我們討論了記憶系統', dims));
+    const unrelated = cosine(query, localEmbed('今天天氣很好，我們去公園散步', dims));
+    assert.ok(related > 0.5, `related ${related}`);
+    assert.ok(related > unrelated + 0.4, `related ${related} vs unrelated ${unrelated}`);
+  });
+
+  void test('Latin words glued to CJK are still separate features', () => {
+    const dims = 384;
+    assert.ok(cosine(localEmbed('API記憶', dims), localEmbed('api', dims)) > 0.5);
+  });
+});

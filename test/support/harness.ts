@@ -1,0 +1,160 @@
+import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { migrate } from '../../db/migrate.js';
+import { makePgDb } from '../../db/pool.js';
+import { loadConfig } from '../../services/config.js';
+import type { Config } from '../../services/config.js';
+import { defaultExtensions } from '../../services/extensions.js';
+import { makeLogger } from '../../services/logger.js';
+import { startService } from '../../services/main.js';
+import type { Mode, RunningService } from '../../services/main.js';
+import { createTenant } from '../../services/tenants.js';
+import type { WorkerOptions } from '../../workers/main.js';
+
+export const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+export const REDIS_URL = process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+export const ADMIN_TOKEN = 'test-admin-token-0123456789';
+const runId = process.env.MNEMOS_TEST_RUN ?? `${Math.floor(Date.now() / 1000)}_${randomBytes(3).toString('hex')}`;
+
+const urlFor = (name: string) => {
+  const u = new URL(ADMIN_URL);
+  u.pathname = `/${name}`;
+  return u.toString();
+};
+
+/** A fresh database for one test file: a clone of the run's migrated template (or migrated here). */
+export async function createTestDatabase(): Promise<string> {
+  const name = `mnemos_t_${runId}_${randomBytes(4).toString('hex')}`;
+  const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+  try {
+    const template = process.env.MNEMOS_TEST_TEMPLATE;
+    await admin.query(`CREATE DATABASE "${name}"${template ? ` TEMPLATE "${template}"` : ''}`);
+  } finally {
+    await admin.close();
+  }
+  const url = urlFor(name);
+  if (!process.env.MNEMOS_TEST_TEMPLATE) {
+    const db = makePgDb({ connectionString: url, max: 1 });
+    await migrate(db);
+    await db.close();
+  }
+  return url;
+}
+
+export async function dropTestDatabase(url: string): Promise<void> {
+  const name = new URL(url).pathname.slice(1);
+  const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+  await admin.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`).catch(() => undefined);
+  await admin.close();
+}
+
+export const testPrefix = () => `mt_${runId}_${randomBytes(4).toString('hex')}`;
+
+export async function deleteRedisPrefix(prefix: string, redisUrl = REDIS_URL): Promise<void> {
+  const redis = new Redis(redisUrl);
+  try {
+    let cursor = '0';
+    do {
+      const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 1000);
+      cursor = next;
+      if (keys.length) await redis.unlink(...keys);
+    } while (cursor !== '0');
+  } finally {
+    redis.disconnect();
+  }
+}
+
+export function testConfig(env: Record<string, string | undefined>): Config {
+  return loadConfig({
+    PORT: '0',
+    LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'silent',
+    MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN,
+    REDIS_URL,
+    ...env,
+  });
+}
+
+export interface TestService extends RunningService {
+  base: string;
+  config: Config;
+  newTenant(name?: string): Promise<{ tenantId: string; apiKey: string; api: Api }>;
+}
+
+/** Starts mnemos in this process against a test database and a unique Redis prefix. */
+export async function startTestService(
+  opts: { mode?: Mode; env?: Record<string, string | undefined>; worker?: WorkerOptions; databaseUrl?: string; prefix?: string } = {},
+): Promise<TestService> {
+  const config = testConfig({
+    DATABASE_URL: opts.databaseUrl ?? (await createTestDatabase()),
+    MNEMOS_PREFIX: opts.prefix ?? testPrefix(),
+    ...opts.env,
+  });
+  const svc = await startService(opts.mode ?? 'serve', config, {
+    logger: makeLogger(config.logLevel),
+    extensions: defaultExtensions,
+    worker: { lockDurationMs: 5000, stalledIntervalMs: 2000, ingestSweepAfterMs: 2000, ingestSweepEveryMs: 1000, ...opts.worker },
+  });
+  return {
+    ...svc,
+    base: svc.url ?? '',
+    config,
+    async newTenant(name = `tenant-${randomBytes(4).toString('hex')}`) {
+      const t = await createTenant(svc.deps.db, name);
+      return { tenantId: t.tenant_id, apiKey: t.api_key, api: api(svc.url ?? '', t.api_key) };
+    },
+  };
+}
+
+export interface Res<T = any> {
+  status: number;
+  body: T;
+  headers: Headers;
+  text: string;
+}
+
+export interface Api {
+  get<T = any>(path: string): Promise<Res<T>>;
+  post<T = any>(path: string, body?: unknown, headers?: Record<string, string>): Promise<Res<T>>;
+  del<T = any>(path: string): Promise<Res<T>>;
+  raw(path: string, init: RequestInit): Promise<Res>;
+}
+
+export function api(base: string, token?: string): Api {
+  const call = async (path: string, init: RequestInit): Promise<Res> => {
+    const headers = new Headers(init.headers);
+    if (token && !headers.has('authorization')) headers.set('authorization', `Bearer ${token}`);
+    const r = await fetch(base + path, { ...init, headers });
+    const text = await r.text();
+    let body: unknown = text;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      /* not JSON */
+    }
+    return { status: r.status, body, headers: r.headers, text };
+  };
+  return {
+    get: (path) => call(path, { method: 'GET' }),
+    post: (path, body, headers) =>
+      call(path, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...headers },
+        body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+      }),
+    del: (path) => call(path, { method: 'DELETE' }),
+    raw: call,
+  } as Api;
+}
+
+/** Polls until `check` returns a truthy value or the deadline passes (tests await events, never sleep). */
+export async function eventually<T>(check: () => Promise<T | undefined | null | false>, timeoutMs = 15000, what = 'condition'): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let delay = 10;
+  for (;;) {
+    const v = await check();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, delay));
+    delay = Math.min(delay * 2, 200);
+  }
+}

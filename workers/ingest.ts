@@ -1,0 +1,160 @@
+import type { Job } from 'bullmq';
+import { pgCode, withTransaction } from '../db/pool.js';
+import { insertArchiveBatch } from '../db/queries/messages.js';
+import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
+import type { CoreDeps } from '../services/deps.js';
+import { clearInbox, defineInboxScripts, finishDrain, inboxKeys, readInbox } from '../services/messages/inbox.js';
+import type { InboxEntry } from '../services/messages/inbox.js';
+import { ftsDocument } from '../services/text/fts-text.js';
+import { parsePayload } from './queues.js';
+
+/** Entries per transaction: big enough to amortise the commit, small enough to keep locks short. */
+export const DRAIN_BATCH = 500;
+const MAX_ROUNDS_PER_JOB = 40;
+
+export interface DrainResult {
+  archived: number;
+  dropped: number;
+  /** Counters after the last committed batch (null when nothing was read). */
+  hotBytes: number | null;
+  generation: number | null;
+}
+
+/** Hook for what follows archival (embedding, compaction); the ingest path never waits on it. */
+export type AfterArchive = (a: {
+  tenantId: string;
+  sessionId: string;
+  generation: number;
+  hotBytes: number;
+  firstSeq: number;
+  lastSeq: number;
+}) => Promise<void>;
+
+function searchableText(e: InboxEntry): string {
+  const m = e.message;
+  const calls = (m.tool_calls ?? []) as Array<{ function?: { name?: string; arguments?: string } }>;
+  const callText = calls.map((c) => `${c.function?.name ?? ''} ${c.function?.arguments ?? ''}`).join('\n');
+  return [m.name ?? '', m.content ?? '', callText].filter(Boolean).join('\n');
+}
+
+/**
+ * Drains one session's inbox into the archive, in seq order, batch by batch. Each batch is one
+ * transaction that holds the session's row lock, so any number of workers may run this for the
+ * same session: they serialise on Postgres, never on an in-process lock. The inbox head is trimmed
+ * only after the commit, and a replay skips what is already archived (seq < next_seq), so a worker
+ * killed at any point loses and duplicates nothing.
+ */
+export async function drainSession(
+  deps: Pick<CoreDeps, 'db' | 'redis' | 'config' | 'metrics' | 'logger'>,
+  tenantId: string,
+  sessionId: string,
+  afterArchive?: AfterArchive,
+): Promise<DrainResult & { more: boolean }> {
+  const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
+  defineInboxScripts(deps.redis);
+  const total: DrainResult = { archived: 0, dropped: 0, hotBytes: null, generation: null };
+  for (let round = 0; round < MAX_ROUNDS_PER_JOB; round++) {
+    let batch: { lastRead: number; archived: number; dropped: number; hotBytes: number; generation: number; firstSeq: number } | null;
+    try {
+      batch = await withTransaction(deps.db, async (tx) => {
+        const session = await lockOrCreateSession(tx, tenantId, sessionId);
+        const entries = await readInbox(deps.redis, keys, DRAIN_BATCH);
+        if (entries.length === 0) return null;
+        const nextSeq = Number(session.next_seq);
+        const keep = entries.filter((e) => e.gen === session.generation && e.seq >= nextSeq);
+        const stale = entries.filter((e) => e.gen !== session.generation).length;
+        const rows = keep.map((e) => {
+          const fts = ftsDocument(searchableText(e));
+          const m = e.message;
+          return {
+            seq: e.seq,
+            id: m.id,
+            role: m.role,
+            content: m.content,
+            parts: m.parts,
+            name: m.name,
+            tool_call_id: m.tool_call_id,
+            tool_calls: m.tool_calls,
+            metadata: m.metadata,
+            sent_at_ns: m.sent_at_ns,
+            sent_at_given: m.sent_at_given,
+            bytes: m.bytes,
+            fingerprint: m.fp,
+            fts_en: fts.en,
+            fts_cjk: fts.cjk,
+          };
+        });
+        const inserted = rows.length > 0 ? await insertArchiveBatch(tx, tenantId, sessionId, rows) : [];
+        const lastRead = entries[entries.length - 1]!.seq;
+        let lastSentNs: string | null = null;
+        let bytes = 0;
+        for (const r of inserted) {
+          bytes += r.bytes;
+          if (lastSentNs === null || BigInt(r.sent_at_ns) > BigInt(lastSentNs)) lastSentNs = r.sent_at_ns;
+        }
+        const counters = await recordArchived(tx, {
+          tenantId,
+          sessionId,
+          nextSeq: lastRead + 1,
+          count: inserted.length,
+          bytes,
+          lastSentNs,
+        });
+        return {
+          lastRead,
+          archived: inserted.length,
+          dropped: stale,
+          hotBytes: Number(counters.hot_bytes),
+          generation: session.generation,
+          firstSeq: entries[0]!.seq,
+        };
+      });
+    } catch (err) {
+      // The tenant was erased while work was queued: its inbox has nowhere to go.
+      if (pgCode(err) === '23503') {
+        await clearInbox(deps.redis, keys, 0);
+        deps.logger.warn({ tenantId }, 'dropped inbox of an erased tenant');
+        return { ...total, more: false };
+      }
+      throw err;
+    }
+    if (!batch) {
+      await finishDrain(deps.redis, keys, 0);
+      return { ...total, more: false };
+    }
+    const left = await finishDrain(deps.redis, keys, batch.lastRead);
+    total.archived += batch.archived;
+    total.dropped += batch.dropped;
+    total.hotBytes = batch.hotBytes;
+    total.generation = batch.generation;
+    deps.metrics.messagesArchived.inc(batch.archived);
+    if (batch.dropped > 0) deps.metrics.messagesDropped.inc(batch.dropped);
+    if (batch.archived > 0 && afterArchive) {
+      await afterArchive({
+        tenantId,
+        sessionId,
+        generation: batch.generation,
+        hotBytes: batch.hotBytes,
+        firstSeq: batch.firstSeq,
+        lastSeq: batch.lastRead,
+      }).catch((err: unknown) =>
+        deps.logger.warn({ err: { message: (err as Error).message } }, 'post-archive hook failed'),
+      );
+    }
+    if (left === 0) return { ...total, more: false };
+  }
+  return { ...total, more: true };
+}
+
+export function makeIngestProcessor(
+  deps: Pick<CoreDeps, 'db' | 'redis' | 'config' | 'metrics' | 'logger' | 'queues'>,
+  afterArchive?: AfterArchive,
+) {
+  return async (job: Job): Promise<{ archived: number }> => {
+    const p = parsePayload('ingest', job.data);
+    const r = await drainSession(deps, p.tenantId, p.sessionId, afterArchive);
+    // A very busy session: hand the rest to a fresh job so other sessions get a turn.
+    if (r.more) await deps.queues.ingest.add('flush', { v: 1, tenantId: p.tenantId, sessionId: p.sessionId });
+    return { archived: r.archived };
+  };
+}

@@ -1,0 +1,75 @@
+import { Queue } from 'bullmq';
+import type { ConnectionOptions, JobsOptions } from 'bullmq';
+import { z } from 'zod';
+
+/**
+ * The typed queue registry: the only place that constructs BullMQ `Queue`s. Every payload carries a
+ * schema version `v` so a deploy never strands queued work: processors accept every version they
+ * know and fail permanently (kept, visible) on one they do not.
+ *
+ * Redis layout (all under MNEMOS_PREFIX, default `mnemos`): BullMQ keys are
+ * `<prefix>:<queue>:…`; see README "Redis key layout" for the rest.
+ */
+
+const sessionRef = { tenantId: z.string().min(1), sessionId: z.string().min(1) };
+
+export const payloads = {
+  ingest: z.object({ v: z.literal(1), ...sessionRef }),
+  embed: z.object({ v: z.literal(1), ...sessionRef, generation: z.number().int() }),
+  compact: z.object({ v: z.literal(1), ...sessionRef }),
+  summary: z.union([
+    z.object({ v: z.literal(1), kind: z.literal('sweep') }),
+    z.object({ v: z.literal(1), kind: z.literal('summarize'), ...sessionRef, reason: z.enum(['sweep', 'api']) }),
+  ]),
+  maintenance: z.object({
+    v: z.literal(1),
+    kind: z.enum(['ingest-sweep', 'temp-reaper', 'error-sweep', 'reembed-backfill']),
+  }),
+} as const;
+
+export type QueueName = keyof typeof payloads;
+export type Payload<N extends QueueName> = z.infer<(typeof payloads)[N]>;
+export const QUEUE_NAMES = Object.keys(payloads) as QueueName[];
+
+// Exponential backoff; BullMQ adds jitter when `jitter` is set (0..1 of the delay).
+const retrying = (attempts: number, delay: number): JobsOptions => ({
+  attempts,
+  backoff: { type: 'exponential', delay, jitter: 0.5 },
+});
+
+export const defaultJobOptions: Record<QueueName, JobsOptions> = {
+  // Ingest jobs carry no message body (bodies live in the session inbox), but completed ones are
+  // still removed at once; failed ones stay as the dead-letter set (Bull Board, metrics, retry).
+  ingest: { ...retrying(12, 250), removeOnComplete: true, removeOnFail: false },
+  embed: { ...retrying(20, 1000), removeOnComplete: true, removeOnFail: { count: 1000 } },
+  compact: { ...retrying(8, 500), removeOnComplete: true, removeOnFail: { count: 1000 } },
+  summary: { ...retrying(3, 2000), removeOnComplete: { age: 3600, count: 1000 }, removeOnFail: { count: 1000 } },
+  maintenance: { ...retrying(3, 1000), removeOnComplete: true, removeOnFail: { count: 100 } },
+};
+
+export type QueueRegistry = { [N in QueueName]: Queue<Payload<N>> } & { close(): Promise<void> };
+
+export function makeQueues(
+  connection: ConnectionOptions,
+  prefix: string,
+  logger?: { warn(obj: object, msg: string): void },
+): QueueRegistry {
+  const entries = QUEUE_NAMES.map(
+    (name) => [name, new Queue(name, { connection, prefix, defaultJobOptions: defaultJobOptions[name] })] as const,
+  );
+  const queues = Object.fromEntries(entries) as unknown as { [N in QueueName]: Queue<Payload<N>> };
+  for (const [name, q] of entries) {
+    q.on('error', (err: Error) => logger?.warn({ queue: name, err: { message: err.message } }, 'queue error'));
+  }
+  return {
+    ...queues,
+    async close() {
+      await Promise.allSettled(entries.map(([, q]) => q.close()));
+    },
+  };
+}
+
+/** Parses a job payload as untrusted input (a deploy may meet jobs queued by an older version). */
+export function parsePayload<N extends QueueName>(name: N, data: unknown): Payload<N> {
+  return payloads[name].parse(data) as Payload<N>;
+}
