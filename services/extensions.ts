@@ -1,4 +1,4 @@
-import type { ExtensionFactory } from './main.js';
+import type { ExtensionFactory } from './extension.js';
 
 /** Capability modules every mnemos process opens (each adds routes and owns its resources). */
 export const defaultExtensions: ExtensionFactory[] = [];

@@ -3,10 +3,10 @@ import { migrate } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
 import { makeApp } from './app.js';
-import type { ExtraRoutes } from './app.js';
 import { loadConfig } from './config.js';
 import type { Config } from './config.js';
 import type { CoreDeps } from './deps.js';
+import type { Extension, ExtensionFactory } from './extension.js';
 import { makeLogger } from './logger.js';
 import type { Logger } from './logger.js';
 import { redisDurabilityWarnings, waitForRedis } from './redis.js';
@@ -16,19 +16,13 @@ export type Mode = 'api' | 'worker' | 'serve';
 
 export interface RunningService {
   deps: CoreDeps;
+  extensions: Extension[];
   server: Server | null;
   workers: RunningWorkers | null;
   url: string | null;
   stop(): Promise<void>;
 }
 
-/** Capability modules that add routers and resources (error memory, …), opened with the process. */
-export interface Extension {
-  routes?: ExtraRoutes[];
-  close?(): Promise<void>;
-}
-
-export type ExtensionFactory = (deps: CoreDeps) => Promise<Extension>;
 
 /**
  * Starts the API, the workers, or both, in this process. Used by the CLI and by tests (which pass
@@ -78,7 +72,7 @@ export async function startService(
     }
     for (const w of await redisDurabilityWarnings(deps.redis)) logger.warn(w);
     for (const f of opts.extensions ?? []) extensions.push(await f(deps));
-    if (mode !== 'api') workers = await startWorkers(deps, opts.worker);
+    if (mode !== 'api') workers = await startWorkers(deps, extensions, opts.worker);
     let url: string | null = null;
     if (mode !== 'worker') {
       const app = makeApp(deps, { extraRoutes: extensions.flatMap((e) => e.routes ?? []) });
@@ -91,7 +85,7 @@ export async function startService(
       const port = typeof addr === 'object' && addr ? addr.port : config.port;
       url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
     }
-    return { deps, server, workers, url, stop };
+    return { deps, extensions, server, workers, url, stop };
   } catch (err) {
     await stop();
     throw err;

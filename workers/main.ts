@@ -1,6 +1,7 @@
-import { Worker } from 'bullmq';
+import { UnrecoverableError, Worker } from 'bullmq';
 import type { Job, Processor } from 'bullmq';
 import type { CoreDeps } from '../services/deps.js';
+import type { Extension } from '../services/extension.js';
 import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
@@ -27,7 +28,11 @@ export interface RunningWorkers {
  * Starts one BullMQ Worker per queue (each on its own retrying connection) and the repeatable
  * schedules. Processors are plain functions; this is only the wiring.
  */
-export async function startWorkers(deps: CoreDeps, opts: WorkerOptions = {}): Promise<RunningWorkers> {
+export async function startWorkers(
+  deps: CoreDeps,
+  extensions: Extension[] = [],
+  opts: WorkerOptions = {},
+): Promise<RunningWorkers> {
   const connection: Redis = makeRedis(deps.config.redisUrl, 'worker', deps.logger);
   const concurrency = opts.concurrency ?? deps.config.workerConcurrency;
   const common = {
@@ -37,17 +42,24 @@ export async function startWorkers(deps: CoreDeps, opts: WorkerOptions = {}): Pr
     stalledInterval: opts.stalledIntervalMs ?? 30_000,
     maxStalledCount: 1000,
   };
-  const ingest = makeIngestProcessor(deps);
+  const hooks = extensions.flatMap((e) => (e.afterArchive ? [e.afterArchive] : []));
+  const ingest = makeIngestProcessor(deps, async (a) => {
+    for (const h of hooks) await h(a);
+  });
+  const tasks: Record<string, () => Promise<unknown>> = {
+    'ingest-sweep': () => runIngestSweep(deps, opts.ingestSweepAfterMs ?? 60_000),
+  };
+  for (const e of extensions) Object.assign(tasks, e.maintenance ?? {});
   const processors: Partial<Record<QueueName, Processor>> = {
     ingest,
     maintenance: async (job: Job) => {
       const p = parsePayload('maintenance', job.data);
-      if (p.kind === 'ingest-sweep') {
-        return runIngestSweep(deps, opts.ingestSweepAfterMs ?? 60_000);
-      }
-      return { skipped: p.kind };
+      const task = tasks[p.kind];
+      if (!task) throw new UnrecoverableError(`no maintenance task "${p.kind}" in this build`);
+      return task();
     },
   };
+  for (const e of extensions) Object.assign(processors, e.processors ?? {});
   const workers: Worker[] = [];
   for (const [name, processor] of Object.entries(processors) as Array<[QueueName, Processor]>) {
     const timedProcessor: Processor = async (job) => {
@@ -75,6 +87,7 @@ export async function startWorkers(deps: CoreDeps, opts: WorkerOptions = {}): Pr
     { every: opts.ingestSweepEveryMs ?? 30_000 },
     { name: 'ingest-sweep', data: { v: 1, kind: 'ingest-sweep' } },
   );
+  for (const e of extensions) await e.schedule?.();
   return {
     workers,
     async close(timeoutMs: number) {

@@ -21,10 +21,8 @@ export const payloads = {
     z.object({ v: z.literal(1), kind: z.literal('sweep') }),
     z.object({ v: z.literal(1), kind: z.literal('summarize'), ...sessionRef, reason: z.enum(['sweep', 'api']) }),
   ]),
-  maintenance: z.object({
-    v: z.literal(1),
-    kind: z.enum(['ingest-sweep', 'temp-reaper', 'error-sweep', 'reembed-backfill']),
-  }),
+  // Periodic tasks; each extension registers the kinds it runs (see services/extension.ts).
+  maintenance: z.object({ v: z.literal(1), kind: z.string().min(1).max(64) }),
 } as const;
 
 export type QueueName = keyof typeof payloads;

@@ -53,7 +53,10 @@ export type ErrorMemory = {
   /** Ranked matches; every returned record is renewed. */
   search(tenantId: string, input: ErrorSearchInput): Promise<ErrorRecord[]>;
   /** At most 4 matches of the tool, as records and as compact text for an agent (`NONE` if none). */
-  lookup(tenantId: string, input: ErrorLookupInput): Promise<{ related_errors: string; records: ErrorRecord[] }>;
+  lookup(
+    tenantId: string,
+    input: ErrorLookupInput,
+  ): Promise<{ related_errors: string; records: ErrorRecord[] }>;
   /** Renews the record. */
   get(tenantId: string, id: string): Promise<ErrorRecord | null>;
   /** Newest first; does not renew. */

@@ -1,0 +1,104 @@
+import express from 'express';
+import type { Response } from 'express';
+import { z } from 'zod';
+import { notFound } from '../errors.js';
+import { parseInput } from '../validate.js';
+import { ERROR_ID_RE, LIST_CURSOR_RE, OUTCOMES } from '../error-memory/types.js';
+import type { ErrorMemory } from '../error-memory/types.js';
+
+/** `/v1/errors`: error memory over HTTP. Mounted after the auth middleware sets `res.locals.tenantId`. */
+
+const text = (max: number) => z.string().trim().min(1, 'must not be blank').max(max);
+
+const toolName = text(128);
+const sessionId = z
+  .string()
+  .regex(/^[A-Za-z0-9._:@-]{1,256}$/, 'must be 1–256 characters of [A-Za-z0-9._:@-]')
+  .refine((s) => s !== '.' && s !== '..', 'must not be "." or ".."');
+
+const writeBody = z
+  .object({
+    tool_name: toolName,
+    symptom: text(4000),
+    action: text(4000),
+    outcome: z.enum(OUTCOMES),
+    cause: z.string().max(4000).nullable().optional(),
+    keywords: z.array(z.string().max(64)).max(32).optional(),
+    session_id: sessionId.optional(),
+  })
+  .strict();
+
+const searchBody = z
+  .object({
+    tool_name: toolName.optional(),
+    query: text(4000),
+    limit: z.number().int().min(1).max(16).default(4),
+  })
+  .strict();
+
+const lookupBody = z.object({ tool_name: toolName, error: text(16_000) }).strict();
+
+const listQuery = z
+  .object({
+    cursor: z.string().regex(LIST_CURSOR_RE, 'invalid cursor').optional(),
+    limit: z.coerce.number().int().min(1).max(500).default(100),
+  })
+  .strict();
+
+const purgeQuery = z.object({ tool_name: toolName.optional() }).strict();
+
+function tenantOf(res: Response): string {
+  const tenantId: unknown = res.locals.tenantId;
+  if (typeof tenantId !== 'string' || tenantId === '') throw new Error('error routes mounted without auth');
+  return tenantId;
+}
+
+/** Ids are checked by shape before any Redis access; a bad one is as unknown as a missing one. */
+function idParam(raw: string | string[] | undefined): string {
+  if (typeof raw !== 'string' || !ERROR_ID_RE.test(raw)) throw notFound('error record');
+  return raw;
+}
+
+export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
+  const { errors } = deps;
+  const router = express.Router();
+
+  router.post('/', async (req, res) => {
+    const body = parseInput(writeBody, req.body);
+    const result = await errors.write(tenantOf(res), body);
+    res.status(result.deduplicated ? 200 : 201).json({ id: result.id, deduplicated: result.deduplicated });
+  });
+
+  router.post('/search', async (req, res) => {
+    const body = parseInput(searchBody, req.body);
+    res.json({ records: await errors.search(tenantOf(res), body) });
+  });
+
+  router.post('/lookup', async (req, res) => {
+    const body = parseInput(lookupBody, req.body);
+    res.json(await errors.lookup(tenantOf(res), body));
+  });
+
+  router.get('/', async (req, res) => {
+    const query = parseInput(listQuery, req.query, 'query');
+    res.json(await errors.list(tenantOf(res), query));
+  });
+
+  router.get('/:id', async (req, res) => {
+    const record = await errors.get(tenantOf(res), idParam(req.params.id));
+    if (!record) throw notFound('error record');
+    res.json(record);
+  });
+
+  router.delete('/', async (req, res) => {
+    const query = parseInput(purgeQuery, req.query, 'query');
+    res.json({ deleted: await errors.purge(tenantOf(res), query) });
+  });
+
+  router.delete('/:id', async (req, res) => {
+    if (!(await errors.remove(tenantOf(res), idParam(req.params.id)))) throw notFound('error record');
+    res.status(204).end();
+  });
+
+  return router;
+}
