@@ -147,7 +147,13 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   );
   const parsed = schema.safeParse(present);
   if (!parsed.success) {
-    throw new ConfigError(parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`));
+    throw new ConfigError(
+      parsed.error.issues.map((i) => {
+        const [name, ...rest] = i.path;
+        const where = rest.length ? ` (item ${rest.map((p) => (typeof p === 'number' ? p + 1 : String(p))).join('.')})` : '';
+        return `${String(name)}: ${i.message}${where}`;
+      }),
+    );
   }
   const e = parsed.data;
   const configured = Boolean(e.OPENAI_API_KEY ?? e.OPENAI_BASE_URL);

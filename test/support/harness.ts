@@ -158,3 +158,51 @@ export async function eventually<T>(check: () => Promise<T | undefined | null | 
     delay = Math.min(delay * 2, 200);
   }
 }
+
+export interface ChildService {
+  url: string | null;
+  pid: number;
+  child: import('node:child_process').ChildProcess;
+  stop(): Promise<void>;
+  kill(): Promise<void>;
+}
+
+/** Runs mnemos api/worker in a separate OS process (for multi-process and SIGKILL tests). */
+export async function spawnService(mode: 'api' | 'worker' | 'serve', env: Record<string, string>): Promise<ChildService> {
+  const { spawn } = await import('node:child_process');
+  const child = spawn(process.execPath, ['--import', 'tsx', 'test/support/service-process.ts', mode], {
+    env: { ...process.env, LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'silent', MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN, PORT: '0', ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const ready = await new Promise<{ url: string | null }>((resolve, reject) => {
+    let buf = '';
+    const onData = (d: Buffer) => {
+      buf += d.toString();
+      const line = buf.split('\n').find((l) => l.startsWith('{"ready"'));
+      if (line) {
+        child.stdout!.off('data', onData);
+        resolve(JSON.parse(line) as { url: string | null });
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.once('exit', (code) => reject(new Error(`${mode} process exited early (${code})`)));
+  });
+  const waitExit = () =>
+    new Promise<void>((resolve) => {
+      if (child.exitCode !== null || child.signalCode !== null) return resolve();
+      child.once('exit', () => resolve());
+    });
+  return {
+    url: ready.url,
+    pid: child.pid!,
+    child,
+    async stop() {
+      child.kill('SIGTERM');
+      await waitExit();
+    },
+    async kill() {
+      child.kill('SIGKILL');
+      await waitExit();
+    },
+  };
+}

@@ -1,0 +1,280 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { after, before, describe, test } from 'node:test';
+import { migrate } from '../db/migrate.js';
+import { makePgDb } from '../db/pool.js';
+import { loadConfig, ConfigError } from '../services/config.js';
+import { listRoutes } from '../services/openapi.js';
+import {
+  ADMIN_TOKEN,
+  ADMIN_URL,
+  api,
+  createTestDatabase,
+  deleteRedisPrefix,
+  dropTestDatabase,
+  eventually,
+  startTestService,
+  testPrefix,
+} from './support/harness.js';
+import type { TestService } from './support/harness.js';
+import { startPrivateRedis } from './support/private-redis.js';
+
+void describe('configuration', () => {
+  void test('names every bad variable and how to fix it', () => {
+    let err: unknown;
+    try {
+      loadConfig({ PORT: 'eighty', REDIS_URL: 'localhost:6379', SUMMARY_CRON: 'often', EMBED_ROLES: 'user,robot' });
+    } catch (e) {
+      err = e;
+    }
+    assert.ok(err instanceof ConfigError);
+    const text = err.message;
+    for (const name of ['PORT', 'REDIS_URL', 'SUMMARY_CRON', 'EMBED_ROLES']) assert.match(text, new RegExp(`${name}:`));
+    assert.match(text, /redis:\/\//);
+  });
+
+  void test('DECISION_MODEL without an LLM is refused, defaults follow SPEC §2', () => {
+    assert.throws(() => loadConfig({ DECISION_MODEL: 'gpt-4o-mini' }), /DECISION_MODEL: set OPENAI_API_KEY or OPENAI_BASE_URL/);
+    const c = loadConfig({});
+    assert.equal(c.port, 8080);
+    assert.equal(c.host, '127.0.0.1');
+    assert.equal(c.prefix, 'mnemos');
+    assert.equal(c.maxHistoryMessages, 16);
+    assert.equal(c.maxHistoryBytes, 4194304);
+    assert.equal(c.summaryRunes, 32000);
+    assert.equal(c.errorMemoryTtlDays, 90);
+    assert.deepEqual(c.embedding, { model: 'local-hash', dimensions: 384, local: true });
+    assert.equal(c.llm.configured, false);
+    const withLlm = loadConfig({ OPENAI_API_KEY: 'sk-x', SUMMARY_CRON: '*/5 * * * * *' });
+    assert.deepEqual(withLlm.embedding, { model: 'text-embedding-3-small', dimensions: 1536, local: false });
+    assert.equal(withLlm.summaryCron, '*/5 * * * * *');
+  });
+
+  void test('the CLI stops at start-up with the variable name and a non-zero exit', () => {
+    const r = spawnSync(process.execPath, ['bin/mnemos.js', 'serve'], {
+      env: { ...process.env, PORT: 'abc', MNEMOS_PREFIX: 'has:colon' },
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /PORT: must be a whole number/);
+    assert.match(r.stderr, /MNEMOS_PREFIX:/);
+  });
+});
+
+void describe('migrations', () => {
+  let url: string;
+  before(async () => {
+    const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    const name = `mnemos_t_${process.env.MNEMOS_TEST_RUN ?? `${Math.floor(Date.now() / 1000)}_x`}_mig${Date.now() % 100000}`;
+    await admin.query(`CREATE DATABASE "${name}"`);
+    await admin.close();
+    const u = new URL(ADMIN_URL);
+    u.pathname = `/${name}`;
+    url = u.toString();
+  });
+  after(() => dropTestDatabase(url));
+
+  void test('apply once when several processes start at the same time, and are idempotent', async () => {
+    const dbs = Array.from({ length: 4 }, () => makePgDb({ connectionString: url, max: 1 }));
+    const results = await Promise.all(dbs.map((db) => migrate(db)));
+    const applied = results.flat();
+    assert.deepEqual(applied, ['001_init'], 'exactly one process applied the migration');
+    assert.deepEqual(await migrate(dbs[0]!), []);
+    const ledger = await dbs[0]!.query<{ n: number }>('SELECT count(*)::int AS n FROM schema_migrations');
+    assert.equal(ledger.rows[0]!.n, 1);
+    const tables = await dbs[0]!.query<{ t: string }>(
+      `SELECT table_name AS t FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1`,
+    );
+    for (const t of ['api_keys', 'llm_usage', 'message_vectors', 'messages', 'sessions', 'summaries', 'tenants']) {
+      assert.ok(tables.rows.some((r) => r.t === t), `table ${t} exists`);
+    }
+    await Promise.all(dbs.map((d) => d.close()));
+  });
+
+  void test('the CLI migrate command reports an up-to-date schema', () => {
+    const r = spawnSync(process.execPath, ['bin/mnemos.js', 'migrate'], {
+      env: { ...process.env, DATABASE_URL: url },
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /schema is up to date/);
+  });
+});
+
+void describe('tenants, keys and the admin API', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService({ mode: 'api' });
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+  });
+  const admin = () => api(svc.base, ADMIN_TOKEN);
+
+  void test('a tenant created by the admin API gets a working key shown once; keys list without secrets', async () => {
+    const created = await admin().post('/v1/admin/tenants', { name: 'acme' });
+    assert.equal(created.status, 201);
+    assert.match(created.body.tenant_id, /^t_[a-z2-7]{16}$/);
+    assert.match(created.body.api_key, /^mn_[a-z2-7]{12}_[A-Za-z0-9]{40}$/);
+    const tenantApi = api(svc.base, created.body.api_key);
+    assert.equal((await tenantApi.get('/v1/sessions')).status, 200);
+
+    const dup = await admin().post('/v1/admin/tenants', { name: 'acme' });
+    assert.equal(dup.status, 409);
+
+    const second = await admin().post(`/v1/admin/tenants/${created.body.tenant_id}/keys`, { name: 'ci' });
+    assert.equal(second.status, 201);
+    const keys = await admin().get(`/v1/admin/tenants/${created.body.tenant_id}/keys`);
+    assert.equal(keys.status, 200);
+    assert.equal(keys.body.keys.length, 2);
+    assert.ok(!JSON.stringify(keys.body).includes(created.body.api_key.split('_')[2]), 'no secret in listings');
+    const listed = await admin().get('/v1/admin/tenants');
+    assert.ok(listed.body.tenants.some((t: { name: string }) => t.name === 'acme'));
+
+    // Revocation takes effect on the next request.
+    assert.equal((await admin().del(`/v1/admin/keys/${second.body.key_id}`)).status, 204);
+    assert.equal((await api(svc.base, second.body.api_key).get('/v1/sessions')).status, 401);
+    assert.equal((await tenantApi.get('/v1/sessions')).status, 200, 'other keys keep working');
+    assert.equal((await admin().del(`/v1/admin/keys/${second.body.key_id}`)).status, 404);
+  });
+
+  void test('rejects missing, malformed, wrong-secret and unknown keys with 401', async () => {
+    const t = await svc.newTenant();
+    const [, id, secret] = t.apiKey.split('_') as [string, string, string];
+    const wrongSecret = `mn_${id}_${secret.slice(0, -1)}${secret.endsWith('A') ? 'B' : 'A'}`;
+    const unknownId = `mn_${'a'.repeat(12)}_${secret}`;
+    for (const key of [undefined, 'garbage', wrongSecret, unknownId, `${t.apiKey}x`]) {
+      const r = await api(svc.base, key).get('/v1/sessions');
+      assert.equal(r.status, 401, `key ${key}`);
+      assert.equal(r.body.error.code, 'unauthorized');
+    }
+  });
+
+  void test('admin routes: 401 with a wrong token, 403 for a tenant key; Basic auth opens Bull Board', async () => {
+    const t = await svc.newTenant();
+    assert.equal((await api(svc.base, 'wrong-token-wrong-token').get('/v1/admin/tenants')).status, 401);
+    assert.equal((await api(svc.base).get('/v1/admin/tenants')).status, 401);
+    const asTenant = await api(svc.base, t.apiKey).get('/v1/admin/tenants');
+    assert.equal(asTenant.status, 403);
+    assert.equal(asTenant.body.error.code, 'forbidden');
+    const basic = Buffer.from(`admin:${ADMIN_TOKEN}`).toString('base64');
+    const board = await fetch(`${svc.base}/admin/queues`, { headers: { authorization: `Basic ${basic}` } });
+    assert.equal(board.status, 200);
+    assert.match(await board.text(), /<html/i);
+    const noAuth = await fetch(`${svc.base}/admin/queues`);
+    assert.equal(noAuth.status, 401);
+    assert.match(noAuth.headers.get('www-authenticate') ?? '', /Basic/);
+  });
+
+  void test('without MNEMOS_ADMIN_TOKEN the admin surface answers 404', async () => {
+    const bare = await startTestService({ mode: 'api', env: { MNEMOS_ADMIN_TOKEN: undefined } });
+    try {
+      for (const path of ['/v1/admin/tenants', '/admin/queues']) {
+        const r = await api(bare.base, ADMIN_TOKEN).get(path);
+        assert.equal(r.status, 404, path);
+        assert.equal(r.body.error.code, 'not_found');
+      }
+    } finally {
+      await bare.stop();
+      await deleteRedisPrefix(bare.config.prefix);
+    }
+  });
+
+  void test('errors have one shape: malformed JSON 400, wrong content type 415, oversized 413, unknown route 404', async () => {
+    const t = await svc.newTenant();
+    const bad = await t.api.post('/v1/sessions/s/messages', '{"messages": [', {});
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.code, 'malformed_json');
+    const text = await t.api.raw('/v1/sessions/s/messages', {
+      method: 'POST',
+      headers: { 'content-type': 'text/plain' },
+      body: 'hello',
+    });
+    assert.equal(text.status, 415);
+    assert.equal(text.body.error.code, 'unsupported_media_type');
+    const huge = await t.api.post('/v1/sessions/s/messages', { messages: [{ role: 'user', content: 'x'.repeat(9 * 1024 * 1024) }] });
+    assert.equal(huge.status, 413);
+    assert.equal(huge.body.error.code, 'body_too_large');
+    const unknown = await t.api.get('/v1/nope');
+    assert.equal(unknown.status, 404);
+    assert.deepEqual(Object.keys(unknown.body), ['error']);
+    assert.equal(typeof unknown.body.error.message, 'string');
+    assert.match(unknown.headers.get('x-request-id') ?? '', /.+/);
+    // Nothing of those requests was stored.
+    assert.equal((await t.api.get('/v1/sessions/s')).status, 404);
+  });
+
+  void test('OpenAPI documents every mounted route, and every documented route answers', async () => {
+    const doc = (await api(svc.base).get('/openapi.json')).body;
+    assert.equal(doc.openapi, '3.1.0');
+    const t = await svc.newTenant();
+    for (const [path, ops] of Object.entries(doc.paths as Record<string, Record<string, { summary: string }>>)) {
+      for (const [method, op] of Object.entries(ops)) {
+        assert.notEqual(op.summary, 'undocumented', `${method.toUpperCase()} ${path} has no summary`);
+        const concrete = path.replace(/\{[^}]+\}/g, 'x');
+        const r = await api(svc.base, path.startsWith('/v1/admin') ? ADMIN_TOKEN : t.apiKey).raw(concrete, {
+          method: method.toUpperCase(),
+          headers: { 'content-type': 'application/json' },
+          ...(method === 'get' || method === 'delete' ? {} : { body: '{}' }),
+        });
+        const noRoute = r.status === 404 && /no route for/.test(r.body?.error?.message ?? '');
+        assert.ok(!noRoute, `${method.toUpperCase()} ${path} is documented but has no route`);
+      }
+    }
+    assert.ok(listRoutes([]).length === 0);
+  });
+});
+
+void describe('readiness', () => {
+  void test('/readyz reflects a stopped Redis and recovers; writes get 503 with retry-after meanwhile', async () => {
+    const redis = await startPrivateRedis();
+    const prefix = testPrefix();
+    const svc = await startTestService({ mode: 'api', env: { REDIS_URL: redis.url }, prefix });
+    try {
+      const ready = await api(svc.base).get('/readyz');
+      assert.equal(ready.status, 200);
+      assert.deepEqual(ready.body.checks, { postgres: 'ok', redis: 'ok', migrations: 'ok', llm: 'disabled' });
+      assert.equal((await api(svc.base).get('/healthz')).status, 200);
+      const t = await svc.newTenant();
+
+      await redis.kill();
+      const down = await eventually(async () => {
+        const r = await api(svc.base).get('/readyz');
+        return r.status === 503 ? r : null;
+      }, 10_000, 'readyz 503');
+      assert.equal(down.body.checks.redis, 'down');
+      assert.equal(down.body.checks.postgres, 'ok');
+      const write = await t.api.post('/v1/sessions/s1/messages', { messages: [{ role: 'user', content: 'hi' }] });
+      assert.equal(write.status, 503);
+      assert.equal(write.body.error.code, 'unavailable');
+      assert.ok(Number(write.headers.get('retry-after')) > 0);
+
+      await redis.start();
+      await eventually(async () => (await api(svc.base).get('/readyz')).status === 200, 15_000, 'readyz 200 again');
+      // The failed request left nothing behind.
+      assert.equal((await t.api.get('/v1/sessions/s1')).status, 404);
+    } finally {
+      await svc.stop();
+      await redis.stop();
+    }
+  });
+
+  void test('/readyz is 503 while migrations are pending', async () => {
+    const url = await createTestDatabase();
+    const db = makePgDb({ connectionString: url, max: 1 });
+    const svc = await startTestService({ mode: 'api', databaseUrl: url });
+    try {
+      await db.query('DELETE FROM schema_migrations');
+      const r = await api(svc.base).get('/readyz');
+      assert.equal(r.status, 503);
+      assert.match(r.body.checks.migrations, /pending: 001_init/);
+    } finally {
+      await svc.stop();
+      await db.close();
+      await deleteRedisPrefix(svc.config.prefix);
+    }
+  });
+});

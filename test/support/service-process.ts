@@ -1,0 +1,25 @@
+// A mnemos api or worker process for multi-process tests: like `mnemos api|worker`, but with the
+// short job locks the tests need (a SIGKILLed worker's job is re-run within seconds).
+// Usage: node --import tsx test/support/service-process.ts <api|worker|serve>  (config from env)
+import { loadConfig } from '../../services/config.js';
+import { defaultExtensions } from '../../services/extensions.js';
+import { makeLogger } from '../../services/logger.js';
+import { startService } from '../../services/main.js';
+import type { Mode } from '../../services/main.js';
+
+const mode = (process.argv[2] ?? 'serve') as Mode;
+const config = loadConfig(process.env);
+const svc = await startService(mode, config, {
+  logger: makeLogger(config.logLevel),
+  extensions: defaultExtensions,
+  worker: { lockDurationMs: 3000, stalledIntervalMs: 1000, ingestSweepAfterMs: 2000, ingestSweepEveryMs: 1000 },
+});
+process.stdout.write(`${JSON.stringify({ ready: true, url: svc.url, pid: process.pid })}\n`);
+const stop = () => {
+  svc.stop().then(
+    () => process.exit(0),
+    () => process.exit(1),
+  );
+};
+process.on('SIGTERM', stop);
+process.on('SIGINT', stop);
