@@ -1,4 +1,5 @@
 import { Command } from 'commander';
+import { openPgliteDb } from '../db/embedded.js';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
@@ -10,10 +11,10 @@ import { createKey, createTenant, keyList, revokeKey, tenantList } from './tenan
 
 async function withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
   const config = loadConfig(process.env);
-  if (!config.databaseUrl) {
-    throw new Error('set DATABASE_URL (the embedded database is only reachable through "mnemos serve")');
-  }
-  const db = makePgDb({ connectionString: config.databaseUrl, max: 2 });
+  // Embedded mode: open the data dir directly; it fails with a clear message while "mnemos serve" holds it.
+  const db = config.databaseUrl
+    ? makePgDb({ connectionString: config.databaseUrl, max: 2 })
+    : await openPgliteDb(config.dataDir);
   try {
     await migrate(db);
     return await fn(db);

@@ -10,7 +10,7 @@ import type { Extension, ExtensionFactory } from './extension.js';
 import { makeLogger } from './logger.js';
 import type { Logger } from './logger.js';
 import { redisDurabilityWarnings, waitForRedis } from './redis.js';
-import { closeDeps, openDeps } from './runtime.js';
+import { closeDeps, embeddedBannerLines, openDeps } from './runtime.js';
 
 export type Mode = 'api' | 'worker' | 'serve';
 
@@ -101,7 +101,9 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
     logger.info({ url: svc.url }, `mnemos ${mode} listening on ${svc.url}`);
     const lines = [
       `mnemos ${mode} listening on ${svc.url}`,
-      `  API keys:   npx mnemos tenant create <name>   (prints a tenant id and its first key)`,
+      ...(config.databaseUrl
+        ? [`  API keys:   npx mnemos tenant create <name>   (prints a tenant id and its first key)`]
+        : embeddedBannerLines(config, svc.url)),
       config.adminToken
         ? `  Bull Board: ${svc.url}/admin/queues   (user: any, password: MNEMOS_ADMIN_TOKEN)`
         : '  Bull Board: set MNEMOS_ADMIN_TOKEN to enable /admin/queues',

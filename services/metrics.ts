@@ -36,6 +36,11 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       help: 'Inbox entries dropped because their session was reset or deleted meanwhile',
       registers: [registry],
     }),
+    ingestDeadLetter: new Counter({
+      name: 'mnemos_ingest_dead_letter_total',
+      help: 'Unreadable inbox entries moved to the per-session dead-letter list',
+      registers: [registry],
+    }),
     jobDuration: new Histogram({
       name: 'mnemos_job_duration_seconds',
       help: 'Job processing time by queue',

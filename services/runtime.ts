@@ -1,3 +1,8 @@
+import { existsSync } from 'node:fs';
+import { rename, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { openPgliteDb, PGDATA_SUBDIR } from '../db/embedded.js';
+import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { insertUsage } from '../db/queries/usage.js';
@@ -8,6 +13,7 @@ import { makeLlmClient } from './llm/llm-client.js';
 import type { Logger } from './logger.js';
 import { makeMetrics } from './metrics.js';
 import { makeRedis } from './redis.js';
+import { createTenant, tenantList } from './tenants.js';
 
 /**
  * Opens every connection a process needs. Called only by entry points (main files, CLI, tests);
@@ -45,10 +51,50 @@ export async function openDeps(
   return { config, db, redis, queues, logger, metrics, llm };
 }
 
-async function openEmbedded(_config: Config, _logger: Logger): Promise<Db> {
-  throw new Error(
-    'DATABASE_URL is not set. Set DATABASE_URL=postgres://… (Postgres 15+ with pgvector). The embedded default is not available in this build.',
-  );
+/**
+ * No DATABASE_URL: the embedded Postgres (PGlite + pgvector) under `config.dataDir`, migrated,
+ * and, on the very first start, a tenant "default" whose API key goes to a 0600 file (never to
+ * the log or stdout).
+ */
+async function openEmbedded(config: Config, logger: Logger): Promise<Db> {
+  const db = await openPgliteDb(config.dataDir);
+  try {
+    await migrate(db);
+    const created = await ensureFirstTenant(db, db.dataDir);
+    if (created) logger.info({ file: created }, 'created tenant "default"; its API key is in this file (mode 0600)');
+  } catch (err) {
+    await db.close();
+    throw err;
+  }
+  logger.info({ dataDir: db.dataDir }, 'embedded Postgres (PGlite) opened; single-process mode');
+  return db;
+}
+
+export const FIRST_KEY_FILE = 'first-api-key.txt';
+
+/** Creates tenant "default" when the database has no tenant yet; returns the key file's path then. */
+export async function ensureFirstTenant(db: Db, dataDir: string): Promise<string | null> {
+  if ((await tenantList(db)).length > 0) return null;
+  const t = await createTenant(db, 'default');
+  const file = path.join(dataDir, FIRST_KEY_FILE);
+  const tmp = `${file}.${process.pid}.tmp`;
+  await writeFile(tmp, `${t.api_key}\n`, { mode: 0o600 });
+  await rename(tmp, file);
+  return file;
+}
+
+/** Start-up banner lines about the embedded database and how to get an API key. */
+export function embeddedBannerLines(config: Config, url: string): string[] {
+  const dir = path.resolve(config.dataDir);
+  const keyFile = path.join(dir, FIRST_KEY_FILE);
+  return [
+    `  Database:   embedded PGlite in ${path.join(dir, PGDATA_SUBDIR)} (single process; set DATABASE_URL for Postgres)`,
+    existsSync(keyFile)
+      ? `  API key:    export MNEMOS_API_KEY="$(cat ${keyFile})"   (tenant "default"; delete the file once stored)`
+      : config.adminToken
+        ? `  API keys:   curl -X POST ${url}/v1/admin/tenants -H "authorization: Bearer $MNEMOS_ADMIN_TOKEN" -H 'content-type: application/json' -d '{"name":"me"}'`
+        : '  API keys:   stop the server and run `npx mnemos tenant create <name>`, or set MNEMOS_ADMIN_TOKEN for the admin API',
+  ];
 }
 
 export async function closeDeps(deps: CoreDeps): Promise<void> {

@@ -3,7 +3,15 @@ import { pgCode, withTransaction } from '../db/pool.js';
 import { insertArchiveBatch } from '../db/queries/messages.js';
 import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
 import type { CoreDeps } from '../services/deps.js';
-import { clearInbox, defineInboxScripts, finishDrain, inboxKeys, readInbox } from '../services/messages/inbox.js';
+import {
+  clearInbox,
+  deadLetter,
+  defineInboxScripts,
+  finishDrain,
+  inboxKeys,
+  readInbox,
+} from '../services/messages/inbox.js';
+import type { AcceptedMessage } from '../services/messages/message-input.js';
 import type { InboxEntry } from '../services/messages/inbox.js';
 import { ftsDocument } from '../services/text/fts-text.js';
 import { parsePayload } from './queues.js';
@@ -30,8 +38,7 @@ export type AfterArchive = (a: {
   lastSeq: number;
 }) => Promise<void>;
 
-function searchableText(e: InboxEntry): string {
-  const m = e.message;
+function searchableText(m: AcceptedMessage): string {
   const calls = (m.tool_calls ?? []) as Array<{ function?: { name?: string; arguments?: string } }>;
   const callText = calls.map((c) => `${c.function?.name ?? ''} ${c.function?.arguments ?? ''}`).join('\n');
   return [m.name ?? '', m.content ?? '', callText].filter(Boolean).join('\n');
@@ -54,17 +61,27 @@ export async function drainSession(
   defineInboxScripts(deps.redis);
   const total: DrainResult = { archived: 0, dropped: 0, hotBytes: null, generation: null };
   for (let round = 0; round < MAX_ROUNDS_PER_JOB; round++) {
-    let batch: { lastRead: number; archived: number; dropped: number; hotBytes: number; generation: number; firstSeq: number } | null;
+    let batch: {
+      lastRead: number;
+      unreadable: string[];
+      archived: number;
+      dropped: number;
+      hotBytes: number;
+      generation: number;
+      firstSeq: number;
+    } | null;
     try {
       batch = await withTransaction(deps.db, async (tx) => {
         const session = await lockOrCreateSession(tx, tenantId, sessionId);
         const entries = await readInbox(deps.redis, keys, DRAIN_BATCH);
         if (entries.length === 0) return null;
         const nextSeq = Number(session.next_seq);
-        const keep = entries.filter((e) => e.gen === session.generation && e.seq >= nextSeq);
+        const current = entries.filter((e) => e.gen === session.generation && e.seq >= nextSeq);
+        const keep = current.filter((e): e is InboxEntry & { message: AcceptedMessage } => e.message !== null);
+        const unreadable = current.filter((e) => e.message === null).map((e) => e.raw);
         const stale = entries.filter((e) => e.gen !== session.generation).length;
         const rows = keep.map((e) => {
-          const fts = ftsDocument(searchableText(e));
+          const fts = ftsDocument(searchableText(e.message));
           const m = e.message;
           return {
             seq: e.seq,
@@ -102,6 +119,7 @@ export async function drainSession(
         });
         return {
           lastRead,
+          unreadable,
           archived: inserted.length,
           dropped: stale,
           hotBytes: Number(counters.hot_bytes),
@@ -121,6 +139,11 @@ export async function drainSession(
     if (!batch) {
       await finishDrain(deps.redis, keys, 0);
       return { ...total, more: false };
+    }
+    if (batch.unreadable.length > 0) {
+      await deadLetter(deps.redis, deps.config.prefix, tenantId, sessionId, batch.unreadable);
+      deps.metrics.ingestDeadLetter.inc(batch.unreadable.length);
+      deps.logger.error({ tenantId, count: batch.unreadable.length }, 'unreadable inbox entries dead-lettered');
     }
     const left = await finishDrain(deps.redis, keys, batch.lastRead);
     total.archived += batch.archived;

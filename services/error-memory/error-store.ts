@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
@@ -21,23 +21,16 @@ import {
   RENEW_SCRIPT,
   SWEEP_KEY_SCRIPT,
 } from './redis-scripts.js';
-import { ERROR_CLASSES, ERROR_ID_RE, LIST_CURSOR_RE, OUTCOMES } from './types.js';
-import type { ErrorClass, ErrorMemory, ErrorWriteInput, Outcome, StoredError } from './types.js';
+import { TENANT_RE, errorKeys, tenantsRegistryKey } from './error-keys.js';
+import type { ErrorKeys } from './error-keys.js';
+import { newErrorId, toStoredError } from './stored-error.js';
+import { ERROR_ID_RE, LIST_CURSOR_RE } from './types.js';
+import type { ErrorMemory, ErrorWriteInput, StoredError } from './types.js';
 
 /**
  * The error-memory store: the only module that talks to redis-om. Records are redis-om HASH
  * entities; since plain Redis has no search module, lookups go through index keys kept here.
- * Key layout (T = `<prefix>:err:<tenant>`):
- *   T:rec:<id>                         HASH, the record (real PEXPIRE of the TTL)
- *   T:dedupe:<tool>:<sha1(normalised)> STRING holding the id; same TTL, renewed with the record
- *   T:all                              ZSET id → created ms (listing, purge, sweep)
- *   T:tool:<tool>                      ZSET id → created ms (tool filter, purge by tool)
- *   T:term:<term>                      ZSET id → last write ms (search candidates)
- *   T:ikeys                            SET of the tool and term keys above (for the sweep)
- *   T:dead                             SET of ids known gone, still to be swept out of T:ikeys
- *   <prefix>:err:tenants               SET of tenants with error memory (for the sweep)
- * (<tool> is URI-encoded.) Index entries are only candidates: every record is read before it is
- * returned, and an id whose record is gone is dropped lazily, then swept from every index.
+ * Key layout: `error-keys.ts`.
  */
 
 const MAX_KEYWORDS_STORED = 64;
@@ -45,7 +38,6 @@ const CANDIDATES_PER_TERM = 1000;
 const MAX_FETCHED = 256;
 const WRITE_ATTEMPTS = 5;
 const BATCH = 500;
-const TENANT_RE = /^[A-Za-z0-9._@-]{1,128}$/;
 
 export type ErrorMemoryOptions = {
   redisUrl: string;
@@ -56,6 +48,12 @@ export type ErrorMemoryOptions = {
   logger?: Pick<Logger, 'warn'>;
   /** Deadline of one request-path operation; past it the caller gets a 503. */
   opTimeoutMs?: number;
+  /**
+   * How long opening waits for the first connection (default 5 s). Past it the store opens
+   * anyway and keeps reconnecting in the background; until then every call answers 503 and
+   * `ping()` is false, so a Redis outage at start-up does not keep the API from starting.
+   */
+  connectWaitMs?: number;
 };
 
 type CreateClient = (options: {
@@ -73,22 +71,13 @@ function loadCreateClient(): CreateClient {
 
 const sha1 = (text: string) => createHash('sha1').update(text).digest('hex');
 
-function newId(): string {
-  const alphabet = 'abcdefghijklmnopqrstuvwxyz234567';
-  let bits = 0n;
-  for (const byte of randomBytes(13)) bits = (bits << 8n) | BigInt(byte);
-  let out = '';
-  for (let i = 0; i < 20; i++) out += alphabet[Number((bits >> BigInt(5 * i)) & 31n)];
-  return `err_${out}`;
-}
-
 const TRANSIENT_REPLY = /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\b/;
 
 export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMemory> {
   const ttlMs = Math.max(1, Math.round(opts.ttlDays * 86_400_000));
   const now = opts.now ?? Date.now;
   const opTimeoutMs = opts.opTimeoutMs ?? 10_000;
-  const tenantsKey = `${opts.prefix}:err:tenants`;
+  const tenantsKey = tenantsRegistryKey(opts.prefix);
 
   const client = loadCreateClient()({
     url: opts.redisUrl,
@@ -96,7 +85,21 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     socket: { connectTimeout: 5000, reconnectStrategy: (retries) => Math.min(100 * 2 ** retries, 2000) },
   });
   client.on('error', (err: unknown) => opts.logger?.warn({ err }, 'error-memory redis connection error'));
-  await client.connect();
+  const connecting = client.connect().then(
+    () => true,
+    (err: unknown) => {
+      opts.logger?.warn({ err }, 'error-memory redis connection failed');
+      return false;
+    },
+  );
+  let waiting: NodeJS.Timeout | undefined;
+  await Promise.race([
+    connecting,
+    new Promise((resolve) => {
+      waiting = setTimeout(resolve, opts.connectWaitMs ?? 5000);
+    }),
+  ]);
+  clearTimeout(waiting);
 
   const schema = new Schema(
     `${opts.prefix}:err`,
@@ -119,23 +122,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   );
   const repo = new Repository(schema, client);
 
-  function keys(tenantId: string) {
-    if (!TENANT_RE.test(tenantId))
-      throw new Error('error memory: tenant id has characters unsafe in Redis keys');
-    const base = `${opts.prefix}:err:${tenantId}`;
-    return {
-      base,
-      rec: (id: string) => `${base}:rec:${id}`,
-      entity: (id: string) => `${tenantId}:rec:${id}`,
-      dedupePrefix: `${base}:dedupe:`,
-      all: `${base}:all`,
-      tool: (tool: string) => `${base}:tool:${encodeURIComponent(tool)}`,
-      term: (term: string) => `${base}:term:${term}`,
-      ikeys: `${base}:ikeys`,
-      dead: `${base}:dead`,
-    };
-  }
-  type Keys = ReturnType<typeof keys>;
+  const keys = (tenantId: string) => errorKeys(opts.prefix, tenantId);
 
   async function guard<T>(fn: () => Promise<T>, deadline = true): Promise<T> {
     if (!client.isReady) throw unavailable('redis');
@@ -159,56 +146,19 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   const evalScript = (script: string, keyList: string[], args: string[]) =>
     client.eval(script, { keys: keyList, arguments: args });
 
-  function toStored(id: string, e: Record<string, unknown>): StoredError | null {
-    const { tool_name, symptom, action, outcome, hits, created_ms, last_hit_ms } = e;
-    if (
-      typeof tool_name !== 'string' ||
-      typeof symptom !== 'string' ||
-      typeof action !== 'string' ||
-      !OUTCOMES.includes(outcome as Outcome) ||
-      typeof hits !== 'number' ||
-      typeof created_ms !== 'number' ||
-      typeof last_hit_ms !== 'number'
-    ) {
-      return null;
-    }
-    const cls = ERROR_CLASSES.includes(e.error_class as ErrorClass) ? (e.error_class as ErrorClass) : 'other';
-    let embedding: number[] | null = null;
-    if (typeof e.embedding === 'string') {
-      try {
-        const parsed: unknown = JSON.parse(e.embedding);
-        if (Array.isArray(parsed) && parsed.every((x) => typeof x === 'number')) embedding = parsed;
-      } catch {
-        embedding = null;
-      }
-    }
-    return {
-      id,
-      tool_name,
-      symptom,
-      cause: typeof e.cause === 'string' ? e.cause : null,
-      action,
-      outcome: outcome as Outcome,
-      keywords: Array.isArray(e.keywords)
-        ? e.keywords.filter((k): k is string => typeof k === 'string' && k !== '')
-        : [],
-      hits,
-      created_ms,
-      last_hit_ms,
-      error_class: cls,
-      embedding,
-    };
-  }
-
   /** Reads records; ids whose record is gone come back as null. */
-  async function fetchMany(k: Keys, ids: readonly string[]): Promise<Array<StoredError | null>> {
+  async function fetchMany(k: ErrorKeys, ids: readonly string[]): Promise<Array<StoredError | null>> {
     if (ids.length === 0) return [];
     const entities = await repo.fetch(ids.map(k.entity));
-    return entities.map((e, i) => toStored(ids[i] ?? '', e));
+    return entities.map((e, i) => toStoredError(ids[i] ?? '', e));
   }
 
   /** Lazily drops ids found gone from the keys they were found in; the sweep does the rest. */
-  async function forget(k: Keys, ids: readonly string[], foundIn: readonly string[] = []): Promise<void> {
+  async function forget(
+    k: ErrorKeys,
+    ids: readonly string[],
+    foundIn: readonly string[] = [],
+  ): Promise<void> {
     if (ids.length === 0) return;
     const m = client.multi();
     for (const key of [k.all, ...foundIn]) m.zRem(key, [...ids]);
@@ -216,7 +166,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     await m.exec();
   }
 
-  async function index(tenantId: string, k: Keys, rec: StoredError): Promise<void> {
+  async function index(tenantId: string, k: ErrorKeys, rec: StoredError): Promise<void> {
     const toolKey = k.tool(rec.tool_name);
     const termKeys = indexTerms(rec).map(k.term);
     const m = client.multi();
@@ -229,7 +179,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   }
 
   /** Renews the records (a hit); returns the ids that still existed. */
-  async function renew(k: Keys, ids: readonly string[], at: number): Promise<Set<string>> {
+  async function renew(k: ErrorKeys, ids: readonly string[], at: number): Promise<Set<string>> {
     const alive = await Promise.all(
       ids.map((id) => evalScript(RENEW_SCRIPT, [k.rec(id)], [id, String(ttlMs), String(at), k.dedupePrefix])),
     );
@@ -275,7 +225,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         await evalScript(COMPARE_AND_DELETE_SCRIPT, [dedupeKey], [existing]);
         continue;
       }
-      const id = newId();
+      const id = newErrorId();
       const errorClass = classifyError(`${symptom}\n${cause ?? ''}`);
       const vector = opts.embed?.(`${symptom}\n${cause ?? ''}`);
       await repo.save(k.entity(id), {
@@ -298,7 +248,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       // finds the record; the loser of this race drops its unindexed copy and merges instead.
       const won = await client.set(dedupeKey, id, { NX: true, PX: ttlMs });
       if (won === 'OK') {
-        const rec = toStored(id, {
+        const rec = toStoredError(id, {
           tool_name: tool,
           symptom,
           cause,
@@ -411,7 +361,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     return { records: records.map(toApiRecord), next };
   }
 
-  async function removeIds(k: Keys, ids: readonly string[]): Promise<number> {
+  async function removeIds(k: ErrorKeys, ids: readonly string[]): Promise<number> {
     const tools = await Promise.all(
       ids.map((id) => evalScript(DELETE_SCRIPT, [k.rec(id)], [id, k.dedupePrefix])),
     );
@@ -522,7 +472,9 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     },
 
     close: async () => {
-      if (client.isOpen) await client.quit();
+      if (!client.isOpen) return;
+      if (client.isReady) await client.quit();
+      else await client.disconnect();
     },
   };
 }

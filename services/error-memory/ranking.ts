@@ -140,21 +140,37 @@ function clip(text: string, max: number): string {
   return chars.length <= max ? flat : `${chars.slice(0, max - 1).join('')}…`;
 }
 
+// Field lengths (tool, symptom, action, cause), from roomy to tight: the roomiest that lets
+// every record fit is used, and the tightest always fits four records in RELATED_MAX_CHARS.
+const CLIP_LEVELS = [
+  [64, 240, 480, 200],
+  [48, 160, 300, 120],
+  [40, 120, 200, 90],
+  [32, 80, 140, 60],
+] as const;
+
+function relatedLines(records: readonly StoredError[], level: (typeof CLIP_LEVELS)[number]): string[] {
+  const [tool, symptom, action, cause] = level;
+  return records.map((rec) => {
+    const why = rec.cause ? ` (cause: ${clip(rec.cause, cause)})` : '';
+    const verb = rec.outcome === 'resolved' ? 'fix' : 'tried';
+    return `- [${rec.outcome}] ${clip(rec.tool_name, tool)}: ${clip(rec.symptom, symptom)} → ${verb}: ${clip(rec.action, action)}${why}`;
+  });
+}
+
 /**
- * The hint appended to a failed tool result: one line per record, best first, within
- * RELATED_MAX_CHARS; exactly `NONE` when nothing matched.
+ * The hint appended to a failed tool result: one line per record, best first, at most
+ * RELATED_MAX_RECORDS lines and RELATED_MAX_CHARS characters; exactly `NONE` when nothing matched.
  */
 export function renderRelated(records: readonly StoredError[]): string {
-  const lines: string[] = [];
-  let size = 0;
-  for (const rec of records.slice(0, RELATED_MAX_RECORDS)) {
-    const cause = rec.cause ? ` (cause: ${clip(rec.cause, 160)})` : '';
-    const verb = rec.outcome === 'resolved' ? 'fix' : 'tried';
-    const line = `- [${rec.outcome}] ${clip(rec.tool_name, 64)}: ${clip(rec.symptom, 200)} → ${verb}: ${clip(rec.action, 400)}${cause}`;
-    const added = line.length + (lines.length > 0 ? 1 : 0);
-    if (size + added > RELATED_MAX_CHARS) break;
-    lines.push(line);
-    size += added;
+  const top = records.slice(0, RELATED_MAX_RECORDS);
+  if (top.length === 0) return 'NONE';
+  let lines: string[] = [];
+  for (const level of CLIP_LEVELS) {
+    lines = relatedLines(top, level);
+    if (lines.join('\n').length <= RELATED_MAX_CHARS) return lines.join('\n');
   }
-  return lines.length === 0 ? 'NONE' : lines.join('\n');
+  // Only text of wide characters gets here: drop records rather than cut one in half.
+  while (lines.length > 1 && lines.join('\n').length > RELATED_MAX_CHARS) lines.pop();
+  return lines.join('\n').slice(0, RELATED_MAX_CHARS);
 }

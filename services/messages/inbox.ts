@@ -137,7 +137,9 @@ return 1
 export interface InboxEntry {
   seq: number;
   gen: number;
-  message: AcceptedMessage;
+  /** Null when the entry cannot be read (it is dead-lettered, never silently dropped). */
+  message: AcceptedMessage | null;
+  raw: string;
 }
 
 export type AcceptResult =
@@ -198,11 +200,14 @@ export async function readInbox(redis: Redis, keys: InboxKeys, maxEntries: numbe
   return raw.map((e) => {
     const a = e.indexOf(' ');
     const b = e.indexOf(' ', a + 1);
-    return {
-      seq: Number(e.slice(0, a)),
-      gen: Number(e.slice(a + 1, b)),
-      message: JSON.parse(e.slice(b + 1)) as AcceptedMessage,
-    };
+    let message: AcceptedMessage | null = null;
+    try {
+      const m = JSON.parse(e.slice(b + 1)) as AcceptedMessage;
+      if (m && typeof m === 'object' && typeof m.id === 'string' && typeof m.role === 'string') message = m;
+    } catch {
+      message = null;
+    }
+    return { seq: Number(e.slice(0, a)), gen: Number(e.slice(a + 1, b)), message, raw: e };
   });
 }
 
@@ -213,6 +218,11 @@ export async function finishDrain(redis: Redis, keys: InboxKeys, lastSeqRead: nu
 
 export async function clearInbox(redis: Redis, keys: InboxKeys, newGeneration: number): Promise<void> {
   await (redis as ScriptedRedis).mnemosClear!(keys.sess, keys.inbox, keys.ids, keys.armed, newGeneration, keys.member);
+}
+
+/** Unreadable entries go to <prefix>:dead:<tenant>:<sid> for inspection (and the metric). */
+export async function deadLetter(redis: Redis, prefix: string, tenantId: string, sessionId: string, raw: string[]) {
+  if (raw.length > 0) await redis.rpush(`${prefix}:dead:${tenantId}:${sessionId}`, ...raw);
 }
 
 export async function archivedMark(redis: Redis, keys: InboxKeys): Promise<number | null> {

@@ -16,7 +16,8 @@ const sessionId = z
   .regex(/^[A-Za-z0-9._:@-]{1,256}$/, 'must be 1–256 characters of [A-Za-z0-9._:@-]')
   .refine((s) => s !== '.' && s !== '..', 'must not be "." or ".."');
 
-const writeBody = z
+/** Also the arguments of the `write_error` agent tool. */
+export const errorWriteBody = z
   .object({
     tool_name: toolName,
     symptom: text(4000),
@@ -28,7 +29,7 @@ const writeBody = z
   })
   .strict();
 
-const searchBody = z
+export const errorSearchBody = z
   .object({
     tool_name: toolName.optional(),
     query: text(4000),
@@ -36,7 +37,7 @@ const searchBody = z
   })
   .strict();
 
-const lookupBody = z.object({ tool_name: toolName, error: text(16_000) }).strict();
+export const errorLookupBody = z.object({ tool_name: toolName, error: text(16_000) }).strict();
 
 const listQuery = z
   .object({
@@ -64,18 +65,18 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
   const router = express.Router();
 
   router.post('/', async (req, res) => {
-    const body = parseInput(writeBody, req.body);
+    const body = parseInput(errorWriteBody, req.body);
     const result = await errors.write(tenantOf(res), body);
     res.status(result.deduplicated ? 200 : 201).json({ id: result.id, deduplicated: result.deduplicated });
   });
 
   router.post('/search', async (req, res) => {
-    const body = parseInput(searchBody, req.body);
+    const body = parseInput(errorSearchBody, req.body);
     res.json({ records: await errors.search(tenantOf(res), body) });
   });
 
   router.post('/lookup', async (req, res) => {
-    const body = parseInput(lookupBody, req.body);
+    const body = parseInput(errorLookupBody, req.body);
     res.json(await errors.lookup(tenantOf(res), body));
   });
 

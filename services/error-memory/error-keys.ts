@@ -1,0 +1,37 @@
+/**
+ * Redis key layout of error memory (T = `<prefix>:err:<tenant>`):
+ *   T:rec:<id>                         HASH, the record (real PEXPIRE of the TTL)
+ *   T:dedupe:<tool>:<sha1(normalised)> STRING holding the id; same TTL, renewed with the record
+ *   T:all                              ZSET id → created ms (listing, purge, sweep)
+ *   T:tool:<tool>                      ZSET id → created ms (tool filter, purge by tool)
+ *   T:term:<term>                      ZSET id → last write ms (search candidates)
+ *   T:ikeys                            SET of the tool and term keys above (for the sweep)
+ *   T:dead                             SET of ids known gone, still to be swept out of T:ikeys
+ *   <prefix>:err:tenants               SET of tenants with error memory (for the sweep)
+ * (<tool> is URI-encoded.) Index entries are only candidates: every record is read before it is
+ * returned, and an id whose record is gone is dropped lazily, then swept from every index.
+ */
+
+/** Tenant ids go into key names and SCAN patterns, so they must not hold `:` or glob characters. */
+export const TENANT_RE = /^[A-Za-z0-9._@-]{1,128}$/;
+
+export const tenantsRegistryKey = (prefix: string) => `${prefix}:err:tenants`;
+
+export function errorKeys(prefix: string, tenantId: string) {
+  if (!TENANT_RE.test(tenantId))
+    throw new Error('error memory: tenant id has characters unsafe in Redis keys');
+  const base = `${prefix}:err:${tenantId}`;
+  return {
+    base,
+    rec: (id: string) => `${base}:rec:${id}`,
+    /** The redis-om entity id: the schema is named `<prefix>:err`, so its key is `rec` above. */
+    entity: (id: string) => `${tenantId}:rec:${id}`,
+    dedupePrefix: `${base}:dedupe:`,
+    all: `${base}:all`,
+    tool: (tool: string) => `${base}:tool:${encodeURIComponent(tool)}`,
+    term: (term: string) => `${base}:term:${term}`,
+    ikeys: `${base}:ikeys`,
+    dead: `${base}:dead`,
+  };
+}
+export type ErrorKeys = ReturnType<typeof errorKeys>;

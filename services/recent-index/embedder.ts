@@ -1,0 +1,141 @@
+import type { Config } from '../config.js';
+import { LlmError } from '../llm/llm-client.js';
+import type { LlmClient } from '../llm/llm-client.js';
+import { LOCAL_EMBEDDING_MODEL, localEmbed } from '../llm/local-embedder.js';
+
+/**
+ * The embedder of the recent index: the configured OpenAI-compatible model through the LLM
+ * client, or the built-in lexical `local-hash` embedder when no LLM is configured (or
+ * EMBEDDING_MODEL=local-hash). Search embeds its queries through the same object so query and
+ * stored vectors always come from one model.
+ */
+
+/** Characters of a message sent to the embedder (SQL fetches no more than this). */
+export const MAX_EMBED_CHARS = 24_000;
+/**
+ * Rough token budget per input. OpenAI's embedding models take 8,191 tokens; we cannot tokenise
+ * offline, so we estimate (ASCII ≈ 1/3 token per character, anything else ≈ 1.5) and stay
+ * under 7,000. English prose is ~4 characters per token, CJK ~1–2 tokens per character.
+ */
+export const MAX_EMBED_TOKENS = 7_000;
+/** Estimated tokens per HTTP request (OpenAI caps a request at 300k tokens and 2,048 inputs). */
+const MAX_REQUEST_TOKENS = 120_000;
+const MAX_REQUEST_INPUTS = 256;
+
+export interface EmbedContext {
+  tenantId: string;
+  sessionId: string | null;
+}
+
+export interface Embedder {
+  /** What `vector_index` records: `local-hash` for the built-in embedder. */
+  model: string;
+  dimensions: number;
+  local: boolean;
+  /** One vector per text, in order. Texts must be non-empty (see prepareEmbedText). */
+  embed(texts: string[], ctx: EmbedContext): Promise<number[][]>;
+}
+
+export function estimateTokens(text: string): number {
+  let t = 0;
+  for (const ch of text) t += ch.charCodeAt(0) < 128 ? 1 / 3 : 1.5;
+  return Math.ceil(t);
+}
+
+/**
+ * The text embedded for a message: at most MAX_EMBED_CHARS code points and about
+ * MAX_EMBED_TOKENS estimated tokens, cut at a code-point boundary. Null when there is nothing to
+ * embed (empty or whitespace-only): an embeddings API rejects empty strings.
+ */
+export function prepareEmbedText(content: string | null): string | null {
+  if (content === null || !/\S/.test(content)) return null;
+  let units = 0;
+  let out = '';
+  let chars = 0;
+  for (const ch of content) {
+    units += ch.charCodeAt(0) < 128 ? 1 / 3 : 1.5;
+    if (units > MAX_EMBED_TOKENS || chars >= MAX_EMBED_CHARS) break;
+    out += ch;
+    chars++;
+  }
+  return out;
+}
+
+/** OpenAI's text-embedding-3 family takes a `dimensions` parameter; other models may reject it. */
+function acceptsDimensions(model: string): boolean {
+  return /text-embedding-3/.test(model);
+}
+
+/** Splits inputs into requests under the per-request token and input caps. */
+function requestChunks(texts: string[]): Array<{ start: number; texts: string[] }> {
+  const chunks: Array<{ start: number; texts: string[] }> = [];
+  let current: string[] = [];
+  let start = 0;
+  let tokens = 0;
+  texts.forEach((text, i) => {
+    const t = estimateTokens(text);
+    if (current.length > 0 && (tokens + t > MAX_REQUEST_TOKENS || current.length >= MAX_REQUEST_INPUTS)) {
+      chunks.push({ start, texts: current });
+      current = [];
+      tokens = 0;
+      start = i;
+    }
+    current.push(text);
+    tokens += t;
+  });
+  if (current.length > 0) chunks.push({ start, texts: current });
+  return chunks;
+}
+
+export function makeEmbedder(
+  config: Pick<Config, 'embedding'>,
+  llm: LlmClient | null,
+  logger?: { warn(obj: object, msg: string): void },
+): Embedder {
+  const { dimensions } = config.embedding;
+  if (config.embedding.local) {
+    if (config.embedding.model !== LOCAL_EMBEDDING_MODEL) {
+      logger?.warn(
+        { configured: config.embedding.model },
+        'EMBEDDING_MODEL is ignored without OPENAI_API_KEY/OPENAI_BASE_URL: using the local-hash embedder',
+      );
+    }
+    return {
+      model: LOCAL_EMBEDDING_MODEL,
+      dimensions,
+      local: true,
+      embed: (texts) => Promise.resolve(texts.map((t) => localEmbed(t, dimensions))),
+    };
+  }
+  if (!llm) throw new Error(`embedding model ${config.embedding.model} needs OPENAI_API_KEY or OPENAI_BASE_URL`);
+  const model = config.embedding.model;
+  const sendDimensions = acceptsDimensions(model);
+  return {
+    model,
+    dimensions,
+    local: false,
+    async embed(texts, ctx) {
+      const out: number[][] = new Array<number[]>(texts.length);
+      for (const chunk of requestChunks(texts)) {
+        const vectors = await llm.embed({
+          purpose: 'embedding',
+          model,
+          input: chunk.texts,
+          tenantId: ctx.tenantId,
+          sessionId: ctx.sessionId,
+          ...(sendDimensions ? { dimensions } : {}),
+        });
+        vectors.forEach((v, j) => {
+          if (v.length !== dimensions) {
+            throw new LlmError(
+              `embedder ${model} returned ${v.length} dimensions but EMBEDDING_DIMENSIONS is ${dimensions}`,
+              { kind: 'invalid_response', retryable: false },
+            );
+          }
+          out[chunk.start + j] = v;
+        });
+      }
+      return out;
+    },
+  };
+}

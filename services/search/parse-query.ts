@@ -1,0 +1,161 @@
+import { cjkBigrams } from '../text/fts-text.js';
+
+/**
+ * Web-search syntax for keyword search, parsed here instead of by Postgres's
+ * `websearch_to_tsquery`, because that function does not segment CJK text and we must build the
+ * CJK part of the query from the same bigrams the archive's tsvector was built from.
+ *
+ * Syntax (any input is accepted; nothing here can fail):
+ * - words are ANDed: `deploy database`
+ * - `"exact phrase"` (an unclosed quote runs to the end of the query)
+ * - `a or b` (case-insensitive); `or` binds tighter than the implicit AND, as in web search:
+ *   `deploy db or database` = deploy AND (db OR database)
+ * - `-word` / `-"a phrase"` excludes; a lone `-`, a leading/trailing/repeated `or`, and an `or`
+ *   next to an excluded term are ignored
+ */
+
+export interface QueryTerm {
+  text: string;
+  phrase: boolean;
+}
+
+export interface ParsedQuery {
+  /** AND of groups; each group is an OR of terms. */
+  groups: QueryTerm[][];
+  exclude: QueryTerm[];
+  /** The positive terms as plain text, for embedding (semantic search ignores the syntax). */
+  embedText: string;
+}
+
+/** Terms beyond this many are ignored by keyword search (they still go into embedText). */
+export const MAX_KEYWORD_TERMS = 64;
+
+interface Token {
+  kind: 'term' | 'or';
+  text: string;
+  phrase: boolean;
+  negated: boolean;
+}
+
+function tokenize(query: string): Token[] {
+  const out: Token[] = [];
+  const n = query.length;
+  let i = 0;
+  const isSpace = (c: string | undefined) => c !== undefined && /\s/u.test(c);
+  while (i < n) {
+    if (isSpace(query[i])) {
+      i++;
+      continue;
+    }
+    let negated = false;
+    if (query[i] === '-') {
+      const next = query[i + 1];
+      if (next === undefined || isSpace(next)) {
+        i++;
+        continue;
+      }
+      negated = true;
+      i++;
+    }
+    if (query[i] === '"') {
+      const close = query.indexOf('"', i + 1);
+      const end = close === -1 ? n : close;
+      const text = query.slice(i + 1, end).trim();
+      i = close === -1 ? n : close + 1;
+      if (text !== '') out.push({ kind: 'term', text, phrase: true, negated });
+      continue;
+    }
+    let j = i;
+    while (j < n && !isSpace(query[j]) && query[j] !== '"') j++;
+    const text = query.slice(i, j);
+    i = j;
+    if (!negated && text.toLowerCase() === 'or') out.push({ kind: 'or', text, phrase: false, negated });
+    else if (text !== '') out.push({ kind: 'term', text, phrase: false, negated });
+  }
+  return out;
+}
+
+export function parseSearchQuery(query: string): ParsedQuery {
+  const groups: QueryTerm[][] = [];
+  const exclude: QueryTerm[] = [];
+  const positive: string[] = [];
+  let pendingOr = false;
+  // Whether the previous token was a positive term, i.e. an `or` now joins the last group.
+  let lastWasPositive = false;
+  let kept = 0;
+  for (const t of tokenize(query)) {
+    if (t.kind === 'or') {
+      pendingOr = lastWasPositive;
+      continue;
+    }
+    const term = { text: t.text, phrase: t.phrase };
+    if (t.negated) {
+      if (kept < MAX_KEYWORD_TERMS) exclude.push(term);
+      kept++;
+      pendingOr = false;
+      lastWasPositive = false;
+      continue;
+    }
+    positive.push(t.text);
+    if (kept < MAX_KEYWORD_TERMS) {
+      const last = groups[groups.length - 1];
+      if (pendingOr && last) last.push(term);
+      else groups.push([term]);
+    }
+    kept++;
+    pendingOr = false;
+    lastWasPositive = true;
+  }
+  return { groups, exclude, embedText: positive.join(' ') };
+}
+
+// Same character classes as the archive's tsvector (services/text/fts-text.ts).
+const CJK_RUN = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]+/gu;
+
+/**
+ * One piece of a term's full-text query. English text goes through the `english` configuration
+ * (stemming, stop words); a CJK run becomes the phrase of its overlapping bigrams in the `simple`
+ * configuration, exactly as the archive indexed it; a single CJK character becomes a prefix
+ * match on the bigrams, since the archive keeps single characters only for one-character runs.
+ */
+export type FtsLeaf =
+  | { kind: 'english-words'; text: string }
+  | { kind: 'english-phrase'; text: string }
+  | { kind: 'cjk-phrase'; text: string }
+  | { kind: 'cjk-prefix'; text: string };
+
+/** The leaves of one term, ANDed (empty when the term has no indexable text, e.g. `&|!`). */
+export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
+  const leaves: FtsLeaf[] = [];
+  const english = term.text.replace(CJK_RUN, ' ');
+  if (/[\p{L}\p{N}]/u.test(english)) {
+    leaves.push({ kind: term.phrase ? 'english-phrase' : 'english-words', text: english });
+  }
+  for (const m of term.text.matchAll(CJK_RUN)) {
+    const chars = Array.from(m[0]);
+    if (chars.length === 1) {
+      // Quoted, with quotes and backslashes doubled/escaped, so to_tsquery reads one lexeme.
+      const lexeme = chars[0]!.replace(/\\/g, '\\\\').replace(/'/g, "''");
+      leaves.push({ kind: 'cjk-prefix', text: `'${lexeme}':*` });
+    } else {
+      // phraseto_tsquery needs no escaping: the bigrams are plain words separated by spaces.
+      leaves.push({ kind: 'cjk-phrase', text: cjkBigrams(m[0]).join(' ') });
+    }
+  }
+  return leaves;
+}
+
+/**
+ * Whether a term is worth a substring match: one ASCII character (`a`, `'`, `\`) would match
+ * nearly every message, so it only counts when it is not ASCII (a CJK character, an emoji).
+ */
+export function usableSubstring(text: string): boolean {
+  const chars = Array.from(text);
+  if (chars.length >= 2) return true;
+  return chars.length === 1 && chars[0]!.codePointAt(0)! > 0x7f;
+}
+
+/** `%`, `_` and `\` escaped for LIKE/ILIKE with the default escape character. */
+export function likePattern(text: string): string {
+  return `%${text.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
+}

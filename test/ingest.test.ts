@@ -1,0 +1,382 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { makePgDb } from '../db/pool.js';
+import { inboxKeys } from '../services/messages/inbox.js';
+import { ADMIN_TOKEN, api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+
+const user = (content: string, extra: Record<string, unknown> = {}) => ({ role: 'user', content, ...extra });
+
+async function archived(t: Api, sid: string): Promise<Array<{ seq: number; id: string; content: unknown; sent_at_ns: string }>> {
+  const out: Array<{ seq: number; id: string; content: unknown; sent_at_ns: string }> = [];
+  let after: number | null = null;
+  for (;;) {
+    const r: { status: number; body: any } = await t.get(
+      `/v1/sessions/${sid}/messages?limit=500${after !== null ? `&after_seq=${after}` : ''}`,
+    );
+    if (r.status === 404) return out;
+    assert.equal(r.status, 200);
+    out.push(...r.body.messages);
+    if (r.body.next === null) return out;
+    after = r.body.next;
+  }
+}
+
+void describe('ingestion', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService({ env: { TZ: 'Asia/Taipei' } });
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+  });
+
+  void test('accepts a batch with 202, archives it in order, and ?wait=true answers 201 once durable', async () => {
+    const t = await svc.newTenant();
+    const r = await t.api.post('/v1/sessions/chat-1/messages', {
+      messages: [user('first', { id: 'm1' }), { role: 'assistant', content: 'second' }, user('third')],
+    });
+    assert.equal(r.status, 202);
+    assert.equal(r.body.session_id, 'chat-1');
+    assert.equal(r.body.accepted, 3);
+    assert.deepEqual(
+      r.body.messages.map((m: { seq: number }) => m.seq),
+      [1, 2, 3],
+    );
+    assert.equal(r.body.messages[0].id, 'm1');
+    assert.match(r.body.messages[1].id, /^[0-9a-f-]{36}$/);
+
+    const w = await t.api.post('/v1/sessions/chat-1/messages?wait=true', { messages: [user('fourth')] });
+    assert.equal(w.status, 201);
+    const rows = await archived(t.api, 'chat-1');
+    assert.deepEqual(
+      rows.map((m) => [m.seq, m.content]),
+      [
+        [1, 'first'],
+        [2, 'second'],
+        [3, 'third'],
+        [4, 'fourth'],
+      ],
+    );
+    const s = await t.api.get('/v1/sessions/chat-1');
+    assert.equal(s.body.message_count, 4);
+    assert.ok(s.body.hot_bytes > 0);
+    assert.equal(s.body.pending_jobs, 0);
+    assert.equal(s.body.summary, null);
+  });
+
+  void test('stores structured content, tool calls and metadata as given, in all three sent_at forms', async () => {
+    const t = await svc.newTenant();
+    const messages = [
+      { role: 'system', content: 'be brief', sent_at: '2026-01-02T03:04:05.123456789Z' },
+      { role: 'developer', content: [{ type: 'text', text: 'dev note' }], sent_at: '1767323045000000001' },
+      user('naive time', { sent_at: '2026-01-02 11:04:05', metadata: { agent: 'a1', n: 1 } }),
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'ls', arguments: '{"path":"/"}' } }],
+      },
+      { role: 'tool', tool_call_id: 'call_1', content: 'bin etc', name: 'ls' },
+    ];
+    assert.equal((await t.api.post('/v1/sessions/s/messages?wait=true', { messages })).status, 201);
+    const rows = await archived(t.api, 's');
+    assert.equal(rows.length, 5);
+    const [sys, dev, naive, call, tool] = rows as any[];
+    assert.equal(sys.sent_at, '2026-01-02T03:04:05.123456789Z');
+    assert.equal(sys.sent_at_ns, '1767323045123456789');
+    assert.deepEqual(dev.content, [{ type: 'text', text: 'dev note' }]);
+    assert.equal(dev.sent_at_ns, '1767323045000000001');
+    // 11:04:05 in Taipei (UTC+8) is 03:04:05 UTC.
+    assert.equal(naive.sent_at, '2026-01-02T03:04:05.000000000Z');
+    assert.deepEqual(naive.metadata, { agent: 'a1', n: 1 });
+    assert.equal(call.content, null);
+    assert.equal(call.tool_calls[0].function.name, 'ls');
+    assert.equal(tool.tool_call_id, 'call_1');
+    assert.equal(tool.name, 'ls');
+  });
+
+  void test('every validation path is a 4xx naming the field, and stores nothing', async () => {
+    const t = await svc.newTenant();
+    const cases: Array<[unknown, number, string, RegExp?]> = [
+      [{ messages: [{ role: 'robot', content: 'x' }] }, 400, 'validation_failed', /messages\[0\]\.role/],
+      [{ messages: [user('ok'), { role: 'user', content: null }] }, 400, 'validation_failed', /messages\[1\]\.content/],
+      [{ messages: [{ role: 'user' }] }, 400, 'validation_failed', /messages\[0\]\.content/],
+      [{ messages: [user('x', { colour: 'red' })] }, 400, 'validation_failed', /colour/],
+      [{ messages: [user('x')], extra: 1 }, 400, 'validation_failed', /extra/],
+      [{ messages: [user('nul \u0000 here')] }, 400, 'invalid_characters', /messages\[0\]\.content/],
+      [{ messages: [user('lone \ud800 surrogate')] }, 400, 'invalid_characters'],
+      [{ messages: [user('x', { metadata: { k: 'a\u0000b' } })] }, 400, 'invalid_characters', /metadata\.k/],
+      [{ messages: [user('x', { id: 'a' }), user('y', { id: 'a' })] }, 400, 'duplicate_id', /messages\[1\]\.id/],
+      [{ messages: [user('x', { sent_at: 1767323045000000000 })] }, 400, 'validation_failed', /sent_at/],
+      [{ messages: [user('x', { sent_at: 'yesterday' })] }, 400, 'validation_failed', /sent_at/],
+      [{ messages: [user('x', { sent_at: '2026-02-30T00:00:00Z' })] }, 400, 'validation_failed', /sent_at/],
+      [{ messages: [user('x', { metadata: { big: 'x'.repeat(17 * 1024) } })] }, 400, 'validation_failed', /metadata/],
+      [{ messages: [user('x', { id: 'i'.repeat(129) })] }, 400, 'validation_failed', /messages\[0\]\.id/],
+      [{ messages: [] }, 400, 'validation_failed'],
+      [{ messages: Array.from({ length: 1001 }, () => user('x')) }, 400, 'validation_failed'],
+      [{ messages: [{ role: 'tool', content: 'no id' }] }, 400, 'validation_failed', /tool_call_id/],
+      [{ messages: [{ role: 'user', content: 'x', tool_calls: [] }] }, 400, 'validation_failed', /tool_calls/],
+      [[user('not an object')], 400, 'validation_failed'],
+    ];
+    for (const [body, status, code, detail] of cases) {
+      const r = await t.api.post('/v1/sessions/v/messages', body);
+      assert.equal(r.status, status, JSON.stringify(body).slice(0, 120));
+      assert.equal(r.body.error.code, code, JSON.stringify(r.body));
+      if (detail) assert.match(JSON.stringify(r.body.error), detail);
+    }
+    const tooBig = await t.api.post('/v1/sessions/v/messages', { messages: [user('ok'), user('é'.repeat(512 * 1024 + 1))] });
+    assert.equal(tooBig.status, 413);
+    assert.equal(tooBig.body.error.code, 'message_too_large');
+    assert.equal(tooBig.body.error.details.index, 1);
+    const justFits = await t.api.post('/v1/sessions/w/messages?wait=true', { messages: [user('é'.repeat(512 * 1024))] });
+    assert.equal(justFits.status, 201, 'exactly 1 MiB of UTF-8 is accepted and indexed');
+
+    // ('.' and '..' cannot even be sent: URL parsers resolve them as dot segments; assertSessionId
+    // still rejects them for callers that bypass HTTP.)
+    for (const sid of ['has space', 'x'.repeat(257), 'semi;colon', 'a/b']) {
+      const r = await t.api.post(`/v1/sessions/${encodeURIComponent(sid)}/messages`, { messages: [user('x')] });
+      assert.equal(r.status, 400, sid);
+      assert.equal(r.body.error.code, 'invalid_session_id');
+    }
+    assert.equal((await t.api.get('/v1/sessions/v')).status, 404, 'no session was created by rejected requests');
+  });
+
+  void test('idempotent re-posts return the original seq; a changed body is a 409 that stores none of its batch', async () => {
+    const t = await svc.newTenant();
+    const first = await t.api.post('/v1/sessions/idem/messages', {
+      messages: [user('a', { id: 'x1' }), user('b', { id: 'x2', metadata: { k: 1, j: 2 } })],
+    });
+    assert.equal(first.status, 202);
+    // Same ids, same content (metadata keys reordered): original seqs, nothing new.
+    const again = await t.api.post('/v1/sessions/idem/messages?wait=true', {
+      messages: [user('a', { id: 'x1' }), user('b', { id: 'x2', metadata: { j: 2, k: 1 } }), user('c', { id: 'x3' })],
+    });
+    assert.equal(again.status, 201);
+    assert.equal(again.body.accepted, 1);
+    assert.deepEqual(
+      again.body.messages.map((m: { seq: number }) => m.seq),
+      [1, 2, 3],
+    );
+    // After archival the check runs against Postgres too.
+    const archivedAgain = await t.api.post('/v1/sessions/idem/messages', { messages: [user('a', { id: 'x1' })] });
+    assert.deepEqual(archivedAgain.body.messages, [{ id: 'x1', seq: 1 }]);
+
+    for (const changed of [
+      user('A', { id: 'x1' }),
+      { role: 'assistant', content: 'a', id: 'x1' },
+      user('a', { id: 'x1', metadata: { k: 2 } }),
+      user('a', { id: 'x1', name: 'bob' }),
+    ]) {
+      const r = await t.api.post('/v1/sessions/idem/messages', { messages: [user('new', { id: 'x9' }), changed] });
+      assert.equal(r.status, 409);
+      assert.equal(r.body.error.code, 'id_conflict');
+      assert.match(r.body.error.message, /messages\[1\]\.id/);
+    }
+    // A client-given sent_at is part of the identity.
+    await t.api.post('/v1/sessions/idem/messages?wait=true', { messages: [user('t', { id: 't1', sent_at: '2026-01-01T00:00:00Z' })] });
+    const otherTime = await t.api.post('/v1/sessions/idem/messages', {
+      messages: [user('t', { id: 't1', sent_at: '2026-01-01T00:00:01Z' })],
+    });
+    assert.equal(otherTime.status, 409);
+    const rows = await archived(t.api, 'idem');
+    assert.deepEqual(
+      rows.map((m) => m.id),
+      ['x1', 'x2', 'x3', 't1'],
+      'conflicting batches stored nothing (x9 absent)',
+    );
+  });
+
+  void test('a retry storm of the same ids archives each message exactly once', async () => {
+    const t = await svc.newTenant();
+    const batch = { messages: Array.from({ length: 10 }, (_, i) => user(`storm ${i}`, { id: `s${i}` })) };
+    const responses = await Promise.all(Array.from({ length: 25 }, () => t.api.post('/v1/sessions/storm/messages', batch)));
+    for (const r of responses) assert.equal(r.status, 202);
+    const seqs = responses.map((r) => JSON.stringify(r.body.messages));
+    assert.equal(new Set(seqs).size, 1, 'every retry got the same ids and seqs');
+    assert.equal(
+      responses.reduce((n, r) => n + r.body.accepted, 0),
+      10,
+      'exactly one request accepted the messages',
+    );
+    const rows = await eventually(async () => {
+      const r = await archived(t.api, 'storm');
+      return r.length === 10 ? r : null;
+    });
+    assert.deepEqual(
+      rows.map((m) => m.id),
+      batch.messages.map((_, i) => `s${i}`),
+    );
+  });
+
+  void test('concurrent writers to one session: each batch contiguous, seq strictly increasing, readers see only gap-free prefixes', async () => {
+    const t = await svc.newTenant();
+    const sid = 'busy';
+    let stop = false;
+    const violations: string[] = [];
+    const reader = (async () => {
+      while (!stop) {
+        const r = await t.api.get(`/v1/sessions/${sid}/messages?limit=500&order=asc`);
+        if (r.status === 200) {
+          const seqs = r.body.messages.map((m: { seq: number }) => m.seq) as number[];
+          seqs.forEach((s, i) => {
+            if (s !== i + 1) violations.push(`saw ${seqs.slice(0, i + 1).join(',')}`);
+          });
+        }
+      }
+    })();
+    const writers = Array.from({ length: 8 }, (_, w) =>
+      (async () => {
+        const got: number[][] = [];
+        for (let b = 0; b < 8; b++) {
+          const r = await t.api.post(`/v1/sessions/${sid}/messages`, {
+            messages: Array.from({ length: 5 }, (_, i) => user(`w${w} b${b} m${i}`)),
+          });
+          assert.equal(r.status, 202);
+          got.push(r.body.messages.map((m: { seq: number }) => m.seq));
+        }
+        return got;
+      })(),
+    );
+    const batches = (await Promise.all(writers)).flat();
+    const rows = await eventually(async () => {
+      const r = await archived(t.api, sid);
+      return r.length === 320 ? r : null;
+    });
+    stop = true;
+    await reader;
+    assert.deepEqual(violations, []);
+    for (const b of batches) assert.deepEqual(b, [b[0]!, b[0]! + 1, b[0]! + 2, b[0]! + 3, b[0]! + 4]);
+    assert.deepEqual(
+      rows.map((m) => m.seq),
+      Array.from({ length: 320 }, (_, i) => i + 1),
+    );
+    // Each batch's contents are in order at its seqs.
+    const bySeq = new Map(rows.map((m) => [m.seq, m.content]));
+    for (const b of batches) {
+      const contents = b.map((s) => bySeq.get(s) as string);
+      const prefix = contents[0]!.replace(/ m0$/, '');
+      assert.deepEqual(contents, [0, 1, 2, 3, 4].map((i) => `${prefix} m${i}`));
+    }
+  });
+
+  void test('listing, paging both ways and session listing', async () => {
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/p/messages?wait=true', { messages: Array.from({ length: 7 }, (_, i) => user(`m${i + 1}`)) });
+    await t.api.post('/v1/sessions/q/messages?wait=true', { messages: [user('q')] });
+    const page1 = await t.api.get('/v1/sessions/p/messages?limit=3');
+    assert.deepEqual(
+      page1.body.messages.map((m: { seq: number }) => m.seq),
+      [1, 2, 3],
+    );
+    assert.equal(page1.body.next, 3);
+    const page3 = await t.api.get('/v1/sessions/p/messages?limit=3&after_seq=6');
+    assert.deepEqual(page3.body.messages.map((m: { seq: number }) => m.seq), [7]);
+    assert.equal(page3.body.next, null);
+    const desc = await t.api.get('/v1/sessions/p/messages?limit=3&order=desc');
+    assert.deepEqual(desc.body.messages.map((m: { seq: number }) => m.seq), [7, 6, 5]);
+    assert.equal(desc.body.next, 5);
+    const desc2 = await t.api.get('/v1/sessions/p/messages?limit=3&order=desc&before_seq=5');
+    assert.deepEqual(desc2.body.messages.map((m: { seq: number }) => m.seq), [4, 3, 2]);
+    for (const q of ['limit=0', 'limit=501', 'after_seq=-1', 'order=up', 'bogus=1']) {
+      const r = await t.api.get(`/v1/sessions/p/messages?${q}`);
+      assert.equal(r.status, 400, q);
+    }
+    const sessions = await t.api.get('/v1/sessions?limit=1');
+    assert.equal(sessions.body.sessions.length, 1);
+    assert.equal(sessions.body.sessions[0].id, 'p');
+    assert.equal(sessions.body.next, 'p');
+    const rest = await t.api.get(`/v1/sessions?cursor=${sessions.body.next}`);
+    assert.deepEqual(rest.body.sessions.map((s: { id: string }) => s.id), ['q']);
+    assert.equal(rest.body.next, null);
+  });
+
+  void test('no route reads or changes another tenant’s session or job', async () => {
+    const a = await svc.newTenant();
+    const b = await svc.newTenant();
+    await a.api.post('/v1/sessions/shared-name/messages?wait=true', { messages: [user('secret of A', { id: 'k' })] });
+    assert.equal((await b.api.get('/v1/sessions/shared-name')).status, 404);
+    assert.equal((await b.api.get('/v1/sessions/shared-name/messages')).status, 404);
+    assert.deepEqual((await b.api.get('/v1/sessions')).body.sessions, []);
+    // The same session id in B is a separate session; the same message id is not a conflict.
+    const bPost = await b.api.post('/v1/sessions/shared-name/messages?wait=true', { messages: [user('B text', { id: 'k' })] });
+    assert.equal(bPost.status, 201);
+    assert.deepEqual(bPost.body.messages, [{ id: 'k', seq: 1 }]);
+    assert.deepEqual(
+      (await archived(a.api, 'shared-name')).map((m) => m.content),
+      ['secret of A'],
+    );
+    // Jobs: only the owner can read one.
+    const job = await svc.deps.queues.summary.add('summarize', {
+      v: 1,
+      kind: 'summarize',
+      tenantId: a.tenantId,
+      sessionId: 'shared-name',
+      reason: 'api',
+    });
+    await job.remove().catch(() => undefined);
+    const job2 = await svc.deps.queues.maintenance.add('probe', { v: 1, kind: 'noop-probe' }, { delay: 3_600_000 });
+    assert.equal((await a.api.get(`/v1/jobs/maintenance.${job2.id}`)).status, 404, 'jobs without a tenant are nobody’s');
+    await job2.remove();
+    assert.equal((await a.api.get('/v1/jobs/summary.999999')).status, 404);
+    assert.equal((await a.api.get('/v1/jobs/bogus')).status, 404);
+  });
+
+  void test('a job of a tenant is readable by that tenant only', async () => {
+    const a = await svc.newTenant();
+    const b = await svc.newTenant();
+    const job = await svc.deps.queues.ingest.add('flush', { v: 1, tenantId: a.tenantId, sessionId: 'none' }, { delay: 3_600_000 });
+    const mine = await a.api.get(`/v1/jobs/ingest.${job.id}`);
+    assert.equal(mine.status, 200);
+    assert.equal(mine.body.state, 'delayed');
+    assert.equal((await b.api.get(`/v1/jobs/ingest.${job.id}`)).status, 404);
+    await job.remove();
+  });
+
+  void test('an unreadable inbox entry is dead-lettered, counted, and does not stall the session', async () => {
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/poison/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'poison');
+    const gen = await svc.deps.redis.hget(keys.sess, 'gen');
+    const seq = await svc.deps.redis.hincrby(keys.sess, 'seq', 1);
+    await svc.deps.redis.rpush(keys.inbox, `${seq} ${gen} {not json`);
+    const r = await t.api.post('/v1/sessions/poison/messages?wait=true', { messages: [user('after')] });
+    assert.equal(r.status, 201);
+    const rows = await archived(t.api, 'poison');
+    assert.deepEqual(
+      rows.map((m) => m.content),
+      ['before', 'after'],
+    );
+    assert.equal(await svc.deps.redis.llen(`${svc.config.prefix}:dead:${t.tenantId}:poison`), 1);
+    const metrics = await (await fetch(`${svc.base}/metrics`)).text();
+    assert.match(metrics, /mnemos_ingest_dead_letter_total 1/);
+  });
+
+  void test('Bull Board lists the queues', async () => {
+    const r = await api(svc.base, ADMIN_TOKEN).get('/admin/queues/api/queues?activeQueue=ingest&page=1&jobsPerPage=10');
+    assert.equal(r.status, 200);
+    const names = (r.body.queues as Array<{ name: string }>).map((q) => q.name).sort();
+    assert.ok(names.includes('ingest') && names.includes('summary'), names.join(','));
+  });
+
+  void test('the archive stores a row per message with its byte size and the tsvector', async () => {
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/tsv/messages?wait=true', { messages: [user('Compacting memories 我們討論了記憶系統')] });
+    const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    try {
+      const r = await db.query<{ bytes: number; hit_en: boolean; hit_cjk: boolean }>(
+        `SELECT bytes,
+                search_tsv @@ to_tsquery('english', 'compaction') AS hit_en,
+                search_tsv @@ to_tsquery('simple', '記憶') AS hit_cjk
+         FROM messages WHERE tenant_id = $1 AND session_id = 'tsv'`,
+        [t.tenantId],
+      );
+      assert.equal(r.rows.length, 1);
+      assert.ok(r.rows[0]!.bytes > 40);
+      assert.equal(r.rows[0]!.hit_en, true, 'English is stemmed (compacting ~ compaction)');
+      assert.equal(r.rows[0]!.hit_cjk, true, 'CJK is indexed as bigrams');
+    } finally {
+      await db.close();
+    }
+  });
+});
