@@ -82,15 +82,27 @@ export async function startWorkers(
     });
     workers.push(w);
   }
-  await deps.queues.maintenance.upsertJobScheduler(
-    'ingest-sweep',
-    { every: opts.ingestSweepEveryMs ?? 30_000 },
-    { name: 'ingest-sweep', data: { v: 1, kind: 'ingest-sweep' } },
-  );
-  for (const e of extensions) await e.schedule?.();
+  // Job schedulers live in Redis: if Redis comes back empty they are gone, so re-assert them
+  // periodically (upserts are idempotent).
+  const ensureSchedules = async () => {
+    await deps.queues.maintenance.upsertJobScheduler(
+      'ingest-sweep',
+      { every: opts.ingestSweepEveryMs ?? 30_000 },
+      { name: 'ingest-sweep', data: { v: 1, kind: 'ingest-sweep' } },
+    );
+    for (const e of extensions) await e.schedule?.();
+  };
+  await ensureSchedules();
+  const scheduleTimer = setInterval(() => {
+    ensureSchedules().catch((err: unknown) =>
+      deps.logger.warn({ err: { message: (err as Error).message } }, 'could not re-assert job schedulers'),
+    );
+  }, 60_000);
+  scheduleTimer.unref();
   return {
     workers,
     async close(timeoutMs: number) {
+      clearInterval(scheduleTimer);
       // Let in-flight jobs finish; past the deadline force-close (their locks expire and another
       // worker re-runs them: every processor is idempotent).
       const graceful = Promise.all(workers.map((w) => w.close()));

@@ -1,0 +1,47 @@
+import type { Extension, ExtensionFactory } from '../extension.js';
+import { localEmbed } from '../llm/local-embedder.js';
+import type { RouteMeta } from '../openapi.js';
+import { errorLookupBody, errorSearchBody, errorWriteBody, makeErrorRoutes } from '../routes/error-routes.js';
+import { openErrorMemory } from './error-store.js';
+
+const meta: Record<string, RouteMeta> = {
+  'POST /': { summary: 'Record a tool error and its fix (merged into an existing record when the symptom matches)', body: errorWriteBody, success: 201 },
+  'POST /search': { summary: 'Search error memory by tool and terms (renews TTL of returned records)', body: errorSearchBody },
+  'POST /lookup': { summary: 'The related_errors hint for a failed tool call (renews TTL)', body: errorLookupBody },
+  'GET /:id': { summary: 'Read one record (renews TTL)' },
+  'GET /': { summary: 'List records for dashboards (does not renew TTL)' },
+  'DELETE /:id': { summary: 'Delete one record', success: 204 },
+  'DELETE /': { summary: 'Purge records (optionally of one tool_name)' },
+};
+
+const SWEEP_EVERY_MS = 15 * 60_000;
+
+/**
+ * Error memory: cross-session, per tenant, in Redis. Similarity uses the local lexical embedder at
+ * write time (cheap, deterministic, no LLM call on the write path).
+ */
+export const errorMemoryExtension: ExtensionFactory = async (deps): Promise<Extension> => {
+  const errors = await openErrorMemory({
+    redisUrl: deps.config.redisUrl,
+    prefix: deps.config.prefix,
+    ttlDays: deps.config.errorMemoryTtlDays,
+    embed: (text) => localEmbed(text, 256),
+    logger: deps.logger,
+  });
+  return {
+    name: 'error-memory',
+    routes: [{ prefix: '/v1/errors', router: makeErrorRoutes({ errors }), meta }],
+    maintenance: { 'error-sweep': () => errors.sweepExpired() },
+    async schedule() {
+      await deps.queues.maintenance.upsertJobScheduler(
+        'error-sweep',
+        { every: SWEEP_EVERY_MS },
+        { name: 'error-sweep', data: { v: 1, kind: 'error-sweep' } },
+      );
+    },
+    purgeTenant: async (tenantId) => {
+      await errors.purgeTenant(tenantId);
+    },
+    close: () => errors.close(),
+  };
+};

@@ -1,0 +1,589 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, test } from 'node:test';
+import express from 'express';
+import { Redis } from 'ioredis';
+import { openErrorMemory } from '../services/error-memory/error-store.js';
+import type { ErrorMemory, ErrorRecord } from '../services/error-memory/types.js';
+import { makeErrorHandler, notFoundHandler } from '../services/http-errors.js';
+import { localEmbed } from '../services/llm/local-embedder.js';
+import { makeLogger } from '../services/logger.js';
+import { makeErrorRoutes } from '../services/routes/error-routes.js';
+
+const REDIS_URL = 'redis://127.0.0.1:6379';
+const PREFIX = `mnemos-test-${randomBytes(6).toString('hex')}`;
+const DAY_MS = 86_400_000;
+const TTL_MS = 90 * DAY_MS;
+
+let redis: Redis;
+let errors: ErrorMemory;
+let server: Server;
+let baseUrl: string;
+const extraStores: ErrorMemory[] = [];
+
+const newTenant = () => `t-${randomBytes(5).toString('hex')}`;
+const recKey = (tenant: string, id: string) => `${PREFIX}:err:${tenant}:rec:${id}`;
+
+type Reply = { status: number; body: any };
+
+async function call(tenant: string, method: string, path: string, body?: unknown): Promise<Reply> {
+  const res = await fetch(`${baseUrl}/v1/errors${path}`, {
+    method,
+    headers: {
+      'x-test-tenant': tenant,
+      ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+    },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const raw = await res.text();
+  return { status: res.status, body: raw === '' ? null : JSON.parse(raw) };
+}
+
+const write = (tenant: string, input: Record<string, unknown>) =>
+  call(tenant, 'POST', '', { action: 'retry', outcome: 'resolved', ...input });
+
+async function scanKeys(pattern: string): Promise<string[]> {
+  const found: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+    found.push(...keys);
+    cursor = next;
+  } while (cursor !== '0');
+  return found;
+}
+
+async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Every error-memory key of the tenant that still names the id (as member or value). */
+async function keysNaming(tenant: string, id: string): Promise<string[]> {
+  const hits: string[] = [];
+  for (const key of await scanKeys(`${PREFIX}:err:${tenant}:*`)) {
+    if (key.includes(id)) hits.push(key);
+    const type = await redis.type(key);
+    if (type === 'zset' && (await redis.zscore(key, id)) !== null) hits.push(key);
+    if (type === 'set' && (await redis.sismember(key, id)) === 1) hits.push(key);
+    if (type === 'string' && (await redis.get(key)) === id) hits.push(key);
+  }
+  return hits;
+}
+
+const near = (actual: number, expected: number, slack = 60_000) =>
+  assert.ok(Math.abs(actual - expected) < slack, `${actual} is not within ${slack} ms of ${expected}`);
+
+before(async () => {
+  redis = new Redis(REDIS_URL);
+  errors = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 90 });
+  const app = express();
+  app.use(express.json());
+  app.use((req, res, next) => {
+    res.locals.tenantId = req.header('x-test-tenant');
+    next();
+  });
+  app.use('/v1/errors', makeErrorRoutes({ errors }));
+  app.use(notFoundHandler);
+  app.use(makeErrorHandler(makeLogger('silent')));
+  server = app.listen(0, '127.0.0.1');
+  await new Promise<void>((resolve) => server.once('listening', resolve));
+  baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+
+after(async () => {
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  for (const store of [errors, ...extraStores]) await store.close();
+  const leftovers = await scanKeys(`${PREFIX}:*`);
+  if (leftovers.length > 0) await redis.del(...leftovers);
+  redis.disconnect();
+});
+
+void describe('TTL', () => {
+  void test('a new record and its dedupe key expire after 90 days', async () => {
+    const tenant = newTenant();
+    const res = await write(tenant, {
+      tool_name: 'shell',
+      symptom: 'make: *** No rule to make target build',
+    });
+    assert.equal(res.status, 201);
+    assert.deepEqual(Object.keys(res.body), ['id', 'deduplicated']);
+    assert.equal(res.body.deduplicated, false);
+    assert.match(res.body.id, /^err_[a-z2-7]{20}$/);
+
+    near(await redis.pttl(recKey(tenant, res.body.id)), TTL_MS);
+    const [dedupeKey, ...more] = await scanKeys(`${PREFIX}:err:${tenant}:dedupe:*`);
+    assert.ok(dedupeKey);
+    assert.equal(more.length, 0);
+    assert.equal(await redis.get(dedupeKey), res.body.id);
+    near(await redis.pttl(dedupeKey), TTL_MS);
+  });
+
+  void test('search, lookup and get renew the TTL; list does not', async () => {
+    const tenant = newTenant();
+    const { body } = await write(tenant, {
+      tool_name: 'git',
+      symptom: 'fatal: refusing to merge unrelated histories',
+    });
+    const key = recKey(tenant, body.id);
+    const [dedupeKey] = await scanKeys(`${PREFIX}:err:${tenant}:dedupe:*`);
+    assert.ok(dedupeKey);
+    const lower = async () => {
+      await redis.pexpire(key, 60_000);
+      await redis.pexpire(dedupeKey, 60_000);
+    };
+
+    await lower();
+    const listed = await call(tenant, 'GET', '');
+    assert.equal(listed.body.records.length, 1);
+    assert.ok((await redis.pttl(key)) <= 60_000, 'list must not renew');
+
+    const reads: Array<[string, () => Promise<Reply>]> = [
+      ['search', () => call(tenant, 'POST', '/search', { query: 'unrelated histories' })],
+      ['lookup', () => call(tenant, 'POST', '/lookup', { tool_name: 'git', error: 'refusing to merge' })],
+      ['get', () => call(tenant, 'GET', `/${body.id}`)],
+    ];
+    for (const [name, read] of reads) {
+      await lower();
+      const before = Date.now();
+      const res = await read();
+      assert.equal(res.status, 200, name);
+      near(await redis.pttl(key), TTL_MS);
+      near(await redis.pttl(dedupeKey), TTL_MS);
+      const record: ErrorRecord = res.body.records?.[0] ?? res.body;
+      assert.equal(record.id, body.id, name);
+      assert.ok(Date.parse(record.last_hit_at) >= before - 5, `${name} stamps last_hit_at`);
+    }
+  });
+
+  void test('an expired record is gone from get, search, lookup, list and every index key', async () => {
+    const shortLived = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 1 / 86_400 });
+    extraStores.push(shortLived);
+    const swept = newTenant(); // nobody reads it before the sweep
+    const lazy = newTenant(); // reads find it gone first, then the sweep finishes
+    const input = {
+      tool_name: 'curl',
+      symptom: 'SSL certificate problem: unable to get local issuer',
+      action: 'x',
+      outcome: 'resolved' as const,
+    };
+    const a = await shortLived.write(swept, input);
+    const b = await shortLived.write(lazy, input);
+    const pttl = await redis.pttl(recKey(swept, a.id));
+    assert.ok(pttl > 0 && pttl <= 1000, `ttl of ${pttl} ms`);
+    assert.equal((await shortLived.search(lazy, { query: 'certificate', limit: 4 })).length, 1);
+
+    await waitFor(
+      'both records to expire',
+      async () => (await redis.exists(recKey(swept, a.id), recKey(lazy, b.id))) === 0,
+    );
+
+    const reads = async (tenant: string, id: string) => {
+      assert.deepEqual(await errors.search(tenant, { query: 'SSL certificate issuer', limit: 16 }), []);
+      assert.deepEqual(await errors.lookup(tenant, { tool_name: 'curl', error: 'SSL certificate problem' }), {
+        related_errors: 'NONE',
+        records: [],
+      });
+      assert.deepEqual(await errors.list(tenant, { limit: 100 }), { records: [], next: null });
+      assert.equal(await errors.get(tenant, id), null);
+      assert.equal((await call(tenant, 'GET', `/${id}`)).status, 404);
+    };
+    await reads(lazy, b.id);
+    assert.ok((await shortLived.sweepExpired()) >= 2);
+    await reads(swept, a.id);
+
+    assert.deepEqual(await keysNaming(swept, a.id), []);
+    assert.deepEqual(await keysNaming(lazy, b.id), []);
+    assert.deepEqual(await scanKeys(`${PREFIX}:err:${swept}:*`), []);
+    assert.equal(await redis.sismember(`${PREFIX}:err:tenants`, swept), 0);
+  });
+});
+
+void describe('dedupe', () => {
+  void test('symptoms differing only in numbers and paths merge into one record', async () => {
+    const tenant = newTenant();
+    const first = await write(tenant, {
+      tool_name: 'run_tests',
+      symptom: 'timeout after 30s on /var/tmp/a.txt',
+      action: 'raise the timeout',
+      outcome: 'failed',
+      keywords: ['Timeout', 'slow'],
+    });
+    const second = await write(tenant, {
+      tool_name: 'run_tests',
+      symptom: 'timeout after 45s on /home/x/b.txt',
+      action: 'run the suite with --runInBand',
+      outcome: 'resolved',
+      cause: 'parallel workers starve the CPU',
+      keywords: [' SLOW ', 'cpu'],
+    });
+    assert.equal(first.status, 201);
+    assert.equal(second.status, 200);
+    assert.deepEqual(second.body, { id: first.body.id, deduplicated: true });
+
+    const { body } = await call(tenant, 'GET', `/${first.body.id}`);
+    assert.deepEqual(Object.keys(body), [
+      'id',
+      'tool_name',
+      'symptom',
+      'cause',
+      'action',
+      'outcome',
+      'keywords',
+      'hits',
+      'created_at',
+      'last_hit_at',
+    ]);
+    assert.equal(body.hits, 2);
+    assert.equal(body.symptom, 'timeout after 30s on /var/tmp/a.txt');
+    assert.equal(body.action, 'run the suite with --runInBand');
+    assert.equal(body.outcome, 'resolved');
+    assert.equal(body.cause, 'parallel workers starve the CPU');
+    assert.deepEqual(body.keywords, ['timeout', 'slow', 'cpu']);
+    assert.match(body.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+
+    const otherTool = await write(tenant, {
+      tool_name: 'build',
+      symptom: 'timeout after 30s on /var/tmp/a.txt',
+    });
+    assert.equal(otherTool.status, 201);
+    const quoted = await write(tenant, {
+      tool_name: 'run_tests',
+      symptom: "timeout after 5s on 'some file'",
+    });
+    assert.equal(quoted.status, 201, 'a quoted value is not a path');
+  });
+
+  void test('8 concurrent identical writes create exactly one record', async () => {
+    const tenant = newTenant();
+    const replies = await Promise.all(
+      Array.from({ length: 8 }, (_, i) =>
+        write(tenant, {
+          tool_name: 'http_get',
+          symptom: 'ECONNRESET while reading body',
+          keywords: [`k${i}`],
+        }),
+      ),
+    );
+    assert.deepEqual(replies.map((r) => r.status).sort(), [200, 200, 200, 200, 200, 200, 200, 201]);
+    const ids = new Set(replies.map((r) => r.body.id));
+    assert.equal(ids.size, 1);
+    assert.equal((await scanKeys(`${PREFIX}:err:${tenant}:rec:*`)).length, 1);
+    const listed = await call(tenant, 'GET', '');
+    assert.equal(listed.body.records.length, 1);
+    assert.equal(listed.body.records[0].hits, 8);
+    assert.equal(listed.body.records[0].keywords.length, 8);
+  });
+});
+
+void describe('search and lookup', () => {
+  const tenant = newTenant();
+  const ids: Record<string, string> = {};
+  before(async () => {
+    const records = {
+      getFailed: {
+        tool_name: 'http_get',
+        symptom: 'connection refused by upstream proxy',
+        outcome: 'failed',
+      },
+      fetchResolved: {
+        tool_name: 'http_fetch',
+        symptom: 'connection refused by upstream proxy',
+        outcome: 'resolved',
+      },
+      headAbandoned: {
+        tool_name: 'http_head',
+        symptom: 'connection refused by upstream proxy',
+        outcome: 'abandoned',
+      },
+      getGateway: {
+        tool_name: 'http_get',
+        symptom: 'upstream proxy returned 502 bad gateway',
+        outcome: 'resolved',
+      },
+      deadlock: {
+        tool_name: 'db_query',
+        symptom: 'deadlock detected while updating rows',
+        outcome: 'resolved',
+      },
+    };
+    for (const [name, input] of Object.entries(records)) {
+      const res = await write(tenant, { ...input, action: `fix for ${name}` });
+      assert.equal(res.status, 201);
+      ids[name] = res.body.id;
+    }
+  });
+  const search = async (body: Record<string, unknown>) => {
+    const res = await call(tenant, 'POST', '/search', body);
+    assert.equal(res.status, 200);
+    return (res.body.records as ErrorRecord[]).map((r) => r.id);
+  };
+
+  void test('ranks by term overlap, then resolved before failed before abandoned; records sharing no term are left out', async () => {
+    assert.deepEqual(await search({ query: 'connection refused upstream proxy', limit: 16 }), [
+      ids.fetchResolved,
+      ids.getFailed,
+      ids.headAbandoned,
+      ids.getGateway,
+    ]);
+    assert.deepEqual(await search({ query: 'the rows were deadlocked? deadlock' }), [ids.deadlock]);
+    assert.deepEqual(await search({ query: 'zebra unicorn' }), []);
+    assert.deepEqual(await search({ query: 'the of and' }), [], 'stop words are not terms');
+  });
+
+  void test('tool_name filters, and limit caps', async () => {
+    assert.deepEqual(await search({ tool_name: 'http_get', query: 'connection refused upstream proxy' }), [
+      ids.getFailed,
+      ids.getGateway,
+    ]);
+    assert.deepEqual(await search({ tool_name: 'db_query', query: 'connection refused upstream proxy' }), []);
+    assert.equal((await search({ query: 'proxy', limit: 2 })).length, 2);
+  });
+
+  void test('lookup answers compact text for the agent, or NONE', async () => {
+    const res = await call(tenant, 'POST', '/lookup', {
+      tool_name: 'http_get',
+      error: 'Error: connection refused (upstream proxy 10.0.0.1:8080)',
+    });
+    assert.equal(res.status, 200);
+    assert.deepEqual(
+      res.body.records.map((r: ErrorRecord) => r.id),
+      [ids.getFailed, ids.getGateway],
+    );
+    assert.equal(
+      res.body.related_errors,
+      '- [failed] http_get: connection refused by upstream proxy → tried: fix for getFailed\n' +
+        '- [resolved] http_get: upstream proxy returned 502 bad gateway → fix: fix for getGateway',
+    );
+
+    const none = await call(tenant, 'POST', '/lookup', {
+      tool_name: 'http_get',
+      error: 'disk quota exceeded',
+    });
+    assert.deepEqual(none.body, { related_errors: 'NONE', records: [] });
+  });
+
+  void test('lookup text stays within 4 records and 1,500 characters', async () => {
+    const big = newTenant();
+    for (let i = 0; i < 6; i++) {
+      const res = await write(big, {
+        tool_name: 'render',
+        symptom: `template overflow variant ${'abcdefghij'.repeat(300)} ${i}${'q'.repeat(i + 1)}`,
+        action: `shorten it ${'z'.repeat(3000)}`,
+        cause: `c ${'y'.repeat(3000)}`,
+      });
+      assert.equal(res.status, 201);
+    }
+    const res = await call(big, 'POST', '/lookup', { tool_name: 'render', error: 'template overflow' });
+    assert.equal(res.body.records.length, 4);
+    const text: string = res.body.related_errors;
+    assert.ok(text.length <= 1500, `${text.length} characters`);
+    assert.equal(text.split('\n').length, 4, 'all four records fit, shortened');
+    assert.match(text, /^- \[resolved\] render: template overflow variant/);
+  });
+
+  void test('an embedder, when given, is stored with the record and used', async () => {
+    const embedded = await openErrorMemory({
+      redisUrl: REDIS_URL,
+      prefix: PREFIX,
+      ttlDays: 90,
+      embed: (text) => localEmbed(text, 64),
+    });
+    extraStores.push(embedded);
+    const t = newTenant();
+    const { id } = await embedded.write(t, {
+      tool_name: 'pip',
+      symptom: 'No matching distribution found',
+      action: 'pin',
+      outcome: 'resolved',
+    });
+    const stored = JSON.parse((await redis.hget(recKey(t, id), 'embedding')) ?? 'null') as number[];
+    assert.equal(stored.length, 64);
+    assert.deepEqual(
+      (await embedded.search(t, { query: 'matching distribution', limit: 4 })).map((r) => r.id),
+      [id],
+    );
+  });
+});
+
+void describe('listing', () => {
+  void test('pages newest first with a cursor, each record exactly once', async () => {
+    const tenant = newTenant();
+    const written: string[] = [];
+    for (let i = 0; i < 5; i++) {
+      written.push((await write(tenant, { tool_name: `tool_${i}`, symptom: `failure number ${i}` })).body.id);
+    }
+    await write(newTenant(), { tool_name: 'tool_0', symptom: 'someone else' });
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    let pages = 0;
+    do {
+      const res: Reply = await call(tenant, 'GET', `?limit=2${cursor ? `&cursor=${cursor}` : ''}`);
+      assert.equal(res.status, 200);
+      assert.ok(res.body.records.length <= 2);
+      seen.push(...res.body.records.map((r: ErrorRecord) => r.id));
+      cursor = res.body.next;
+      pages++;
+    } while (cursor !== null);
+    assert.equal(pages, 3);
+    assert.deepEqual([...seen].sort(), [...written].sort());
+    const created = await Promise.all(
+      seen.map(
+        async (id) =>
+          (await errors.list(tenant, { limit: 500 })).records.find((r) => r.id === id)?.created_at ?? '',
+      ),
+    );
+    assert.deepEqual(created, [...created].sort().reverse(), 'newest first');
+  });
+});
+
+void describe('tenant isolation', () => {
+  void test('another tenant cannot find, read, delete or purge a record, even by id', async () => {
+    const a = newTenant();
+    const b = newTenant();
+    const { body } = await write(a, {
+      tool_name: 'kubectl',
+      symptom: 'error: You must be logged in to the server',
+    });
+    const id: string = body.id;
+
+    assert.deepEqual((await call(b, 'POST', '/search', { query: 'logged server' })).body.records, []);
+    assert.deepEqual(
+      (await call(b, 'POST', '/lookup', { tool_name: 'kubectl', error: 'logged in' })).body.related_errors,
+      'NONE',
+    );
+    assert.deepEqual((await call(b, 'GET', '')).body.records, []);
+    const notFound = await call(b, 'GET', `/${id}`);
+    assert.equal(notFound.status, 404);
+    assert.equal(notFound.body.error.code, 'not_found');
+    assert.deepEqual(
+      await call(b, 'GET', '/err_aaaaaaaaaaaaaaaaaaaa'),
+      notFound,
+      'unknown and foreign ids look alike',
+    );
+    assert.equal((await call(b, 'DELETE', `/${id}`)).status, 404);
+    assert.deepEqual((await call(b, 'DELETE', '?tool_name=kubectl')).body, { deleted: 0 });
+    assert.deepEqual((await call(b, 'DELETE', '')).body, { deleted: 0 });
+    for (const bad of ['not-an-id', 'err_AAAAAAAAAAAAAAAAAAAA', `${a}:rec:${id}`, '*']) {
+      assert.equal((await call(a, 'GET', `/${encodeURIComponent(bad)}`)).status, 404, bad);
+    }
+
+    assert.equal((await call(a, 'GET', `/${id}`)).status, 200);
+    assert.equal((await call(a, 'DELETE', `/${id}`)).status, 204);
+    assert.equal((await call(a, 'GET', `/${id}`)).status, 404);
+    assert.equal((await call(a, 'DELETE', `/${id}`)).status, 404);
+    assert.deepEqual((await call(a, 'POST', '/search', { query: 'logged server' })).body.records, []);
+    assert.equal(
+      (await write(a, { tool_name: 'kubectl', symptom: 'error: You must be logged in to the server' }))
+        .status,
+      201,
+    );
+  });
+
+  void test('purge by tool deletes only that tool; purge without one deletes all', async () => {
+    const t = newTenant();
+    await write(t, { tool_name: 'npm', symptom: 'ERESOLVE unable to resolve dependency tree' });
+    await write(t, { tool_name: 'npm', symptom: 'EACCES permission denied, mkdir' });
+    const kept = (
+      await write(t, { tool_name: 'yarn', symptom: 'Couldn\'t find package "x" on the "npm" registry' })
+    ).body.id;
+    assert.deepEqual((await call(t, 'DELETE', '?tool_name=npm')).body, { deleted: 2 });
+    assert.deepEqual(
+      (await call(t, 'GET', '')).body.records.map((r: ErrorRecord) => r.id),
+      [kept],
+    );
+    assert.deepEqual(
+      (await call(t, 'POST', '/search', { query: 'dependency tree permission' })).body.records,
+      [],
+    );
+    assert.deepEqual((await call(t, 'DELETE', '')).body, { deleted: 1 });
+    assert.deepEqual((await call(t, 'GET', '')).body, { records: [], next: null });
+    assert.equal((await errors.sweepExpired()) >= 3, true);
+    assert.deepEqual(await scanKeys(`${PREFIX}:err:${t}:*`), []);
+  });
+});
+
+void describe('validation', () => {
+  const tenant = newTenant();
+  const problemPath = (res: Reply) => {
+    assert.equal(res.status, 400);
+    assert.equal(res.body.error.code, 'validation_failed');
+    return res.body.error.details.problems[0].path as string;
+  };
+
+  void test('bad bodies and queries get a 400 naming the field, and change nothing', async () => {
+    const ok = { tool_name: 't', symptom: 's s', action: 'a', outcome: 'resolved' };
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, symptom: undefined })), 'symptom');
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, extra: 1 })), 'extra');
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, outcome: 'fixed' })), 'outcome');
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, tool_name: '   ' })), 'tool_name');
+    assert.equal(
+      problemPath(await call(tenant, 'POST', '', { ...ok, tool_name: 'x'.repeat(129) })),
+      'tool_name',
+    );
+    assert.equal(
+      problemPath(await call(tenant, 'POST', '', { ...ok, symptom: 'x'.repeat(4001) })),
+      'symptom',
+    );
+    assert.equal(
+      problemPath(await call(tenant, 'POST', '', { ...ok, keywords: ['k'.repeat(65)] })),
+      'keywords[0]',
+    );
+    assert.equal(
+      problemPath(await call(tenant, 'POST', '', { ...ok, keywords: Array(33).fill('k') })),
+      'keywords',
+    );
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, session_id: '..' })), 'session_id');
+    assert.equal(problemPath(await call(tenant, 'POST', '/search', { query: 'x', limit: 17 })), 'limit');
+    assert.equal(problemPath(await call(tenant, 'POST', '/search', { query: 'x', limit: 0 })), 'limit');
+    assert.equal(
+      problemPath(await call(tenant, 'POST', '/search', { query: 'x', toolname: 'a' })),
+      'toolname',
+    );
+    assert.equal(problemPath(await call(tenant, 'POST', '/lookup', { error: 'x' })), 'tool_name');
+    assert.equal(problemPath(await call(tenant, 'GET', '?limit=501')), 'limit');
+    assert.equal(problemPath(await call(tenant, 'GET', '?cursor=abc')), 'cursor');
+    assert.equal(problemPath(await call(tenant, 'DELETE', '?tool=npm')), 'tool');
+    const malformed = await fetch(`${baseUrl}/v1/errors`, {
+      method: 'POST',
+      headers: { 'x-test-tenant': tenant, 'content-type': 'application/json' },
+      body: '{"tool_name":',
+    });
+    assert.equal(malformed.status, 400);
+
+    assert.deepEqual((await call(tenant, 'GET', '')).body, { records: [], next: null });
+    assert.deepEqual(await scanKeys(`${PREFIX}:err:${tenant}:*`), []);
+    assert.equal((await call(tenant, 'POST', '', ok)).status, 201, 'the service keeps serving');
+  });
+});
+
+void describe('outages', () => {
+  void test('an unreachable Redis gets 503 with retry-after, not a hang, and ping is false', async () => {
+    const down = await openErrorMemory({
+      redisUrl: 'redis://127.0.0.1:1',
+      prefix: PREFIX,
+      ttlDays: 90,
+      connectWaitMs: 100,
+    });
+    try {
+      assert.equal(await down.ping(), false);
+      await assert.rejects(
+        down.write(newTenant(), { tool_name: 'x', symptom: 'y', action: 'z', outcome: 'resolved' }),
+        (err: any) =>
+          err.status === 503 && err.code === 'unavailable' && err.headers['retry-after'] !== undefined,
+      );
+      await assert.rejects(
+        down.search(newTenant(), { query: 'y', limit: 4 }),
+        (err: any) => err.status === 503,
+      );
+    } finally {
+      await down.close();
+    }
+    assert.equal(await errors.ping(), true);
+  });
+});
