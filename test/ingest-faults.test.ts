@@ -1,0 +1,231 @@
+import assert from 'node:assert/strict';
+import { after, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
+import { makePgDb } from '../db/pool.js';
+import { createTenant } from '../services/tenants.js';
+import {
+  REDIS_URL,
+  api,
+  createTestDatabase,
+  deleteRedisPrefix,
+  dropTestDatabase,
+  eventually,
+  spawnService,
+  startTestService,
+  testPrefix,
+} from './support/harness.js';
+import type { Api, ChildService } from './support/harness.js';
+import { startPrivateRedis } from './support/private-redis.js';
+
+const user = (content: string, extra: Record<string, unknown> = {}) => ({ role: 'user', content, ...extra });
+
+async function allMessages(t: Api, sid: string): Promise<Array<{ seq: number; id: string; content: string }>> {
+  const out: Array<{ seq: number; id: string; content: string }> = [];
+  let afterSeq = 0;
+  for (;;) {
+    const r: { status: number; body: any } = await t.get(`/v1/sessions/${sid}/messages?limit=500&after_seq=${afterSeq}`);
+    if (r.status !== 200) return out;
+    out.push(...r.body.messages);
+    if (r.body.next === null) return out;
+    afterSeq = r.body.next;
+  }
+}
+
+void describe('ingestion under faults and many processes', () => {
+  const cleanups: Array<() => Promise<void>> = [];
+  after(async () => {
+    for (const c of cleanups.reverse()) await c().catch(() => undefined);
+  });
+
+  void test('2 API and 2 worker processes, 4 clients, a worker SIGKILLed mid-drain: all archived once, in order, no gap ever visible', async () => {
+    const dbUrl = await createTestDatabase();
+    const prefix = testPrefix();
+    cleanups.push(() => dropTestDatabase(dbUrl), () => deleteRedisPrefix(prefix));
+    const env = { DATABASE_URL: dbUrl, MNEMOS_PREFIX: prefix, REDIS_URL, WORKER_CONCURRENCY: '4' };
+    const db = makePgDb({ connectionString: dbUrl, max: 2 });
+    cleanups.push(() => db.close());
+    const { api_key: key } = await createTenant(db, 'multi');
+
+    const children: ChildService[] = [];
+    cleanups.push(async () => {
+      await Promise.all(children.map((c) => c.stop()));
+    });
+    const [api1, api2, w1, w2] = await Promise.all([
+      spawnService('api', env),
+      spawnService('api', env),
+      spawnService('worker', env),
+      spawnService('worker', env),
+    ]);
+    children.push(api1, api2, w1, w2);
+    const apis = [api(api1.url!, key), api(api2.url!, key)];
+    const sid = 'shared';
+
+    let stop = false;
+    const violations: string[] = [];
+    let maxSeen = 0;
+    const reader = (async () => {
+      while (!stop) {
+        for (const a of apis) {
+          const r = await a.get(`/v1/sessions/${sid}/messages?limit=500&order=desc`);
+          if (r.status !== 200 || r.body.messages.length === 0) continue;
+          // The newest message visible must have every earlier seq visible too: check the top page.
+          const seqs = (r.body.messages as Array<{ seq: number }>).map((m) => m.seq).reverse();
+          const top = seqs[seqs.length - 1]!;
+          maxSeen = Math.max(maxSeen, top);
+          for (let i = 1; i < seqs.length; i++) {
+            if (seqs[i] !== seqs[i - 1]! + 1) violations.push(`gap between ${seqs[i - 1]} and ${seqs[i]}`);
+          }
+          if (seqs.length < 500 && seqs[0] !== 1) violations.push(`prefix starts at ${seqs[0]}`);
+        }
+      }
+    })();
+
+    const BATCHES = 30;
+    const SIZE = 20;
+    let killed = false;
+    const clients = Array.from({ length: 4 }, (_, c) =>
+      (async () => {
+        const seqs: number[][] = [];
+        for (let b = 0; b < BATCHES; b++) {
+          const r = await apis[c % 2]!.post(`/v1/sessions/${sid}/messages`, {
+            messages: Array.from({ length: SIZE }, (_, i) => user(`c${c} b${b} m${i}`, { id: `c${c}-b${b}-m${i}` })),
+          });
+          assert.equal(r.status, 202, JSON.stringify(r.body));
+          seqs.push(r.body.messages.map((m: { seq: number }) => m.seq));
+          if (c === 0 && b === 10 && !killed) {
+            killed = true;
+            await w1.kill();
+          }
+        }
+        return seqs;
+      })(),
+    );
+    const batches = (await Promise.all(clients)).flat();
+    const total = 4 * BATCHES * SIZE;
+    const rows = await eventually(
+      async () => {
+        const r = await allMessages(apis[0]!, sid);
+        return r.length >= total ? r : null;
+      },
+      60_000,
+      'all messages archived after the SIGKILL',
+    );
+    stop = true;
+    await reader;
+
+    assert.ok(killed);
+    assert.deepEqual(violations.slice(0, 5), []);
+    assert.ok(maxSeen > 0);
+    assert.equal(rows.length, total, 'archived exactly once');
+    assert.equal(new Set(rows.map((r) => r.id)).size, total);
+    assert.deepEqual(
+      rows.map((r) => r.seq),
+      Array.from({ length: total }, (_, i) => i + 1),
+      'seq strictly increasing without gaps',
+    );
+    const bySeq = new Map(rows.map((r) => [r.seq, r.id]));
+    for (const b of batches) {
+      for (let i = 1; i < b.length; i++) assert.equal(b[i], b[i - 1]! + 1, 'each request got a contiguous range');
+      const ids = b.map((s) => bySeq.get(s)!);
+      const base = ids[0]!.replace(/-m0$/, '');
+      assert.deepEqual(ids, b.map((_, i) => `${base}-m${i}`), 'in request order');
+    }
+  });
+
+  void test('Redis coming back empty: counters re-seed from Postgres, seq keeps increasing, ids stay idempotent', async () => {
+    const redis = await startPrivateRedis();
+    const prefix = testPrefix();
+    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix });
+    cleanups.push(async () => {
+      await svc.stop();
+      await redis.stop();
+    });
+    const t = await svc.newTenant();
+    const first = await t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: Array.from({ length: 10 }, (_, i) => user(`before ${i}`, { id: `b${i}` })),
+    });
+    assert.equal(first.status, 201);
+
+    const admin = new Redis(redis.url);
+    await admin.flushall();
+    admin.disconnect();
+
+    const second = await t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: Array.from({ length: 5 }, (_, i) => user(`after ${i}`, { id: `a${i}` })),
+    });
+    assert.equal(second.status, 201);
+    assert.deepEqual(
+      second.body.messages.map((m: { seq: number }) => m.seq),
+      [11, 12, 13, 14, 15],
+    );
+    const replay = await t.api.post('/v1/sessions/s/messages', { messages: [user('before 3', { id: 'b3' })] });
+    assert.deepEqual(replay.body.messages, [{ id: 'b3', seq: 4 }]);
+    assert.equal(replay.body.accepted, 0);
+    const rows = await allMessages(t.api, 's');
+    assert.deepEqual(
+      rows.map((r) => r.seq),
+      Array.from({ length: 15 }, (_, i) => i + 1),
+    );
+
+    // A restart (kill + start: this Redis keeps nothing) behaves the same, workers reconnect.
+    await redis.kill();
+    await redis.start();
+    const third = await eventually(async () => {
+      const r = await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('after restart', { id: 'r1' })] });
+      return r.status === 201 ? r : null;
+    }, 30_000, 'write after Redis restart');
+    assert.deepEqual(third.body.messages, [{ id: 'r1', seq: 16 }]);
+  });
+
+  void test('Redis stopped: writes get 503 with retry-after and nothing is half-written', async () => {
+    const redis = await startPrivateRedis();
+    const svc = await startTestService({ env: { REDIS_URL: redis.url } });
+    cleanups.push(async () => {
+      await svc.stop();
+      await redis.stop();
+    });
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('one', { id: 'one' })] });
+    await redis.kill();
+    for (let i = 0; i < 3; i++) {
+      const r = await t.api.post('/v1/sessions/s/messages', { messages: [user('lost?', { id: `x${i}` })] });
+      assert.equal(r.status, 503);
+      assert.equal(r.body.error.code, 'unavailable');
+      assert.ok(r.headers.get('retry-after'));
+    }
+    // Reads that need only Postgres keep working.
+    assert.equal((await t.api.get('/v1/sessions/s/messages')).status, 200);
+    await redis.start();
+    const ok = await eventually(async () => {
+      const r = await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('two', { id: 'two' })] });
+      return r.status === 201 ? r : null;
+    }, 30_000, 'write after Redis is back');
+    assert.equal(ok.body.messages[0].seq, 2);
+    const rows = await allMessages(t.api, 's');
+    assert.deepEqual(
+      rows.map((r) => r.id),
+      ['one', 'two'],
+      'the rejected requests stored nothing',
+    );
+  });
+
+  void test('a flush request lost between accept and enqueue is recovered by the ingest sweeper', async () => {
+    const svc = await startTestService();
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+    });
+    const t = await svc.newTenant();
+    // Pause the ingest queue so the flush job is held, then drop it as if the API had died.
+    await svc.deps.queues.ingest.pause();
+    const r = await t.api.post('/v1/sessions/orphan/messages', { messages: [user('orphaned')] });
+    assert.equal(r.status, 202);
+    await svc.deps.queues.ingest.drain(true);
+    await svc.deps.queues.ingest.resume();
+    const rows = await eventually(async () => {
+      const m = await allMessages(t.api, 'orphan');
+      return m.length === 1 ? m : null;
+    }, 20_000, 'sweeper re-requests the flush');
+    assert.equal(rows[0]!.content, 'orphaned');
+  });
+});
