@@ -3,7 +3,7 @@
 // once, runs every test file in parallel (each clones its own database from the template and uses
 // its own Redis prefix), then drops this run's databases and any a crashed earlier run left behind.
 import { spawnSync } from 'node:child_process';
-import { readdirSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
@@ -16,6 +16,12 @@ const run = (cmd, args, opts = {}) => {
     process.exit(r.status ?? 1);
   }
 };
+
+// `npm test` on a fresh clone: install dependencies first if they are missing.
+if (!existsSync(path.join(root, 'node_modules', '.package-lock.json'))) {
+  console.log('[test] installing dependencies (npm ci)');
+  run('npm', ['ci', '--no-audit', '--no-fund']);
+}
 
 const adminUrl = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 if (!process.env.TEST_SKIP_SETUP) {
