@@ -25,7 +25,12 @@ export interface Db extends Queryable {
 // convert at the call site. count(*) and seq fit in a double, so those are cast to int in SQL.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
 
-export function makePgDb(opts: { connectionString: string; max?: number; logger?: Logger; applicationName?: string }): Db {
+export function makePgDb(opts: {
+  connectionString: string;
+  max?: number;
+  logger?: Logger;
+  applicationName?: string;
+}): Db {
   const pool = new pg.Pool({
     connectionString: opts.connectionString,
     max: opts.max ?? 10,
@@ -34,7 +39,9 @@ export function makePgDb(opts: { connectionString: string; max?: number; logger?
     idleTimeoutMillis: 30000,
   });
   // An idle client losing its connection (Postgres restart) must not crash the process.
-  pool.on('error', (err) => opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error'));
+  pool.on('error', (err) =>
+    opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error'),
+  );
   return {
     kind: 'postgres',
     query: (text, params) => pool.query(text, params as unknown[]) as never,
@@ -42,7 +49,9 @@ export function makePgDb(opts: { connectionString: string; max?: number; logger?
       const client = await pool.connect();
       try {
         await client.query('BEGIN');
-        const result = await fn({ query: (text, params) => client.query(text, params as unknown[]) as never });
+        const result = await fn({
+          query: (text, params) => client.query(text, params as unknown[]) as never,
+        });
         await client.query('COMMIT');
         return result;
       } catch (err) {

@@ -41,7 +41,12 @@ const env = {
 run(process.execPath, ['--import', 'tsx', 'test/support/global-setup.ts', 'setup'], { env });
 
 const only = process.argv.slice(2);
-const files = (only.length ? only : readdirSync(path.join(root, 'test')).filter((f) => f.endsWith('.test.ts')).sort().map((f) => `test/${f}`));
+const files = only.length
+  ? only
+  : readdirSync(path.join(root, 'test'))
+      .filter((f) => f.endsWith('.test.ts'))
+      .sort()
+      .map((f) => `test/${f}`);
 const concurrency = process.env.TEST_CONCURRENCY ?? '4';
 const result = spawnSync(
   process.execPath,
@@ -49,5 +54,9 @@ const result = spawnSync(
   { stdio: 'inherit', cwd: root, env },
 );
 
-spawnSync(process.execPath, ['--import', 'tsx', 'test/support/global-setup.ts', 'teardown'], { stdio: 'inherit', cwd: root, env });
+spawnSync(process.execPath, ['--import', 'tsx', 'test/support/global-setup.ts', 'teardown'], {
+  stdio: 'inherit',
+  cwd: root,
+  env,
+});
 process.exit(result.status ?? 1);

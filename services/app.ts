@@ -42,9 +42,11 @@ const requestId: RequestHandler = (req, res, next) => {
 
 /** Bodies must be JSON (or JSON Lines where a route says so); anything else is a 415, not a 400. */
 const requireJson: RequestHandler = (req, _res, next) => {
-  const hasBody = req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+  const hasBody =
+    req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
   if (!hasBody || req.method === 'GET' || req.method === 'HEAD') return next();
-  if (req.is(['application/json', 'application/*+json', 'application/x-ndjson', 'application/jsonl'])) return next();
+  if (req.is(['application/json', 'application/*+json', 'application/x-ndjson', 'application/jsonl']))
+    return next();
   throw new AppError(415, 'unsupported_media_type', 'send the body as application/json');
 };
 
@@ -84,12 +86,19 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
         .map((q) => new BullMQAdapter(q)),
       serverAdapter: board,
     });
-    app.use('/admin/queues', requireAdmin(deps.config.adminToken, { basicChallenge: true }), board.getRouter());
+    app.use(
+      '/admin/queues',
+      requireAdmin(deps.config.adminToken, { basicChallenge: true }),
+      board.getRouter(),
+    );
   } else {
     app.use('/admin', requireAdmin(undefined));
   }
 
-  const admin = makeAdminRoutes({ db: deps.db, ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}) });
+  const admin = makeAdminRoutes({
+    db: deps.db,
+    ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
+  });
   app.use('/v1/admin', requireAdmin(deps.config.adminToken), admin);
   mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 

@@ -13,7 +13,8 @@ function bearer(header: string | undefined): string | undefined {
 export function requireTenant(db: Db): RequestHandler {
   return async (req, res, next) => {
     const key = bearer(req.header('authorization'));
-    if (!key) throw new AppError(401, 'unauthorized', 'missing API key: send Authorization: Bearer <api key>');
+    if (!key)
+      throw new AppError(401, 'unauthorized', 'missing API key: send Authorization: Bearer <api key>');
     const who = await authenticateKey(db, key);
     if (!who) throw new AppError(401, 'unauthorized', 'invalid or revoked API key');
     res.locals.tenantId = who.tenantId;
@@ -26,7 +27,10 @@ export function requireTenant(db: Db): RequestHandler {
  * Admin token as a bearer token, or as the password of HTTP Basic (so a browser can open Bull
  * Board). With no MNEMOS_ADMIN_TOKEN the admin surface does not exist (404).
  */
-export function requireAdmin(adminToken: string | undefined, opts: { basicChallenge?: boolean } = {}): RequestHandler {
+export function requireAdmin(
+  adminToken: string | undefined,
+  opts: { basicChallenge?: boolean } = {},
+): RequestHandler {
   return (req, res, next) => {
     if (!adminToken) throw new AppError(404, 'not_found', `no route for ${req.method} ${req.path}`);
     const header = req.header('authorization') ?? '';

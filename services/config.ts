@@ -23,13 +23,16 @@ const urlText = (protocols: string[], hint: string) =>
   z
     .string()
     .trim()
-    .refine((v) => {
-      try {
-        return protocols.includes(new URL(v).protocol);
-      } catch {
-        return false;
-      }
-    }, `must be a URL starting with ${protocols.map((p) => `${p}//`).join(' or ')} (${hint})`);
+    .refine(
+      (v) => {
+        try {
+          return protocols.includes(new URL(v).protocol);
+        } catch {
+          return false;
+        }
+      },
+      `must be a URL starting with ${protocols.map((p) => `${p}//`).join(' or ')} (${hint})`,
+    );
 
 // Five fields (minute precision) or six (with seconds, so tests can run the sweep quickly).
 const cronPattern = z
@@ -43,7 +46,10 @@ const cronPattern = z
 const schema = z.object({
   PORT: int(0, 65535, 'TCP port of the HTTP listener').default(8080),
   HOST: z.string().trim().min(1).default('127.0.0.1'),
-  DATABASE_URL: urlText(['postgres:', 'postgresql:'], 'e.g. postgres://user@127.0.0.1:5432/mnemos').optional(),
+  DATABASE_URL: urlText(
+    ['postgres:', 'postgresql:'],
+    'e.g. postgres://user@127.0.0.1:5432/mnemos',
+  ).optional(),
   MNEMOS_DATA_DIR: z.string().trim().min(1).default('./data'),
   REDIS_URL: urlText(['redis:', 'rediss:'], 'e.g. redis://127.0.0.1:6379').default('redis://127.0.0.1:6379'),
   MNEMOS_PREFIX: z
@@ -55,7 +61,10 @@ const schema = z.object({
     .min(16, 'must be at least 16 characters (use e.g. `openssl rand -hex 24`)')
     .optional(),
   OPENAI_API_KEY: optionalText,
-  OPENAI_BASE_URL: urlText(['http:', 'https:'], 'an OpenAI-compatible endpoint, e.g. http://127.0.0.1:11434/v1')
+  OPENAI_BASE_URL: urlText(
+    ['http:', 'https:'],
+    'an OpenAI-compatible endpoint, e.g. http://127.0.0.1:11434/v1',
+  )
     .optional()
     .or(z.literal('').transform(() => undefined)),
   EMBEDDING_MODEL: optionalText,
@@ -150,7 +159,9 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     throw new ConfigError(
       parsed.error.issues.map((i) => {
         const [name, ...rest] = i.path;
-        const where = rest.length ? ` (item ${rest.map((p) => (typeof p === 'number' ? p + 1 : String(p))).join('.')})` : '';
+        const where = rest.length
+          ? ` (item ${rest.map((p) => (typeof p === 'number' ? p + 1 : String(p))).join('.')})`
+          : '';
         return `${String(name)}: ${i.message}${where}`;
       }),
     );

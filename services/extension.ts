@@ -25,6 +25,9 @@ export interface Extension {
   purgeSession?(tenantId: string, sessionId: string): Promise<void>;
   purgeTenant?(tenantId: string): Promise<void>;
   close?(): Promise<void>;
+  /** Objects other modules may use (e.g. the error-memory store for the agent tools). */
+  provides?: Record<string, unknown>;
 }
 
-export type ExtensionFactory = (deps: CoreDeps) => Promise<Extension>;
+/** `opened` holds the extensions listed before this one, already opened. */
+export type ExtensionFactory = (deps: CoreDeps, opened: readonly Extension[]) => Promise<Extension>;

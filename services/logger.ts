@@ -8,6 +8,9 @@ export function makeLogger(level: string, name = 'mnemos'): Logger {
   return pino({
     name,
     level,
-    redact: { paths: ['req.headers.authorization', '*.authorization', '*.apiKey', '*.api_key'], censor: '[redacted]' },
+    redact: {
+      paths: ['req.headers.authorization', '*.authorization', '*.apiKey', '*.api_key'],
+      censor: '[redacted]',
+    },
   });
 }

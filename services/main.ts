@@ -23,7 +23,6 @@ export interface RunningService {
   stop(): Promise<void>;
 }
 
-
 /**
  * Starts the API, the workers, or both, in this process. Used by the CLI and by tests (which pass
  * a config directly instead of the environment).
@@ -71,7 +70,7 @@ export async function startService(
       throw new Error(`cannot reach Redis at ${config.redisUrl} (is it running?)`);
     }
     for (const w of await redisDurabilityWarnings(deps.redis)) logger.warn(w);
-    for (const f of opts.extensions ?? []) extensions.push(await f(deps));
+    for (const f of opts.extensions ?? []) extensions.push(await f(deps, extensions));
     if (mode !== 'api') workers = await startWorkers(deps, extensions, opts.worker);
     let url: string | null = null;
     if (mode !== 'worker') {

@@ -24,7 +24,9 @@ interface Layer {
   route?: { path: string | string[]; methods: Record<string, boolean> };
 }
 
-export function listRoutes(mounts: Mounted[]): Array<{ method: string; path: string; meta: RouteMeta | undefined }> {
+export function listRoutes(
+  mounts: Mounted[],
+): Array<{ method: string; path: string; meta: RouteMeta | undefined }> {
   const out: Array<{ method: string; path: string; meta: RouteMeta | undefined }> = [];
   for (const m of mounts) {
     for (const layer of (m.router as unknown as { stack: Layer[] }).stack) {
@@ -67,11 +69,15 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
       })),
       responses: {
         [String(meta?.success ?? 200)]: { description: 'success' },
-        default: { description: 'error', content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } } },
+        default: {
+          description: 'error',
+          content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } },
+        },
       },
     };
     if (meta?.auth !== 'none') op.security = [{ [meta?.auth === 'admin' ? 'adminToken' : 'apiKey']: [] }];
-    if (meta?.body) op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(meta.body) } } };
+    if (meta?.body)
+      op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(meta.body) } } };
     if (meta?.query) {
       const q = jsonSchema(meta.query) as { properties?: Record<string, unknown> };
       for (const [name, schema] of Object.entries(q.properties ?? {})) {
@@ -82,7 +88,11 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
   }
   return {
     openapi: '3.1.0',
-    info: { title: 'mnemos', version, description: 'Tiered conversation memory for multi-agent LLM backends' },
+    info: {
+      title: 'mnemos',
+      version,
+      description: 'Tiered conversation memory for multi-agent LLM backends',
+    },
     paths,
     components: {
       securitySchemes: {

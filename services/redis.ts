@@ -58,7 +58,9 @@ export async function redisDurabilityWarnings(redis: Redis): Promise<string[]> {
     const aof = (await redis.config('GET', 'appendonly')) as string[];
     const policy = (await redis.config('GET', 'maxmemory-policy')) as string[];
     if (aof[1] !== 'yes')
-      warnings.push('Redis runs without AOF (appendonly no): a Redis restart can lose accepted messages not yet archived');
+      warnings.push(
+        'Redis runs without AOF (appendonly no): a Redis restart can lose accepted messages not yet archived',
+      );
     if (policy[1] !== 'noeviction')
       warnings.push(`Redis maxmemory-policy is ${policy[1]}: set noeviction so queue keys are never evicted`);
   } catch {

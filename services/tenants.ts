@@ -102,11 +102,15 @@ export async function revokeKey(db: Db, keyId: string): Promise<boolean> {
 const DUMMY_HASH = hashSecret('mnemos-dummy-secret-for-constant-time-compare');
 
 /** Resolves a bearer key to its tenant, or null. Constant-time on the secret. */
-export async function authenticateKey(db: Db, presented: string): Promise<{ tenantId: string; keyId: string } | null> {
+export async function authenticateKey(
+  db: Db,
+  presented: string,
+): Promise<{ tenantId: string; keyId: string } | null> {
   const m = KEY_RE.exec(presented);
   const given = hashSecret(m?.[2] ?? presented);
   const row = m ? await findApiKey(db, m[1]!) : null;
-  const ok = timingSafeEqual(given, row ? row.secret_hash : DUMMY_HASH) && row !== null && row.revoked_at === null;
+  const ok =
+    timingSafeEqual(given, row ? row.secret_hash : DUMMY_HASH) && row !== null && row.revoked_at === null;
   if (!ok || !row) return null;
   void touchApiKey(db, row.id).catch(() => undefined);
   return { tenantId: row.tenant_id, keyId: row.id };

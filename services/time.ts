@@ -33,7 +33,15 @@ function zoneOffsetMs(zone: string, utcMs: number): number {
 }
 
 /** Wall-clock time in `zone` → UTC ms (two passes settle DST transitions). */
-export function zonedToUtcMs(zone: string, y: number, mo: number, d: number, h: number, mi: number, s: number): number {
+export function zonedToUtcMs(
+  zone: string,
+  y: number,
+  mo: number,
+  d: number,
+  h: number,
+  mi: number,
+  s: number,
+): number {
   const naive = Date.UTC(y, mo - 1, d, h, mi, s);
   let utc = naive - zoneOffsetMs(zone, naive);
   utc = naive - zoneOffsetMs(zone, utc);
@@ -49,7 +57,14 @@ export function parseSentAt(value: string, zone: string): bigint | string {
   }
   let m = RFC3339.exec(v);
   if (m) {
-    const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [number, number, number, number, number, number];
+    const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+    ];
     if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
     const frac = (m[7] ?? '.').slice(1).padEnd(9, '0');
     const tz = m[8]!;
@@ -64,7 +79,14 @@ export function parseSentAt(value: string, zone: string): bigint | string {
   }
   m = NAIVE.exec(v);
   if (m) {
-    const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [number, number, number, number, number, number];
+    const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+    ];
     if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
     const ms = zonedToUtcMs(zone, y, mo, d, h, mi, s);
     if (ms < 0) return 'dates before 1970 are not supported';

@@ -23,18 +23,27 @@ void describe('configuration', () => {
   void test('names every bad variable and how to fix it', () => {
     let err: unknown;
     try {
-      loadConfig({ PORT: 'eighty', REDIS_URL: 'localhost:6379', SUMMARY_CRON: 'often', EMBED_ROLES: 'user,robot' });
+      loadConfig({
+        PORT: 'eighty',
+        REDIS_URL: 'localhost:6379',
+        SUMMARY_CRON: 'often',
+        EMBED_ROLES: 'user,robot',
+      });
     } catch (e) {
       err = e;
     }
     assert.ok(err instanceof ConfigError);
     const text = err.message;
-    for (const name of ['PORT', 'REDIS_URL', 'SUMMARY_CRON', 'EMBED_ROLES']) assert.match(text, new RegExp(`${name}:`));
+    for (const name of ['PORT', 'REDIS_URL', 'SUMMARY_CRON', 'EMBED_ROLES'])
+      assert.match(text, new RegExp(`${name}:`));
     assert.match(text, /redis:\/\//);
   });
 
   void test('DECISION_MODEL without an LLM is refused, defaults follow SPEC §2', () => {
-    assert.throws(() => loadConfig({ DECISION_MODEL: 'gpt-4o-mini' }), /DECISION_MODEL: set OPENAI_API_KEY or OPENAI_BASE_URL/);
+    assert.throws(
+      () => loadConfig({ DECISION_MODEL: 'gpt-4o-mini' }),
+      /DECISION_MODEL: set OPENAI_API_KEY or OPENAI_BASE_URL/,
+    );
     const c = loadConfig({});
     assert.equal(c.port, 8080);
     assert.equal(c.host, '127.0.0.1');
@@ -87,8 +96,19 @@ void describe('migrations', () => {
     const tables = await dbs[0]!.query<{ t: string }>(
       `SELECT table_name AS t FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1`,
     );
-    for (const t of ['api_keys', 'llm_usage', 'message_vectors', 'messages', 'sessions', 'summaries', 'tenants']) {
-      assert.ok(tables.rows.some((r) => r.t === t), `table ${t} exists`);
+    for (const t of [
+      'api_keys',
+      'llm_usage',
+      'message_vectors',
+      'messages',
+      'sessions',
+      'summaries',
+      'tenants',
+    ]) {
+      assert.ok(
+        tables.rows.some((r) => r.t === t),
+        `table ${t} exists`,
+      );
     }
     await Promise.all(dbs.map((d) => d.close()));
   });
@@ -131,7 +151,10 @@ void describe('tenants, keys and the admin API', () => {
     const keys = await admin().get(`/v1/admin/tenants/${created.body.tenant_id}/keys`);
     assert.equal(keys.status, 200);
     assert.equal(keys.body.keys.length, 2);
-    assert.ok(!JSON.stringify(keys.body).includes(created.body.api_key.split('_')[2]), 'no secret in listings');
+    assert.ok(
+      !JSON.stringify(keys.body).includes(created.body.api_key.split('_')[2]),
+      'no secret in listings',
+    );
     const listed = await admin().get('/v1/admin/tenants');
     assert.ok(listed.body.tenants.some((t: { name: string }) => t.name === 'acme'));
 
@@ -196,7 +219,9 @@ void describe('tenants, keys and the admin API', () => {
     });
     assert.equal(text.status, 415);
     assert.equal(text.body.error.code, 'unsupported_media_type');
-    const huge = await t.api.post('/v1/sessions/s/messages', { messages: [{ role: 'user', content: 'x'.repeat(9 * 1024 * 1024) }] });
+    const huge = await t.api.post('/v1/sessions/s/messages', {
+      messages: [{ role: 'user', content: 'x'.repeat(9 * 1024 * 1024) }],
+    });
     assert.equal(huge.status, 413);
     assert.equal(huge.body.error.code, 'body_too_large');
     const unknown = await t.api.get('/v1/nope');
@@ -212,7 +237,9 @@ void describe('tenants, keys and the admin API', () => {
     const doc = (await api(svc.base).get('/openapi.json')).body;
     assert.equal(doc.openapi, '3.1.0');
     const t = await svc.newTenant();
-    for (const [path, ops] of Object.entries(doc.paths as Record<string, Record<string, { summary: string }>>)) {
+    for (const [path, ops] of Object.entries(
+      doc.paths as Record<string, Record<string, { summary: string }>>,
+    )) {
       for (const [method, op] of Object.entries(ops)) {
         assert.notEqual(op.summary, 'undocumented', `${method.toUpperCase()} ${path} has no summary`);
         const concrete = path.replace(/\{[^}]+\}/g, 'x');
@@ -242,19 +269,29 @@ void describe('readiness', () => {
       const t = await svc.newTenant();
 
       await redis.kill();
-      const down = await eventually(async () => {
-        const r = await api(svc.base).get('/readyz');
-        return r.status === 503 ? r : null;
-      }, 10_000, 'readyz 503');
+      const down = await eventually(
+        async () => {
+          const r = await api(svc.base).get('/readyz');
+          return r.status === 503 ? r : null;
+        },
+        10_000,
+        'readyz 503',
+      );
       assert.equal(down.body.checks.redis, 'down');
       assert.equal(down.body.checks.postgres, 'ok');
-      const write = await t.api.post('/v1/sessions/s1/messages', { messages: [{ role: 'user', content: 'hi' }] });
+      const write = await t.api.post('/v1/sessions/s1/messages', {
+        messages: [{ role: 'user', content: 'hi' }],
+      });
       assert.equal(write.status, 503);
       assert.equal(write.body.error.code, 'unavailable');
       assert.ok(Number(write.headers.get('retry-after')) > 0);
 
       await redis.start();
-      await eventually(async () => (await api(svc.base).get('/readyz')).status === 200, 15_000, 'readyz 200 again');
+      await eventually(
+        async () => (await api(svc.base).get('/readyz')).status === 200,
+        15_000,
+        'readyz 200 again',
+      );
       // The failed request left nothing behind.
       assert.equal((await t.api.get('/v1/sessions/s1')).status, 404);
     } finally {

@@ -19,11 +19,16 @@ import { startPrivateRedis } from './support/private-redis.js';
 
 const user = (content: string, extra: Record<string, unknown> = {}) => ({ role: 'user', content, ...extra });
 
-async function allMessages(t: Api, sid: string): Promise<Array<{ seq: number; id: string; content: string }>> {
+async function allMessages(
+  t: Api,
+  sid: string,
+): Promise<Array<{ seq: number; id: string; content: string }>> {
   const out: Array<{ seq: number; id: string; content: string }> = [];
   let afterSeq = 0;
   for (;;) {
-    const r: { status: number; body: any } = await t.get(`/v1/sessions/${sid}/messages?limit=500&after_seq=${afterSeq}`);
+    const r: { status: number; body: any } = await t.get(
+      `/v1/sessions/${sid}/messages?limit=500&after_seq=${afterSeq}`,
+    );
     if (r.status !== 200) return out;
     out.push(...r.body.messages);
     if (r.body.next === null) return out;
@@ -40,7 +45,10 @@ void describe('ingestion under faults and many processes', () => {
   void test('2 API and 2 worker processes, 4 clients, a worker SIGKILLed mid-drain: all archived once, in order, no gap ever visible', async () => {
     const dbUrl = await createTestDatabase();
     const prefix = testPrefix();
-    cleanups.push(() => dropTestDatabase(dbUrl), () => deleteRedisPrefix(prefix));
+    cleanups.push(
+      () => dropTestDatabase(dbUrl),
+      () => deleteRedisPrefix(prefix),
+    );
     const env = { DATABASE_URL: dbUrl, MNEMOS_PREFIX: prefix, REDIS_URL, WORKER_CONCURRENCY: '4' };
     const db = makePgDb({ connectionString: dbUrl, max: 2 });
     cleanups.push(() => db.close());
@@ -88,7 +96,9 @@ void describe('ingestion under faults and many processes', () => {
         const seqs: number[][] = [];
         for (let b = 0; b < BATCHES; b++) {
           const r = await apis[c % 2]!.post(`/v1/sessions/${sid}/messages`, {
-            messages: Array.from({ length: SIZE }, (_, i) => user(`c${c} b${b} m${i}`, { id: `c${c}-b${b}-m${i}` })),
+            messages: Array.from({ length: SIZE }, (_, i) =>
+              user(`c${c} b${b} m${i}`, { id: `c${c}-b${b}-m${i}` }),
+            ),
           });
           assert.equal(r.status, 202, JSON.stringify(r.body));
           seqs.push(r.body.messages.map((m: { seq: number }) => m.seq));
@@ -125,10 +135,15 @@ void describe('ingestion under faults and many processes', () => {
     );
     const bySeq = new Map(rows.map((r) => [r.seq, r.id]));
     for (const b of batches) {
-      for (let i = 1; i < b.length; i++) assert.equal(b[i], b[i - 1]! + 1, 'each request got a contiguous range');
+      for (let i = 1; i < b.length; i++)
+        assert.equal(b[i], b[i - 1]! + 1, 'each request got a contiguous range');
       const ids = b.map((s) => bySeq.get(s)!);
       const base = ids[0]!.replace(/-m0$/, '');
-      assert.deepEqual(ids, b.map((_, i) => `${base}-m${i}`), 'in request order');
+      assert.deepEqual(
+        ids,
+        b.map((_, i) => `${base}-m${i}`),
+        'in request order',
+      );
     }
   });
 
@@ -158,7 +173,9 @@ void describe('ingestion under faults and many processes', () => {
       second.body.messages.map((m: { seq: number }) => m.seq),
       [11, 12, 13, 14, 15],
     );
-    const replay = await t.api.post('/v1/sessions/s/messages', { messages: [user('before 3', { id: 'b3' })] });
+    const replay = await t.api.post('/v1/sessions/s/messages', {
+      messages: [user('before 3', { id: 'b3' })],
+    });
     assert.deepEqual(replay.body.messages, [{ id: 'b3', seq: 4 }]);
     assert.equal(replay.body.accepted, 0);
     const rows = await allMessages(t.api, 's');
@@ -170,10 +187,16 @@ void describe('ingestion under faults and many processes', () => {
     // A restart (kill + start: this Redis keeps nothing) behaves the same, workers reconnect.
     await redis.kill();
     await redis.start();
-    const third = await eventually(async () => {
-      const r = await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('after restart', { id: 'r1' })] });
-      return r.status === 201 ? r : null;
-    }, 30_000, 'write after Redis restart');
+    const third = await eventually(
+      async () => {
+        const r = await t.api.post('/v1/sessions/s/messages?wait=true', {
+          messages: [user('after restart', { id: 'r1' })],
+        });
+        return r.status === 201 ? r : null;
+      },
+      30_000,
+      'write after Redis restart',
+    );
     assert.deepEqual(third.body.messages, [{ id: 'r1', seq: 16 }]);
   });
 
@@ -196,10 +219,16 @@ void describe('ingestion under faults and many processes', () => {
     // Reads that need only Postgres keep working.
     assert.equal((await t.api.get('/v1/sessions/s/messages')).status, 200);
     await redis.start();
-    const ok = await eventually(async () => {
-      const r = await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('two', { id: 'two' })] });
-      return r.status === 201 ? r : null;
-    }, 30_000, 'write after Redis is back');
+    const ok = await eventually(
+      async () => {
+        const r = await t.api.post('/v1/sessions/s/messages?wait=true', {
+          messages: [user('two', { id: 'two' })],
+        });
+        return r.status === 201 ? r : null;
+      },
+      30_000,
+      'write after Redis is back',
+    );
     assert.equal(ok.body.messages[0].seq, 2);
     const rows = await allMessages(t.api, 's');
     assert.deepEqual(
@@ -222,10 +251,14 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(r.status, 202);
     await svc.deps.queues.ingest.drain(true);
     await svc.deps.queues.ingest.resume();
-    const rows = await eventually(async () => {
-      const m = await allMessages(t.api, 'orphan');
-      return m.length === 1 ? m : null;
-    }, 20_000, 'sweeper re-requests the flush');
+    const rows = await eventually(
+      async () => {
+        const m = await allMessages(t.api, 'orphan');
+        return m.length === 1 ? m : null;
+      },
+      20_000,
+      'sweeper re-requests the flush',
+    );
     assert.equal(rows[0]!.content, 'orphaned');
   });
 });

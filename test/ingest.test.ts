@@ -7,7 +7,10 @@ import type { Api, TestService } from './support/harness.js';
 
 const user = (content: string, extra: Record<string, unknown> = {}) => ({ role: 'user', content, ...extra });
 
-async function archived(t: Api, sid: string): Promise<Array<{ seq: number; id: string; content: unknown; sent_at_ns: string }>> {
+async function archived(
+  t: Api,
+  sid: string,
+): Promise<Array<{ seq: number; id: string; content: unknown; sent_at_ns: string }>> {
   const out: Array<{ seq: number; id: string; content: unknown; sent_at_ns: string }> = [];
   let after: number | null = null;
   for (;;) {
@@ -100,23 +103,43 @@ void describe('ingestion', () => {
     const t = await svc.newTenant();
     const cases: Array<[unknown, number, string, RegExp?]> = [
       [{ messages: [{ role: 'robot', content: 'x' }] }, 400, 'validation_failed', /messages\[0\]\.role/],
-      [{ messages: [user('ok'), { role: 'user', content: null }] }, 400, 'validation_failed', /messages\[1\]\.content/],
+      [
+        { messages: [user('ok'), { role: 'user', content: null }] },
+        400,
+        'validation_failed',
+        /messages\[1\]\.content/,
+      ],
       [{ messages: [{ role: 'user' }] }, 400, 'validation_failed', /messages\[0\]\.content/],
       [{ messages: [user('x', { colour: 'red' })] }, 400, 'validation_failed', /colour/],
       [{ messages: [user('x')], extra: 1 }, 400, 'validation_failed', /extra/],
       [{ messages: [user('nul \u0000 here')] }, 400, 'invalid_characters', /messages\[0\]\.content/],
       [{ messages: [user('lone \ud800 surrogate')] }, 400, 'invalid_characters'],
       [{ messages: [user('x', { metadata: { k: 'a\u0000b' } })] }, 400, 'invalid_characters', /metadata\.k/],
-      [{ messages: [user('x', { id: 'a' }), user('y', { id: 'a' })] }, 400, 'duplicate_id', /messages\[1\]\.id/],
+      [
+        { messages: [user('x', { id: 'a' }), user('y', { id: 'a' })] },
+        400,
+        'duplicate_id',
+        /messages\[1\]\.id/,
+      ],
       [{ messages: [user('x', { sent_at: 1767323045000000000 })] }, 400, 'validation_failed', /sent_at/],
       [{ messages: [user('x', { sent_at: 'yesterday' })] }, 400, 'validation_failed', /sent_at/],
       [{ messages: [user('x', { sent_at: '2026-02-30T00:00:00Z' })] }, 400, 'validation_failed', /sent_at/],
-      [{ messages: [user('x', { metadata: { big: 'x'.repeat(17 * 1024) } })] }, 400, 'validation_failed', /metadata/],
+      [
+        { messages: [user('x', { metadata: { big: 'x'.repeat(17 * 1024) } })] },
+        400,
+        'validation_failed',
+        /metadata/,
+      ],
       [{ messages: [user('x', { id: 'i'.repeat(129) })] }, 400, 'validation_failed', /messages\[0\]\.id/],
       [{ messages: [] }, 400, 'validation_failed'],
       [{ messages: Array.from({ length: 1001 }, () => user('x')) }, 400, 'validation_failed'],
       [{ messages: [{ role: 'tool', content: 'no id' }] }, 400, 'validation_failed', /tool_call_id/],
-      [{ messages: [{ role: 'user', content: 'x', tool_calls: [] }] }, 400, 'validation_failed', /tool_calls/],
+      [
+        { messages: [{ role: 'user', content: 'x', tool_calls: [] }] },
+        400,
+        'validation_failed',
+        /tool_calls/,
+      ],
       [[user('not an object')], 400, 'validation_failed'],
     ];
     for (const [body, status, code, detail] of cases) {
@@ -125,21 +148,31 @@ void describe('ingestion', () => {
       assert.equal(r.body.error.code, code, JSON.stringify(r.body));
       if (detail) assert.match(JSON.stringify(r.body.error), detail);
     }
-    const tooBig = await t.api.post('/v1/sessions/v/messages', { messages: [user('ok'), user('é'.repeat(512 * 1024 + 1))] });
+    const tooBig = await t.api.post('/v1/sessions/v/messages', {
+      messages: [user('ok'), user('é'.repeat(512 * 1024 + 1))],
+    });
     assert.equal(tooBig.status, 413);
     assert.equal(tooBig.body.error.code, 'message_too_large');
     assert.equal(tooBig.body.error.details.index, 1);
-    const justFits = await t.api.post('/v1/sessions/w/messages?wait=true', { messages: [user('é'.repeat(512 * 1024))] });
+    const justFits = await t.api.post('/v1/sessions/w/messages?wait=true', {
+      messages: [user('é'.repeat(512 * 1024))],
+    });
     assert.equal(justFits.status, 201, 'exactly 1 MiB of UTF-8 is accepted and indexed');
 
     // ('.' and '..' cannot even be sent: URL parsers resolve them as dot segments; assertSessionId
     // still rejects them for callers that bypass HTTP.)
     for (const sid of ['has space', 'x'.repeat(257), 'semi;colon', 'a/b']) {
-      const r = await t.api.post(`/v1/sessions/${encodeURIComponent(sid)}/messages`, { messages: [user('x')] });
+      const r = await t.api.post(`/v1/sessions/${encodeURIComponent(sid)}/messages`, {
+        messages: [user('x')],
+      });
       assert.equal(r.status, 400, sid);
       assert.equal(r.body.error.code, 'invalid_session_id');
     }
-    assert.equal((await t.api.get('/v1/sessions/v')).status, 404, 'no session was created by rejected requests');
+    assert.equal(
+      (await t.api.get('/v1/sessions/v')).status,
+      404,
+      'no session was created by rejected requests',
+    );
   });
 
   void test('idempotent re-posts return the original seq; a changed body is a 409 that stores none of its batch', async () => {
@@ -150,7 +183,11 @@ void describe('ingestion', () => {
     assert.equal(first.status, 202);
     // Same ids, same content (metadata keys reordered): original seqs, nothing new.
     const again = await t.api.post('/v1/sessions/idem/messages?wait=true', {
-      messages: [user('a', { id: 'x1' }), user('b', { id: 'x2', metadata: { j: 2, k: 1 } }), user('c', { id: 'x3' })],
+      messages: [
+        user('a', { id: 'x1' }),
+        user('b', { id: 'x2', metadata: { j: 2, k: 1 } }),
+        user('c', { id: 'x3' }),
+      ],
     });
     assert.equal(again.status, 201);
     assert.equal(again.body.accepted, 1);
@@ -159,7 +196,9 @@ void describe('ingestion', () => {
       [1, 2, 3],
     );
     // After archival the check runs against Postgres too.
-    const archivedAgain = await t.api.post('/v1/sessions/idem/messages', { messages: [user('a', { id: 'x1' })] });
+    const archivedAgain = await t.api.post('/v1/sessions/idem/messages', {
+      messages: [user('a', { id: 'x1' })],
+    });
     assert.deepEqual(archivedAgain.body.messages, [{ id: 'x1', seq: 1 }]);
 
     for (const changed of [
@@ -168,13 +207,17 @@ void describe('ingestion', () => {
       user('a', { id: 'x1', metadata: { k: 2 } }),
       user('a', { id: 'x1', name: 'bob' }),
     ]) {
-      const r = await t.api.post('/v1/sessions/idem/messages', { messages: [user('new', { id: 'x9' }), changed] });
+      const r = await t.api.post('/v1/sessions/idem/messages', {
+        messages: [user('new', { id: 'x9' }), changed],
+      });
       assert.equal(r.status, 409);
       assert.equal(r.body.error.code, 'id_conflict');
       assert.match(r.body.error.message, /messages\[1\]\.id/);
     }
     // A client-given sent_at is part of the identity.
-    await t.api.post('/v1/sessions/idem/messages?wait=true', { messages: [user('t', { id: 't1', sent_at: '2026-01-01T00:00:00Z' })] });
+    await t.api.post('/v1/sessions/idem/messages?wait=true', {
+      messages: [user('t', { id: 't1', sent_at: '2026-01-01T00:00:00Z' })],
+    });
     const otherTime = await t.api.post('/v1/sessions/idem/messages', {
       messages: [user('t', { id: 't1', sent_at: '2026-01-01T00:00:01Z' })],
     });
@@ -190,7 +233,9 @@ void describe('ingestion', () => {
   void test('a retry storm of the same ids archives each message exactly once', async () => {
     const t = await svc.newTenant();
     const batch = { messages: Array.from({ length: 10 }, (_, i) => user(`storm ${i}`, { id: `s${i}` })) };
-    const responses = await Promise.all(Array.from({ length: 25 }, () => t.api.post('/v1/sessions/storm/messages', batch)));
+    const responses = await Promise.all(
+      Array.from({ length: 25 }, () => t.api.post('/v1/sessions/storm/messages', batch)),
+    );
     for (const r of responses) assert.equal(r.status, 202);
     const seqs = responses.map((r) => JSON.stringify(r.body.messages));
     assert.equal(new Set(seqs).size, 1, 'every retry got the same ids and seqs');
@@ -256,13 +301,18 @@ void describe('ingestion', () => {
     for (const b of batches) {
       const contents = b.map((s) => bySeq.get(s) as string);
       const prefix = contents[0]!.replace(/ m0$/, '');
-      assert.deepEqual(contents, [0, 1, 2, 3, 4].map((i) => `${prefix} m${i}`));
+      assert.deepEqual(
+        contents,
+        [0, 1, 2, 3, 4].map((i) => `${prefix} m${i}`),
+      );
     }
   });
 
   void test('listing, paging both ways and session listing', async () => {
     const t = await svc.newTenant();
-    await t.api.post('/v1/sessions/p/messages?wait=true', { messages: Array.from({ length: 7 }, (_, i) => user(`m${i + 1}`)) });
+    await t.api.post('/v1/sessions/p/messages?wait=true', {
+      messages: Array.from({ length: 7 }, (_, i) => user(`m${i + 1}`)),
+    });
     await t.api.post('/v1/sessions/q/messages?wait=true', { messages: [user('q')] });
     const page1 = await t.api.get('/v1/sessions/p/messages?limit=3');
     assert.deepEqual(
@@ -271,13 +321,22 @@ void describe('ingestion', () => {
     );
     assert.equal(page1.body.next, 3);
     const page3 = await t.api.get('/v1/sessions/p/messages?limit=3&after_seq=6');
-    assert.deepEqual(page3.body.messages.map((m: { seq: number }) => m.seq), [7]);
+    assert.deepEqual(
+      page3.body.messages.map((m: { seq: number }) => m.seq),
+      [7],
+    );
     assert.equal(page3.body.next, null);
     const desc = await t.api.get('/v1/sessions/p/messages?limit=3&order=desc');
-    assert.deepEqual(desc.body.messages.map((m: { seq: number }) => m.seq), [7, 6, 5]);
+    assert.deepEqual(
+      desc.body.messages.map((m: { seq: number }) => m.seq),
+      [7, 6, 5],
+    );
     assert.equal(desc.body.next, 5);
     const desc2 = await t.api.get('/v1/sessions/p/messages?limit=3&order=desc&before_seq=5');
-    assert.deepEqual(desc2.body.messages.map((m: { seq: number }) => m.seq), [4, 3, 2]);
+    assert.deepEqual(
+      desc2.body.messages.map((m: { seq: number }) => m.seq),
+      [4, 3, 2],
+    );
     for (const q of ['limit=0', 'limit=501', 'after_seq=-1', 'order=up', 'bogus=1']) {
       const r = await t.api.get(`/v1/sessions/p/messages?${q}`);
       assert.equal(r.status, 400, q);
@@ -287,19 +346,26 @@ void describe('ingestion', () => {
     assert.equal(sessions.body.sessions[0].id, 'p');
     assert.equal(sessions.body.next, 'p');
     const rest = await t.api.get(`/v1/sessions?cursor=${sessions.body.next}`);
-    assert.deepEqual(rest.body.sessions.map((s: { id: string }) => s.id), ['q']);
+    assert.deepEqual(
+      rest.body.sessions.map((s: { id: string }) => s.id),
+      ['q'],
+    );
     assert.equal(rest.body.next, null);
   });
 
   void test('no route reads or changes another tenant’s session or job', async () => {
     const a = await svc.newTenant();
     const b = await svc.newTenant();
-    await a.api.post('/v1/sessions/shared-name/messages?wait=true', { messages: [user('secret of A', { id: 'k' })] });
+    await a.api.post('/v1/sessions/shared-name/messages?wait=true', {
+      messages: [user('secret of A', { id: 'k' })],
+    });
     assert.equal((await b.api.get('/v1/sessions/shared-name')).status, 404);
     assert.equal((await b.api.get('/v1/sessions/shared-name/messages')).status, 404);
     assert.deepEqual((await b.api.get('/v1/sessions')).body.sessions, []);
     // The same session id in B is a separate session; the same message id is not a conflict.
-    const bPost = await b.api.post('/v1/sessions/shared-name/messages?wait=true', { messages: [user('B text', { id: 'k' })] });
+    const bPost = await b.api.post('/v1/sessions/shared-name/messages?wait=true', {
+      messages: [user('B text', { id: 'k' })],
+    });
     assert.equal(bPost.status, 201);
     assert.deepEqual(bPost.body.messages, [{ id: 'k', seq: 1 }]);
     assert.deepEqual(
@@ -315,8 +381,16 @@ void describe('ingestion', () => {
       reason: 'api',
     });
     await job.remove().catch(() => undefined);
-    const job2 = await svc.deps.queues.maintenance.add('probe', { v: 1, kind: 'noop-probe' }, { delay: 3_600_000 });
-    assert.equal((await a.api.get(`/v1/jobs/maintenance.${job2.id}`)).status, 404, 'jobs without a tenant are nobody’s');
+    const job2 = await svc.deps.queues.maintenance.add(
+      'probe',
+      { v: 1, kind: 'noop-probe' },
+      { delay: 3_600_000 },
+    );
+    assert.equal(
+      (await a.api.get(`/v1/jobs/maintenance.${job2.id}`)).status,
+      404,
+      'jobs without a tenant are nobody’s',
+    );
     await job2.remove();
     assert.equal((await a.api.get('/v1/jobs/summary.999999')).status, 404);
     assert.equal((await a.api.get('/v1/jobs/bogus')).status, 404);
@@ -325,7 +399,11 @@ void describe('ingestion', () => {
   void test('a job of a tenant is readable by that tenant only', async () => {
     const a = await svc.newTenant();
     const b = await svc.newTenant();
-    const job = await svc.deps.queues.ingest.add('flush', { v: 1, tenantId: a.tenantId, sessionId: 'none' }, { delay: 3_600_000 });
+    const job = await svc.deps.queues.ingest.add(
+      'flush',
+      { v: 1, tenantId: a.tenantId, sessionId: 'none' },
+      { delay: 3_600_000 },
+    );
     const mine = await a.api.get(`/v1/jobs/ingest.${job.id}`);
     assert.equal(mine.status, 200);
     assert.equal(mine.body.state, 'delayed');
@@ -353,7 +431,9 @@ void describe('ingestion', () => {
   });
 
   void test('Bull Board lists the queues', async () => {
-    const r = await api(svc.base, ADMIN_TOKEN).get('/admin/queues/api/queues?activeQueue=ingest&page=1&jobsPerPage=10');
+    const r = await api(svc.base, ADMIN_TOKEN).get(
+      '/admin/queues/api/queues?activeQueue=ingest&page=1&jobsPerPage=10',
+    );
     assert.equal(r.status, 200);
     const names = (r.body.queues as Array<{ name: string }>).map((q) => q.name).sort();
     assert.ok(names.includes('ingest') && names.includes('summary'), names.join(','));
@@ -361,7 +441,9 @@ void describe('ingestion', () => {
 
   void test('the archive stores a row per message with its byte size and the tsvector', async () => {
     const t = await svc.newTenant();
-    await t.api.post('/v1/sessions/tsv/messages?wait=true', { messages: [user('Compacting memories 我們討論了記憶系統')] });
+    await t.api.post('/v1/sessions/tsv/messages?wait=true', {
+      messages: [user('Compacting memories 我們討論了記憶系統')],
+    });
     const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
     try {
       const r = await db.query<{ bytes: number; hit_en: boolean; hit_cjk: boolean }>(

@@ -77,7 +77,9 @@ export async function drainSession(
         if (entries.length === 0) return null;
         const nextSeq = Number(session.next_seq);
         const current = entries.filter((e) => e.gen === session.generation && e.seq >= nextSeq);
-        const keep = current.filter((e): e is InboxEntry & { message: AcceptedMessage } => e.message !== null);
+        const keep = current.filter(
+          (e): e is InboxEntry & { message: AcceptedMessage } => e.message !== null,
+        );
         const unreadable = current.filter((e) => e.message === null).map((e) => e.raw);
         const stale = entries.filter((e) => e.gen !== session.generation).length;
         const rows = keep.map((e) => {
@@ -143,7 +145,10 @@ export async function drainSession(
     if (batch.unreadable.length > 0) {
       await deadLetter(deps.redis, deps.config.prefix, tenantId, sessionId, batch.unreadable);
       deps.metrics.ingestDeadLetter.inc(batch.unreadable.length);
-      deps.logger.error({ tenantId, count: batch.unreadable.length }, 'unreadable inbox entries dead-lettered');
+      deps.logger.error(
+        { tenantId, count: batch.unreadable.length },
+        'unreadable inbox entries dead-lettered',
+      );
     }
     const left = await finishDrain(deps.redis, keys, batch.lastRead);
     total.archived += batch.archived;

@@ -19,7 +19,12 @@ export const payloads = {
   compact: z.object({ v: z.literal(1), ...sessionRef }),
   summary: z.union([
     z.object({ v: z.literal(1), kind: z.literal('sweep') }),
-    z.object({ v: z.literal(1), kind: z.literal('summarize'), ...sessionRef, reason: z.enum(['sweep', 'api']) }),
+    z.object({
+      v: z.literal(1),
+      kind: z.literal('summarize'),
+      ...sessionRef,
+      reason: z.enum(['sweep', 'api']),
+    }),
   ]),
   // Periodic tasks; each extension registers the kinds it runs (see services/extension.ts).
   maintenance: z.object({ v: z.literal(1), kind: z.string().min(1).max(64) }),
@@ -41,7 +46,11 @@ export const defaultJobOptions: Record<QueueName, JobsOptions> = {
   ingest: { ...retrying(12, 250), removeOnComplete: true, removeOnFail: false },
   embed: { ...retrying(20, 1000), removeOnComplete: true, removeOnFail: { count: 1000 } },
   compact: { ...retrying(8, 500), removeOnComplete: true, removeOnFail: { count: 1000 } },
-  summary: { ...retrying(3, 2000), removeOnComplete: { age: 3600, count: 1000 }, removeOnFail: { count: 1000 } },
+  summary: {
+    ...retrying(3, 2000),
+    removeOnComplete: { age: 3600, count: 1000 },
+    removeOnFail: { count: 1000 },
+  },
   maintenance: { ...retrying(3, 1000), removeOnComplete: true, removeOnFail: { count: 100 } },
 };
 
@@ -53,11 +62,14 @@ export function makeQueues(
   logger?: { warn(obj: object, msg: string): void },
 ): QueueRegistry {
   const entries = QUEUE_NAMES.map(
-    (name) => [name, new Queue(name, { connection, prefix, defaultJobOptions: defaultJobOptions[name] })] as const,
+    (name) =>
+      [name, new Queue(name, { connection, prefix, defaultJobOptions: defaultJobOptions[name] })] as const,
   );
   const queues = Object.fromEntries(entries) as unknown as { [N in QueueName]: Queue<Payload<N>> };
   for (const [name, q] of entries) {
-    q.on('error', (err: Error) => logger?.warn({ queue: name, err: { message: err.message } }, 'queue error'));
+    q.on('error', (err: Error) =>
+      logger?.warn({ queue: name, err: { message: err.message } }, 'queue error'),
+    );
   }
   return {
     ...queues,

@@ -59,7 +59,8 @@ export interface StoredMessageRow {
   fingerprint: string;
 }
 
-const MSG_COLS = 'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
+const MSG_COLS =
+  'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
 
 export async function findByClientIds(
   q: Queryable,
@@ -78,7 +79,14 @@ export async function findByClientIds(
 /** A page of the archive in seq order; both bounds exclusive. */
 export async function pageMessages(
   q: Queryable,
-  a: { tenantId: string; sessionId: string; afterSeq: number | null; beforeSeq: number | null; limit: number; desc: boolean },
+  a: {
+    tenantId: string;
+    sessionId: string;
+    afterSeq: number | null;
+    beforeSeq: number | null;
+    limit: number;
+    desc: boolean;
+  },
 ): Promise<StoredMessageRow[]> {
   const r = await q.query<StoredMessageRow>(
     `SELECT ${MSG_COLS} FROM messages

@@ -18,25 +18,40 @@ const COLS = `tenant_id, id, generation, next_seq, message_count, hot_bytes, sta
   created_at, last_message_at, deleted_at`;
 
 /** Creates the session row if needed and locks it; the caller holds a transaction. */
-export async function lockOrCreateSession(q: Queryable, tenantId: string, sessionId: string): Promise<SessionRow> {
-  await q.query(`INSERT INTO sessions (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, [tenantId, sessionId]);
-  const r = await q.query<SessionRow>(`SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE`, [
+export async function lockOrCreateSession(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+): Promise<SessionRow> {
+  await q.query(`INSERT INTO sessions (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, [
     tenantId,
     sessionId,
   ]);
+  const r = await q.query<SessionRow>(
+    `SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE`,
+    [tenantId, sessionId],
+  );
   return r.rows[0]!;
 }
 
-export async function lockSession(q: Queryable, tenantId: string, sessionId: string): Promise<SessionRow | null> {
-  const r = await q.query<SessionRow>(`SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE`, [
-    tenantId,
-    sessionId,
-  ]);
+export async function lockSession(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+): Promise<SessionRow | null> {
+  const r = await q.query<SessionRow>(
+    `SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE`,
+    [tenantId, sessionId],
+  );
   return r.rows[0] ?? null;
 }
 
 /** A live (not deleted) session. */
-export async function getSession(q: Queryable, tenantId: string, sessionId: string): Promise<SessionRow | null> {
+export async function getSession(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+): Promise<SessionRow | null> {
   const r = await q.query<SessionRow>(
     `SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL`,
     [tenantId, sessionId],
@@ -63,7 +78,14 @@ export async function listSessions(
 /** Records what a drain archived: the mark readers respect, counters, and the session's liveness. */
 export async function recordArchived(
   q: Queryable,
-  a: { tenantId: string; sessionId: string; nextSeq: number; count: number; bytes: number; lastSentNs: string | null },
+  a: {
+    tenantId: string;
+    sessionId: string;
+    nextSeq: number;
+    count: number;
+    bytes: number;
+    lastSentNs: string | null;
+  },
 ): Promise<{ hot_bytes: string; message_count: number }> {
   const r = await q.query<{ hot_bytes: string; message_count: number }>(
     `UPDATE sessions SET

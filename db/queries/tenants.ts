@@ -72,10 +72,9 @@ export async function listApiKeys(q: Queryable, tenantId?: string): Promise<ApiK
 }
 
 export async function revokeApiKey(q: Queryable, id: string): Promise<boolean> {
-  const r = await q.query(
-    'UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL',
-    [id],
-  );
+  const r = await q.query('UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL', [
+    id,
+  ]);
   return (r.rowCount ?? 0) > 0;
 }
 

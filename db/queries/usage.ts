@@ -2,7 +2,14 @@ import type { Queryable } from '../pool.js';
 
 export async function insertUsage(
   q: Queryable,
-  u: { tenantId: string; sessionId: string | null; purpose: string; model: string; inputTokens: number; outputTokens: number },
+  u: {
+    tenantId: string;
+    sessionId: string | null;
+    purpose: string;
+    model: string;
+    inputTokens: number;
+    outputTokens: number;
+  },
 ): Promise<void> {
   await q.query(
     `INSERT INTO llm_usage (tenant_id, session_id, purpose, model, calls, input_tokens, output_tokens)
@@ -16,8 +23,16 @@ export async function usageByWindow(
   tenantId: string,
   windowHours: number,
   sessionId: string | null,
-): Promise<Array<{ purpose: string; model: string; calls: number; input_tokens: number; output_tokens: number }>> {
-  const r = await q.query<{ purpose: string; model: string; calls: string; input_tokens: string; output_tokens: string }>(
+): Promise<
+  Array<{ purpose: string; model: string; calls: number; input_tokens: number; output_tokens: number }>
+> {
+  const r = await q.query<{
+    purpose: string;
+    model: string;
+    calls: string;
+    input_tokens: string;
+    output_tokens: string;
+  }>(
     `SELECT purpose, model, sum(calls)::bigint AS calls, sum(input_tokens)::bigint AS input_tokens,
             sum(output_tokens)::bigint AS output_tokens
      FROM llm_usage

@@ -5,9 +5,19 @@ import { errorLookupBody, errorSearchBody, errorWriteBody, makeErrorRoutes } fro
 import { openErrorMemory } from './error-store.js';
 
 const meta: Record<string, RouteMeta> = {
-  'POST /': { summary: 'Record a tool error and its fix (merged into an existing record when the symptom matches)', body: errorWriteBody, success: 201 },
-  'POST /search': { summary: 'Search error memory by tool and terms (renews TTL of returned records)', body: errorSearchBody },
-  'POST /lookup': { summary: 'The related_errors hint for a failed tool call (renews TTL)', body: errorLookupBody },
+  'POST /': {
+    summary: 'Record a tool error and its fix (merged into an existing record when the symptom matches)',
+    body: errorWriteBody,
+    success: 201,
+  },
+  'POST /search': {
+    summary: 'Search error memory by tool and terms (renews TTL of returned records)',
+    body: errorSearchBody,
+  },
+  'POST /lookup': {
+    summary: 'The related_errors hint for a failed tool call (renews TTL)',
+    body: errorLookupBody,
+  },
   'GET /:id': { summary: 'Read one record (renews TTL)' },
   'GET /': { summary: 'List records for dashboards (does not renew TTL)' },
   'DELETE /:id': { summary: 'Delete one record', success: 204 },
@@ -43,5 +53,6 @@ export const errorMemoryExtension: ExtensionFactory = async (deps): Promise<Exte
       await errors.purgeTenant(tenantId);
     },
     close: () => errors.close(),
+    provides: { errors },
   };
 };

@@ -17,7 +17,11 @@ export function asDependencyError(err: unknown): unknown {
   if (err instanceof AppError) return err;
   if (isPgUnavailable(err)) return unavailable('postgres');
   const msg = err instanceof Error ? err.message : '';
-  if (/Stream isn't writeable|Connection is closed|ECONNREFUSED|Command timed out|MaxRetriesPerRequest|ETIMEDOUT|ECONNRESET/.test(msg)) {
+  if (
+    /Stream isn't writeable|Connection is closed|ECONNREFUSED|Command timed out|MaxRetriesPerRequest|ETIMEDOUT|ECONNRESET/.test(
+      msg,
+    )
+  ) {
     return unavailable('redis');
   }
   return err;
@@ -72,7 +76,11 @@ export async function acceptMessages(
         outcome = await acceptIntoInbox(deps.redis, keys, batch, given);
       }
       if (outcome.kind === 'seed') throw unavailable('redis');
-      if (outcome.kind === 'conflict') throw conflict(outcome.indexes.map((j) => pending[j]!), messages);
+      if (outcome.kind === 'conflict')
+        throw conflict(
+          outcome.indexes.map((j) => pending[j]!),
+          messages,
+        );
       outcome.results.forEach((r, j) => {
         const i = pending[j]!;
         results[i] = { id: messages[i]!.id, seq: r.seq };
@@ -84,7 +92,10 @@ export async function acceptMessages(
         } catch (err) {
           // The messages are in the inbox and the session is armed: the ingest sweeper flushes it.
           deps.metrics.enqueueFailures.inc();
-          deps.logger.warn({ err: { message: (err as Error).message } }, 'could not enqueue flush; sweeper will');
+          deps.logger.warn(
+            { err: { message: (err as Error).message } },
+            'could not enqueue flush; sweeper will',
+          );
         }
       }
     }

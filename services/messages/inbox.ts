@@ -187,7 +187,8 @@ export async function acceptIntoInbox(
   if (r[0] === 'SEED') return { kind: 'seed' };
   if (r[0] === 'CONFLICT') return { kind: 'conflict', indexes: r.slice(1).map(Number) };
   const results: Array<{ seq: number; duplicate: boolean }> = [];
-  for (let i = 3; i < r.length; i += 2) results.push({ seq: Number(r[i]), duplicate: Number(r[i + 1]) === 1 });
+  for (let i = 3; i < r.length; i += 2)
+    results.push({ seq: Number(r[i]), duplicate: Number(r[i + 1]) === 1 });
   return { kind: 'ok', wake: Number(r[1]) === 1, generation: Number(r[2]), results };
 }
 
@@ -213,15 +214,30 @@ export async function readInbox(redis: Redis, keys: InboxKeys, maxEntries: numbe
 
 /** Returns how many entries are still waiting after the trim. */
 export async function finishDrain(redis: Redis, keys: InboxKeys, lastSeqRead: number): Promise<number> {
-  return Number(await (redis as ScriptedRedis).mnemosFinish!(keys.sess, keys.inbox, keys.armed, lastSeqRead, keys.member));
+  return Number(
+    await (redis as ScriptedRedis).mnemosFinish!(keys.sess, keys.inbox, keys.armed, lastSeqRead, keys.member),
+  );
 }
 
 export async function clearInbox(redis: Redis, keys: InboxKeys, newGeneration: number): Promise<void> {
-  await (redis as ScriptedRedis).mnemosClear!(keys.sess, keys.inbox, keys.ids, keys.armed, newGeneration, keys.member);
+  await (redis as ScriptedRedis).mnemosClear!(
+    keys.sess,
+    keys.inbox,
+    keys.ids,
+    keys.armed,
+    newGeneration,
+    keys.member,
+  );
 }
 
 /** Unreadable entries go to <prefix>:dead:<tenant>:<sid> for inspection (and the metric). */
-export async function deadLetter(redis: Redis, prefix: string, tenantId: string, sessionId: string, raw: string[]) {
+export async function deadLetter(
+  redis: Redis,
+  prefix: string,
+  tenantId: string,
+  sessionId: string,
+  raw: string[],
+) {
   if (raw.length > 0) await redis.rpush(`${prefix}:dead:${tenantId}:${sessionId}`, ...raw);
 }
 
@@ -232,7 +248,14 @@ export async function archivedMark(redis: Redis, keys: InboxKeys): Promise<numbe
 
 /** Sessions that asked for a flush before `olderThanMs` and still hold work (crash recovery). */
 export async function staleArmedSessions(redis: Redis, prefix: string, olderThanMs: number, limit = 500) {
-  const members = await redis.zrangebyscore(`${prefix}:armed`, '-inf', Date.now() - olderThanMs, 'LIMIT', 0, limit);
+  const members = await redis.zrangebyscore(
+    `${prefix}:armed`,
+    '-inf',
+    Date.now() - olderThanMs,
+    'LIMIT',
+    0,
+    limit,
+  );
   return members.map((m) => {
     const i = m.indexOf(' ');
     return { tenantId: m.slice(0, i), sessionId: m.slice(i + 1), member: m };

@@ -26,7 +26,9 @@ const textPart = z.object({ type: z.literal('text'), text: z.string() }).strict(
 const imagePart = z
   .object({
     type: z.literal('image_url'),
-    image_url: z.object({ url: z.string().min(1), detail: z.enum(['auto', 'low', 'high']).optional() }).strict(),
+    image_url: z
+      .object({ url: z.string().min(1), detail: z.enum(['auto', 'low', 'high']).optional() })
+      .strict(),
   })
   .strict();
 const part = z.discriminatedUnion('type', [textPart, imagePart]);
@@ -47,7 +49,9 @@ export const messageSchema = z
     name: z.string().min(1).max(256).optional(),
     tool_call_id: z.string().min(1).max(256).optional(),
     tool_calls: z.array(toolCall).min(1).max(128).optional(),
-    sent_at: z.string({ error: 'must be a string: RFC 3339, unix ns as a decimal string, or YYYY-MM-DD HH:MM:SS' }).optional(),
+    sent_at: z
+      .string({ error: 'must be a string: RFC 3339, unix ns as a decimal string, or YYYY-MM-DD HH:MM:SS' })
+      .optional(),
     metadata: z.record(z.string(), z.unknown()).optional(),
   })
   .strict()
@@ -61,13 +65,21 @@ export const messageSchema = z
       });
     }
     if (m.tool_calls && m.role !== 'assistant') {
-      ctx.addIssue({ code: 'custom', path: ['tool_calls'], message: 'only assistant messages carry tool_calls' });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['tool_calls'],
+        message: 'only assistant messages carry tool_calls',
+      });
     }
     if (m.role === 'tool' && !m.tool_call_id) {
       ctx.addIssue({ code: 'custom', path: ['tool_call_id'], message: 'a tool message needs tool_call_id' });
     }
     if (m.tool_call_id && m.role !== 'tool') {
-      ctx.addIssue({ code: 'custom', path: ['tool_call_id'], message: 'only tool messages carry tool_call_id' });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['tool_call_id'],
+        message: 'only tool messages carry tool_call_id',
+      });
     }
   });
 
@@ -154,9 +166,14 @@ export function parseMessages(body: unknown, timeZone: string): AcceptedMessage[
   messages.forEach((raw, i) => {
     const bad = findBadString(raw, ['messages', i]);
     if (bad) {
-      throw new AppError(400, 'invalid_characters', `${bad}: NUL characters and lone surrogates are not allowed`, {
-        problems: [{ path: bad, message: 'NUL characters and lone surrogates are not allowed' }],
-      });
+      throw new AppError(
+        400,
+        'invalid_characters',
+        `${bad}: NUL characters and lone surrogates are not allowed`,
+        {
+          problems: [{ path: bad, message: 'NUL characters and lone surrogates are not allowed' }],
+        },
+      );
     }
     const m = parseInput(messageSchema, raw, `messages[${i}]`, ['messages', i]);
     const text = flattenText(m.content);
@@ -175,16 +192,26 @@ export function parseMessages(body: unknown, timeZone: string): AcceptedMessage[
       });
     }
     if (m.metadata && utf8(JSON.stringify(m.metadata)) > MAX_METADATA_BYTES) {
-      throw new AppError(400, 'validation_failed', `messages[${i}].metadata: must be at most 16 KiB of JSON`, {
-        problems: [{ path: `messages[${i}].metadata`, message: 'must be at most 16 KiB of JSON' }],
-      });
+      throw new AppError(
+        400,
+        'validation_failed',
+        `messages[${i}].metadata: must be at most 16 KiB of JSON`,
+        {
+          problems: [{ path: `messages[${i}].metadata`, message: 'must be at most 16 KiB of JSON' }],
+        },
+      );
     }
     if (m.id !== undefined) {
       const prev = seen.get(m.id);
       if (prev !== undefined) {
-        throw new AppError(400, 'duplicate_id', `messages[${i}].id repeats messages[${prev}].id in this request`, {
-          problems: [{ path: `messages[${i}].id`, message: `same id as messages[${prev}]` }],
-        });
+        throw new AppError(
+          400,
+          'duplicate_id',
+          `messages[${i}].id repeats messages[${prev}].id in this request`,
+          {
+            problems: [{ path: `messages[${i}].id`, message: `same id as messages[${prev}]` }],
+          },
+        );
       }
       seen.set(m.id, i);
     }

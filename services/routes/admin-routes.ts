@@ -8,20 +8,44 @@ import { createKey, createTenant, keyList, revokeKey, tenantList } from '../tena
 import { parseInput } from '../validate.js';
 
 const tenantBody = z
-  .object({ name: z.string().trim().min(1).max(128).regex(/^[^\s].*$/, 'must not be blank') })
+  .object({
+    name: z
+      .string()
+      .trim()
+      .min(1)
+      .max(128)
+      .regex(/^[^\s].*$/, 'must not be blank'),
+  })
   .strict();
 const keyBody = z.object({ name: z.string().max(128).optional() }).strict();
 
 export const adminRoutesMeta: Record<string, RouteMeta> = {
-  'POST /tenants': { summary: 'Create a tenant and its first API key', body: tenantBody, auth: 'admin', success: 201 },
+  'POST /tenants': {
+    summary: 'Create a tenant and its first API key',
+    body: tenantBody,
+    auth: 'admin',
+    success: 201,
+  },
   'GET /tenants': { summary: 'List tenants', auth: 'admin' },
-  'DELETE /tenants/:id': { summary: 'Erase a tenant and all its data (Postgres and Redis)', auth: 'admin', success: 204 },
-  'POST /tenants/:id/keys': { summary: 'Create an API key (shown once)', body: keyBody, auth: 'admin', success: 201 },
+  'DELETE /tenants/:id': {
+    summary: 'Erase a tenant and all its data (Postgres and Redis)',
+    auth: 'admin',
+    success: 204,
+  },
+  'POST /tenants/:id/keys': {
+    summary: 'Create an API key (shown once)',
+    body: keyBody,
+    auth: 'admin',
+    success: 201,
+  },
   'GET /tenants/:id/keys': { summary: "List a tenant's keys (never the secret)", auth: 'admin' },
   'DELETE /keys/:key_id': { summary: 'Revoke an API key', auth: 'admin', success: 204 },
 };
 
-export function makeAdminRoutes(deps: { db: Db; eraseTenant?: (tenantId: string) => Promise<boolean> }): Router {
+export function makeAdminRoutes(deps: {
+  db: Db;
+  eraseTenant?: (tenantId: string) => Promise<boolean>;
+}): Router {
   const router = Router();
 
   router.post('/tenants', async (req, res) => {

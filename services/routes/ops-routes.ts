@@ -77,7 +77,9 @@ export function makeJobRoutes(deps: CoreDeps): Router {
     if (!m || !QUEUE_NAMES.includes(m[1] as QueueName)) throw notFound('job');
     const queue = deps.queues[m[1] as QueueName];
     const job = await queue.getJob(m[2]!).catch(() => {
-      throw new AppError(503, 'unavailable', 'redis is unavailable, retry later', undefined, { 'retry-after': '2' });
+      throw new AppError(503, 'unavailable', 'redis is unavailable, retry later', undefined, {
+        'retry-after': '2',
+      });
     });
     const data = job?.data as { tenantId?: string } | undefined;
     if (!job || data?.tenantId !== res.locals.tenantId) throw notFound('job');

@@ -34,9 +34,7 @@ const pageQuery = z
     order: z.enum(['asc', 'desc']).optional(),
   })
   .strict();
-const listQuery = z
-  .object({ cursor: z.string().max(300).optional(), limit: limitParam.optional() })
-  .strict();
+const listQuery = z.object({ cursor: z.string().max(300).optional(), limit: limitParam.optional() }).strict();
 
 export interface StoredMessage {
   id: string;
@@ -144,7 +142,9 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     const s = await getSession(deps.db, tenantId, sid);
     if (!s) throw notFound('session');
     const sum = await getSummaryState(deps.db, tenantId, sid);
-    const pending = await deps.redis.llen(inboxKeys(deps.config.prefix, tenantId, sid).inbox).catch(() => null);
+    const pending = await deps.redis
+      .llen(inboxKeys(deps.config.prefix, tenantId, sid).inbox)
+      .catch(() => null);
     res.json({
       id: s.id,
       message_count: s.message_count,
@@ -154,7 +154,11 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
       last_message_at: s.last_message_at?.toISOString() ?? null,
       created_at: s.created_at.toISOString(),
       summary: sum
-        ? { version: sum.version, cursor_seq: sum.cursor_seq === null ? null : Number(sum.cursor_seq), status: sum.status }
+        ? {
+            version: sum.version,
+            cursor_seq: sum.cursor_seq === null ? null : Number(sum.cursor_seq),
+            status: sum.status,
+          }
         : null,
       pending_jobs: pending,
     });

@@ -14,7 +14,8 @@ import type { WorkerOptions } from '../../workers/main.js';
 export const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 export const REDIS_URL = process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
 export const ADMIN_TOKEN = 'test-admin-token-0123456789';
-const runId = process.env.MNEMOS_TEST_RUN ?? `${Math.floor(Date.now() / 1000)}_${randomBytes(3).toString('hex')}`;
+const runId =
+  process.env.MNEMOS_TEST_RUN ?? `${Math.floor(Date.now() / 1000)}_${randomBytes(3).toString('hex')}`;
 
 const urlFor = (name: string) => {
   const u = new URL(ADMIN_URL);
@@ -82,7 +83,13 @@ export interface TestService extends RunningService {
 
 /** Starts mnemos in this process against a test database and a unique Redis prefix. */
 export async function startTestService(
-  opts: { mode?: Mode; env?: Record<string, string | undefined>; worker?: WorkerOptions; databaseUrl?: string; prefix?: string } = {},
+  opts: {
+    mode?: Mode;
+    env?: Record<string, string | undefined>;
+    worker?: WorkerOptions;
+    databaseUrl?: string;
+    prefix?: string;
+  } = {},
 ): Promise<TestService> {
   const config = testConfig({
     DATABASE_URL: opts.databaseUrl ?? (await createTestDatabase()),
@@ -92,7 +99,13 @@ export async function startTestService(
   const svc = await startService(opts.mode ?? 'serve', config, {
     logger: makeLogger(config.logLevel),
     extensions: defaultExtensions,
-    worker: { lockDurationMs: 5000, stalledIntervalMs: 2000, ingestSweepAfterMs: 2000, ingestSweepEveryMs: 1000, ...opts.worker },
+    worker: {
+      lockDurationMs: 5000,
+      stalledIntervalMs: 2000,
+      ingestSweepAfterMs: 2000,
+      ingestSweepEveryMs: 1000,
+      ...opts.worker,
+    },
   });
   return {
     ...svc,
@@ -147,7 +160,11 @@ export function api(base: string, token?: string): Api {
 }
 
 /** Polls until `check` returns a truthy value or the deadline passes (tests await events, never sleep). */
-export async function eventually<T>(check: () => Promise<T | undefined | null | false>, timeoutMs = 15000, what = 'condition'): Promise<T> {
+export async function eventually<T>(
+  check: () => Promise<T | undefined | null | false>,
+  timeoutMs = 15000,
+  what = 'condition',
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let delay = 10;
   for (;;) {
@@ -168,10 +185,19 @@ export interface ChildService {
 }
 
 /** Runs mnemos api/worker in a separate OS process (for multi-process and SIGKILL tests). */
-export async function spawnService(mode: 'api' | 'worker' | 'serve', env: Record<string, string>): Promise<ChildService> {
+export async function spawnService(
+  mode: 'api' | 'worker' | 'serve',
+  env: Record<string, string>,
+): Promise<ChildService> {
   const { spawn } = await import('node:child_process');
   const child = spawn(process.execPath, ['--import', 'tsx', 'test/support/service-process.ts', mode], {
-    env: { ...process.env, LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'silent', MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN, PORT: '0', ...env },
+    env: {
+      ...process.env,
+      LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'silent',
+      MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN,
+      PORT: '0',
+      ...env,
+    },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   const ready = await new Promise<{ url: string | null }>((resolve, reject) => {

@@ -12,7 +12,12 @@ const config = loadConfig(process.env);
 const svc = await startService(mode, config, {
   logger: makeLogger(config.logLevel),
   extensions: defaultExtensions,
-  worker: { lockDurationMs: 3000, stalledIntervalMs: 1000, ingestSweepAfterMs: 2000, ingestSweepEveryMs: 1000 },
+  worker: {
+    lockDurationMs: 3000,
+    stalledIntervalMs: 1000,
+    ingestSweepAfterMs: 2000,
+    ingestSweepEveryMs: 1000,
+  },
 });
 process.stdout.write(`${JSON.stringify({ ready: true, url: svc.url, pid: process.pid })}\n`);
 const stop = () => {

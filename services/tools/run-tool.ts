@@ -1,0 +1,264 @@
+import { pageMessages } from '../../db/queries/messages.js';
+import { getSession } from '../../db/queries/sessions.js';
+import type { CoreDeps } from '../deps.js';
+import { AppError } from '../errors.js';
+import type { ErrorMemory, ErrorRecord } from '../error-memory/types.js';
+import { ERROR_ID_RE } from '../error-memory/types.js';
+import { toStoredMessage } from '../routes/session-routes.js';
+import type { StoredMessage } from '../routes/session-routes.js';
+import { errorWriteBody } from '../routes/error-routes.js';
+import { searchBodySchema, searchSession } from '../search/search-session.js';
+import type { SearchHit } from '../search/search-session.js';
+import { TOOL_NAMES } from './tool-definitions.js';
+import type { ToolName } from './tool-definitions.js';
+
+/** One message line is clipped here; the whole answer never exceeds MAX_OUTPUT. */
+export const MAX_LINE_CHARS = 1200;
+export const MAX_OUTPUT_CHARS = 12_000;
+const MAX_READ = 50;
+
+export interface ToolDeps {
+  core: Pick<CoreDeps, 'db' | 'config' | 'llm' | 'logger' | 'metrics'>;
+  errors: ErrorMemory | null;
+}
+
+/** A problem with the model's arguments: answered as text (HTTP 200) so the model can fix its call. */
+class ToolArgumentError extends Error {}
+
+const guidance = (tool: ToolName, problem: string, example: string) =>
+  new ToolArgumentError(`Invalid arguments for ${tool}: ${problem}. Example of a valid call: ${example}`);
+
+export function clip(text: string, max = MAX_LINE_CHARS): string {
+  const chars = Array.from(text);
+  if (chars.length <= max) return text;
+  return `${chars.slice(0, max).join('')} …[clipped ${chars.length - max} characters]`;
+}
+
+function contentText(content: unknown): string {
+  if (content === null || content === undefined) return '';
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    return content
+      .map((p: { type?: string; text?: string }) =>
+        p.type === 'text' ? (p.text ?? '') : `[${p.type ?? 'part'}]`,
+      )
+      .join(' ');
+  }
+  return JSON.stringify(content);
+}
+
+/** `[2026-01-02 03:04 UTC · user · #12] text` — compact and greppable for a model. */
+export function formatMessage(m: StoredMessage, timeZone: string): string {
+  const when = new Intl.DateTimeFormat('sv-SE', {
+    timeZone,
+    year: 'numeric',
+    month: '2-digit',
+    day: '2-digit',
+    hour: '2-digit',
+    minute: '2-digit',
+  }).format(new Date(m.sent_at.slice(0, 23) + 'Z'));
+  let text = contentText(m.content);
+  if (m.tool_calls?.length) {
+    const calls = (m.tool_calls as Array<{ function?: { name?: string; arguments?: string } }>)
+      .map((c) => `${c.function?.name ?? '?'}(${c.function?.arguments ?? ''})`)
+      .join('; ');
+    text = text ? `${text} [calls: ${calls}]` : `[calls: ${calls}]`;
+  }
+  const who = m.name ? `${m.role}:${m.name}` : m.role;
+  return `[${when} · ${who} · #${m.seq}] ${clip(text.replace(/\s+/g, ' ').trim())}`;
+}
+
+/** Joins blocks until the output budget is spent, then says how many were left out. */
+function bounded(blocks: string[], header: string): string {
+  let out = header;
+  let shown = 0;
+  for (const b of blocks) {
+    if (out.length + b.length + 2 > MAX_OUTPUT_CHARS) break;
+    out += `\n\n${b}`;
+    shown++;
+  }
+  if (shown < blocks.length)
+    out += `\n\n…[${blocks.length - shown} more not shown: narrow the search or lower limit]`;
+  return out;
+}
+
+function formatHit(h: SearchHit, timeZone: string): string {
+  const lines = [...h.context, { ...h, sent_at_ns: '' } as StoredMessage].sort((a, b) => a.seq - b.seq);
+  return lines.map((m) => `${m.seq === h.seq ? '> ' : '  '}${formatMessage(m, timeZone)}`).join('\n');
+}
+
+function formatRecord(r: ErrorRecord): string {
+  return [
+    `id: ${r.id} · tool: ${r.tool_name} · outcome: ${r.outcome} · seen ${r.hits}× · last ${r.last_hit_at}`,
+    `symptom: ${clip(r.symptom, 600)}`,
+    r.cause ? `cause: ${clip(r.cause, 600)}` : null,
+    `action: ${clip(r.action, 800)}`,
+    r.keywords.length ? `keywords: ${r.keywords.join(', ')}` : null,
+  ]
+    .filter(Boolean)
+    .join('\n');
+}
+
+const isObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v);
+
+function intArg(
+  args: Record<string, unknown>,
+  key: string,
+  tool: ToolName,
+  example: string,
+): number | undefined {
+  const v = args[key];
+  if (v === undefined || v === null) return undefined;
+  const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0)
+    throw guidance(tool, `${key} must be a non-negative integer`, example);
+  return n;
+}
+
+async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: Record<string, unknown>) {
+  const ex = '{"mode":"search","keyword":"deployment error","limit":5}';
+  const allowed = ['mode', 'keyword', 'match', 'time_range', 'limit', 'from_seq', 'to_seq'];
+  const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
+  if (unknown.length) throw guidance('chat_history', `unknown field(s) ${unknown.join(', ')}`, ex);
+  const keyword = typeof args.keyword === 'string' ? args.keyword.trim() : undefined;
+  const mode = args.mode ?? (keyword ? 'search' : 'list');
+  const limit = intArg(args, 'limit', 'chat_history', ex) ?? 8;
+  if (limit < 1 || limit > 32) throw guidance('chat_history', 'limit must be between 1 and 32', ex);
+  const tz = deps.core.config.timeZone;
+  const session = await getSession(deps.core.db, tenantId, sid);
+  if (!session) return 'No messages in this conversation yet.';
+
+  if (mode === 'search') {
+    if (!keyword) throw guidance('chat_history', 'mode "search" needs a non-empty keyword', ex);
+    const parsed = searchBodySchema.safeParse({
+      query: keyword,
+      match: args.match ?? 'hybrid',
+      time_range: args.time_range ?? 'all',
+      limit,
+      exclude_window: true,
+    });
+    if (!parsed.success) {
+      const i = parsed.error.issues[0]!;
+      throw guidance('chat_history', `${i.path.join('.') || 'keyword'}: ${i.message}`, ex);
+    }
+    const { hits } = await searchSession(deps.core, tenantId, sid, parsed.data);
+    if (hits.length === 0)
+      return `No earlier messages match "${clip(keyword, 200)}" (the current context window is not searched).`;
+    return bounded(
+      hits.map((h) => formatHit(h, tz)),
+      `${hits.length} match(es) for "${clip(keyword, 200)}" outside the current context (> marks the hit):`,
+    );
+  }
+  if (mode === 'read') {
+    const exRead = '{"mode":"read","from_seq":120,"to_seq":130}';
+    const from = intArg(args, 'from_seq', 'chat_history', exRead);
+    const to = intArg(args, 'to_seq', 'chat_history', exRead);
+    if (from === undefined || to === undefined)
+      throw guidance('chat_history', 'mode "read" needs from_seq and to_seq', exRead);
+    if (to < from) throw guidance('chat_history', 'to_seq must not be below from_seq', exRead);
+    const rows = await pageMessages(deps.core.db, {
+      tenantId,
+      sessionId: sid,
+      afterSeq: from - 1,
+      beforeSeq: to + 1,
+      limit: MAX_READ,
+      desc: false,
+    });
+    if (rows.length === 0) return `No messages between #${from} and #${to}.`;
+    const more = rows.length === MAX_READ && Number(rows[rows.length - 1]!.seq) < to;
+    const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
+    return bounded(
+      [body.join('\n')],
+      `Messages #${from}–#${to}${more ? ` (first ${MAX_READ}; read on from #${Number(rows[rows.length - 1]!.seq) + 1})` : ''}:`,
+    );
+  }
+  if (mode === 'list') {
+    const rows = await pageMessages(deps.core.db, {
+      tenantId,
+      sessionId: sid,
+      afterSeq: null,
+      beforeSeq: null,
+      limit,
+      desc: true,
+    });
+    const body = rows.reverse().map((r) => formatMessage(toStoredMessage(r), tz));
+    return bounded([body.join('\n')], `The last ${rows.length} message(s):`);
+  }
+  throw guidance('chat_history', 'mode must be "search", "read" or "list"', ex);
+}
+
+async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<string, unknown>) {
+  const ex = '{"keyword":"ECONNREFUSED 5432","tool_name":"psql"}';
+  if (!deps.errors) return 'Error memory is not available on this server.';
+  const allowed = ['mode', 'keyword', 'tool_name', 'limit', 'id'];
+  const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
+  if (unknown.length) throw guidance('error_history', `unknown field(s) ${unknown.join(', ')}`, ex);
+  const mode = args.mode ?? (typeof args.id === 'string' && !args.keyword ? 'read' : 'search');
+  if (mode === 'read') {
+    if (typeof args.id !== 'string' || !ERROR_ID_RE.test(args.id)) {
+      throw guidance(
+        'error_history',
+        'mode "read" needs an id like err_ followed by 20 letters/digits',
+        '{"mode":"read","id":"err_…"}',
+      );
+    }
+    const r = await deps.errors.get(tenantId, args.id);
+    return r ? formatRecord(r) : `No error record ${args.id} (it may have expired).`;
+  }
+  if (mode !== 'search') throw guidance('error_history', 'mode must be "search" or "read"', ex);
+  const keyword = typeof args.keyword === 'string' ? args.keyword.trim() : '';
+  if (!keyword)
+    throw guidance('error_history', 'mode "search" needs keyword (the error text or its key terms)', ex);
+  const limit = intArg(args, 'limit', 'error_history', ex) ?? 4;
+  if (limit < 1 || limit > 16) throw guidance('error_history', 'limit must be between 1 and 16', ex);
+  if (args.tool_name !== undefined && typeof args.tool_name !== 'string')
+    throw guidance('error_history', 'tool_name must be a string', ex);
+  const records = await deps.errors.search(tenantId, {
+    query: clip(keyword, 4000),
+    limit,
+    tool_name: typeof args.tool_name === 'string' && args.tool_name ? args.tool_name : undefined,
+  });
+  if (records.length === 0) return 'NONE: no similar error was recorded before.';
+  return bounded(records.map(formatRecord), `${records.length} similar error(s), resolved fixes first:`);
+}
+
+async function writeError(deps: ToolDeps, tenantId: string, sid: string, args: Record<string, unknown>) {
+  const ex =
+    '{"tool_name":"shell","symptom":"permission denied: /var/log/app.log","action":"ran with sudo -u app","outcome":"resolved"}';
+  if (!deps.errors) return 'Error memory is not available on this server.';
+  const parsed = errorWriteBody.safeParse({ ...args, session_id: args.session_id ?? sid });
+  if (!parsed.success) {
+    const i = parsed.error.issues[0]!;
+    throw guidance('write_error', `${i.path.join('.') || 'arguments'}: ${i.message}`, ex);
+  }
+  const r = await deps.errors.write(tenantId, parsed.data);
+  return r.deduplicated
+    ? `Recorded: merged into existing record ${r.id} (same tool and symptom).`
+    : `Recorded as ${r.id}.`;
+}
+
+/** Executes one tool call; argument problems come back as guidance text, never as an HTTP error. */
+export async function runTool(
+  deps: ToolDeps,
+  tenantId: string,
+  sid: string,
+  name: string,
+  args: unknown,
+): Promise<string> {
+  if (!(TOOL_NAMES as readonly string[]).includes(name)) {
+    throw new AppError(404, 'not_found', `unknown tool "${name}" (tools: ${TOOL_NAMES.join(', ')})`);
+  }
+  const tool = name as ToolName;
+  if (!isObject(args)) {
+    return `Invalid arguments for ${tool}: send a JSON object of arguments (see the tool's parameters).`;
+  }
+  try {
+    if (tool === 'chat_history') return await chatHistory(deps, tenantId, sid, args);
+    if (tool === 'error_history') return await errorHistory(deps, tenantId, args);
+    return await writeError(deps, tenantId, sid, args);
+  } catch (err) {
+    if (err instanceof ToolArgumentError) return err.message;
+    throw err;
+  }
+}

@@ -1,0 +1,62 @@
+import { Router } from 'express';
+import { z } from 'zod';
+import type { ErrorMemory } from '../error-memory/types.js';
+import type { Extension, ExtensionFactory } from '../extension.js';
+import { assertSessionId } from '../messages/message-input.js';
+import type { RouteMeta } from '../openapi.js';
+import { runTool } from './run-tool.js';
+import { toolDefinitions } from './tool-definitions.js';
+
+const toolsMeta: Record<string, RouteMeta> = {
+  'GET /': { summary: 'OpenAI function-tool definitions: chat_history, error_history, write_error' },
+};
+const runMeta: Record<string, RouteMeta> = {
+  'POST /:sid/tools/:name': {
+    summary:
+      'Execute one tool call; the body is the arguments object (or the JSON string the model produced)',
+    body: z.union([z.record(z.string(), z.unknown()), z.string()]),
+  },
+};
+
+/**
+ * Agent tools: the same memory, shaped for an LLM's tool calls. Answers are always text for the
+ * tool message; invalid arguments get guidance (HTTP 200) so the model can correct itself.
+ */
+export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Extension> => {
+  const errors =
+    (opened.find((e) => e.name === 'error-memory')?.provides?.errors as ErrorMemory | undefined) ?? null;
+  const list = Router();
+  list.get('/', (_req, res) => {
+    res.json({ tools: toolDefinitions });
+  });
+  const run = Router();
+  run.post('/:sid/tools/:name', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    let args: unknown = req.body ?? {};
+    if (typeof args === 'string') {
+      try {
+        args = args.trim() === '' ? {} : JSON.parse(args);
+      } catch {
+        res.json({
+          content: `Invalid arguments for ${req.params.name}: not valid JSON. Send an object such as {"keyword":"…"}.`,
+        });
+        return;
+      }
+    }
+    const content = await runTool(
+      { core: deps, errors },
+      res.locals.tenantId as string,
+      sid,
+      req.params.name!,
+      args,
+    );
+    res.json({ content });
+  });
+  return {
+    name: 'tools',
+    routes: [
+      { prefix: '/v1/tools', router: list, meta: toolsMeta },
+      { prefix: '/v1/sessions', router: run, meta: runMeta },
+    ],
+  };
+};

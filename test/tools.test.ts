@@ -1,0 +1,194 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { MAX_OUTPUT_CHARS } from '../services/tools/run-tool.js';
+import { deleteRedisPrefix, startTestService } from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+
+const user = (content: string) => ({ role: 'user', content });
+const bot = (content: string) => ({ role: 'assistant', content });
+
+void describe('agent tools', () => {
+  let svc: TestService;
+  let a: { tenantId: string; apiKey: string; api: Api };
+  let b: { tenantId: string; apiKey: string; api: Api };
+  const call = async (t: Api, sid: string, name: string, args: unknown) => {
+    const r = await t.post(`/v1/sessions/${sid}/tools/${name}`, args);
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.equal(typeof r.body.content, 'string');
+    return r.body.content as string;
+  };
+
+  before(async () => {
+    svc = await startTestService();
+    a = await svc.newTenant();
+    b = await svc.newTenant();
+    // 40 messages: the old part mentions the flamingo deployment, the last 16 the walrus.
+    const messages = [];
+    for (let i = 0; i < 12; i++)
+      messages.push(
+        user(`question ${i} about the flamingo deployment`),
+        bot(`answer ${i}: restart flamingo pods`),
+      );
+    for (let i = 0; i < 8; i++) messages.push(user(`walrus question ${i}`), bot(`walrus answer ${i}`));
+    messages.push(user(`long ${'x'.repeat(5000)} tail`));
+    const r = await a.api.post('/v1/sessions/s1/messages?wait=true', { messages });
+    assert.equal(r.status, 201);
+    await a.api.post('/v1/sessions/s2/messages?wait=true', { messages: [user('only in s2: kiwi')] });
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+  });
+
+  void test('GET /v1/tools returns OpenAI function tools with well-formed JSON Schemas', async () => {
+    const r = await a.api.get('/v1/tools');
+    assert.equal(r.status, 200);
+    const tools = r.body.tools as Array<{
+      type: string;
+      function: { name: string; description: string; parameters: any };
+    }>;
+    assert.deepEqual(
+      tools.map((t) => t.function.name),
+      ['chat_history', 'error_history', 'write_error'],
+    );
+    const types = new Set(['string', 'integer', 'number', 'boolean', 'array', 'object']);
+    for (const t of tools) {
+      assert.equal(t.type, 'function');
+      assert.match(t.function.name, /^[a-zA-Z0-9_-]{1,64}$/);
+      assert.ok(t.function.description.length > 40 && t.function.description.length < 1024);
+      const p = t.function.parameters;
+      assert.equal(p.type, 'object');
+      assert.equal(p.additionalProperties, false);
+      for (const [k, v] of Object.entries(p.properties as Record<string, any>)) {
+        assert.ok(types.has(v.type), `${t.function.name}.${k} has a JSON Schema type`);
+        if (v.enum) assert.ok(Array.isArray(v.enum) && v.enum.every((e: unknown) => typeof e === 'string'));
+        if (v.type === 'array') assert.ok(v.items?.type);
+      }
+      for (const req of p.required ?? []) assert.ok(req in p.properties, `${req} is a property`);
+    }
+    assert.ok(JSON.stringify(tools).length < 4500, 'definitions stay small');
+  });
+
+  void test('chat_history search finds earlier messages outside the window, marks the hit, shows neighbours', async () => {
+    const text = await call(a.api, 's1', 'chat_history', {
+      mode: 'search',
+      keyword: 'flamingo',
+      match: 'keyword',
+      limit: 3,
+    });
+    assert.match(text, /match\(es\) for "flamingo"/);
+    assert.match(text, /^> \[\d{4}-\d{2}-\d{2} \d{2}:\d{2} · (user|assistant) · #\d+\] .*flamingo/m);
+    assert.match(text, /\n\n/, 'a blank line between windows');
+    // The last 16 messages (#26-#41) are the current window: not searched.
+    const inWindow = await call(a.api, 's1', 'chat_history', { keyword: 'tail', match: 'keyword' });
+    assert.match(inWindow, /No earlier messages match "tail"/);
+    const walrus = await call(a.api, 's1', 'chat_history', {
+      keyword: 'walrus',
+      match: 'keyword',
+      limit: 32,
+    });
+    const hitSeqs = [...walrus.matchAll(/^> .*#(\d+)\]/gm)].map((m) => Number(m[1]));
+    assert.deepEqual(hitSeqs, [25], 'only the walrus message before the window is a hit');
+    // Session isolation.
+    assert.match(
+      await call(a.api, 's1', 'chat_history', { keyword: 'kiwi', match: 'keyword' }),
+      /No earlier messages match/,
+    );
+  });
+
+  void test('mode inference, read by seq range, list of the latest, clipping', async () => {
+    const inferredSearch = await call(a.api, 's1', 'chat_history', { keyword: 'flamingo' });
+    assert.match(inferredSearch, /match\(es\)/);
+    const list = await call(a.api, 's1', 'chat_history', { limit: 2 });
+    assert.match(list, /^The last 2 message\(s\):/);
+    assert.match(list, /#41\] long x+ …\[clipped \d+ characters\]/);
+    const read = await call(a.api, 's1', 'chat_history', { mode: 'read', from_seq: 3, to_seq: 5 });
+    assert.deepEqual(
+      [...read.matchAll(/#(\d+)\]/g)].map((m) => Number(m[1])),
+      [3, 4, 5],
+    );
+    // Arguments exactly as the model produced them: a JSON string.
+    const read2 = await call(
+      a.api,
+      's1',
+      'chat_history',
+      JSON.stringify('{"mode":"read","from_seq":1,"to_seq":1}'),
+    );
+    assert.match(read2, /#1\] question 0 about the flamingo deployment/);
+  });
+
+  void test('invalid arguments come back as guidance the model can act on (HTTP 200)', async () => {
+    const cases: Array<[string, unknown, RegExp]> = [
+      ['chat_history', { mode: 'browse' }, /mode must be "search", "read" or "list"/],
+      ['chat_history', { mode: 'search' }, /needs a non-empty keyword/],
+      ['chat_history', { mode: 'read', from_seq: 5 }, /needs from_seq and to_seq/],
+      ['chat_history', { mode: 'read', from_seq: 5, to_seq: 2 }, /to_seq must not be below/],
+      ['chat_history', { keyword: 'x', limit: 99 }, /limit must be between 1 and 32/],
+      ['chat_history', { keyword: 'x', colour: 'red' }, /unknown field\(s\) colour/],
+      ['chat_history', { keyword: 'x', time_range: 'forever' }, /time_range/],
+      ['chat_history', [1, 2], /send a JSON object/],
+      ['chat_history', JSON.stringify('{"keyword": '), /not valid JSON/],
+      ['error_history', { mode: 'search' }, /needs keyword/],
+      ['error_history', { mode: 'read', id: 'nope' }, /needs an id like err_/],
+      [
+        'write_error',
+        { tool_name: 'shell', symptom: 'boom' },
+        /Invalid arguments for write_error: (action|outcome)/,
+      ],
+      ['write_error', { tool_name: 'shell', symptom: 'boom', action: 'x', outcome: 'maybe' }, /outcome/],
+    ];
+    for (const [tool, args, re] of cases) {
+      const text = await call(a.api, 's1', tool, args);
+      assert.match(text, re, `${tool} ${JSON.stringify(args)} → ${text}`);
+      assert.match(text, /Example of a valid call|JSON object|valid JSON/, 'says how to fix the call');
+    }
+    assert.equal((await a.api.post('/v1/sessions/s1/tools/delete_everything', {})).status, 404);
+  });
+
+  void test('output stays bounded however many long hits match', async () => {
+    const big = Array.from({ length: 60 }, (_, i) => user(`zebra ${i} ${'lorem ipsum '.repeat(200)}`));
+    await a.api.post('/v1/sessions/big/messages?wait=true', { messages: big });
+    await a.api.post('/v1/sessions/big/messages?wait=true', {
+      messages: Array.from({ length: 16 }, (_, i) => user(`filler ${i}`)),
+    });
+    const text = await call(a.api, 'big', 'chat_history', { keyword: 'zebra', match: 'keyword', limit: 32 });
+    assert.ok(text.length <= MAX_OUTPUT_CHARS + 200, `output ${text.length} chars`);
+    assert.match(text, /more not shown|clipped/);
+  });
+
+  void test('write_error then error_history finds and reads it; tenants never see each other', async () => {
+    const written = await call(a.api, 's1', 'write_error', {
+      tool_name: 'psql',
+      symptom: 'connection refused on port 5432',
+      cause: 'postgres was stopped',
+      action: 'started the cluster with pg_ctlcluster',
+      outcome: 'resolved',
+    });
+    const id = /Recorded as (err_[a-z2-7]{20})/.exec(written)?.[1];
+    assert.ok(id, written);
+    const again = await call(a.api, 's2', 'write_error', {
+      tool_name: 'psql',
+      symptom: 'connection refused on port 6543',
+      action: 'started the cluster',
+      outcome: 'resolved',
+    });
+    assert.match(again, new RegExp(`merged into existing record ${id}`));
+    const found = await call(a.api, 's2', 'error_history', {
+      keyword: 'psql: connection refused',
+      tool_name: 'psql',
+    });
+    assert.match(found, new RegExp(`id: ${id} · tool: psql · outcome: resolved · seen 2×`));
+    assert.match(found, /action: started the cluster/);
+    const read = await call(a.api, 's1', 'error_history', { id });
+    assert.match(read, /symptom: connection refused/);
+    assert.match(await call(a.api, 's1', 'error_history', { keyword: 'kubernetes ingress' }), /^NONE/);
+
+    // Tenant B: same session id, same keyword, same record id → nothing of A.
+    assert.equal(
+      await call(b.api, 's1', 'chat_history', { keyword: 'flamingo' }),
+      'No messages in this conversation yet.',
+    );
+    assert.match(await call(b.api, 's1', 'error_history', { keyword: 'connection refused' }), /^NONE/);
+    assert.match(await call(b.api, 's1', 'error_history', { mode: 'read', id }), /No error record/);
+  });
+});
