@@ -5,6 +5,7 @@ import { ExpressAdapter } from '@bull-board/express';
 import express from 'express';
 import type { RequestHandler, Router } from 'express';
 import { requireAdmin, requireTenant } from './auth.js';
+import { rateLimit } from './rate-limit.js';
 import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
 import { makeErrorHandler, notFoundHandler } from './http-errors.js';
@@ -102,7 +103,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.use('/v1/admin', requireAdmin(deps.config.adminToken), admin);
   mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
-  const tenant = requireTenant(deps.db);
+  const tenant = [requireTenant(deps.db), rateLimit(deps)];
   const sessions = makeSessionRoutes(deps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });
@@ -117,6 +118,24 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     mounts.push({ prefix: extra.prefix, router: extra.router, meta: extra.meta });
   }
 
+  app.use(notFoundHandler);
+  app.use(makeErrorHandler(deps.logger));
+  return app;
+}
+
+/** The ops surface alone (health, readiness, metrics), for worker processes. */
+export function makeOpsApp(deps: CoreDeps): express.Express {
+  const app = express();
+  app.disable('x-powered-by');
+  app.use(requestId);
+  app.use(
+    '/',
+    makeOpsRoutes(deps, () => ({
+      openapi: '3.1.0',
+      info: { title: 'mnemos worker', version: VERSION },
+      paths: {},
+    })),
+  );
   app.use(notFoundHandler);
   app.use(makeErrorHandler(deps.logger));
   return app;

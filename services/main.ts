@@ -2,7 +2,8 @@ import type { Server } from 'node:http';
 import { migrate } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
-import { makeApp } from './app.js';
+import { makeApp, makeOpsApp } from './app.js';
+import { startQueueSampler } from './metrics-sampler.js';
 import { loadConfig } from './config.js';
 import type { Config } from './config.js';
 import type { CoreDeps } from './deps.js';
@@ -43,11 +44,13 @@ export async function startService(
   let server: Server | null = null;
   let workers: RunningWorkers | null = null;
   let stopping: Promise<void> | null = null;
+  let stopSampler: (() => void) | null = null;
 
   const stop = () =>
     (stopping ??= (async () => {
       // Ordered: stop intake, finish in-flight work, then close queues, Redis and the pool.
       const deadline = config.shutdownTimeoutMs;
+      stopSampler?.();
       if (server) {
         const s = server;
         await new Promise<void>((resolve) => {
@@ -73,8 +76,18 @@ export async function startService(
     for (const f of opts.extensions ?? []) extensions.push(await f(deps, extensions));
     if (mode !== 'api') workers = await startWorkers(deps, extensions, opts.worker);
     let url: string | null = null;
-    if (mode !== 'worker') {
-      const app = makeApp(deps, { extraRoutes: extensions.flatMap((e) => e.routes ?? []) });
+    {
+      // Worker processes serve only /healthz, /readyz and /metrics (their job metrics live there).
+      const app =
+        mode === 'worker'
+          ? makeOpsApp(deps)
+          : makeApp(deps, {
+              extraRoutes: extensions.flatMap((e) => e.routes ?? []),
+              // Tenant erasure is offered by the lifecycle module (services/lifecycle/).
+              eraseTenant: extensions.find((e) => e.provides?.eraseTenant)?.provides?.eraseTenant as
+                ((tenantId: string) => Promise<boolean>) | undefined,
+            });
+      if (mode !== 'worker') stopSampler = startQueueSampler(deps);
       server = await new Promise<Server>((resolve, reject) => {
         const s = app.listen(config.port, config.host, () => resolve(s));
         s.once('error', reject);

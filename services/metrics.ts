@@ -6,7 +6,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
  */
 export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
   const registry = new Registry();
-  if (opts.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'mnemos_process_' });
+  if (opts.defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'mnemos_' });
   const m = {
     registry,
     httpDuration: new Histogram({
@@ -58,6 +58,17 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       name: 'mnemos_queue_jobs',
       help: 'Jobs per queue and state (sampled)',
       labelNames: ['queue', 'state'] as const,
+      registers: [registry],
+    }),
+    queueOldestAge: new Gauge({
+      name: 'mnemos_queue_oldest_job_age_seconds',
+      help: 'Age of the oldest waiting job per queue (sampled)',
+      labelNames: ['queue'] as const,
+      registers: [registry],
+    }),
+    rateLimited: new Counter({
+      name: 'mnemos_rate_limited_total',
+      help: 'Requests refused with 429 by the per-key rate limit',
       registers: [registry],
     }),
     enqueueFailures: new Counter({

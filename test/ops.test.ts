@@ -1,0 +1,96 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { sampleQueues } from '../services/metrics-sampler.js';
+import { api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
+import type { TestService } from './support/harness.js';
+
+const metricValue = (text: string, name: string, labels = ''): number => {
+  const line = text
+    .split('\n')
+    .find((l) => l.startsWith(`${name}${labels ? `{${labels}` : ''}`) && (labels || /^[a-z_]+ /.test(l)));
+  return line ? Number(line.slice(line.lastIndexOf(' ') + 1)) : NaN;
+};
+
+void describe('operations', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService({ env: { RATE_LIMIT_PER_MIN: '5' } });
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+  });
+
+  void test('metrics are present, move with traffic, and carry no tenant or session labels', async () => {
+    const t = await svc.newTenant();
+    const before = await (await fetch(`${svc.base}/metrics`)).text();
+    const acceptedBefore = metricValue(before, 'mnemos_messages_accepted_total');
+    const archivedBefore = metricValue(before, 'mnemos_messages_archived_total');
+    const r = await t.api.post('/v1/sessions/secret-session-name/messages?wait=true', {
+      messages: [
+        { role: 'user', content: 'one' },
+        { role: 'assistant', content: 'two' },
+      ],
+    });
+    assert.equal(r.status, 201);
+    await sampleQueues(svc.deps);
+    const text = await (await fetch(`${svc.base}/metrics`)).text();
+    assert.equal(metricValue(text, 'mnemos_messages_accepted_total'), acceptedBefore + 2);
+    assert.equal(metricValue(text, 'mnemos_messages_archived_total'), archivedBefore + 2);
+    assert.match(
+      text,
+      /mnemos_http_request_duration_seconds_count\{method="POST",route="\/v1\/sessions\/:sid\/messages",status="201"\} 1/,
+    );
+    assert.match(text, /mnemos_queue_jobs\{queue="ingest",state="failed"\} \d+/);
+    assert.match(text, /mnemos_queue_oldest_job_age_seconds\{queue="ingest"\} \d+/);
+    assert.match(text, /mnemos_job_duration_seconds_count\{queue="ingest"\} [1-9]/);
+    assert.match(text, /mnemos_process_resident_memory_bytes/);
+    assert.doesNotMatch(text, /secret-session-name/);
+    assert.ok(!text.includes(t.tenantId), 'no tenant ids in metrics');
+  });
+
+  void test('rate limiting per API key: 429 with retry-after past the budget, other keys unaffected, then recovery', async () => {
+    const a = await svc.newTenant();
+    const b = await svc.newTenant();
+    for (let i = 0; i < 5; i++) {
+      const r = await a.api.get('/v1/sessions');
+      assert.equal(r.status, 200);
+      assert.equal(r.headers.get('x-ratelimit-remaining'), String(4 - i));
+    }
+    const limited = await a.api.get('/v1/sessions');
+    assert.equal(limited.status, 429);
+    assert.equal(limited.body.error.code, 'rate_limited');
+    const retryAfter = Number(limited.headers.get('retry-after'));
+    assert.ok(retryAfter >= 1 && retryAfter <= 60);
+    assert.equal((await b.api.get('/v1/sessions')).status, 200, 'another key has its own budget');
+    assert.equal((await api(svc.base).get('/healthz')).status, 200, 'ops endpoints are not limited');
+    // The next minute starts a new window (simulated by removing the current window's counter).
+    const keyId = a.apiKey.split('_')[1]!;
+    const counters = await svc.deps.redis.keys(`${svc.config.prefix}:rl:${keyId}:*`);
+    assert.equal(counters.length, 1);
+    await svc.deps.redis.del(...counters);
+    assert.equal((await a.api.get('/v1/sessions')).status, 200);
+    const text = await (await fetch(`${svc.base}/metrics`)).text();
+    assert.ok(metricValue(text, 'mnemos_rate_limited_total') >= 1);
+  });
+
+  void test('a worker process serves health, readiness and metrics, and no API', async () => {
+    const worker = await startTestService({
+      mode: 'worker',
+      databaseUrl: svc.config.databaseUrl!,
+      prefix: svc.config.prefix,
+    });
+    try {
+      assert.equal((await api(worker.base).get('/healthz')).status, 200);
+      const ready = await eventually(async () => {
+        const r = await api(worker.base).get('/readyz');
+        return r.status === 200 ? r : null;
+      });
+      assert.equal(ready.body.checks.postgres, 'ok');
+      assert.match(await (await fetch(`${worker.base}/metrics`)).text(), /mnemos_job_duration_seconds/);
+      assert.equal((await api(worker.base).get('/v1/sessions')).status, 404);
+    } finally {
+      await worker.stop();
+    }
+  });
+});
