@@ -24,6 +24,8 @@ export const payloads = {
       kind: z.literal('summarize'),
       ...sessionRef,
       reason: z.enum(['sweep', 'api']),
+      // Set by the API so `?wait=true` can tell its own job from one it joined (deduplication).
+      requestId: z.string().max(64).optional(),
     }),
   ]),
   // Periodic tasks; each extension registers the kinds it runs (see services/extension.ts).

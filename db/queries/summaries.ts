@@ -6,10 +6,298 @@ export interface SummaryStateRow {
   status: string;
 }
 
-export async function getSummaryState(q: Queryable, tenantId: string, sessionId: string): Promise<SummaryStateRow | null> {
+export async function getSummaryState(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+): Promise<SummaryStateRow | null> {
   const r = await q.query<SummaryStateRow>(
     'SELECT version, cursor_seq, status FROM summaries WHERE tenant_id = $1 AND session_id = $2',
     [tenantId, sessionId],
   );
   return r.rows[0] ?? null;
+}
+
+/**
+ * A summaries row. `version` 0 with `summary` null is a placeholder: it records the cursor and
+ * failures of a session whose first summary has not been written yet (SPEC: version 0 = none).
+ * `cursor_seq` null means an imported summary whose cursor is still unknown.
+ */
+export interface SummaryRow extends SummaryStateRow {
+  summary: unknown;
+  failures: number;
+  last_error: string | null;
+  next_attempt_at: Date | null;
+  updated_at: Date;
+}
+
+export async function getSummaryRow(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+): Promise<SummaryRow | null> {
+  const r = await q.query<SummaryRow>(
+    `SELECT summary, version, cursor_seq, status, failures, last_error, next_attempt_at, updated_at
+     FROM summaries WHERE tenant_id = $1 AND session_id = $2`,
+    [tenantId, sessionId],
+  );
+  return r.rows[0] ?? null;
+}
+
+/** Between the tool calls of one message in `tool_calls_text` (ASCII record separator). */
+export const TOOL_CALL_SEPARATOR = '\u001e';
+
+/** An archived message as the summarizer reads it: content capped in SQL so a page stays small. */
+export interface SummarySourceRow {
+  seq: string;
+  role: string;
+  name: string | null;
+  sent_at_ns: string;
+  /** At most `maxChars` code points of the text content ('' when none). */
+  content: string;
+  /** Code points of the whole text content. */
+  content_chars: number;
+  /** `name(arguments)` per tool call (arguments capped), separated by TOOL_CALL_SEPARATOR, or null. */
+  tool_calls_text: string | null;
+}
+
+/** The next page of archived messages after `afterSeq`, in seq order. */
+export async function pageSummarySource(
+  q: Queryable,
+  a: {
+    tenantId: string;
+    sessionId: string;
+    afterSeq: number;
+    limit: number;
+    maxChars: number;
+    maxArgChars: number;
+  },
+): Promise<SummarySourceRow[]> {
+  const r = await q.query<SummarySourceRow>(
+    `SELECT m.seq, m.role, m.name, m.sent_at_ns,
+       left(coalesce(m.content, ''), $5::int) AS content,
+       char_length(coalesce(m.content, '')) AS content_chars,
+       CASE WHEN jsonb_typeof(m.tool_calls) = 'array' THEN (
+         SELECT string_agg(
+           coalesce(tc -> 'function' ->> 'name', 'tool') || '(' ||
+             CASE WHEN char_length(coalesce(tc -> 'function' ->> 'arguments', '')) > $6::int
+               THEN left(tc -> 'function' ->> 'arguments', $6::int) || '…'
+               ELSE coalesce(tc -> 'function' ->> 'arguments', '') END || ')',
+           chr(30) ORDER BY x.ord)
+         FROM jsonb_array_elements(m.tool_calls) WITH ORDINALITY AS x (tc, ord)
+       ) END AS tool_calls_text
+     FROM messages m
+     WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq > $3::bigint
+     ORDER BY m.seq
+     LIMIT $4::int`,
+    [a.tenantId, a.sessionId, a.afterSeq, a.limit, a.maxChars, a.maxArgChars],
+  );
+  return r.rows;
+}
+
+export async function hasMessagesAfter(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+  afterSeq: number,
+): Promise<boolean> {
+  const r = await q.query(
+    'SELECT 1 FROM messages WHERE tenant_id = $1 AND session_id = $2 AND seq > $3::bigint LIMIT 1',
+    [tenantId, sessionId, afterSeq],
+  );
+  return r.rows.length > 0;
+}
+
+// ---- the per-session lease (migration 003) ----
+
+/** Takes the lease when free or expired; false when another holder has it. */
+export async function acquireSummaryLease(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; holder: string; ttlMs: number },
+): Promise<boolean> {
+  const r = await q.query(
+    `INSERT INTO summary_leases (tenant_id, session_id, holder, expires_at)
+     SELECT $1, $2, $3, now() + make_interval(secs => $4::double precision / 1000)
+     WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2)
+     ON CONFLICT (tenant_id, session_id) DO UPDATE
+       SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+       WHERE summary_leases.expires_at < now()
+     RETURNING holder`,
+    [a.tenantId, a.sessionId, a.holder, a.ttlMs],
+  );
+  return r.rows.length > 0;
+}
+
+/** Extends the lease; false when it is no longer ours (expired and taken over). */
+export async function renewSummaryLease(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; holder: string; ttlMs: number },
+): Promise<boolean> {
+  const r = await q.query(
+    `UPDATE summary_leases SET expires_at = now() + make_interval(secs => $4::double precision / 1000)
+     WHERE tenant_id = $1 AND session_id = $2 AND holder = $3
+     RETURNING 1`,
+    [a.tenantId, a.sessionId, a.holder, a.ttlMs],
+  );
+  return r.rows.length > 0;
+}
+
+export async function releaseSummaryLease(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; holder: string },
+): Promise<void> {
+  await q.query('DELETE FROM summary_leases WHERE tenant_id = $1 AND session_id = $2 AND holder = $3', [
+    a.tenantId,
+    a.sessionId,
+    a.holder,
+  ]);
+}
+
+export async function deleteSummaryLease(q: Queryable, tenantId: string, sessionId: string): Promise<void> {
+  await q.query('DELETE FROM summary_leases WHERE tenant_id = $1 AND session_id = $2', [tenantId, sessionId]);
+}
+
+/**
+ * Inside a save transaction: locks the session row (FOR SHARE, so a concurrent delete or reset
+ * that bumps the generation serialises with the save) and checks that the session is still the
+ * live generation the run started on and that the run still holds the lease.
+ */
+export async function lockForSummarySave(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; generation: number; holder: string },
+): Promise<boolean> {
+  const r = await q.query(
+    `SELECT 1 FROM sessions s
+     WHERE s.tenant_id = $1 AND s.id = $2 AND s.generation = $3 AND s.deleted_at IS NULL
+       AND EXISTS (SELECT 1 FROM summary_leases l
+                   WHERE l.tenant_id = $1 AND l.session_id = $2 AND l.holder = $4)
+     FOR SHARE OF s`,
+    [a.tenantId, a.sessionId, a.generation, a.holder],
+  );
+  return r.rows.length > 0;
+}
+
+/** First row of a session; false when one exists already (a concurrent run won). */
+export async function insertSummary(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; summary: unknown; version: number; cursorSeq: number },
+): Promise<boolean> {
+  const r = await q.query(
+    `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version, status, failures, updated_at)
+     VALUES ($1, $2, $3::jsonb, $4::bigint, $5::int, 'ok', 0, now())
+     ON CONFLICT (tenant_id, session_id) DO NOTHING
+     RETURNING 1`,
+    [a.tenantId, a.sessionId, JSON.stringify(a.summary), a.cursorSeq, a.version],
+  );
+  return r.rows.length > 0;
+}
+
+/**
+ * Saves a step only if the row is still exactly what this run last saw (version and cursor), so a
+ * concurrent or replayed run can never overwrite a newer summary or move the cursor backwards.
+ * A successful save clears the failure state.
+ */
+export async function updateSummaryGuarded(
+  q: Queryable,
+  a: {
+    tenantId: string;
+    sessionId: string;
+    expectVersion: number;
+    expectCursor: number | null;
+    summary: unknown;
+    version: number;
+    cursorSeq: number;
+  },
+): Promise<boolean> {
+  const r = await q.query(
+    `UPDATE summaries SET summary = $5::jsonb, version = $6::int, cursor_seq = $7::bigint,
+       status = 'ok', failures = 0, last_error = NULL, next_attempt_at = NULL, updated_at = now()
+     WHERE tenant_id = $1 AND session_id = $2 AND version = $3::int
+       AND cursor_seq IS NOT DISTINCT FROM $4::bigint
+       AND ($7::bigint >= coalesce(cursor_seq, 0))
+     RETURNING 1`,
+    [
+      a.tenantId,
+      a.sessionId,
+      a.expectVersion,
+      a.expectCursor,
+      JSON.stringify(a.summary),
+      a.version,
+      a.cursorSeq,
+    ],
+  );
+  return r.rows.length > 0;
+}
+
+/**
+ * Counts a failed run. The first failure of a session without a summary creates a placeholder
+ * row (version 0, summary null, cursor 0) so the failure is visible. From `stallAfter`
+ * consecutive failures on, the row is `stalled` with an exponential back-off the sweep respects.
+ */
+export async function recordSummaryFailure(
+  q: Queryable,
+  a: {
+    tenantId: string;
+    sessionId: string;
+    error: string;
+    stallAfter: number;
+    backoffBaseSeconds: number;
+    backoffMaxSeconds: number;
+  },
+): Promise<{ failures: number; status: string; next_attempt_at: Date | null } | null> {
+  const r = await q.query<{ failures: number; status: string; next_attempt_at: Date | null }>(
+    `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version, status, failures, last_error, updated_at)
+     SELECT $1, $2, 'null'::jsonb, 0, 0, CASE WHEN 1 >= $4::int THEN 'stalled' ELSE 'ok' END, 1, $3, now()
+     WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL)
+     ON CONFLICT (tenant_id, session_id) DO UPDATE SET
+       failures = summaries.failures + 1,
+       last_error = EXCLUDED.last_error,
+       status = CASE WHEN summaries.failures + 1 >= $4::int THEN 'stalled' ELSE summaries.status END,
+       next_attempt_at = CASE WHEN summaries.failures + 1 >= $4::int
+         THEN now() + make_interval(secs => least($6::double precision,
+           $5::double precision * power(2, summaries.failures + 1 - $4::int)))
+         ELSE NULL END
+     RETURNING failures, status, next_attempt_at`,
+    [a.tenantId, a.sessionId, a.error, a.stallAfter, a.backoffBaseSeconds, a.backoffMaxSeconds],
+  );
+  return r.rows[0] ?? null;
+}
+
+export interface SummaryCandidate {
+  tenant_id: string;
+  id: string;
+}
+
+/**
+ * One keyset page of sessions the sweep should summarise: live, not `temp-`, with an archived
+ * message past the summary cursor (or no summary yet), and not stalled in back-off. The cheap
+ * `next_seq` test filters first; the EXISTS probe on the primary key makes it exact (a reset
+ * removes archive rows without lowering next_seq).
+ */
+export async function pageSummaryCandidates(
+  q: Queryable,
+  a: { afterTenantId: string; afterSessionId: string; limit: number },
+): Promise<SummaryCandidate[]> {
+  const r = await q.query<SummaryCandidate>(
+    `SELECT s.tenant_id, s.id
+     FROM sessions s
+     LEFT JOIN summaries m ON m.tenant_id = s.tenant_id AND m.session_id = s.id
+     WHERE (s.tenant_id, s.id) > ($1, $2)
+       AND s.deleted_at IS NULL
+       AND left(s.id, 5) <> 'temp-'
+       AND s.next_seq - 1 > coalesce(m.cursor_seq, 0)
+       AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())
+       AND EXISTS (SELECT 1 FROM messages x
+                   WHERE x.tenant_id = s.tenant_id AND x.session_id = s.id
+                     AND x.seq > coalesce(m.cursor_seq, 0))
+     ORDER BY s.tenant_id, s.id
+     LIMIT $3::int`,
+    [a.afterTenantId, a.afterSessionId, a.limit],
+  );
+  return r.rows;
+}
+
+export async function countStalledSummaries(q: Queryable): Promise<number> {
+  const r = await q.query<{ n: number }>(`SELECT count(*)::int AS n FROM summaries WHERE status = 'stalled'`);
+  return r.rows[0]?.n ?? 0;
 }

@@ -1,0 +1,177 @@
+import { randomUUID } from 'node:crypto';
+import { Router } from 'express';
+import type { Response } from 'express';
+import { z } from 'zod';
+import { getSession } from '../../db/queries/sessions.js';
+import { getSummaryRow } from '../../db/queries/summaries.js';
+import type { SummaryRow } from '../../db/queries/summaries.js';
+import { usageByWindow } from '../../db/queries/usage.js';
+import type { CoreDeps } from '../deps.js';
+import { AppError, notFound, unavailable } from '../errors.js';
+import { assertSessionId } from '../messages/message-input.js';
+import type { RouteMeta } from '../openapi.js';
+import { enqueueSummarize } from '../summary/enqueue-summarize.js';
+import { parseInput } from '../validate.js';
+
+/** How long `POST …/summarize?wait=true` waits before answering 202 with the job id. */
+export const SUMMARIZE_WAIT_MS = 60_000;
+
+const WINDOWS = { '24h': 24, '7d': 24 * 7, '28d': 24 * 28 } as const;
+
+const summarizeQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
+const usageQuery = z
+  .object({
+    window: z.enum(['24h', '7d', '28d']).optional(),
+    session_id: z
+      .string()
+      .regex(/^[A-Za-z0-9._:@-]{1,256}$/, 'must be 1-256 characters of A-Z a-z 0-9 . _ : @ -')
+      .refine((s) => s !== '.' && s !== '..', 'must not be "." or ".."')
+      .optional(),
+  })
+  .strict();
+
+export const summaryRoutesMeta: Record<string, RouteMeta> = {
+  'GET /:sid/summary': {
+    summary: "The session's rolling summary, its version, cursor and status (404 when none)",
+  },
+  'POST /:sid/summarize': {
+    summary:
+      'Summarise now (202 with the job id; ?wait=true waits for the result). 409 when no LLM is configured',
+    query: summarizeQuery,
+    success: 202,
+  },
+};
+
+export const usageRoutesMeta: Record<string, RouteMeta> = {
+  'GET /': {
+    summary: 'LLM usage by purpose and model over a window (24h, 7d, 28d), optionally for one session',
+    query: usageQuery,
+  },
+};
+
+function tenantOf(res: Response): string {
+  const t: unknown = res.locals.tenantId;
+  if (typeof t !== 'string' || t === '') throw new Error('summary routes mounted without auth');
+  return t;
+}
+
+/** The API view of a summary row. Version 0 is a placeholder: no summary text yet. */
+export function summaryView(row: SummaryRow) {
+  return {
+    summary: row.version > 0 ? row.summary : null,
+    version: row.version,
+    cursor_seq: row.cursor_seq === null ? null : Number(row.cursor_seq),
+    status: row.status,
+    updated_at: row.updated_at.toISOString(),
+    failures: row.failures,
+    last_error: row.last_error,
+    next_attempt_at: row.next_attempt_at?.toISOString() ?? null,
+  };
+}
+
+const redisDown = () => unavailable('redis');
+
+export function makeSummaryRoutes(deps: CoreDeps): Router {
+  const router = Router();
+  const queue = deps.queues.summary;
+
+  router.get('/:sid/summary', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const tenantId = tenantOf(res);
+    if (!(await getSession(deps.db, tenantId, sid))) throw notFound('summary');
+    const row = await getSummaryRow(deps.db, tenantId, sid);
+    if (!row) throw notFound('summary');
+    res.json(summaryView(row));
+  });
+
+  /** Polls a job until it completes or fails; null on deadline. A vanished job counts as done. */
+  async function finished(id: string, deadline: number): Promise<{ state: string; result: unknown } | null> {
+    let delay = 25;
+    for (;;) {
+      // State first, then the job: a job read before it completed has no return value yet.
+      const state = await queue.getJobState(id).catch(() => {
+        throw redisDown();
+      });
+      if (state === 'unknown') return { state, result: null };
+      if (state === 'completed') {
+        const job = await queue.getJob(id).catch(() => {
+          throw redisDown();
+        });
+        return { state, result: job?.returnvalue ?? null };
+      }
+      if (state === 'failed') return { state, result: null };
+      if (Date.now() + delay > deadline) return null;
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(delay * 2, 250);
+    }
+  }
+
+  router.post('/:sid/summarize', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const q = parseInput(summarizeQuery, req.query, 'query');
+    const tenantId = tenantOf(res);
+    if (!deps.llm) {
+      throw new AppError(
+        409,
+        'llm_not_configured',
+        'no LLM is configured (set OPENAI_API_KEY or OPENAI_BASE_URL): summaries are disabled',
+      );
+    }
+    if (!(await getSession(deps.db, tenantId, sid))) throw notFound('session');
+    const requestId = randomUUID();
+    const enqueue = () =>
+      enqueueSummarize(deps.queues, tenantId, sid, 'api', requestId).catch(() => {
+        throw redisDown();
+      });
+    let id = await enqueue();
+    if (q.wait !== 'true') {
+      res.status(202).json({ job_id: `summary.${id}` });
+      return;
+    }
+    const deadline = Date.now() + SUMMARIZE_WAIT_MS;
+    // Joined a run that was already going: it may have read the archive before this request, so
+    // wait for it and then run once more to include everything archived now.
+    const existing = await queue.getJob(id).catch(() => null);
+    const joined =
+      existing !== undefined &&
+      existing !== null &&
+      (existing.data as { requestId?: string }).requestId !== requestId;
+    if (joined && (await existing.getState().catch(() => 'unknown')) === 'active') {
+      if (!(await finished(id, deadline))) {
+        res.status(202).json({ job_id: `summary.${id}` });
+        return;
+      }
+      id = await enqueue();
+    }
+    const done = await finished(id, deadline);
+    if (!done) {
+      res.status(202).json({ job_id: `summary.${id}` });
+      return;
+    }
+    const outcome =
+      done.state === 'failed'
+        ? 'failed'
+        : ((done.result as { outcome?: string } | null)?.outcome ?? 'unknown');
+    const row = await getSummaryRow(deps.db, tenantId, sid);
+    res.status(200).json({
+      job_id: `summary.${id}`,
+      outcome,
+      ...(row
+        ? summaryView(row)
+        : { summary: null, version: 0, cursor_seq: null, status: 'ok', updated_at: null }),
+    });
+  });
+
+  return router;
+}
+
+export function makeUsageRoutes(deps: CoreDeps): Router {
+  const router = Router();
+  router.get('/', async (req, res) => {
+    const q = parseInput(usageQuery, req.query, 'query');
+    const window = q.window ?? '24h';
+    const rows = await usageByWindow(deps.db, tenantOf(res), WINDOWS[window], q.session_id ?? null);
+    res.json({ window, rows });
+  });
+  return router;
+}

@@ -1,0 +1,55 @@
+import { createHash } from 'node:crypto';
+import type { JobsOptions } from 'bullmq';
+import type { QueueRegistry } from '../../workers/queues.js';
+
+/**
+ * One summarize job per session at a time, for the sweep and the API alike: BullMQ's
+ * deduplication keeps a single waiting/active job per session (adding another returns the
+ * existing job's id) and releases the key when that job completes or fails, so a failed job
+ * never blocks later ones. Session ids may contain ':' (not allowed in BullMQ ids), hence a hash.
+ * The Postgres lease in the job (summary_leases) is the guarantee; this keeps the queue small.
+ */
+export function summaryDedupId(tenantId: string, sessionId: string): string {
+  const h = createHash('sha256').update(`${tenantId}\u0000${sessionId}`).digest('hex');
+  return `summarize-${h.slice(0, 40)}`;
+}
+
+export type SummarizeReason = 'sweep' | 'api';
+
+function job(tenantId: string, sessionId: string, reason: SummarizeReason, requestId?: string) {
+  const data = {
+    v: 1 as const,
+    kind: 'summarize' as const,
+    tenantId,
+    sessionId,
+    reason,
+    ...(requestId ? { requestId } : {}),
+  };
+  const opts: JobsOptions = { deduplication: { id: summaryDedupId(tenantId, sessionId) } };
+  return { name: 'summarize', data, opts };
+}
+
+/**
+ * Enqueues the session's summarize job, or joins the one already waiting or running; returns the
+ * BullMQ job id. `requestId`, stored in the payload, tells the caller which of the two happened.
+ */
+export async function enqueueSummarize(
+  queues: Pick<QueueRegistry, 'summary'>,
+  tenantId: string,
+  sessionId: string,
+  reason: SummarizeReason,
+  requestId?: string,
+): Promise<string> {
+  const j = job(tenantId, sessionId, reason, requestId);
+  const added = await queues.summary.add(j.name, j.data, j.opts);
+  return String(added.id);
+}
+
+export async function enqueueSummarizeMany(
+  queues: Pick<QueueRegistry, 'summary'>,
+  sessions: Array<{ tenantId: string; sessionId: string }>,
+  reason: SummarizeReason,
+): Promise<void> {
+  if (sessions.length === 0) return;
+  await queues.summary.addBulk(sessions.map((s) => job(s.tenantId, s.sessionId, reason)));
+}

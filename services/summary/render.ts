@@ -1,0 +1,124 @@
+import { TOOL_CALL_SEPARATOR } from '../../db/queries/summaries.js';
+
+/**
+ * How archived messages appear in summary prompts. Every size here is in Unicode code points
+ * (SUMMARY_RUNES), never UTF-16 units (`.length`) or bytes: an emoji is one, a CJK character is one.
+ */
+
+const SURROGATE_PAIR = /[\uD800-\uDBFF][\uDC00-\uDFFF]/g;
+
+/** Code points in `s`: UTF-16 units minus one per surrogate pair (a lone surrogate counts as one). */
+export function codePoints(s: string): number {
+  const pairs = s.match(SURROGATE_PAIR);
+  return pairs === null ? s.length : s.length - pairs.length;
+}
+
+/** The first `n` code points of `s` (never splits a surrogate pair). */
+export function takeCodePoints(s: string, n: number): string {
+  if (n <= 0) return '';
+  let count = 0;
+  let i = 0;
+  while (i < s.length && count < n) {
+    const c = s.charCodeAt(i);
+    i += c >= 0xd800 && c <= 0xdbff && i + 1 < s.length ? 2 : 1;
+    count++;
+  }
+  return s.slice(0, i);
+}
+
+export const truncationMarker = (omitted: number) => `…[truncated ${omitted} characters]`;
+
+const formatters = new Map<string, Intl.DateTimeFormat>();
+
+/** `2026-01-02 10:03:04 +08:00`: the message's wall-clock time in the configured zone. */
+export function formatMessageTime(sentAtNs: string, timeZone: string): string {
+  let f = formatters.get(timeZone);
+  if (!f) {
+    f = new Intl.DateTimeFormat('en-US', {
+      timeZone,
+      hourCycle: 'h23',
+      year: 'numeric',
+      month: '2-digit',
+      day: '2-digit',
+      hour: '2-digit',
+      minute: '2-digit',
+      second: '2-digit',
+      timeZoneName: 'longOffset',
+    });
+    formatters.set(timeZone, f);
+  }
+  const ms = Number(BigInt(sentAtNs) / 1_000_000n);
+  const p = Object.fromEntries(f.formatToParts(new Date(ms)).map((x) => [x.type, x.value]));
+  const offset = (p.timeZoneName ?? 'GMT').replace(/^GMT/, '') || '+00:00';
+  return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${offset}`;
+}
+
+/** One archived message, content already capped by the query. */
+export interface SourceMessage {
+  seq: number;
+  role: string;
+  name: string | null;
+  sentAtNs: string;
+  /** Text content, possibly a prefix of the stored text. */
+  content: string;
+  /** Code points of the whole stored text. */
+  contentChars: number;
+  /** Tool calls as `name(arguments)`, separated by TOOL_CALL_SEPARATOR. */
+  toolCalls: string | null;
+}
+
+/** A message rendered for a prompt. `size` counts its code points plus the blank-line separator. */
+export interface Block {
+  seq: number;
+  role: string;
+  text: string;
+  size: number;
+  source: SourceMessage;
+}
+
+export const BLOCK_SEPARATOR = '\n\n';
+const SEPARATOR_SIZE = 2;
+
+// A message is rendered again when its chunk is re-planned; its header does not change.
+const headers = new WeakMap<SourceMessage, string>();
+
+function header(m: SourceMessage, timeZone: string): string {
+  let h = headers.get(m);
+  if (h === undefined) {
+    // Names are client-chosen; a long one must not eat the message's share of a chunk.
+    const who = m.name ? `${m.role} (${takeCodePoints(m.name, 64)})` : m.role;
+    h = `[${formatMessageTime(m.sentAtNs, timeZone)}] ${who}:\n`;
+    headers.set(m, h);
+  }
+  return h;
+}
+
+/**
+ * Renders a message as `[time] role:` + newline + body, in at most `maxSize` (separator
+ * included). A body that does not fit is cut with `…[truncated N characters]`, N counting what
+ * the prompt leaves out of the stored message.
+ */
+export function renderBlock(m: SourceMessage, timeZone: string, maxSize: number): Block {
+  const head = header(m, timeZone);
+  const calls = m.toolCalls ? m.toolCalls.split(TOOL_CALL_SEPARATOR).map((c) => `→ tool call: ${c}`) : [];
+  const content = m.content;
+  const body = [content, ...calls].filter((x) => x !== '').join('\n') || '(empty)';
+  // What the stored message holds beyond what the query returned.
+  const hidden = Math.max(0, m.contentChars - codePoints(content));
+  const bodyChars = codePoints(body);
+  const room = maxSize - SEPARATOR_SIZE - codePoints(head);
+  let text: string;
+  if (hidden === 0 && bodyChars <= room) {
+    text = head + body;
+  } else {
+    // The marker's width depends on N; two passes settle it.
+    let keep = Math.max(0, room - codePoints(truncationMarker(bodyChars + hidden)));
+    keep = Math.max(0, room - codePoints(truncationMarker(bodyChars + hidden - keep)));
+    keep = Math.min(keep, bodyChars);
+    text = head + takeCodePoints(body, keep) + truncationMarker(bodyChars + hidden - keep);
+  }
+  return { seq: m.seq, role: m.role, text, size: codePoints(text) + SEPARATOR_SIZE, source: m };
+}
+
+/** The transcript of a chunk as sent to the model. */
+export const joinBlocks = (blocks: Block[]) => blocks.map((b) => b.text).join(BLOCK_SEPARATOR);

@@ -1,0 +1,158 @@
+import { z } from 'zod';
+import { fieldPath } from '../validate.js';
+
+/**
+ * The rolling summary's shape (SPEC §6) and the parsing of model output into it. Anything the
+ * model returns that does not fit is a failed chunk: the previous summary and cursor stay.
+ */
+
+export const MAX_KEY_DECISIONS = 8;
+export const MAX_PAST_DISCUSSIONS = 8;
+const MAX_FIELD_CHARS = 4000;
+
+// Models like typographic apostrophes; the marker is defined with a plain one.
+const normaliseMarker = (s: string) => s.trim().replace(/^Don[\u2019\u02bc`´]t:/, "Don't:");
+
+const text = z.string().max(MAX_FIELD_CHARS);
+
+// `perspectives` is one string in the shape; a list of viewpoints is accepted and joined.
+const perspectives = z.union([
+  text,
+  z
+    .array(text)
+    .max(16)
+    .transform((a) => a.join('; ')),
+]);
+
+export const summarySchema = z.object({
+  key_decisions: z
+    .array(
+      z
+        .string()
+        .transform(normaliseMarker)
+        .pipe(
+          z
+            .string()
+            .max(MAX_FIELD_CHARS)
+            .regex(/^(Do|Don't): \S/, `must start with "Do: " or "Don't: "`),
+        ),
+    )
+    .max(MAX_KEY_DECISIONS),
+  past_discussions: z
+    .array(
+      z.object({
+        topic: text,
+        description: text,
+        direction: text,
+        last_discussed: text,
+      }),
+    )
+    .max(MAX_PAST_DISCUSSIONS),
+  current_discussion: z.object({
+    topic: text,
+    description: text,
+    perspectives,
+    direction: text,
+  }),
+});
+
+export type Summary = z.output<typeof summarySchema>;
+
+export const emptySummary = (): Summary => ({
+  key_decisions: [],
+  past_discussions: [],
+  current_discussion: { topic: '', description: '', perspectives: '', direction: '' },
+});
+
+/** Strips code fences and finds the first balanced JSON object in a model's answer. */
+export function extractJsonObject(raw: string): unknown {
+  const trimmed = raw.trim();
+  const fenced = /^```[a-zA-Z]*\s*\n?([\s\S]*?)\n?```\s*$/.exec(trimmed);
+  const body = fenced ? fenced[1]!.trim() : trimmed;
+  try {
+    return JSON.parse(body);
+  } catch {
+    // fall through: prose around the object, or several objects
+  }
+  const found = firstBalancedObject(body);
+  if (found === null) throw new SyntaxError('no JSON object in the answer');
+  return JSON.parse(found);
+}
+
+function firstBalancedObject(s: string): string | null {
+  for (let start = s.indexOf('{'); start !== -1; start = s.indexOf('{', start + 1)) {
+    let depth = 0;
+    let inString = false;
+    let escaped = false;
+    for (let i = start; i < s.length; i++) {
+      const c = s[i];
+      if (inString) {
+        if (escaped) escaped = false;
+        else if (c === '\\') escaped = true;
+        else if (c === '"') inString = false;
+        continue;
+      }
+      if (c === '"') inString = true;
+      else if (c === '{') depth++;
+      else if (c === '}') {
+        depth--;
+        if (depth === 0) {
+          const candidate = s.slice(start, i + 1);
+          try {
+            JSON.parse(candidate);
+            return candidate;
+          } catch {
+            break; // balanced but not JSON: try the next '{'
+          }
+        }
+      }
+    }
+  }
+  return null;
+}
+
+export type ParseOutcome<T> = { ok: true; value: T } | { ok: false; error: string };
+
+/**
+ * Parses a summary answer. The error names field paths only, never model text, because it is
+ * stored in `last_error` and logged.
+ */
+export function parseSummaryAnswer(raw: string): ParseOutcome<Summary> {
+  let json: unknown;
+  try {
+    json = extractJsonObject(raw);
+  } catch {
+    return { ok: false, error: 'invalid summary: the answer is not a JSON object' };
+  }
+  const r = summarySchema.safeParse(json);
+  if (r.success) return { ok: true, value: r.data };
+  const problems = r.error.issues
+    .slice(0, 5)
+    .map((i) => `${fieldPath(i.path) || 'summary'}: ${i.message}`)
+    .join('; ');
+  return { ok: false, error: `invalid summary: ${problems}` };
+}
+
+/** A stored summary as the decision step sees it (imported ones may not fit the schema exactly). */
+export function summaryEntries(stored: unknown): { keyDecisions: unknown[]; pastDiscussions: unknown[] } {
+  const rec = stored !== null && typeof stored === 'object' && !Array.isArray(stored) ? stored : {};
+  const kd = (rec as Record<string, unknown>)['key_decisions'];
+  const pd = (rec as Record<string, unknown>)['past_discussions'];
+  return { keyDecisions: Array.isArray(kd) ? kd : [], pastDiscussions: Array.isArray(pd) ? pd : [] };
+}
+
+/** The stored summary without the entries at the given 0-based indexes. */
+export function pruneSummary(
+  stored: unknown,
+  remove: { keyDecisions: number[]; pastDiscussions: number[] },
+): unknown {
+  if (stored === null || typeof stored !== 'object' || Array.isArray(stored)) return stored;
+  const { keyDecisions, pastDiscussions } = summaryEntries(stored);
+  const kd = new Set(remove.keyDecisions);
+  const pd = new Set(remove.pastDiscussions);
+  return {
+    ...stored,
+    key_decisions: keyDecisions.filter((_, i) => !kd.has(i)),
+    past_discussions: pastDiscussions.filter((_, i) => !pd.has(i)),
+  };
+}

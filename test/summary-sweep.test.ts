@@ -1,0 +1,234 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import { makeRedis } from '../services/redis.js';
+import { SWEEP_SCHEDULER_ID } from '../services/summary/summary-extension.js';
+import { makeQueues } from '../workers/queues.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
+import type { ChatScript, FakeOpenAI } from './support/fake-openai.js';
+import {
+  REDIS_URL,
+  createTestDatabase,
+  eventually,
+  startTestService,
+  testPrefix,
+} from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+
+const SENT_AT = '2026-01-02T03:04:05Z';
+const sid = (what: string) => `${what}-${randomBytes(3).toString('hex')}`;
+const user = (content: string) => ({ role: 'user', content, sent_at: SENT_AT });
+const assistant = (content: string) => ({ role: 'assistant', content, sent_at: SENT_AT });
+const sized = (token: string, chars: number) =>
+  `${token} ${'x'.repeat(Math.max(0, chars - token.length - 1))}`;
+const tokensIn = (text: string) => [...text.matchAll(/\[T:[a-z0-9]+\]/g)].map((m) => m[0]);
+const userText = (body: any) => String(body?.messages?.[1]?.content ?? '');
+
+function echoSummary(body: any): ChatScript {
+  return {
+    content: JSON.stringify({
+      key_decisions: [],
+      past_discussions: [],
+      current_discussion: {
+        topic: 't',
+        description: tokensIn(userText(body)).join(' '),
+        perspectives: '',
+        direction: '',
+      },
+    }),
+  };
+}
+
+async function archive(api: Api, session: string, messages: unknown[]): Promise<number[]> {
+  const r = await api.post(`/v1/sessions/${session}/messages?wait=true`, { messages });
+  assert.equal(r.status, 201, r.text);
+  return (r.body.messages as Array<{ seq: number }>).map((m) => m.seq);
+}
+
+let fake: FakeOpenAI;
+before(async () => {
+  fake = await startFakeOpenAI();
+});
+after(async () => {
+  await fake?.close();
+});
+
+void describe('summary sweep', () => {
+  let svc: TestService;
+  let api: Api;
+  before(async () => {
+    svc = await startTestService({
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        OPENAI_API_KEY: 'test',
+        SUMMARY_RUNES: '500',
+        SUMMARY_CRON: '*/1 * * * * *',
+      },
+    });
+    api = (await svc.newTenant()).api;
+  });
+  after(async () => {
+    await svc?.stop();
+  });
+
+  void test('summarises changed sessions, skips temp- sessions, and leaves unchanged ones alone', async () => {
+    fake.reset();
+    fake.onChat(echoSummary);
+    const s = sid('alpha');
+    const temp = sid('temp-scratch');
+    const seqs = await archive(api, s, [user('[T:w1] plan the release'), assistant('[T:w2] ok')]);
+    await archive(api, temp, [user('[T:tmp1] throwaway'), assistant('[T:tmp2] sure')]);
+    const summary = await eventually(
+      async () => {
+        const r = await api.get(`/v1/sessions/${s}/summary`);
+        return r.status === 200 && r.body.cursor_seq === seqs[1] ? r.body : null;
+      },
+      20_000,
+      'the sweep to summarise the session',
+    );
+    assert.equal(summary.version, 1);
+    assert.equal(summary.summary.current_discussion.description, '[T:w1] [T:w2]');
+
+    // Two further sweeps find nothing to do.
+    const mark = Date.now();
+    const calls = fake.chatRequests().length;
+    const later = await eventually(
+      async () => {
+        const jobs = await svc.deps.queues.summary.getJobs(['completed'], 0, -1);
+        const sweeps = jobs.filter((j) => j.name === 'sweep' && (j.processedOn ?? 0) > mark);
+        return sweeps.length >= 2 ? sweeps : null;
+      },
+      20_000,
+      'two more sweeps',
+    );
+    assert.ok(later.every((j) => (j.returnvalue as { candidates: number }).candidates === 0));
+    assert.equal(fake.chatRequests().length, calls, 'no LLM call for an unchanged session');
+    assert.equal((await api.get(`/v1/sessions/${temp}/summary`)).status, 404);
+    assert.ok(!fake.chatRequests().some((r) => userText(r.body).includes('[T:tmp')), 'temp- never sent');
+
+    // New messages make the session a candidate again.
+    const more = await archive(api, s, [user('[T:w3] and the changelog'), assistant('[T:w4] drafted')]);
+    await eventually(
+      async () => (await api.get(`/v1/sessions/${s}/summary`)).body.cursor_seq === more[1],
+      20_000,
+      'the sweep to pick up new messages',
+    );
+  });
+});
+
+void describe('two worker processes', () => {
+  const DELAY_MS = 150;
+  const sessions = ['k1', 'k2', 'k3'];
+  let apiSvc: TestService;
+  let workers: TestService[] = [];
+
+  before(async () => {
+    const databaseUrl = await createTestDatabase();
+    const prefix = testPrefix();
+    const env = {
+      OPENAI_BASE_URL: fake.url,
+      OPENAI_API_KEY: 'test',
+      SUMMARY_RUNES: '500',
+      SUMMARY_CRON: '*/1 * * * * *',
+    };
+    apiSvc = await startTestService({ mode: 'api', databaseUrl, prefix, env });
+    workers = [
+      await startTestService({ mode: 'worker', databaseUrl, prefix, env }),
+      await startTestService({ mode: 'worker', databaseUrl, prefix, env }),
+    ];
+  });
+  after(async () => {
+    await Promise.all([apiSvc, ...workers].map((s) => s?.stop()));
+  });
+
+  void test('never summarises one session twice at once, and merges every message exactly once', async () => {
+    fake.reset();
+    const inFlight = new Map<string, number>();
+    let maxPerSession = 0;
+    fake.onChat((body) => {
+      const key = /\[T:(k\d)m/.exec(userText(body))?.[1] ?? 'other';
+      const now = (inFlight.get(key) ?? 0) + 1;
+      inFlight.set(key, now);
+      maxPerSession = Math.max(maxPerSession, now);
+      // The fake answers after DELAY_MS; this timer was set first, so it fires first.
+      setTimeout(() => inFlight.set(key, (inFlight.get(key) ?? 1) - 1), DELAY_MS);
+      return { delayMs: DELAY_MS, then: echoSummary(body) };
+    });
+    const { api } = await apiSvc.newTenant();
+    const names = new Map(sessions.map((k) => [k, sid(`shared-${k}`)]));
+    const expected = new Map<string, string[]>();
+    const lastSeq = new Map<string, number>();
+    for (const k of sessions) {
+      // Four chunks per session: each pair is ~200 code points of a 500 budget.
+      const messages = Array.from({ length: 8 }, (_, i) =>
+        i % 2 === 0 ? user(sized(`[T:${k}m${i}]`, 160)) : assistant(sized(`[T:${k}m${i}]`, 160)),
+      );
+      const seqs = await archive(api, names.get(k)!, messages);
+      expected.set(
+        k,
+        messages.map((m) => tokensIn(m.content)[0]!),
+      );
+      lastSeq.set(k, seqs[seqs.length - 1]!);
+    }
+    // The API asks too, while the sweeps of both workers run.
+    for (let i = 0; i < 3; i++) {
+      for (const k of sessions) {
+        const r = await api.post(`/v1/sessions/${names.get(k)!}/summarize`);
+        assert.equal(r.status, 202);
+      }
+    }
+    await eventually(
+      async () => {
+        for (const k of sessions) {
+          const r = await api.get(`/v1/sessions/${names.get(k)!}/summary`);
+          if (r.status !== 200 || r.body.cursor_seq !== lastSeq.get(k)) return false;
+        }
+        return true;
+      },
+      30_000,
+      'all sessions summarised',
+    );
+    assert.equal(maxPerSession, 1, 'at most one LLM call in flight per session');
+    for (const k of sessions) {
+      const merged = fake
+        .chatRequests()
+        .flatMap((r) => tokensIn(userText(r.body)).filter((t) => t.startsWith(`[T:${k}m`)));
+      assert.deepEqual(merged, expected.get(k), `session ${k}: every message sent exactly once, in order`);
+    }
+  });
+});
+
+void describe('without an LLM', () => {
+  let svc: TestService;
+  let prefix: string;
+  before(async () => {
+    prefix = testPrefix();
+    // A scheduler left behind by an earlier deploy that had an LLM.
+    const redis = makeRedis(REDIS_URL, 'worker');
+    const queues = makeQueues(redis, prefix);
+    await queues.summary.upsertJobScheduler(
+      SWEEP_SCHEDULER_ID,
+      { every: 60_000 },
+      { name: 'sweep', data: { v: 1, kind: 'sweep' } },
+    );
+    await queues.close();
+    redis.disconnect();
+    svc = await startTestService({ prefix, env: { OPENAI_BASE_URL: '', OPENAI_API_KEY: '' } });
+  });
+  after(async () => {
+    await svc?.stop();
+  });
+
+  void test('summarize is a 409 llm_not_configured and no sweep is scheduled', async () => {
+    const { api } = await svc.newTenant();
+    const s = sid('nollm');
+    await archive(api, s, [user('[T:n1] hello')]);
+    const r = await api.post(`/v1/sessions/${s}/summarize?wait=true`);
+    assert.equal(r.status, 409);
+    assert.equal(r.body.error.code, 'llm_not_configured');
+    assert.deepEqual(await svc.deps.queues.summary.getJobSchedulers(), []);
+    assert.equal((await api.get(`/v1/sessions/${s}/summary`)).status, 404);
+    const usage = await api.get('/v1/usage?window=7d');
+    assert.deepEqual(usage.body, { window: '7d', rows: [] });
+  });
+});

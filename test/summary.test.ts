@@ -1,0 +1,646 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, beforeEach, describe, test } from 'node:test';
+import { pageSummaryCandidates, updateSummaryGuarded } from '../db/queries/summaries.js';
+import { codePoints } from '../services/summary/render.js';
+import { extractJsonObject, parseSummaryAnswer } from '../services/summary/summary-shape.js';
+import { summarizeSession } from '../workers/summarize.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
+import type { ChatScript, FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
+import { eventually, startTestService } from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+
+const BUDGET = 500;
+const SENT_AT = '2026-01-02T03:04:05Z'; // 11:04:05 in Asia/Taipei
+const sid = (what: string) => `sum-${what}-${randomBytes(3).toString('hex')}`;
+
+type Msg = Record<string, unknown>;
+const user = (content: string): Msg => ({ role: 'user', content, sent_at: SENT_AT });
+const assistant = (content: string): Msg => ({ role: 'assistant', content, sent_at: SENT_AT });
+/** Content of exactly `chars` code points that starts with a findable token. */
+const sized = (token: string, chars: number, fill = 'x') =>
+  `${token} ${fill.repeat(Math.max(0, chars - token.length - 1))}`;
+
+let fake: FakeOpenAI;
+let svc: TestService;
+let api: Api;
+let tenantId: string;
+
+before(async () => {
+  fake = await startFakeOpenAI();
+  svc = await startTestService({
+    env: {
+      OPENAI_BASE_URL: fake.url,
+      OPENAI_API_KEY: 'test',
+      SUMMARY_RUNES: String(BUDGET),
+      // Far in the future: every run in this file is triggered by hand.
+      SUMMARY_CRON: '0 0 1 1 *',
+      TZ: 'Asia/Taipei',
+    },
+  });
+  const t = await svc.newTenant();
+  api = t.api;
+  tenantId = t.tenantId;
+});
+after(async () => {
+  await svc?.stop();
+  await fake?.close();
+});
+beforeEach(() => fake.reset());
+
+async function archive(session: string, messages: Msg[]): Promise<number[]> {
+  const r = await api.post(`/v1/sessions/${session}/messages?wait=true`, { messages });
+  assert.equal(r.status, 201, r.text);
+  return (r.body.messages as Array<{ seq: number }>).map((m) => m.seq);
+}
+
+async function summarize(session: string) {
+  const r = await api.post(`/v1/sessions/${session}/summarize?wait=true`);
+  assert.equal(r.status, 200, r.text);
+  return r.body;
+}
+
+const summaryCalls = () =>
+  fake.chatRequests().filter((r) => (r.body as { model?: string }).model === svc.config.summaryModel);
+const systemOf = (r: RecordedRequest) =>
+  (r.body as { messages: Array<{ content: string }> }).messages[0]!.content;
+const userOf = (r: RecordedRequest) =>
+  (r.body as { messages: Array<{ content: string }> }).messages[1]!.content;
+/** The transcript part of a summary request (between the heading line and the closing line). */
+function transcriptOf(r: RecordedRequest): string {
+  const text = userOf(r);
+  return text.slice(text.indexOf('\n\n') + 2, text.lastIndexOf('\n\nReturn the updated summary JSON.'));
+}
+const tokensIn = (text: string) => [...text.matchAll(/\[T:[a-z0-9]+\]/g)].map((m) => m[0]);
+
+/** A valid summary whose current discussion lists the tokens the chunk contained. */
+function validSummary(tokens: string[], keyDecisions: string[] = ['Do: answer briefly']): string {
+  return JSON.stringify({
+    key_decisions: keyDecisions,
+    past_discussions: [],
+    current_discussion: { topic: 'tokens', description: tokens.join(' '), perspectives: '', direction: '' },
+  });
+}
+const echoSummary = (body: any): ChatScript => ({
+  content: validSummary(tokensIn(String(body.messages?.[1]?.content ?? ''))),
+});
+
+void describe('summary shape', () => {
+  void test('finds the first balanced JSON object in prose or code fences', () => {
+    assert.deepEqual(extractJsonObject('```json\n{"a": 1}\n```'), { a: 1 });
+    assert.deepEqual(extractJsonObject('Here you go: {"a": "}{", "b": {"c": 2}} and {"d": 3}'), {
+      a: '}{',
+      b: { c: 2 },
+    });
+    assert.throws(() => extractJsonObject('no json here'));
+  });
+
+  void test("rejects decisions without the Do:/Don't: marker and more than 8 of them", () => {
+    const base = JSON.parse(validSummary([])) as Record<string, unknown>;
+    const bad = parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: ['use tabs'] }));
+    assert.equal(bad.ok, false);
+    assert.match(bad.ok ? '' : bad.error, /key_decisions\[0\]/);
+    const many = Array.from({ length: 9 }, (_, i) => `Do: rule ${i}`);
+    assert.equal(parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: many })).ok, false);
+    const curly = parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: ['Don’t: use emoji'] }));
+    assert.deepEqual(curly.ok ? curly.value.key_decisions : null, ["Don't: use emoji"]);
+  });
+});
+
+void describe('summarize job', () => {
+  void test('merges new messages into a summary, shows times in TZ, and is a no-op without new messages', async () => {
+    const s = sid('basic');
+    const seqs = await archive(s, [user('[T:a1] hello, please use metric units'), assistant('[T:a2] sure')]);
+    fake.onChat(echoSummary);
+
+    const first = await summarize(s);
+    assert.equal(first.outcome, 'summarized');
+    assert.equal(first.version, 1);
+    assert.equal(first.cursor_seq, seqs[1]);
+    assert.equal(first.status, 'ok');
+    assert.equal(first.summary.current_discussion.description, '[T:a1] [T:a2]');
+    const [call] = summaryCalls();
+    assert.ok(call);
+    assert.match(systemOf(call), /Previous summary \(JSON\):\nnone yet/);
+    assert.match(transcriptOf(call), /^\[2026-01-02 11:04:05 \+08:00\] user:\n\[T:a1\]/);
+    assert.equal((call.body as { response_format?: unknown }).response_format !== undefined, true);
+
+    const session = await api.get(`/v1/sessions/${s}`);
+    assert.deepEqual(session.body.summary, { version: 1, cursor_seq: seqs[1], status: 'ok' });
+
+    const again = await summarize(s);
+    assert.equal(again.outcome, 'noop');
+    assert.equal(summaryCalls().length, 1);
+
+    const more = await archive(s, [user('[T:a3] and Celsius'), assistant('[T:a4] noted')]);
+    const second = await summarize(s);
+    assert.equal(second.version, 2);
+    assert.equal(second.cursor_seq, more[1]);
+    const next = summaryCalls()[1]!;
+    assert.ok(
+      systemOf(next).includes(JSON.stringify(first.summary)),
+      'previous summary in the system prompt',
+    );
+    assert.deepEqual(tokensIn(transcriptOf(next)), ['[T:a3]', '[T:a4]']);
+
+    const got = await api.get(`/v1/sessions/${s}/summary`);
+    assert.equal(got.status, 200);
+    assert.equal(got.body.version, 2);
+    assert.equal(got.body.cursor_seq, more[1]);
+    assert.equal(typeof got.body.updated_at, 'string');
+  });
+
+  void test('renders tool calls, tool results and names in the transcript', async () => {
+    const s = sid('tools');
+    const call = {
+      id: 'call_1',
+      type: 'function',
+      function: { name: 'search', arguments: '{"q":"release\\nnotes"}' },
+    };
+    await archive(s, [
+      { ...user('[T:t1] find the notes'), name: 'alice' },
+      { role: 'assistant', content: null, tool_calls: [call, { ...call, id: 'call_2' }], sent_at: SENT_AT },
+      { role: 'tool', content: '[T:t2] 3 results', tool_call_id: 'call_1', sent_at: SENT_AT },
+    ]);
+    fake.onChat(echoSummary);
+    await summarize(s);
+    const text = transcriptOf(summaryCalls()[0]!);
+    assert.match(text, /\] user \(alice\):\n\[T:t1\]/);
+    assert.match(
+      text,
+      /\] assistant:\n→ tool call: search\(\{"q":"release\\nnotes"\}\)\n→ tool call: search/,
+    );
+    assert.match(text, /\] tool:\n\[T:t2\] 3 results/);
+  });
+
+  void test('counts the chunk budget in code points: emoji and CJK', async () => {
+    const s = sid('cp');
+    // 150 emoji = 150 code points but 300 UTF-16 units; 150 CJK characters = 450 UTF-8 bytes.
+    const emoji = (t: string) => `${t} ${'😀'.repeat(150)}`;
+    const cjk = (t: string) => `${t} ${'記'.repeat(150)}`;
+    await archive(s, [
+      user(emoji('[T:c1]')),
+      assistant(cjk('[T:c2]')),
+      user(emoji('[T:c3]')),
+      assistant(cjk('[T:c4]')),
+    ]);
+    fake.onChat(echoSummary);
+    const r = await summarize(s);
+    assert.equal(r.outcome, 'summarized');
+    const calls = summaryCalls();
+    assert.deepEqual(
+      calls.map((c) => tokensIn(transcriptOf(c))),
+      [
+        ['[T:c1]', '[T:c2]'],
+        ['[T:c3]', '[T:c4]'],
+      ],
+    );
+    const first = transcriptOf(calls[0]!);
+    assert.ok(codePoints(first) <= BUDGET, `${codePoints(first)} code points`);
+    assert.ok(first.length > BUDGET, 'the same chunk is longer than the budget in UTF-16 units');
+    assert.ok(Buffer.byteLength(first) > BUDGET, 'and in UTF-8 bytes');
+  });
+
+  void test('ends a chunk before a user message instead of on it, and keeps a lone question with its reply', async () => {
+    const s = sid('edge');
+    await archive(s, [
+      user(sized('[T:e1]', 100)),
+      assistant(sized('[T:e2]', 100)),
+      user(sized('[T:e3]', 100)),
+      assistant(sized('[T:e4]', 250)),
+      // Neither fits beside the other: the reply joins the question and both are shortened.
+      user(sized('[T:e5]', 400)),
+      assistant(sized('[T:e6]', 400)),
+      user(sized('[T:e7]', 50)),
+    ]);
+    fake.onChat(echoSummary);
+    await summarize(s);
+    const chunks = summaryCalls().map((c) => transcriptOf(c));
+    assert.deepEqual(chunks.map(tokensIn), [
+      ['[T:e1]', '[T:e2]'],
+      ['[T:e3]', '[T:e4]'],
+      ['[T:e5]', '[T:e6]'],
+      ['[T:e7]'],
+    ]);
+    for (const c of chunks) assert.ok(codePoints(c) <= BUDGET, `chunk of ${codePoints(c)} code points`);
+    assert.equal(chunks[2]!.match(/…\[truncated \d+ characters\]/g)?.length, 2);
+  });
+
+  void test('truncates one huge message for the prompt with a marker counting what was left out', async () => {
+    const s = sid('huge');
+    const content = sized('[T:h1]', 3000, 'y');
+    await archive(s, [user(content)]);
+    fake.onChat(echoSummary);
+    await summarize(s);
+    const [call] = summaryCalls();
+    const text = transcriptOf(call!);
+    assert.ok(codePoints(text) <= BUDGET);
+    const m = /…\[truncated (\d+) characters\]$/.exec(text);
+    assert.ok(m, 'marker at the end');
+    const kept = text.slice(text.indexOf('\n') + 1, m.index);
+    assert.ok(content.startsWith(kept));
+    assert.equal(codePoints(kept) + Number(m[1]), codePoints(content));
+  });
+
+  void test('a failed second chunk keeps the first chunk and its cursor, sends no third call, and the next run resumes', async () => {
+    const s = sid('fail');
+    const seqs = await archive(s, [
+      user(sized('[T:f1]', 150)),
+      assistant(sized('[T:f2]', 150)),
+      user(sized('[T:f3]', 150)),
+      assistant(sized('[T:f4]', 150)),
+      user(sized('[T:f5]', 150)),
+      assistant(sized('[T:f6]', 150)),
+    ]);
+    fake.queueChat({ content: validSummary(['[T:f1]', '[T:f2]']) }, { content: 'this is not JSON at all' });
+    const failed = await summarize(s);
+    assert.equal(failed.outcome, 'failed');
+    assert.equal(fake.chatRequests().length, 2, 'chunk 3 is never sent');
+    assert.equal(failed.version, 1);
+    assert.equal(failed.cursor_seq, seqs[1]);
+    assert.equal(failed.failures, 1);
+    assert.match(failed.last_error, /not a JSON object/);
+    assert.equal(failed.summary.current_discussion.description, '[T:f1] [T:f2]');
+
+    fake.reset();
+    fake.onChat(echoSummary);
+    const resumed = await summarize(s);
+    assert.equal(resumed.outcome, 'summarized');
+    assert.deepEqual(
+      summaryCalls().map((c) => tokensIn(transcriptOf(c))),
+      [
+        ['[T:f3]', '[T:f4]'],
+        ['[T:f5]', '[T:f6]'],
+      ],
+    );
+    assert.equal(resumed.version, 3);
+    assert.equal(resumed.cursor_seq, seqs[5]);
+    assert.equal(resumed.failures, 0);
+    assert.equal(resumed.last_error, null);
+  });
+
+  void test('an answer of the wrong shape and an LLM error are failed chunks too', async () => {
+    const s = sid('shape');
+    await archive(s, [user('[T:s1] hi'), assistant('[T:s2] hello')]);
+    fake.queueChat({
+      content: JSON.stringify({ key_decisions: ['use tabs'], past_discussions: [], current_discussion: {} }),
+    });
+    const bad = await summarize(s);
+    assert.equal(bad.outcome, 'failed');
+    assert.equal(bad.version, 0, 'no summary yet: a placeholder row records the failure');
+    assert.equal(bad.summary, null);
+    assert.match(bad.last_error, /key_decisions\[0\]/);
+    assert.doesNotMatch(bad.last_error, /use tabs/, 'no model text in last_error');
+
+    fake.queueChat({ status: 400 });
+    const err = await summarize(s);
+    assert.equal(err.outcome, 'failed');
+    assert.equal(err.failures, 2);
+    assert.equal(err.last_error, 'llm bad_request (HTTP 400)');
+    const job = await api.get(`/v1/jobs/${err.job_id as string}`);
+    assert.equal(job.body.state, 'failed');
+  });
+
+  void test('summarises every message when many share the same second (the cursor is a seq)', async () => {
+    const s = sid('same');
+    const messages = Array.from({ length: 40 }, (_, i) =>
+      i % 2 === 0 ? user(sized(`[T:q${i}]`, 60)) : assistant(sized(`[T:r${i}]`, 60)),
+    );
+    const seqs = await archive(s, messages);
+    let n = 0;
+    fake.onChat((body) => (++n === 2 ? { content: '{"key_decisions": 1}' } : echoSummary(body)));
+    assert.equal((await summarize(s)).outcome, 'failed');
+    fake.onChat(echoSummary);
+    const done = await summarize(s);
+    assert.equal(done.cursor_seq, seqs[39]);
+    const merged = fake
+      .chatRequests()
+      .filter((_, i) => i !== 1)
+      .flatMap((c) => tokensIn(transcriptOf(c)));
+    const expected = messages.map((m) => tokensIn(String(m.content))[0]);
+    assert.deepEqual(merged, expected, 'each message merged exactly once, in order');
+  });
+
+  void test('five consecutive failures stall the summary: visible in the API and metrics, the sweep backs off', async () => {
+    const s = sid('stall');
+    await archive(s, [user('[T:x1] question'), assistant('[T:x2] answer')]);
+    fake.onChat(() => ({ content: 'garbage' }));
+    let last: any;
+    for (let i = 0; i < 5; i++) last = await summarize(s);
+    assert.equal(last.status, 'stalled');
+    assert.equal(last.failures, 5);
+    assert.ok(Date.parse(last.next_attempt_at) > Date.now());
+
+    const got = await api.get(`/v1/sessions/${s}/summary`);
+    assert.equal(got.body.status, 'stalled');
+    assert.equal((await api.get(`/v1/sessions/${s}`)).body.summary.status, 'stalled');
+    const metrics = await fetch(`${svc.base}/metrics`).then((r) => r.text());
+    assert.match(metrics, /^mnemos_summaries_stalled [1-9]/m);
+    const candidates = await pageSummaryCandidates(svc.deps.db, {
+      afterTenantId: '',
+      afterSessionId: '',
+      limit: 1000,
+    });
+    assert.ok(!candidates.some((c) => c.id === s), 'the sweep skips a stalled session in back-off');
+
+    fake.onChat(echoSummary);
+    const healed = await summarize(s);
+    assert.equal(healed.outcome, 'summarized');
+    assert.equal(healed.status, 'ok');
+    assert.equal(healed.failures, 0);
+    assert.equal(healed.next_attempt_at, null);
+  });
+
+  void test('an imported summary without a cursor only gets its cursor set, with no LLM call', async () => {
+    const s = sid('import');
+    const seqs = await archive(s, [user('[T:i1] old'), assistant('[T:i2] history')]);
+    const imported = JSON.parse(validSummary(['imported'])) as unknown;
+    await svc.deps.db.query(
+      `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version) VALUES ($1, $2, $3::jsonb, NULL, 1)`,
+      [tenantId, s, JSON.stringify(imported)],
+    );
+    const r = await summarize(s);
+    assert.equal(r.outcome, 'cursor_set');
+    assert.equal(r.cursor_seq, seqs[1]);
+    assert.equal(r.version, 1);
+    assert.deepEqual(r.summary, imported);
+    assert.equal(fake.chatRequests().length, 0);
+  });
+
+  void test('usage is recorded for every call and served by GET /v1/usage', async () => {
+    const s = sid('usage');
+    await archive(s, [user('[T:u1] q'), assistant('[T:u2] a')]);
+    fake.onChat(echoSummary);
+    await summarize(s);
+    const r = await api.get(`/v1/usage?window=24h&session_id=${s}`);
+    assert.equal(r.status, 200);
+    assert.equal(r.body.window, '24h');
+    // The recent index's embedding calls are recorded too; this test is about the summary's.
+    const rows = r.body.rows.filter((x: any) => x.purpose !== 'embedding');
+    assert.equal(rows.length, 1);
+    const [row] = rows;
+    assert.equal(row.purpose, 'summary');
+    assert.equal(row.model, svc.config.summaryModel);
+    assert.equal(row.calls, 1);
+    assert.ok(row.input_tokens > 0 && row.output_tokens > 0);
+    assert.equal((await api.get('/v1/usage?window=1y')).status, 400);
+    const all = await api.get('/v1/usage');
+    assert.equal(all.body.window, '24h');
+    assert.ok(
+      all.body.rows.find((x: any) => x.purpose === 'summary').calls > 1,
+      'the tenant total spans sessions',
+    );
+  });
+
+  void test("another tenant's session summary is a 404, for reading and for summarizing", async () => {
+    const s = sid('mine');
+    await archive(s, [user('[T:o1] q')]);
+    fake.onChat(echoSummary);
+    await summarize(s);
+    const other = await svc.newTenant();
+    assert.equal((await other.api.get(`/v1/sessions/${s}/summary`)).status, 404);
+    assert.equal((await other.api.post(`/v1/sessions/${s}/summarize`)).status, 404);
+    const job = await api.post(`/v1/sessions/${s}/summarize`);
+    assert.equal(job.status, 202);
+    assert.match(job.body.job_id, /^summary\.\d+$/);
+    assert.equal((await other.api.get(`/v1/jobs/${job.body.job_id as string}`)).status, 404);
+    assert.equal((await api.get(`/v1/jobs/${job.body.job_id as string}`)).status, 200);
+    assert.equal((await api.get(`/v1/sessions/${sid('never')}/summary`)).status, 404);
+  });
+});
+
+void describe('decision model', () => {
+  const DECIDER = 'decider-model';
+  let deps: Parameters<typeof summarizeSession>[0];
+  before(() => {
+    deps = { ...svc.deps, config: { ...svc.deps.config, decisionModel: DECIDER } };
+  });
+
+  /** Routes the fake by call: noise and supersede answers are scripted, summaries echo. */
+  function script(noise: string, supersede = '{"key_decisions": [], "past_discussions": []}') {
+    fake.onChat((body) => {
+      if (body.model !== DECIDER) return echoSummary(body);
+      return { content: /filter noise/.test(body.messages[0].content) ? noise : supersede };
+    });
+  }
+  const decisionCalls = (kind: RegExp) =>
+    fake.chatRequests().filter((r) => (r.body as any).model === DECIDER && kind.test(systemOf(r)));
+
+  async function seedSummary(session: string, summary: unknown, cursor: number) {
+    await svc.deps.db.query(
+      `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version) VALUES ($1, $2, $3::jsonb, $4, 3)`,
+      [tenantId, session, JSON.stringify(summary), cursor],
+    );
+  }
+
+  void test('drops conversations judged noise with confidence ≥ 0.7 and keeps the rest', async () => {
+    const s = sid('noise');
+    await archive(s, [
+      user('[T:n1] hi there'),
+      assistant('[T:n2] hello!'),
+      user('[T:n3] we deploy with blue-green from now on'),
+      assistant('[T:n4] agreed'),
+      user('[T:n5] thanks'),
+      assistant('[T:n6] you are welcome'),
+    ]);
+    script('{"noise": [{"id": "c1", "confidence": 0.95}, {"id": "c3", "confidence": 0.5}]}');
+    const r = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'summarized');
+    assert.equal(r.dropped, 1);
+    const [noise] = decisionCalls(/filter noise/);
+    assert.match(userOf(noise!), /\[c1\][\s\S]*\[c2\][\s\S]*\[c3\]/);
+    assert.deepEqual(tokensIn(transcriptOf(summaryCalls()[0]!)), ['[T:n3]', '[T:n4]', '[T:n5]', '[T:n6]']);
+    assert.equal(decisionCalls(/overturn/).length, 0, 'no previous entries: no supersede call');
+  });
+
+  void test('removes the previous entries that new conversations overturn before merging', async () => {
+    const s = sid('supersede');
+    const seqs = await archive(s, [user('[T:p0] earlier')]);
+    await seedSummary(
+      s,
+      {
+        key_decisions: ['Do: indent with tabs', "Don't: use emoji"],
+        past_discussions: [
+          {
+            topic: 'CI',
+            description: 'chose GitHub Actions',
+            direction: 'done',
+            last_discussed: '2026-01-01',
+          },
+          {
+            topic: 'Indentation',
+            description: 'tabs vs spaces',
+            direction: 'tabs',
+            last_discussed: '2026-01-01',
+          },
+        ],
+        current_discussion: { topic: '', description: '', perspectives: '', direction: '' },
+      },
+      seqs[0]!,
+    );
+    await archive(s, [user('[T:p1] switch to 2 spaces, no more tabs'), assistant('[T:p2] done')]);
+    script('{"noise": []}', '{"key_decisions": [1], "past_discussions": [2, 7]}');
+    const r = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'summarized');
+    const [sup] = decisionCalls(/overturn/);
+    assert.match(userOf(sup!), /1\. Do: indent with tabs/);
+    const system = systemOf(summaryCalls()[0]!);
+    assert.ok(!system.includes('indent with tabs'));
+    assert.ok(system.includes("Don't: use emoji"));
+    assert.ok(system.includes('GitHub Actions'));
+    assert.ok(!system.includes('tabs vs spaces'));
+    const usage = await api.get(`/v1/usage?session_id=${s}`);
+    assert.deepEqual(
+      usage.body.rows
+        .filter((x: any) => x.purpose !== 'embedding')
+        .map((x: any) => [x.purpose, x.model, x.calls]),
+      [
+        ['noise', DECIDER, 1],
+        ['summary', svc.config.summaryModel, 1],
+        ['supersede', DECIDER, 1],
+      ],
+    );
+  });
+
+  void test('garbage or errors from the decision model keep every conversation and entry', async () => {
+    const s = sid('garbage');
+    const seqs = await archive(s, [user('[T:g0] earlier')]);
+    await seedSummary(
+      s,
+      {
+        key_decisions: ['Do: keep answers short'],
+        past_discussions: [],
+        current_discussion: { topic: '', description: '', perspectives: '', direction: '' },
+      },
+      seqs[0]!,
+    );
+    await archive(s, [
+      user('[T:g1] hi'),
+      assistant('[T:g2] hello'),
+      user('[T:g3] thanks'),
+      assistant('[T:g4] np'),
+    ]);
+    script('certainly! here is my answer: noise everywhere', '{"key_decisions": "all of them"}');
+    const r = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'summarized');
+    assert.equal(r.dropped, 0);
+    assert.deepEqual(tokensIn(transcriptOf(summaryCalls()[0]!)), ['[T:g1]', '[T:g2]', '[T:g3]', '[T:g4]']);
+    assert.ok(systemOf(summaryCalls()[0]!).includes('Do: keep answers short'));
+
+    fake.reset();
+    await archive(s, [user('[T:g5] hi again')]);
+    fake.onChat((body) => (body.model === DECIDER ? { status: 400 } : echoSummary(body)));
+    const r2 = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(r2.outcome, 'summarized');
+    assert.deepEqual(tokensIn(transcriptOf(summaryCalls()[0]!)), ['[T:g5]']);
+  });
+
+  void test('when every conversation is noise, the cursor moves with no summary call', async () => {
+    const s = sid('allnoise');
+    const seqs = await archive(s, [user('[T:z1] hi'), assistant('[T:z2] hello'), user('[T:z3] thx')]);
+    script('{"noise": [{"id": "c1", "confidence": 0.9}, {"id": "c2", "confidence": 0.8}]}');
+    const r = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'pruned');
+    assert.equal(r.cursor_seq, seqs[2]);
+    assert.equal(summaryCalls().length, 0);
+    const got = await api.get(`/v1/sessions/${s}/summary`);
+    assert.equal(got.body.cursor_seq, seqs[2]);
+    assert.equal(got.body.version, 0);
+    assert.equal(got.body.summary, null);
+  });
+});
+
+void describe('once per session', () => {
+  const slowEcho =
+    (ms: number) =>
+    (body: any): ChatScript => ({ delayMs: ms, then: echoSummary(body) });
+
+  void test('a second run while the first holds the lease ends as busy, without an LLM call', async () => {
+    const s = sid('busy');
+    await archive(s, [user('[T:b1] q'), assistant('[T:b2] a')]);
+    fake.onChat(slowEcho(300));
+    const runs = await Promise.all([
+      summarizeSession(svc.deps, { tenantId, sessionId: s }),
+      summarizeSession(svc.deps, { tenantId, sessionId: s }),
+    ]);
+    assert.deepEqual(runs.map((r) => r.outcome).sort(), ['busy', 'summarized']);
+    assert.equal(fake.chatRequests().length, 1);
+  });
+
+  void test('an expired lease is taken over; a live one is respected', async () => {
+    const s = sid('lease');
+    await archive(s, [user('[T:l1] q')]);
+    fake.onChat(echoSummary);
+    await svc.deps.db.query(
+      `INSERT INTO summary_leases (tenant_id, session_id, holder, expires_at) VALUES ($1, $2, 'crashed', now() + interval '1 hour')`,
+      [tenantId, s],
+    );
+    assert.equal((await summarizeSession(svc.deps, { tenantId, sessionId: s })).outcome, 'busy');
+    assert.equal(fake.chatRequests().length, 0);
+    await svc.deps.db.query(
+      `UPDATE summary_leases SET expires_at = now() - interval '1 second' WHERE session_id = $1`,
+      [s],
+    );
+    assert.equal((await summarizeSession(svc.deps, { tenantId, sessionId: s })).outcome, 'summarized');
+    const left = await svc.deps.db.query(
+      'SELECT 1 FROM summary_leases WHERE tenant_id = $1 AND session_id = $2',
+      [tenantId, s],
+    );
+    assert.equal(left.rows.length, 0, 'the lease is released after the run');
+  });
+
+  void test('a run that loses its lease mid-chunk saves nothing', async () => {
+    const s = sid('stolen');
+    await archive(s, [user('[T:st1] q'), assistant('[T:st2] a')]);
+    fake.onChat(slowEcho(400));
+    const run = summarizeSession(svc.deps, { tenantId, sessionId: s });
+    await eventually(async () => fake.chatRequests().length === 1, 5000, 'the chunk call');
+    await svc.deps.db.query(
+      `UPDATE summary_leases SET holder = 'intruder' WHERE tenant_id = $1 AND session_id = $2`,
+      [tenantId, s],
+    );
+    assert.equal((await run).outcome, 'lost_race');
+    assert.equal((await api.get(`/v1/sessions/${s}/summary`)).status, 404);
+  });
+
+  void test('a session deleted while its chunk is in flight is not resurrected', async () => {
+    const s = sid('deleted');
+    await archive(s, [user('[T:d1] q'), assistant('[T:d2] a')]);
+    fake.onChat(slowEcho(400));
+    const run = summarizeSession(svc.deps, { tenantId, sessionId: s });
+    await eventually(async () => fake.chatRequests().length === 1, 5000, 'the chunk call');
+    // What DELETE does to the session row: a content-free tombstone with a new generation.
+    await svc.deps.db.query(
+      `UPDATE sessions SET generation = generation + 1, deleted_at = now() WHERE tenant_id = $1 AND id = $2`,
+      [tenantId, s],
+    );
+    assert.equal((await run).outcome, 'lost_race');
+    const rows = await svc.deps.db.query('SELECT 1 FROM summaries WHERE tenant_id = $1 AND session_id = $2', [
+      tenantId,
+      s,
+    ]);
+    assert.equal(rows.rows.length, 0);
+  });
+
+  void test('a stale save can neither overwrite a newer version nor move the cursor backwards', async () => {
+    const s = sid('guard');
+    await archive(s, [user('[T:v1] q')]);
+    fake.onChat(echoSummary);
+    const first = await summarize(s);
+    const update = (expectVersion: number, cursorSeq: number) =>
+      updateSummaryGuarded(svc.deps.db, {
+        tenantId,
+        sessionId: s,
+        expectVersion,
+        expectCursor: first.cursor_seq,
+        summary: { stale: true },
+        version: expectVersion + 1,
+        cursorSeq,
+      });
+    assert.equal(await update(first.version - 1, first.cursor_seq + 1), false, 'older version');
+    assert.equal(await update(first.version, first.cursor_seq - 1), false, 'cursor backwards');
+    const got = await api.get(`/v1/sessions/${s}/summary`);
+    assert.deepEqual(got.body.summary, first.summary);
+    assert.equal(got.body.version, first.version);
+  });
+});

@@ -1,0 +1,438 @@
+import { randomUUID } from 'node:crypto';
+import { UnrecoverableError } from 'bullmq';
+import type { Job } from 'bullmq';
+import { withTransaction } from '../db/pool.js';
+import { maxArchivedSeq } from '../db/queries/messages.js';
+import { getSession } from '../db/queries/sessions.js';
+import {
+  acquireSummaryLease,
+  getSummaryRow,
+  hasMessagesAfter,
+  insertSummary,
+  lockForSummarySave,
+  pageSummarySource,
+  recordSummaryFailure,
+  releaseSummaryLease,
+  renewSummaryLease,
+  updateSummaryGuarded,
+} from '../db/queries/summaries.js';
+import type { CoreDeps } from '../services/deps.js';
+import { LlmError } from '../services/llm/llm-client.js';
+import { planChunks } from '../services/summary/chunking.js';
+import { findSuperseded, groupConversations, judgeNoise } from '../services/summary/decision.js';
+import { summaryPrompt } from '../services/summary/prompts.js';
+import { joinBlocks, renderBlock } from '../services/summary/render.js';
+import type { Block, SourceMessage } from '../services/summary/render.js';
+import { parseSummaryAnswer, pruneSummary, summaryEntries } from '../services/summary/summary-shape.js';
+import type { ParseOutcome, Summary } from '../services/summary/summary-shape.js';
+import type { SummaryMetrics } from '../services/summary/summary-metrics.js';
+import { parsePayload } from './queues.js';
+import { runSummarySweep } from './summary-sweep.js';
+
+/**
+ * The summarize job (SPEC §6): merges every archived message after the session's summary cursor
+ * into its rolling summary, chunk by chunk, moving the cursor only past merged chunks.
+ *
+ * Once per session across processes: the run holds a lease row (summary_leases) that it renews
+ * while it works; without it the run ends at once as `busy`. Every save happens in a transaction
+ * that re-checks the lease and the session generation and is guarded on the exact version and
+ * cursor the run last saw, so even a run that lost its lease cannot overwrite newer work.
+ */
+
+export const STALL_AFTER_FAILURES = 5;
+const BACKOFF_BASE_SECONDS = 600;
+const BACKOFF_MAX_SECONDS = 6 * 3600;
+const PAGE_SIZE = 200;
+/** A work unit ends at a conversation boundary once it holds this many estimated code points… */
+const UNIT_CHUNKS = 4;
+/** …or, with a decision model, this much decision-prompt text or this many conversations. */
+const DECISION_UNIT_CHARS = 24_000;
+const DECISION_UNIT_CONVERSATIONS = 100;
+const UNIT_MAX_MESSAGES = 2000;
+const TOOL_ARGUMENT_CHARS = 1000;
+
+export type SummarizeOutcome =
+  'summarized' | 'pruned' | 'cursor_set' | 'noop' | 'failed' | 'busy' | 'lost_race' | 'gone' | 'disabled';
+
+export interface SummarizeResult {
+  outcome: SummarizeOutcome;
+  /** Chunks merged and saved by this run. */
+  chunks: number;
+  /** LLM calls made by this run (summary and decision). */
+  calls: number;
+  /** Conversations dropped as noise. */
+  dropped: number;
+  version: number | null;
+  cursor_seq: number | null;
+  /** For `failed`: what was recorded in last_error (never message content). */
+  error?: string;
+  status?: string;
+}
+
+export interface SummarizeOptions {
+  leaseTtlMs?: number;
+  metrics?: SummaryMetrics;
+}
+
+type Deps = Pick<CoreDeps, 'db' | 'llm' | 'config' | 'logger'>;
+
+export async function summarizeSession(
+  deps: Deps,
+  input: { tenantId: string; sessionId: string },
+  opts: SummarizeOptions = {},
+): Promise<SummarizeResult> {
+  const { tenantId, sessionId } = input;
+  const none = (outcome: SummarizeOutcome): SummarizeResult => ({
+    outcome,
+    chunks: 0,
+    calls: 0,
+    dropped: 0,
+    version: null,
+    cursor_seq: null,
+  });
+  if (!deps.llm) return none('disabled');
+  const session = await getSession(deps.db, tenantId, sessionId);
+  if (!session) return none('gone');
+  const holder = randomUUID();
+  const ttlMs = opts.leaseTtlMs ?? 60_000;
+  const lease = { tenantId, sessionId, holder, ttlMs };
+  if (!(await acquireSummaryLease(deps.db, lease))) return none('busy');
+  const controller = new AbortController();
+  const renewal = setInterval(
+    () => {
+      renewSummaryLease(deps.db, lease).then(
+        (held) => {
+          if (!held) controller.abort();
+        },
+        (err: unknown) =>
+          deps.logger.warn({ err: { message: (err as Error).message } }, 'summary lease renewal failed'),
+      );
+    },
+    Math.max(200, Math.floor(ttlMs / 3)),
+  );
+  renewal.unref();
+  try {
+    return await runLocked(
+      deps,
+      { tenantId, sessionId, generation: session.generation, holder },
+      controller.signal,
+      opts,
+    );
+  } finally {
+    clearInterval(renewal);
+    await releaseSummaryLease(deps.db, lease).catch(() => undefined);
+  }
+}
+
+interface RunContext {
+  tenantId: string;
+  sessionId: string;
+  generation: number;
+  holder: string;
+}
+
+async function runLocked(
+  deps: Deps,
+  ctx: RunContext,
+  signal: AbortSignal,
+  opts: SummarizeOptions,
+): Promise<SummarizeResult> {
+  const { db, config } = deps;
+  const { tenantId, sessionId } = ctx;
+  const row = await getSummaryRow(db, tenantId, sessionId);
+
+  // What this run last saw in the row; every save is guarded on it.
+  const state = {
+    exists: row !== null,
+    version: row?.version ?? 0,
+    cursor: row === null ? 0 : row.cursor_seq === null ? null : Number(row.cursor_seq),
+    summary: row !== null && row.version > 0 ? row.summary : null,
+  };
+  let chunks = 0;
+  let calls = 0;
+  let dropped = 0;
+  const result = (outcome: SummarizeOutcome, extra: Partial<SummarizeResult> = {}): SummarizeResult => ({
+    outcome,
+    chunks,
+    calls,
+    dropped,
+    version: state.exists ? state.version : null,
+    cursor_seq: state.cursor,
+    ...extra,
+  });
+
+  const save = async (summary: unknown, version: number, cursor: number): Promise<boolean> => {
+    const ok = await withTransaction(db, async (tx) => {
+      if (!(await lockForSummarySave(tx, ctx))) return false;
+      if (!state.exists) {
+        return insertSummary(tx, { tenantId, sessionId, summary, version, cursorSeq: cursor });
+      }
+      return updateSummaryGuarded(tx, {
+        tenantId,
+        sessionId,
+        expectVersion: state.version,
+        expectCursor: state.cursor,
+        summary,
+        version,
+        cursorSeq: cursor,
+      });
+    });
+    if (ok) Object.assign(state, { exists: true, version, cursor, summary });
+    return ok;
+  };
+
+  // 1. An imported summary without a cursor: the cursor goes to the newest message, no LLM call.
+  if (row !== null && state.cursor === null) {
+    const newest = await maxArchivedSeq(db, tenantId, sessionId);
+    if (newest === 0) return result('noop');
+    return (await save(row.summary, row.version, newest)) ? result('cursor_set') : result('lost_race');
+  }
+  const startCursor = state.cursor ?? 0;
+  if (!(await hasMessagesAfter(db, tenantId, sessionId, startCursor))) return result('noop');
+
+  const budget = config.summaryRunes;
+  const tz = config.timeZone;
+  const decisionModel = config.decisionModel;
+  const render = (m: SourceMessage, max: number) => renderBlock(m, tz, max);
+  const reader = makeReader(deps, tenantId, sessionId, startCursor, budget);
+  const loaded: number[] = [];
+  let pending: SourceMessage[] = [];
+  let working: unknown = state.summary;
+  let pruned = false;
+  const lostLease = () => (signal.aborted ? result('lost_race') : null);
+
+  for (;;) {
+    const unit = await readUnit(reader, budget, decisionModel !== undefined);
+    const atEnd = (await reader.peek()) === null;
+    if (unit.length === 0) break;
+    for (const m of unit) loaded.push(m.seq);
+    const unitLast = unit[unit.length - 1]!.seq;
+
+    // 3. The decision model: drop noise, then prune what the kept conversations overturn.
+    let survivors = unit;
+    if (decisionModel) {
+      const call = { tenantId, sessionId, model: decisionModel, timeZone: tz, signal };
+      const conversations = groupConversations(unit);
+      const noise = await judgeNoise(deps, call, conversations);
+      calls++;
+      const kept = noise ? conversations.filter((c) => !noise.has(c.id)) : conversations;
+      if (noise && noise.size > 0) {
+        dropped += noise.size;
+        opts.metrics?.noiseDropped.inc(noise.size);
+        survivors = kept.flatMap((c) => c.messages);
+      }
+      const entries = summaryEntries(working);
+      if (kept.length > 0 && entries.keyDecisions.length + entries.pastDiscussions.length > 0) {
+        const overturned = await findSuperseded(deps, call, working, kept);
+        calls++;
+        if (overturned && overturned.keyDecisions.length + overturned.pastDiscussions.length > 0) {
+          working = pruneSummary(working, overturned);
+          pruned = true;
+        }
+      }
+      const lost = lostLease();
+      if (lost) return lost;
+    }
+
+    // 4–6. Chunk what is pending; the last chunk waits for more messages unless this is the end.
+    pending = pending.concat(survivors);
+    const planned = planChunks(
+      pending.map((m) => render(m, budget)),
+      budget,
+      (b: Block, max: number) => render(b.source, max),
+    );
+    const send = atEnd ? planned : planned.slice(0, -1);
+    for (const [k, chunk] of send.entries()) {
+      const next = planned[k + 1]?.[0];
+      // Past this chunk and any noise dropped after it, up to the next pending message.
+      const coverEnd = next ? largestBelow(loaded, next.seq) : unitLast;
+      const answer = await summarizeChunk(deps, ctx, working, chunk, signal);
+      calls++;
+      if (!answer.ok) {
+        const lost = lostLease();
+        if (lost) return lost;
+        opts.metrics?.chunks.inc({ outcome: 'failed' });
+        const recorded = await recordSummaryFailure(db, {
+          tenantId,
+          sessionId,
+          error: answer.error,
+          stallAfter: STALL_AFTER_FAILURES,
+          backoffBaseSeconds: BACKOFF_BASE_SECONDS,
+          backoffMaxSeconds: BACKOFF_MAX_SECONDS,
+        });
+        return result('failed', { error: answer.error, ...(recorded ? { status: recorded.status } : {}) });
+      }
+      if (!(await save(answer.value, state.version + 1, coverEnd))) return result('lost_race');
+      opts.metrics?.chunks.inc({ outcome: 'merged' });
+      chunks++;
+      working = answer.value;
+      pruned = false;
+    }
+    pending = atEnd ? [] : (planned[planned.length - 1] ?? []).map((b) => b.source);
+
+    // Nothing left to send from what was read: save the pruned summary and the cursor, no call.
+    if (pending.length === 0 && unitLast > (state.cursor ?? 0)) {
+      const version = pruned ? state.version + 1 : state.version;
+      if (!(await save(working, version, unitLast))) return result('lost_race');
+      pruned = false;
+    }
+    if (atEnd) break;
+  }
+  if (chunks > 0) return result('summarized', { status: 'ok' });
+  return (state.cursor ?? 0) > startCursor ? result('pruned', { status: 'ok' }) : result('noop');
+}
+
+/**
+ * The `summary` queue's processor: sweeps and per-session summarize jobs. A failed chunk is
+ * already recorded on the summary row (failures, last_error, stall); the job then fails without
+ * BullMQ retries (the next sweep retries from the cursor), so it shows as failed in Bull Board
+ * and GET /v1/jobs. Infrastructure errors (Postgres down) throw normally and are retried.
+ */
+export function makeSummaryProcessor(deps: CoreDeps, opts: SummarizeOptions = {}) {
+  return async (job: Job): Promise<unknown> => {
+    const p = parsePayload('summary', job.data);
+    if (p.kind === 'sweep') return runSummarySweep(deps);
+    let r: SummarizeResult;
+    try {
+      r = await summarizeSession(deps, p, opts);
+    } catch (err) {
+      opts.metrics?.jobs.inc({ outcome: 'error' });
+      throw err;
+    }
+    opts.metrics?.jobs.inc({ outcome: r.outcome });
+    if (r.outcome === 'failed') throw new UnrecoverableError(r.error ?? 'summary chunk failed');
+    return r;
+  };
+}
+
+async function summarizeChunk(
+  deps: Deps,
+  ctx: RunContext,
+  previous: unknown,
+  chunk: Block[],
+  signal: AbortSignal,
+): Promise<ParseOutcome<Summary>> {
+  const { config } = deps;
+  const messages = summaryPrompt({
+    previous,
+    transcript: joinBlocks(chunk),
+    messageCount: chunk.length,
+    timeZone: config.timeZone,
+    replyLang: config.replyLang,
+  });
+  try {
+    const res = await deps.llm!.chat({
+      purpose: 'summary',
+      model: config.summaryModel,
+      messages,
+      json: true,
+      temperature: 0.2,
+      tenantId: ctx.tenantId,
+      sessionId: ctx.sessionId,
+      signal,
+    });
+    return parseSummaryAnswer(res.content);
+  } catch (err) {
+    return { ok: false, error: describeLlmFailure(err) };
+  }
+}
+
+/** A failure for last_error: kind and status only (an endpoint's error text may quote the prompt). */
+export function describeLlmFailure(err: unknown): string {
+  if (err instanceof LlmError) return `llm ${err.kind}${err.status ? ` (HTTP ${err.status})` : ''}`;
+  return 'llm call failed';
+}
+
+function largestBelow(sorted: number[], bound: number): number {
+  let lo = 0;
+  let hi = sorted.length - 1;
+  let best = 0;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1;
+    const v = sorted[mid]!;
+    if (v < bound) {
+      best = v;
+      lo = mid + 1;
+    } else hi = mid - 1;
+  }
+  return best;
+}
+
+interface Reader {
+  peek(): Promise<SourceMessage | null>;
+  next(): Promise<SourceMessage | null>;
+}
+
+/** Streams the archive after `afterSeq` in pages (a backlog never has to fit in memory at once). */
+function makeReader(
+  deps: Deps,
+  tenantId: string,
+  sessionId: string,
+  afterSeq: number,
+  budget: number,
+): Reader {
+  let buffer: SourceMessage[] = [];
+  let at = 0;
+  let after = afterSeq;
+  let done = false;
+  const fill = async () => {
+    const rows = await pageSummarySource(deps.db, {
+      tenantId,
+      sessionId,
+      afterSeq: after,
+      limit: PAGE_SIZE,
+      maxChars: budget,
+      maxArgChars: TOOL_ARGUMENT_CHARS,
+    });
+    buffer = rows.map((r) => ({
+      seq: Number(r.seq),
+      role: r.role,
+      name: r.name,
+      sentAtNs: r.sent_at_ns,
+      content: r.content,
+      contentChars: r.content_chars,
+      toolCalls: r.tool_calls_text,
+    }));
+    at = 0;
+    if (rows.length < PAGE_SIZE) done = true;
+    const last = buffer[buffer.length - 1];
+    if (last) after = last.seq;
+  };
+  const peek = async () => {
+    if (at >= buffer.length && !done) await fill();
+    return buffer[at] ?? null;
+  };
+  return {
+    peek,
+    async next() {
+      const m = await peek();
+      if (m) at++;
+      return m;
+    },
+  };
+}
+
+/**
+ * The next work unit: whole conversations (it ends just before a user message) up to a size that
+ * keeps memory and decision prompts bounded.
+ */
+async function readUnit(reader: Reader, budget: number, deciding: boolean): Promise<SourceMessage[]> {
+  const unit: SourceMessage[] = [];
+  let estimate = 0;
+  let conversations = 0;
+  let full = false;
+  for (;;) {
+    const m = await reader.peek();
+    if (!m || unit.length >= UNIT_MAX_MESSAGES) break;
+    if (full && m.role === 'user') break;
+    await reader.next();
+    unit.push(m);
+    if (m.role === 'user' || unit.length === 1) conversations++;
+    const chars = m.contentChars + (m.toolCalls?.length ?? 0);
+    estimate += deciding ? Math.min(chars, 200) + 24 : Math.min(chars, budget) + 48;
+    full = deciding
+      ? estimate >= DECISION_UNIT_CHARS || conversations >= DECISION_UNIT_CONVERSATIONS
+      : estimate >= UNIT_CHUNKS * budget;
+  }
+  return unit;
+}
