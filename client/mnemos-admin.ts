@@ -1,0 +1,89 @@
+/**
+ * The admin API (SPEC §4 "Admin API"): tenants and their API keys, behind `MNEMOS_ADMIN_TOKEN`.
+ * A tenant key is never an admin key, and without the token configured the server answers 404.
+ * API keys are shown once, in the answers of `createTenant` and `createKey`.
+ */
+import { callOpts, deleteOrFalse, makeTransport, requestJson } from './transport.js';
+import type { CallOptions, RequestSpec, TransportOptions } from './transport.js';
+import type { KeyView, TenantView } from './types.js';
+
+export interface MnemosAdminOptions extends Omit<TransportOptions, 'token'> {
+  baseUrl: string;
+  adminToken: string;
+}
+
+const enc = encodeURIComponent;
+
+export function createMnemosAdmin(options: MnemosAdminOptions) {
+  const { adminToken, ...rest } = options;
+  const http = makeTransport({ ...rest, token: adminToken });
+  const call = <T>(spec: RequestSpec): Promise<T> => requestJson<T>(http, spec);
+
+  return {
+    /** Not repeated after a network error: a repeat would answer 409 `tenant_exists`. */
+    createTenant(name: string, opts: CallOptions = {}): Promise<{ tenant_id: string; api_key: string }> {
+      return call({
+        ...callOpts(opts),
+        method: 'POST',
+        path: '/v1/admin/tenants',
+        json: { name },
+        idempotent: false,
+      });
+    },
+
+    async listTenants(opts: CallOptions = {}): Promise<TenantView[]> {
+      const body = await call<{ tenants: TenantView[] }>({
+        ...callOpts(opts),
+        method: 'GET',
+        path: '/v1/admin/tenants',
+        idempotent: true,
+      });
+      return body.tenants;
+    },
+
+    /** Erases the tenant and all its data; false when there was no such tenant. */
+    deleteTenant(tenantId: string, opts: CallOptions = {}): Promise<boolean> {
+      return deleteOrFalse(http, {
+        ...callOpts(opts),
+        method: 'DELETE',
+        path: `/v1/admin/tenants/${enc(tenantId)}`,
+        idempotent: true,
+      });
+    },
+
+    createKey(
+      tenantId: string,
+      opts: CallOptions & { name?: string } = {},
+    ): Promise<{ key_id: string; tenant_id: string; api_key: string }> {
+      return call({
+        ...callOpts(opts),
+        method: 'POST',
+        path: `/v1/admin/tenants/${enc(tenantId)}/keys`,
+        json: opts.name === undefined ? {} : { name: opts.name },
+        idempotent: false,
+      });
+    },
+
+    async listKeys(tenantId: string, opts: CallOptions = {}): Promise<KeyView[]> {
+      const body = await call<{ keys: KeyView[] }>({
+        ...callOpts(opts),
+        method: 'GET',
+        path: `/v1/admin/tenants/${enc(tenantId)}/keys`,
+        idempotent: true,
+      });
+      return body.keys;
+    },
+
+    /** False when there was no such key. */
+    revokeKey(keyId: string, opts: CallOptions = {}): Promise<boolean> {
+      return deleteOrFalse(http, {
+        ...callOpts(opts),
+        method: 'DELETE',
+        path: `/v1/admin/keys/${enc(keyId)}`,
+        idempotent: true,
+      });
+    },
+  };
+}
+
+export type MnemosAdmin = ReturnType<typeof createMnemosAdmin>;

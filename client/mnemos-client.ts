@@ -1,0 +1,403 @@
+/**
+ * A typed client for the mnemos HTTP API (SPEC §4). Copy the `client/` directory into any
+ * Node ≥ 20 (or browser) project: it uses only the platform `fetch` and `crypto.randomUUID`.
+ *
+ *   const mnemos = createMnemosClient({ baseUrl: 'http://127.0.0.1:8080', apiKey });
+ *   await mnemos.postMessages('chat-42', [{ role: 'user', content: 'hi' }], { wait: true });
+ *   for await (const m of mnemos.iterateMessages('chat-42')) console.log(m.seq, m.content);
+ *
+ * Retries: see transport.ts. POST messages is safe to retry only because every message has an
+ * id: the client assigns `crypto.randomUUID()` to messages that lack one, and the server answers
+ * a re-posted id with its original seq instead of storing it twice.
+ * Deletes resolve `false` on 404 (nothing to delete), so a retried delete is not an error.
+ */
+import { makeErrorMemoryMethods } from './error-memory-methods.js';
+import { MnemosError, callOpts, deleteOrFalse, makeTransport, requestJson } from './transport.js';
+import type { CallOptions, Reply, RequestSpec, TransportOptions } from './transport.js';
+import type {
+  ContextResult,
+  ExportLine,
+  ImportLine,
+  ImportResult,
+  JobView,
+  MatchMode,
+  MessageInput,
+  MessagePage,
+  PostMessagesResult,
+  ReadyStatus,
+  ResetResult,
+  SearchHit,
+  SessionInfo,
+  SessionListItem,
+  StoredMessage,
+  SummarizeResult,
+  SummaryView,
+  TimeRange,
+  ToolDefinition,
+  UsageRow,
+} from './types.js';
+
+// The entry point: everything a user needs is importable from this file.
+export { MnemosError, isMnemosError, parseRetryAfter } from './transport.js';
+export type { CallOptions, RetryInfo } from './transport.js';
+export { createMnemosAdmin } from './mnemos-admin.js';
+export type { MnemosAdmin, MnemosAdminOptions } from './mnemos-admin.js';
+export type * from './types.js';
+
+export interface MnemosClientOptions extends Omit<TransportOptions, 'token'> {
+  /** `http://host:port`, without `/v1`. */
+  baseUrl: string;
+  apiKey: string;
+}
+
+/** The server's limits for one POST (SPEC §4): the client splits bigger batches. */
+const MAX_MESSAGES_PER_POST = 1000;
+const MAX_POST_BYTES = 7 * 1024 * 1024; // under the 8 MiB body limit, with room for the envelope
+/** `summarize?wait=true` and import wait up to 60 s on the server. */
+const LONG_WAIT_TIMEOUT_MS = 70_000;
+
+const enc = encodeURIComponent;
+
+export function createMnemosClient(options: MnemosClientOptions) {
+  const { apiKey, ...rest } = options;
+  const http = makeTransport({ ...rest, token: apiKey });
+  const call = <T>(spec: RequestSpec): Promise<T> => requestJson<T>(http, spec);
+  const remove = (spec: RequestSpec): Promise<boolean> => deleteOrFalse(http, spec);
+  const session = (sid: string) => `/v1/sessions/${enc(sid)}`;
+
+  const client = {
+    /**
+     * Appends messages (ids assigned where missing). With `wait`, resolves once they are durable
+     * in the archive (`durable: true`; false if the server's wait timed out). Batches over the
+     * server's limits are split into several requests, in order.
+     */
+    async postMessages(
+      sid: string,
+      messages: MessageInput[],
+      opts: CallOptions & { wait?: boolean } = {},
+    ): Promise<PostMessagesResult> {
+      const withIds = messages.map((m) => (m.id ? m : { ...m, id: crypto.randomUUID() }));
+      const out: PostMessagesResult = { session_id: sid, accepted: 0, messages: [], durable: true };
+      for (const batch of batches(withIds)) {
+        const reply = await http.request({
+          ...callOpts(opts),
+          method: 'POST',
+          path: `${session(sid)}/messages`,
+          query: { wait: opts.wait ? 'true' : undefined },
+          json: { messages: batch },
+          idempotent: true, // every message carries an id
+        });
+        const body = reply.body as Omit<PostMessagesResult, 'durable'>;
+        out.session_id = body.session_id;
+        out.accepted += body.accepted;
+        out.messages.push(...body.messages);
+        out.durable &&= reply.status === 201;
+      }
+      return out;
+    },
+
+    listMessages(
+      sid: string,
+      opts: CallOptions & {
+        afterSeq?: number;
+        beforeSeq?: number;
+        limit?: number;
+        order?: 'asc' | 'desc';
+      } = {},
+    ): Promise<MessagePage> {
+      return call({
+        ...callOpts(opts),
+        method: 'GET',
+        path: `${session(sid)}/messages`,
+        query: { after_seq: opts.afterSeq, before_seq: opts.beforeSeq, limit: opts.limit, order: opts.order },
+        idempotent: true,
+      });
+    },
+
+    /** Every archived message in seq order (or newest first with `order: 'desc'`), page by page. */
+    async *iterateMessages(
+      sid: string,
+      opts: CallOptions & {
+        afterSeq?: number;
+        beforeSeq?: number;
+        order?: 'asc' | 'desc';
+        pageSize?: number;
+      } = {},
+    ): AsyncGenerator<StoredMessage> {
+      let { afterSeq, beforeSeq } = opts;
+      for (;;) {
+        const page = await client.listMessages(sid, {
+          ...callOpts(opts),
+          afterSeq,
+          beforeSeq,
+          order: opts.order,
+          limit: opts.pageSize ?? 500,
+        });
+        yield* page.messages;
+        if (page.next === null) return;
+        if (opts.order === 'desc') beforeSeq = page.next;
+        else afterSeq = page.next;
+      }
+    },
+
+    listSessions(
+      opts: CallOptions & { cursor?: string; limit?: number } = {},
+    ): Promise<{ sessions: SessionListItem[]; next: string | null }> {
+      return call({
+        ...callOpts(opts),
+        method: 'GET',
+        path: '/v1/sessions',
+        query: { cursor: opts.cursor, limit: opts.limit },
+        idempotent: true,
+      });
+    },
+
+    async *iterateSessions(opts: CallOptions & { pageSize?: number } = {}): AsyncGenerator<SessionListItem> {
+      let cursor: string | undefined;
+      for (;;) {
+        const page = await client.listSessions({ ...callOpts(opts), cursor, limit: opts.pageSize ?? 500 });
+        yield* page.sessions;
+        if (page.next === null) return;
+        cursor = page.next;
+      }
+    },
+
+    getSession(sid: string, opts: CallOptions = {}): Promise<SessionInfo> {
+      return call({ ...callOpts(opts), method: 'GET', path: session(sid), idempotent: true });
+    },
+
+    /** Clears the archive, vectors and cutoff; the summary survives unless `keepSummary: false`. */
+    resetSession(sid: string, opts: CallOptions & { keepSummary?: boolean } = {}): Promise<ResetResult> {
+      return call({
+        ...callOpts(opts),
+        method: 'POST',
+        path: `${session(sid)}/reset`,
+        query: { keep_summary: opts.keepSummary === false ? 'false' : undefined },
+        // Not repeated after a network error: a repeat would also clear messages posted meanwhile.
+        idempotent: false,
+      });
+    },
+
+    /** Removes everything of the session; false when it did not exist. */
+    deleteSession(sid: string, opts: CallOptions = {}): Promise<boolean> {
+      return remove({ ...callOpts(opts), method: 'DELETE', path: session(sid), idempotent: true });
+    },
+
+    /** The session as JSON Lines, parsed and streamed: messages in seq order, then the summary. */
+    async *exportSession(sid: string, opts: CallOptions = {}): AsyncGenerator<ExportLine> {
+      const res = await http.stream({
+        ...callOpts(opts),
+        method: 'GET',
+        path: `${session(sid)}/export`,
+        idempotent: true,
+      });
+      yield* readJsonLines<ExportLine>(res);
+    },
+
+    /**
+     * Into an empty session only (else 409 `session_not_empty`); accepts an export's lines, so
+     * `importSession(b, exportSession(a))` copies a session. Resolves once the messages are
+     * archived (`durable`; the server waits up to 60 s), or at once with `wait: false`.
+     */
+    async importSession(
+      sid: string,
+      lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
+      opts: CallOptions & { wait?: boolean } = {},
+    ): Promise<ImportResult> {
+      let body = '';
+      for await (const line of lines) body += `${JSON.stringify(line)}\n`;
+      const reply = await http.request({
+        ...callOpts(opts),
+        timeoutMs: opts.timeoutMs ?? (opts.wait === false ? undefined : LONG_WAIT_TIMEOUT_MS),
+        method: 'POST',
+        path: `${session(sid)}/import`,
+        query: { wait: opts.wait === false ? 'false' : undefined },
+        body,
+        contentType: 'application/x-ndjson',
+        // A repeat after a lost answer would meet a non-empty session (409), not import twice.
+        idempotent: false,
+      });
+      return { ...(reply.body as Omit<ImportResult, 'durable'>), durable: reply.status === 201 };
+    },
+
+    /**
+     * The next turn's messages: hot window, turn-context (summary), then `input` as a user
+     * message. `minSeq` waits (≤ 5 s on the server) until that seq is archived.
+     */
+    async context(
+      sid: string,
+      opts: CallOptions & { input?: string; maxMessages?: number; minSeq?: number } = {},
+    ): Promise<ContextResult> {
+      const reply = await http.request({
+        ...callOpts(opts),
+        method: 'POST',
+        path: `${session(sid)}/context`,
+        json: { input: opts.input, max_messages: opts.maxMessages, min_seq: opts.minSeq },
+        idempotent: true,
+      });
+      const minSeqTimedOut = reply.headers.get('x-mnemos-min-seq') === 'timeout';
+      return { ...(reply.body as Omit<ContextResult, 'minSeqTimedOut'>), minSeqTimedOut };
+    },
+
+    getSummary(sid: string, opts: CallOptions = {}): Promise<SummaryView> {
+      return call({ ...callOpts(opts), method: 'GET', path: `${session(sid)}/summary`, idempotent: true });
+    },
+
+    /** Queues a summary run (`done: false`, poll `job`); with `wait`, resolves with its result. */
+    async summarize(sid: string, opts: CallOptions & { wait?: boolean } = {}): Promise<SummarizeResult> {
+      const reply = await http.request({
+        ...callOpts(opts),
+        timeoutMs: opts.timeoutMs ?? (opts.wait ? LONG_WAIT_TIMEOUT_MS : undefined),
+        method: 'POST',
+        path: `${session(sid)}/summarize`,
+        query: { wait: opts.wait ? 'true' : undefined },
+        idempotent: true, // runs are deduplicated per session on the server
+      });
+      return { ...(reply.body as SummarizeResult), done: reply.status === 200 } as SummarizeResult;
+    },
+
+    async search(
+      sid: string,
+      opts: CallOptions & {
+        query: string;
+        match?: MatchMode;
+        limit?: number;
+        timeRange?: TimeRange;
+        excludeWindow?: boolean;
+      },
+    ): Promise<SearchHit[]> {
+      const body = await call<{ hits: SearchHit[] }>({
+        ...callOpts(opts),
+        method: 'POST',
+        path: `${session(sid)}/search`,
+        json: {
+          query: opts.query,
+          match: opts.match,
+          limit: opts.limit,
+          time_range: opts.timeRange,
+          exclude_window: opts.excludeWindow,
+        },
+        idempotent: true,
+      });
+      return body.hits;
+    },
+
+    /** OpenAI function-tool definitions (chat_history, error_history, write_error). */
+    async tools(opts: CallOptions = {}): Promise<ToolDefinition[]> {
+      const body = await call<{ tools: ToolDefinition[] }>({
+        ...callOpts(opts),
+        method: 'GET',
+        path: '/v1/tools',
+        idempotent: true,
+      });
+      return body.tools;
+    },
+
+    /**
+     * Runs one tool call; `args` as the model produced them (the JSON string, or parsed). Resolves
+     * with the text for the tool message; bad arguments give guidance text, not an error.
+     */
+    async runTool(
+      sid: string,
+      name: string,
+      args: string | Record<string, unknown>,
+      opts: CallOptions = {},
+    ): Promise<string> {
+      const body = await call<{ content: string }>({
+        ...callOpts(opts),
+        method: 'POST',
+        path: `${session(sid)}/tools/${enc(name)}`,
+        json: args,
+        // write_error merges into an existing record: a repeat would count one hit too many.
+        idempotent: name !== 'write_error',
+      });
+      return body.content;
+    },
+
+    ...makeErrorMemoryMethods(http),
+
+    usage(
+      opts: CallOptions & { window?: '24h' | '7d' | '28d'; sessionId?: string } = {},
+    ): Promise<{ window: string; rows: UsageRow[] }> {
+      return call({
+        ...callOpts(opts),
+        method: 'GET',
+        path: '/v1/usage',
+        query: { window: opts.window, session_id: opts.sessionId },
+        idempotent: true,
+      });
+    },
+
+    /** A job id as returned by the API (e.g. `summary.…`). */
+    job(id: string, opts: CallOptions = {}): Promise<JobView> {
+      return call({ ...callOpts(opts), method: 'GET', path: `/v1/jobs/${enc(id)}`, idempotent: true });
+    },
+
+    /** `GET /readyz`: resolves for 200 and 503 alike (read `status`). */
+    async ready(opts: CallOptions = {}): Promise<ReadyStatus> {
+      const reply: Reply = await http.request({
+        ...callOpts(opts),
+        method: 'GET',
+        path: '/readyz',
+        idempotent: true,
+        okStatuses: [503],
+      });
+      return reply.body as ReadyStatus;
+    },
+  };
+  return client;
+}
+
+export type MnemosClient = ReturnType<typeof createMnemosClient>;
+
+/** Splits a post into requests within the server's count and body-size limits, in order. */
+function batches(messages: MessageInput[]): MessageInput[][] {
+  const out: MessageInput[][] = [];
+  const encoder = new TextEncoder();
+  let current: MessageInput[] = [];
+  let bytes = 0;
+  for (const m of messages) {
+    const size = encoder.encode(JSON.stringify(m)).length + 1;
+    if (current.length > 0 && (current.length >= MAX_MESSAGES_PER_POST || bytes + size > MAX_POST_BYTES)) {
+      out.push(current);
+      current = [];
+      bytes = 0;
+    }
+    current.push(m);
+    bytes += size;
+  }
+  if (current.length > 0) out.push(current);
+  return out;
+}
+
+/** Parses a JSON Lines body as it streams in; stops reading when the consumer stops. */
+async function* readJsonLines<T>(res: Response): AsyncGenerator<T> {
+  if (!res.body) return;
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = '';
+  try {
+    for (;;) {
+      const { done, value } = await reader.read().catch((err: unknown) => {
+        // The server cuts the connection when an export fails midway: never a silent short export.
+        throw new MnemosError({
+          status: res.status,
+          code: 'stream_truncated',
+          message: `the export stream broke off: ${(err as Error).message}`,
+          requestId: res.headers.get('x-request-id'),
+          attempts: 1,
+          cause: err,
+        });
+      });
+      if (done) break;
+      buffer += value;
+      for (let nl = buffer.indexOf('\n'); nl >= 0; nl = buffer.indexOf('\n')) {
+        const line = buffer.slice(0, nl).trim();
+        buffer = buffer.slice(nl + 1);
+        if (line) yield JSON.parse(line) as T;
+      }
+    }
+    if (buffer.trim()) yield JSON.parse(buffer) as T;
+  } finally {
+    await reader.cancel().catch(() => undefined);
+  }
+}

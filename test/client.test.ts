@@ -1,0 +1,809 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { after, before, describe, test } from 'node:test';
+import { MnemosError, createMnemosAdmin, createMnemosClient } from '../client/mnemos-client.js';
+import type { MessageInput, MnemosClient, RetryInfo } from '../client/mnemos-client.js';
+import { runTurn } from '../examples/agent-loop.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
+import type { FakeOpenAI } from './support/fake-openai.js';
+import { ADMIN_TOKEN, startTestService } from './support/harness.js';
+import type { TestService } from './support/harness.js';
+
+const sid = (what: string) => `client-${what}-${randomBytes(3).toString('hex')}`;
+
+let svc: TestService;
+let fake: FakeOpenAI;
+let apiKey: string;
+let mnemos: MnemosClient;
+
+before(async () => {
+  fake = await startFakeOpenAI();
+  // No LLM for the service itself (local embedder); a small window so chat_history has history.
+  svc = await startTestService({ env: { MAX_HISTORY_MESSAGES: '4' } });
+  apiKey = (await svc.newTenant()).apiKey;
+  mnemos = createMnemosClient({ baseUrl: svc.base, apiKey });
+});
+after(async () => {
+  await svc.stop();
+  await fake.close();
+});
+
+async function rejects(promise: Promise<unknown>): Promise<MnemosError> {
+  try {
+    await promise;
+  } catch (err) {
+    assert.ok(err instanceof MnemosError, `expected a MnemosError, got ${String(err)}`);
+    return err;
+  }
+  assert.fail('expected the call to fail');
+}
+
+const jsonResponse = (status: number, body: unknown, headers: Record<string, string> = {}) =>
+  new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json', ...headers } });
+
+type Step = Response | 'network' | 'deliver-then-fail';
+
+/** A fetch that plays `steps` (one per call) and then delegates to the real fetch. */
+function scriptedFetch(...steps: Step[]) {
+  const calls: Array<{ method: string; url: string; at: number }> = [];
+  const impl: typeof fetch = async (input, init) => {
+    calls.push({ method: init?.method ?? 'GET', url: String(input), at: Date.now() });
+    const step = steps.shift();
+    if (step === undefined) return fetch(input, init);
+    if (step === 'network') throw new TypeError('fetch failed');
+    if (step === 'deliver-then-fail') {
+      // The server gets and applies the request; the answer is lost on the way back.
+      await (await fetch(input, init)).text();
+      throw new TypeError('fetch failed: socket hang up');
+    }
+    return step;
+  };
+  return { impl, calls };
+}
+
+void describe('client: messages', () => {
+  void test('posts with wait and reads every message back through the iterator', async () => {
+    const s = sid('roundtrip');
+    const input: MessageInput[] = Array.from({ length: 7 }, (_, i) => ({
+      role: i % 2 === 0 ? 'user' : 'assistant',
+      content: `message number ${i}`,
+    }));
+    const posted = await mnemos.postMessages(s, input, { wait: true });
+    assert.equal(posted.durable, true);
+    assert.equal(posted.accepted, 7);
+    assert.equal(posted.session_id, s);
+    assert.equal(posted.messages.length, 7);
+    // Ids were assigned by the client (UUIDs) and seqs increase.
+    for (const m of posted.messages) assert.match(m.id, /^[0-9a-f-]{36}$/);
+    const seqs = posted.messages.map((m) => m.seq);
+    assert.deepEqual(
+      seqs,
+      [...seqs].sort((a, b) => a - b),
+    );
+
+    const all = [];
+    for await (const m of mnemos.iterateMessages(s, { pageSize: 3 })) all.push(m);
+    assert.deepEqual(
+      all.map((m) => [m.id, m.seq, m.role, m.content]),
+      posted.messages.map((m, i) => [m.id, m.seq, input[i]!.role, input[i]!.content]),
+    );
+    const desc = [];
+    for await (const m of mnemos.iterateMessages(s, { order: 'desc', pageSize: 2 })) desc.push(m.seq);
+    assert.deepEqual(desc, [...seqs].reverse());
+    const after = [];
+    for await (const m of mnemos.iterateMessages(s, { afterSeq: seqs[4]! })) after.push(m.seq);
+    assert.deepEqual(after, seqs.slice(5));
+
+    const page = await mnemos.listMessages(s, { limit: 2 });
+    assert.deepEqual(
+      page.messages.map((m) => m.seq),
+      seqs.slice(0, 2),
+    );
+    assert.equal(page.next, seqs[1]);
+    const info = await mnemos.getSession(s);
+    assert.equal(info.id, s);
+    assert.equal(info.message_count, 7);
+  });
+
+  void test('posting the same ids twice returns the same seqs and stores each message once', async () => {
+    const s = sid('idem');
+    const first = await mnemos.postMessages(
+      s,
+      [
+        { role: 'user', content: 'a' },
+        { role: 'assistant', content: 'b' },
+      ],
+      { wait: true },
+    );
+    const again = await mnemos.postMessages(
+      s,
+      [
+        { id: first.messages[0]!.id, role: 'user', content: 'a' },
+        { id: first.messages[1]!.id, role: 'assistant', content: 'b' },
+      ],
+      { wait: true },
+    );
+    assert.equal(again.accepted, 0);
+    assert.deepEqual(again.messages, first.messages);
+    const page = await mnemos.listMessages(s);
+    assert.deepEqual(
+      page.messages.map((m) => m.seq),
+      first.messages.map((m) => m.seq),
+    );
+  });
+
+  void test('a post whose answer was lost is retried without duplicates', async () => {
+    const s = sid('lost');
+    const { impl, calls } = scriptedFetch('deliver-then-fail');
+    const retries: RetryInfo[] = [];
+    const client = createMnemosClient({
+      baseUrl: svc.base,
+      apiKey,
+      fetch: impl,
+      backoffBaseMs: 10,
+      onRetry: (r) => retries.push(r),
+    });
+    const res = await client.postMessages(
+      s,
+      [
+        { role: 'user', content: 'hello' },
+        { role: 'assistant', content: 'hi there' },
+      ],
+      { wait: true },
+    );
+    assert.equal(calls.length, 2);
+    assert.equal(retries.length, 1);
+    // The first attempt stored them; the retry got the original seqs back.
+    assert.equal(res.accepted, 0);
+    const stored = (await mnemos.listMessages(s)).messages;
+    assert.deepEqual(
+      stored.map((m) => [m.id, m.seq, m.content]),
+      res.messages.map((m, i) => [m.id, m.seq, ['hello', 'hi there'][i]]),
+    );
+  });
+
+  void test('context puts the input last after the hot window', async () => {
+    const s = sid('ctx');
+    const posted = await mnemos.postMessages(s, [
+      { role: 'user', content: 'first question' },
+      { role: 'assistant', content: 'first answer' },
+    ]);
+    const lastSeq = posted.messages[1]!.seq;
+    const ctx = await mnemos.context(s, { input: 'second question', minSeq: lastSeq });
+    assert.equal(ctx.minSeqTimedOut, false);
+    assert.deepEqual(ctx.messages, [
+      { role: 'user', content: 'first question' },
+      { role: 'assistant', content: 'first answer' },
+      { role: 'user', content: 'second question' },
+    ]);
+    assert.deepEqual(ctx.window, { from_seq: posted.messages[0]!.seq, to_seq: lastSeq });
+    assert.equal(ctx.summary_version, 0);
+    assert.equal(ctx.system_block, '');
+  });
+
+  void test('search finds an archived message by keyword', async () => {
+    const s = sid('search');
+    const posted = await mnemos.postMessages(
+      s,
+      [
+        { role: 'user', content: 'we picked pgvector for the recent index' },
+        { role: 'assistant', content: 'noted, the weather is fine' },
+      ],
+      { wait: true },
+    );
+    const hits = await mnemos.search(s, { query: 'pgvector', match: 'keyword', limit: 4, timeRange: 'all' });
+    assert.equal(hits[0]?.seq, posted.messages[0]!.seq);
+    assert.equal(hits[0]?.content, 'we picked pgvector for the recent index');
+  });
+});
+
+void describe('client: errors', () => {
+  void test('a missing session is a MnemosError with status, code and request id', async () => {
+    const err = await rejects(mnemos.getSession(sid('missing')));
+    assert.equal(err.status, 404);
+    assert.equal(err.code, 'not_found');
+    assert.match(err.requestId ?? '', /^[0-9a-f-]{36}$/);
+    assert.equal(err.attempts, 1);
+  });
+
+  void test('bad input is a 400 whose details name the field', async () => {
+    const err = await rejects(mnemos.postMessages(sid('bad'), [{ role: 'robot' as 'user', content: 'x' }]));
+    assert.equal(err.status, 400);
+    assert.equal(err.code, 'validation_failed');
+    assert.match(JSON.stringify(err.details), /messages\[0\]\.role/);
+    const limit = await rejects(mnemos.listMessages(sid('bad'), { limit: 0 }));
+    assert.equal(limit.status, 400);
+  });
+
+  void test('summaries: 404 when none, 409 llm_not_configured without an LLM', async () => {
+    const s = sid('sum');
+    await mnemos.postMessages(s, [{ role: 'user', content: 'x' }], { wait: true });
+    assert.equal((await rejects(mnemos.getSummary(s))).code, 'not_found');
+    const err = await rejects(mnemos.summarize(s));
+    assert.equal(err.status, 409);
+    assert.equal(err.code, 'llm_not_configured');
+    assert.equal((await rejects(mnemos.job('summary.nope'))).status, 404);
+    const usage = await mnemos.usage({ window: '7d', sessionId: s });
+    assert.deepEqual(usage, { window: '7d', rows: [] });
+  });
+
+  void test('a wrong API key is a 401', async () => {
+    const bad = createMnemosClient({ baseUrl: svc.base, apiKey: 'mn_nope_nope' });
+    const err = await rejects(bad.listSessions());
+    assert.equal(err.status, 401);
+    assert.equal(err.code, 'unauthorized');
+  });
+});
+
+void describe('client: retries', () => {
+  const unavailable = () =>
+    jsonResponse(
+      503,
+      { error: { code: 'unavailable', message: 'redis is unavailable, retry later' } },
+      { 'retry-after': '1' },
+    );
+  const limited = (after: string) =>
+    jsonResponse(429, { error: { code: 'rate_limited', message: 'slow down' } }, { 'retry-after': after });
+
+  void test('retries 503 after retry-after and then succeeds', async () => {
+    const s = sid('503');
+    const { impl, calls } = scriptedFetch(unavailable(), unavailable());
+    const retries: RetryInfo[] = [];
+    const client = createMnemosClient({
+      baseUrl: svc.base,
+      apiKey,
+      fetch: impl,
+      onRetry: (r) => retries.push(r),
+    });
+    const started = Date.now();
+    const res = await client.postMessages(s, [{ role: 'user', content: 'after the outage' }], { wait: true });
+    assert.equal(calls.length, 3);
+    assert.equal(res.durable, true);
+    assert.equal(res.accepted, 1);
+    assert.deepEqual(
+      retries.map((r) => [r.attempt, r.status]),
+      [
+        [1, 503],
+        [2, 503],
+      ],
+    );
+    // retry-after: 1 → 1 s plus at most 10 % jitter, each time.
+    for (const r of retries) assert.ok(r.delayMs >= 1000 && r.delayMs <= 1100, `delay ${r.delayMs}`);
+    assert.ok(calls[1]!.at - calls[0]!.at >= 990, 'second attempt came after retry-after');
+    assert.ok(Date.now() - started >= 1990);
+    assert.equal((await mnemos.listMessages(s)).messages.length, 1);
+  });
+
+  void test('retries 429 after retry-after, on a POST read too', async () => {
+    const s = sid('429');
+    await mnemos.postMessages(s, [{ role: 'user', content: 'rate limits are fine' }], { wait: true });
+    const { impl, calls } = scriptedFetch(limited('1'));
+    const retries: RetryInfo[] = [];
+    const client = createMnemosClient({
+      baseUrl: svc.base,
+      apiKey,
+      fetch: impl,
+      onRetry: (r) => retries.push(r),
+    });
+    const hits = await client.search(s, { query: 'rate limits', match: 'keyword' });
+    assert.equal(calls.length, 2);
+    assert.equal(hits.length, 1);
+    assert.equal(retries[0]?.status, 429);
+    assert.ok(retries[0]!.delayMs >= 1000 && retries[0]!.delayMs <= 1100);
+    assert.ok(calls[1]!.at - calls[0]!.at >= 990);
+  });
+
+  void test('gives up after `retries` and reports the last answer', async () => {
+    const { impl, calls } = scriptedFetch(limited('0'), limited('0'), limited('0'));
+    const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: impl, retries: 2 });
+    const err = await rejects(client.listSessions());
+    assert.equal(calls.length, 3);
+    assert.equal(err.status, 429);
+    assert.equal(err.code, 'rate_limited');
+    assert.equal(err.attempts, 3);
+    assert.equal(err.retryAfterMs, 0);
+  });
+
+  void test('network errors are retried for idempotent requests only', async () => {
+    const read = scriptedFetch('network', 'network');
+    const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: read.impl, backoffBaseMs: 5 });
+    assert.deepEqual((await client.listSessions({ limit: 1 })).sessions.length, 1);
+    assert.equal(read.calls.length, 3);
+
+    const write = scriptedFetch('network');
+    const writer = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: write.impl, backoffBaseMs: 5 });
+    const err = await rejects(
+      writer.writeError({ tool_name: 'shell', symptom: 'boom', action: 'none', outcome: 'failed' }),
+    );
+    assert.equal(err.status, 0);
+    assert.equal(err.code, 'network_error');
+    assert.equal(write.calls.length, 1);
+  });
+
+  void test('a request with no answer times out', async () => {
+    const hang: typeof fetch = (_input, init) =>
+      new Promise((_resolve, reject) => {
+        init?.signal?.addEventListener('abort', () => reject(init.signal!.reason as Error));
+      });
+    const client = createMnemosClient({
+      baseUrl: svc.base,
+      apiKey,
+      fetch: hang,
+      timeoutMs: 50,
+      retries: 1,
+      backoffBaseMs: 5,
+    });
+    const err = await rejects(client.getSession('x'));
+    assert.equal(err.code, 'timeout');
+    assert.equal(err.attempts, 2);
+  });
+});
+
+void describe('client: error memory and tools', () => {
+  void test('writes, deduplicates, finds, reads, lists, deletes and purges records', async () => {
+    const tool = `deploy_${randomBytes(3).toString('hex')}`;
+    const created = await mnemos.writeError({
+      tool_name: tool,
+      symptom: 'connection refused on port 5432',
+      cause: 'postgres not started',
+      action: 'start postgres before the migration',
+      outcome: 'resolved',
+    });
+    assert.equal(created.deduplicated, false);
+    const merged = await mnemos.writeError({
+      tool_name: tool,
+      symptom: 'connection refused on port 6543',
+      action: 'start postgres before the migration',
+      outcome: 'resolved',
+    });
+    assert.deepEqual(merged, { id: created.id, deduplicated: true });
+
+    const found = await mnemos.searchErrors({ query: 'connection refused', toolName: tool });
+    assert.deepEqual(
+      found.map((r) => r.id),
+      [created.id],
+    );
+    assert.equal(found[0]!.hits, 2);
+    const hint = await mnemos.lookupError({ toolName: tool, error: 'dial tcp: connection refused' });
+    assert.match(hint.related_errors, /start postgres/);
+    assert.equal((await mnemos.getError(created.id)).symptom, 'connection refused on port 5432');
+    const listed = [];
+    for await (const r of mnemos.iterateErrors({ pageSize: 1 })) listed.push(r.id);
+    assert.ok(listed.includes(created.id));
+
+    assert.equal(await mnemos.deleteError(created.id), true);
+    assert.equal(await mnemos.deleteError(created.id), false);
+    assert.equal((await rejects(mnemos.getError(created.id))).code, 'not_found');
+
+    await mnemos.writeError({ tool_name: tool, symptom: 'disk full', action: 'prune', outcome: 'resolved' });
+    await mnemos.writeError({
+      tool_name: tool,
+      symptom: 'out of memory',
+      action: 'resize',
+      outcome: 'failed',
+    });
+    assert.equal(await mnemos.purgeErrors({ toolName: tool }), 2);
+    assert.deepEqual(await mnemos.searchErrors({ query: 'disk full', toolName: tool }), []);
+  });
+
+  void test('lists the agent tools and runs them', async () => {
+    const tools = await mnemos.tools();
+    assert.deepEqual(tools.map((t) => t.function.name).sort(), [
+      'chat_history',
+      'error_history',
+      'write_error',
+    ]);
+    const s = sid('tools');
+    await mnemos.postMessages(s, [{ role: 'user', content: 'the build uses esbuild' }], { wait: true });
+    const listed = await mnemos.runTool(s, 'chat_history', { mode: 'list', limit: 5 });
+    assert.match(listed, /the build uses esbuild/);
+    // Arguments as the model produced them: a JSON string.
+    const tool = `lint_${randomBytes(3).toString('hex')}`;
+    const wrote = await mnemos.runTool(
+      s,
+      'write_error',
+      JSON.stringify({
+        tool_name: tool,
+        symptom: 'eslint crashed on a config',
+        action: 'pin eslint 9',
+        outcome: 'resolved',
+      }),
+    );
+    assert.ok(wrote.length > 0);
+    const records = await mnemos.searchErrors({ query: 'eslint crashed', toolName: tool });
+    assert.equal(records[0]?.action, 'pin eslint 9');
+    assert.match(await mnemos.runTool(s, 'error_history', '{not json'), /not valid JSON/);
+  });
+});
+
+void describe('client: lifecycle and admin', () => {
+  void test('export streams the session and import restores it elsewhere', async () => {
+    const s = sid('export');
+    const posted = await mnemos.postMessages(
+      s,
+      [
+        { role: 'user', content: 'one', sent_at: '2024-05-01T10:00:00Z' },
+        { role: 'assistant', content: 'two', sent_at: '2024-05-01T10:00:01Z' },
+      ],
+      { wait: true },
+    );
+    const lines = [];
+    for await (const line of mnemos.exportSession(s)) lines.push(line);
+    assert.deepEqual(
+      lines.map((l) => (l.type === 'message' ? [l.type, l.id, l.content] : [l.type])),
+      posted.messages.map((m, i) => ['message', m.id, ['one', 'two'][i]]),
+    );
+    // An export's lines feed an import directly (streamed in, sent as JSON Lines).
+    const copy = sid('import');
+    const imported = await mnemos.importSession(copy, mnemos.exportSession(s));
+    assert.equal(imported.imported, 2);
+    assert.equal(imported.durable, true);
+    const restored = [];
+    for await (const m of mnemos.iterateMessages(copy)) restored.push([m.id, m.content, m.sent_at_ns]);
+    assert.deepEqual(
+      restored,
+      lines.map((l) => (l.type === 'message' ? [l.id, l.content, l.sent_at_ns] : [])),
+    );
+    assert.equal((await rejects(mnemos.importSession(copy, lines))).status, 409);
+  });
+
+  void test('an export parses lines across chunk boundaries and reports a cut stream', async () => {
+    const line = (seq: number) =>
+      `${JSON.stringify({ type: 'message', id: `m${seq}`, seq, role: 'user', content: 'x' })}\n`;
+    const text = line(1) + line(2);
+    const chunks = [text.slice(0, 10), text.slice(10, 70), text.slice(70), line(3).slice(0, 5)];
+    const cut: typeof fetch = () =>
+      Promise.resolve(
+        new Response(
+          new ReadableStream<Uint8Array>({
+            pull(controller) {
+              const next = chunks.shift();
+              if (next === undefined) controller.error(new TypeError('terminated'));
+              else controller.enqueue(new TextEncoder().encode(next));
+            },
+          }),
+          { status: 200, headers: { 'content-type': 'application/x-ndjson' } },
+        ),
+      );
+    const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: cut });
+    const seen: number[] = [];
+    const err = await rejects(
+      (async () => {
+        for await (const l of client.exportSession('any')) if (l.type === 'message') seen.push(l.seq);
+      })(),
+    );
+    assert.deepEqual(seen, [1, 2]);
+    assert.equal(err.code, 'stream_truncated');
+  });
+
+  void test('reset clears the archive, delete removes the session', async () => {
+    const s = sid('reset');
+    await mnemos.postMessages(s, [{ role: 'user', content: 'forget me' }], { wait: true });
+    assert.deepEqual(await mnemos.resetSession(s, { keepSummary: false }), {
+      session_id: s,
+      reset: true,
+      summary_kept: false,
+    });
+    assert.deepEqual((await mnemos.listMessages(s)).messages, []);
+    assert.equal(await mnemos.deleteSession(s), true);
+    assert.equal((await rejects(mnemos.getSession(s))).status, 404);
+    assert.equal(await mnemos.deleteSession(s), false);
+  });
+
+  void test('admin creates tenants and keys; a revoked key stops working', async () => {
+    const admin = createMnemosAdmin({ baseUrl: svc.base, adminToken: ADMIN_TOKEN });
+    const name = `client-${randomBytes(4).toString('hex')}`;
+    const tenant = await admin.createTenant(name);
+    assert.ok((await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id && x.name === name));
+    assert.equal((await rejects(admin.createTenant(name))).status, 409);
+
+    const key = await admin.createKey(tenant.tenant_id, { name: 'second' });
+    assert.equal(key.tenant_id, tenant.tenant_id);
+    const keys = await admin.listKeys(tenant.tenant_id);
+    assert.deepEqual(keys.map((k) => k.name).sort(), ['default', 'second']);
+    const second = createMnemosClient({ baseUrl: svc.base, apiKey: key.api_key });
+    assert.deepEqual((await second.listSessions()).sessions, []);
+    assert.equal(await admin.revokeKey(key.key_id), true);
+    assert.equal((await rejects(second.listSessions())).code, 'unauthorized');
+
+    // A tenant key is never an admin key.
+    const tenantKey = createMnemosAdmin({ baseUrl: svc.base, adminToken: tenant.api_key });
+    assert.equal((await rejects(tenantKey.listTenants())).code, 'forbidden');
+    const wrong = createMnemosAdmin({ baseUrl: svc.base, adminToken: 'not-the-token' });
+    assert.equal((await rejects(wrong.listTenants())).code, 'unauthorized');
+  });
+
+  void test('admin deletes a tenant', async () => {
+    const admin = createMnemosAdmin({ baseUrl: svc.base, adminToken: ADMIN_TOKEN });
+    const tenant = await admin.createTenant(`gone-${randomBytes(4).toString('hex')}`);
+    const deleted = await admin.deleteTenant(tenant.tenant_id);
+    assert.equal(deleted, true);
+    assert.ok(!(await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id));
+    assert.equal(await admin.deleteTenant(tenant.tenant_id), false);
+  });
+
+  void test('ready reports per-dependency status', async () => {
+    const ready = await mnemos.ready();
+    assert.equal(ready.status, 'ready');
+    assert.equal(ready.checks.postgres, 'ok');
+    assert.equal(ready.checks.llm, 'disabled');
+  });
+});
+
+void describe('client: summaries with an LLM', () => {
+  let llmSvc: TestService;
+  let client: MnemosClient;
+  before(async () => {
+    llmSvc = await startTestService({ env: { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'test' } });
+    client = createMnemosClient({ baseUrl: llmSvc.base, apiKey: (await llmSvc.newTenant()).apiKey });
+  });
+  after(async () => {
+    await llmSvc.stop();
+  });
+
+  void test('summarize with wait returns the new summary; getSummary, job and usage agree', async () => {
+    const summary = {
+      key_decisions: ['Do: keep answers short'],
+      past_discussions: [],
+      current_discussion: {
+        topic: 'style',
+        description: 'answer length',
+        perspectives: '',
+        direction: 'short',
+      },
+    };
+    fake.reset();
+    fake.onChat(() => ({ content: JSON.stringify(summary) }));
+    const s = sid('summarize');
+    const posted = await client.postMessages(
+      s,
+      [
+        { role: 'user', content: 'please keep answers short from now on' },
+        { role: 'assistant', content: 'will do' },
+      ],
+      { wait: true },
+    );
+
+    const done = await client.summarize(s, { wait: true });
+    assert.equal(done.done, true);
+    assert.ok(done.done && done.version >= 1);
+    assert.deepEqual(done.done && done.summary, summary);
+    const view = await client.getSummary(s);
+    assert.deepEqual(view.summary, summary);
+    assert.equal(view.cursor_seq, posted.messages[1]!.seq);
+    const job = await client.job(done.job_id);
+    assert.equal(job.state, 'completed');
+    const usage = await client.usage({ sessionId: s });
+    assert.ok(usage.rows.some((r) => r.purpose === 'summary' && r.calls >= 1));
+
+    // The context now carries the summary and the system block.
+    const ctx = await client.context(s, { input: 'next' });
+    assert.equal(ctx.summary_version, view.version);
+    assert.match(ctx.system_block, /Prior Conversation Context/);
+    assert.match(String(ctx.messages.at(-2)?.content), /^Prior summary JSON/);
+    fake.onChat(null);
+  });
+});
+
+void describe('examples/agent-loop.ts', () => {
+  void test('runs a turn with a chat_history tool call and stores the whole turn', async () => {
+    const s = sid('agent');
+    // Older history, pushed out of the 4-message window by later small talk.
+    await mnemos.postMessages(
+      s,
+      [
+        { role: 'user', content: 'Should the recent index use pgvector with HNSW?' },
+        { role: 'assistant', content: 'Yes: pgvector, exact k-NN per session, HNSW only if measured.' },
+        { role: 'user', content: 'thanks' },
+        { role: 'assistant', content: 'you are welcome' },
+        { role: 'user', content: 'how is the weather' },
+        { role: 'assistant', content: 'sunny' },
+      ],
+      { wait: true },
+    );
+    fake.reset();
+    fake.queueChat(
+      {
+        status: 200,
+        body: {
+          id: 'chatcmpl-tool',
+          object: 'chat.completion',
+          created: 1,
+          model: 'gpt-4o-mini',
+          choices: [
+            {
+              index: 0,
+              finish_reason: 'tool_calls',
+              message: {
+                role: 'assistant',
+                content: null,
+                refusal: null,
+                tool_calls: [
+                  {
+                    id: 'call_1',
+                    type: 'function',
+                    function: { name: 'chat_history', arguments: '{"keyword":"pgvector"}' },
+                  },
+                ],
+              },
+            },
+          ],
+        },
+      },
+      { content: 'We chose pgvector with exact per-session k-NN.' },
+    );
+    const llm = { baseUrl: fake.url, apiKey: 'test', model: 'gpt-4o-mini' };
+
+    const turn = await runTurn({
+      mnemos,
+      llm,
+      sessionId: s,
+      userText: 'What did we decide about the index?',
+    });
+
+    assert.equal(turn.answer, 'We chose pgvector with exact per-session k-NN.');
+    assert.equal(turn.toolCalls, 1);
+    const [first, second] = fake.chatRequests().map((r) => r.body as { messages: any[]; tools: any[] });
+    assert.ok(first && second);
+    assert.deepEqual(first.tools.map((t: any) => t.function.name).sort(), [
+      'chat_history',
+      'error_history',
+      'write_error',
+    ]);
+    assert.equal(first.messages[0].role, 'system');
+    // The new message is last, exactly once.
+    assert.deepEqual(first.messages.at(-1), { role: 'user', content: 'What did we decide about the index?' });
+    assert.equal(
+      first.messages.filter((m: any) => m.content === 'What did we decide about the index?').length,
+      1,
+    );
+    // The tool result (the old decision, found by search) went back to the model.
+    const toolMsg = second.messages.at(-1);
+    assert.equal(toolMsg.role, 'tool');
+    assert.equal(toolMsg.tool_call_id, 'call_1');
+    assert.match(toolMsg.content, /HNSW only if measured/);
+
+    // The whole turn is in mnemos, in order, with the ids the example gave it (posted with a
+    // 202: the context call with min_seq waits until it is archived).
+    await mnemos.context(s, { minSeq: turn.lastSeq });
+    const archived = (await mnemos.listMessages(s, { order: 'desc', limit: 4 })).messages.reverse();
+    assert.deepEqual(
+      archived.map((m) => [m.id, m.role, m.tool_call_id ?? null, m.tool_calls?.length ?? 0]),
+      turn.posted.map((m) => [m.id, m.role, m.tool_call_id ?? null, m.tool_calls?.length ?? 0]),
+    );
+    assert.deepEqual(
+      archived.map((m) => m.role),
+      ['user', 'assistant', 'tool', 'assistant'],
+    );
+    assert.equal(archived.at(-1)!.seq, turn.lastSeq);
+
+    // The next turn sees the previous one (minSeq = read-your-writes).
+    fake.reset();
+    fake.queueChat({ content: 'Anything else?' });
+    const next = await runTurn({ mnemos, llm, sessionId: s, userText: 'ok', minSeq: turn.lastSeq });
+    assert.equal(next.answer, 'Anything else?');
+    const req = fake.chatRequests()[0]!.body as { messages: any[] };
+    assert.deepEqual(req.messages.slice(-2), [
+      { role: 'assistant', content: 'We chose pgvector with exact per-session k-NN.' },
+      { role: 'user', content: 'ok' },
+    ]);
+  });
+
+  void test('the first turn of a new session works without prior context', async () => {
+    fake.reset();
+    fake.queueChat({ content: 'Hello!' });
+    const s = sid('fresh');
+    const turn = await runTurn({
+      mnemos,
+      llm: { baseUrl: fake.url, model: 'gpt-4o-mini' },
+      sessionId: s,
+      userText: 'hi',
+    });
+    assert.equal(turn.answer, 'Hello!');
+    const body = fake.chatRequests()[0]!.body as { messages: any[] };
+    assert.deepEqual(body.messages.slice(1), [{ role: 'user', content: 'hi' }]);
+    await mnemos.context(s, { minSeq: turn.lastSeq });
+    const stored = (await mnemos.listMessages(s)).messages;
+    assert.deepEqual(
+      stored.map((m) => [m.role, m.content]),
+      [
+        ['user', 'hi'],
+        ['assistant', 'Hello!'],
+      ],
+    );
+  });
+});
+
+/** Metrics named in the ops brief (some are added by other modules) and those found in the code. */
+const PLANNED_METRICS = [
+  'mnemos_http_request_duration_seconds',
+  'mnemos_messages_accepted_total',
+  'mnemos_messages_archived_total',
+  'mnemos_queue_jobs',
+  'mnemos_queue_oldest_job_age_seconds',
+  'mnemos_job_duration_seconds',
+  'mnemos_job_failures_total',
+  'mnemos_ingest_dead_letter_total',
+  'mnemos_llm_calls_total',
+  'mnemos_llm_tokens_total',
+  'mnemos_summary_lag_seconds',
+  'mnemos_summaries_stalled',
+  'mnemos_search_duration_seconds',
+  'mnemos_error_memory_hits_total',
+  'mnemos_rate_limited_total',
+];
+const OTHER_KNOWN_METRICS = [
+  'mnemos_messages_duplicate_total',
+  'mnemos_messages_dropped_total',
+  'mnemos_enqueue_failures_total',
+  'mnemos_summarize_jobs_total',
+  'mnemos_summary_chunks_total',
+  'mnemos_summary_noise_dropped_total',
+  'mnemos_embeddings_written_total',
+  'mnemos_embeddings_skipped_total',
+  'mnemos_compactions_total',
+  'mnemos_process_resident_memory_bytes',
+  'mnemos_process_cpu_seconds_total',
+  'mnemos_process_start_time_seconds',
+  'mnemos_nodejs_eventloop_lag_p99_seconds',
+];
+
+void describe('docs/grafana/mnemos.json', () => {
+  type Panel = {
+    type: string;
+    title: string;
+    panels?: Panel[];
+    datasource?: { uid?: string };
+    targets?: Array<{ expr: string }>;
+  };
+  const dashboard = JSON.parse(
+    readFileSync(new URL('../docs/grafana/mnemos.json', import.meta.url), 'utf8'),
+  ) as {
+    schemaVersion: number;
+    panels: Panel[];
+    templating: { list: Array<{ name: string; type: string; query: unknown }> };
+  };
+  const panels = dashboard.panels.flatMap((p) => [p, ...(p.panels ?? [])]).filter((p) => p.type !== 'row');
+  const known = new Set([...PLANNED_METRICS, ...OTHER_KNOWN_METRICS]);
+  const metricsOf = (expr: string) =>
+    [...expr.matchAll(/\bmnemos_[a-z0-9_]+/g)].map(([name]) => {
+      const base = name.replace(/_(bucket|count|sum)$/, '');
+      return known.has(base) ? base : name;
+    });
+
+  void test('every panel queries known mnemos metrics through the DS_PROMETHEUS variable', () => {
+    assert.ok(dashboard.schemaVersion >= 36);
+    assert.deepEqual(
+      dashboard.templating.list.find((v) => v.name === 'DS_PROMETHEUS'),
+      {
+        ...dashboard.templating.list.find((v) => v.name === 'DS_PROMETHEUS'),
+        type: 'datasource',
+        query: 'prometheus',
+      },
+    );
+    assert.ok(panels.length >= 20);
+    for (const p of panels) {
+      assert.equal(p.datasource?.uid, '${DS_PROMETHEUS}', p.title);
+      assert.ok(p.targets && p.targets.length > 0, `${p.title} has no query`);
+      for (const t of p.targets) {
+        const names = metricsOf(t.expr);
+        assert.ok(names.length > 0, `${p.title}: ${t.expr} names no mnemos metric`);
+        for (const n of names) assert.ok(known.has(n), `${p.title}: unknown metric ${n}`);
+      }
+    }
+    const used = new Set(panels.flatMap((p) => (p.targets ?? []).flatMap((t) => metricsOf(t.expr))));
+    for (const name of PLANNED_METRICS) assert.ok(used.has(name), `no panel for ${name}`);
+  });
+
+  void test('the metrics it queries are exposed by a running service (except those still to come)', async () => {
+    // Search registers its histogram on first use.
+    await mnemos.search(sid('metrics'), { query: 'x' }).catch(() => undefined);
+    const text = await (await fetch(`${svc.base}/metrics`)).text();
+    const exposed = new Set([...text.matchAll(/^# TYPE (\S+) /gm)].map((m) => m[1]));
+    const notYet = ['mnemos_summary_lag_seconds', 'mnemos_error_memory_hits_total'];
+    const used = new Set(panels.flatMap((p) => (p.targets ?? []).flatMap((t) => metricsOf(t.expr))));
+    const missing = [...used].filter((n) => !exposed.has(n) && !notYet.includes(n));
+    assert.deepEqual(missing, []);
+  });
+});
