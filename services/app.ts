@@ -6,6 +6,7 @@ import express from 'express';
 import type { RequestHandler, Router } from 'express';
 import { requireAdmin, requireTenant } from './auth.js';
 import { rateLimit } from './rate-limit.js';
+import { makeKeyAuthenticator } from './tenants.js';
 import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
 import { makeErrorHandler, notFoundHandler } from './http-errors.js';
@@ -96,14 +97,16 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     app.use('/admin', requireAdmin(undefined));
   }
 
+  const keys = makeKeyAuthenticator(deps.db);
   const admin = makeAdminRoutes({
     db: deps.db,
+    onKeysChanged: () => keys.clear(),
     ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
   });
   app.use('/v1/admin', requireAdmin(deps.config.adminToken), admin);
   mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
-  const tenant = [requireTenant(deps.db), rateLimit(deps)];
+  const tenant = [requireTenant(keys), rateLimit(deps)];
   const sessions = makeSessionRoutes(deps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });

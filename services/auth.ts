@@ -1,7 +1,7 @@
 import type { RequestHandler } from 'express';
-import type { Db } from '../db/pool.js';
 import { AppError } from './errors.js';
-import { authenticateKey, isAdminToken } from './tenants.js';
+import { isAdminToken } from './tenants.js';
+import type { KeyAuthenticator } from './tenants.js';
 
 function bearer(header: string | undefined): string | undefined {
   if (!header) return undefined;
@@ -9,13 +9,17 @@ function bearer(header: string | undefined): string | undefined {
   return m?.[1];
 }
 
-/** Tenant API key → res.locals.tenantId. The tenant always comes from the key, never from input. */
-export function requireTenant(db: Db): RequestHandler {
+/**
+ * Tenant API key → res.locals.tenantId. The tenant always comes from the key, never from input.
+ * Several routers share a prefix, so a request may pass this guard more than once: it verifies once.
+ */
+export function requireTenant(keys: KeyAuthenticator): RequestHandler {
   return async (req, res, next) => {
+    if (typeof res.locals.tenantId === 'string') return next();
     const key = bearer(req.header('authorization'));
     if (!key)
       throw new AppError(401, 'unauthorized', 'missing API key: send Authorization: Bearer <api key>');
-    const who = await authenticateKey(db, key);
+    const who = await keys.authenticate(key);
     if (!who) throw new AppError(401, 'unauthorized', 'invalid or revoked API key');
     res.locals.tenantId = who.tenantId;
     res.locals.keyId = who.keyId;

@@ -1,4 +1,5 @@
 import type { CoreDeps } from './deps.js';
+import { oldestUnsummarisedAgeSeconds } from '../db/queries/summaries.js';
 import { QUEUE_NAMES } from '../workers/queues.js';
 
 const STATES = ['waiting', 'active', 'delayed', 'failed', 'prioritized'] as const;
@@ -21,12 +22,22 @@ export async function sampleQueues(deps: Pick<CoreDeps, 'queues' | 'metrics'>): 
   }
 }
 
-export function startQueueSampler(deps: Pick<CoreDeps, 'queues' | 'metrics' | 'logger'>, everyMs = 15_000) {
+/** Summary lag: only meaningful when summaries run (an LLM is configured). */
+export async function sampleSummaryLag(deps: Pick<CoreDeps, 'db' | 'llm' | 'metrics'>): Promise<void> {
+  deps.metrics.summaryLag.set(deps.llm ? await oldestUnsummarisedAgeSeconds(deps.db) : 0);
+}
+
+export function startQueueSampler(
+  deps: Pick<CoreDeps, 'queues' | 'metrics' | 'logger' | 'db' | 'llm'>,
+  everyMs = 15_000,
+) {
   let running = false;
+  let ticks = 0;
   const tick = () => {
     if (running) return;
     running = true;
-    sampleQueues(deps)
+    const lagDue = ticks++ % 4 === 0;
+    Promise.all([sampleQueues(deps), lagDue ? sampleSummaryLag(deps) : null])
       .catch((err: unknown) =>
         deps.logger.debug({ err: { message: (err as Error).message } }, 'queue sampling failed'),
       )

@@ -66,6 +66,17 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       labelNames: ['queue'] as const,
       registers: [registry],
     }),
+    summaryLag: new Gauge({
+      name: 'mnemos_summary_lag_seconds',
+      help: 'Age of the oldest archived message not yet summarised (sampled every minute; 0 without an LLM)',
+      registers: [registry],
+    }),
+    errorMemoryHits: new Counter({
+      name: 'mnemos_error_memory_hits_total',
+      help: 'Error-memory records returned by search, lookup and read',
+      labelNames: ['via'] as const,
+      registers: [registry],
+    }),
     rateLimited: new Counter({
       name: 'mnemos_rate_limited_total',
       help: 'Requests refused with 429 by the per-key rate limit',

@@ -11,7 +11,9 @@ import { AppError } from './errors.js';
 export function rateLimit(deps: Pick<CoreDeps, 'config' | 'redis' | 'metrics'>): RequestHandler {
   const limit = deps.config.rateLimitPerMin;
   return async (_req, res, next) => {
-    if (limit <= 0) return next();
+    // Counted once per request, however many routers sharing the prefix it passes.
+    if (limit <= 0 || res.locals.rateCounted === true) return next();
+    res.locals.rateCounted = true;
     const keyId = res.locals.keyId as string | undefined;
     if (!keyId) return next();
     const now = Date.now();

@@ -101,19 +101,60 @@ export async function revokeKey(db: Db, keyId: string): Promise<boolean> {
 // A fixed hash to compare against when the key id is unknown, so a miss costs the same as a hit.
 const DUMMY_HASH = hashSecret('mnemos-dummy-secret-for-constant-time-compare');
 
-/** Resolves a bearer key to its tenant, or null. Constant-time on the secret. */
-export async function authenticateKey(
-  db: Db,
-  presented: string,
-): Promise<{ tenantId: string; keyId: string } | null> {
-  const m = KEY_RE.exec(presented);
-  const given = hashSecret(m?.[2] ?? presented);
-  const row = m ? await findApiKey(db, m[1]!) : null;
-  const ok =
-    timingSafeEqual(given, row ? row.secret_hash : DUMMY_HASH) && row !== null && row.revoked_at === null;
-  if (!ok || !row) return null;
-  void touchApiKey(db, row.id).catch(() => undefined);
-  return { tenantId: row.tenant_id, keyId: row.id };
+/** How long a verified key is trusted without asking Postgres again (revocation delay elsewhere). */
+export const KEY_CACHE_MS = 5000;
+const TOUCH_EVERY_MS = 60_000;
+
+export interface KeyAuthenticator {
+  /** Resolves a bearer key to its tenant, or null. Constant-time on the secret. */
+  authenticate(presented: string): Promise<{ tenantId: string; keyId: string } | null>;
+  /** Forget cached keys (after a revocation or tenant erasure in this process). */
+  clear(): void;
+}
+
+/**
+ * Key verification with a short in-process cache: the hot path costs no Postgres round trip for a
+ * key seen in the last few seconds, and `last_used_at` is written at most once a minute per key.
+ * A revocation takes effect at once in the process that made it and within KEY_CACHE_MS elsewhere.
+ */
+export function makeKeyAuthenticator(db: Db, now: () => number = Date.now): KeyAuthenticator {
+  const cache = new Map<
+    string,
+    { row: { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null; at: number }
+  >();
+  const touched = new Map<string, number>();
+  return {
+    async authenticate(presented) {
+      const m = KEY_RE.exec(presented);
+      const given = hashSecret(m?.[2] ?? presented);
+      let row: { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null = null;
+      if (m) {
+        const id = m[1]!;
+        const hit = cache.get(id);
+        if (hit && now() - hit.at < KEY_CACHE_MS) {
+          row = hit.row;
+        } else {
+          const r = await findApiKey(db, id);
+          row = r
+            ? { tenant_id: r.tenant_id, secret_hash: r.secret_hash, revoked: r.revoked_at !== null }
+            : null;
+          if (cache.size > 10_000) cache.clear();
+          cache.set(id, { row, at: now() });
+        }
+      }
+      const ok = timingSafeEqual(given, row ? row.secret_hash : DUMMY_HASH) && row !== null && !row.revoked;
+      if (!ok || !row || !m) return null;
+      const keyId = m[1]!;
+      if ((touched.get(keyId) ?? 0) < now() - TOUCH_EVERY_MS) {
+        touched.set(keyId, now());
+        void touchApiKey(db, keyId).catch(() => undefined);
+      }
+      return { tenantId: row.tenant_id, keyId };
+    },
+    clear() {
+      cache.clear();
+    },
+  };
 }
 
 /** Constant-time comparison of the admin token. */

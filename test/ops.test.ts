@@ -63,6 +63,9 @@ void describe('operations', () => {
     const retryAfter = Number(limited.headers.get('retry-after'));
     assert.ok(retryAfter >= 1 && retryAfter <= 60);
     assert.equal((await b.api.get('/v1/sessions')).status, 200, 'another key has its own budget');
+    // A route of a capability module (mounted beside others on /v1/sessions) costs one request too.
+    const search = await b.api.post('/v1/sessions/nope/search', { query: 'x' });
+    assert.equal(search.headers.get('x-ratelimit-remaining'), '3');
     assert.equal((await api(svc.base).get('/healthz')).status, 200, 'ops endpoints are not limited');
     // The next minute starts a new window (simulated by removing the current window's counter).
     const keyId = a.apiKey.split('_')[1]!;

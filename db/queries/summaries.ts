@@ -301,3 +301,24 @@ export async function countStalledSummaries(q: Queryable): Promise<number> {
   const r = await q.query<{ n: number }>(`SELECT count(*)::int AS n FROM summaries WHERE status = 'stalled'`);
   return r.rows[0]?.n ?? 0;
 }
+
+/**
+ * Age in seconds of the oldest archived message not yet covered by a summary (0 when none), over
+ * live non-temp sessions. One index probe per session with unsummarised messages: sampled, never
+ * computed per scrape.
+ */
+export async function oldestUnsummarisedAgeSeconds(q: Queryable): Promise<number> {
+  const r = await q.query<{ age: number | null }>(
+    `SELECT extract(epoch FROM now()) - min(first_ns) / 1e9 AS age FROM (
+       SELECT (SELECT m.sent_at_ns FROM messages m
+               WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id
+                 AND m.seq > COALESCE(su.cursor_seq, 0)
+               ORDER BY m.seq LIMIT 1) AS first_ns
+       FROM sessions s
+       LEFT JOIN summaries su ON su.tenant_id = s.tenant_id AND su.session_id = s.id
+       WHERE s.deleted_at IS NULL AND s.id NOT LIKE 'temp-%'
+         AND s.next_seq - 1 > COALESCE(su.cursor_seq, 0)
+     ) x`,
+  );
+  return Math.max(0, Number(r.rows[0]?.age ?? 0));
+}

@@ -3,6 +3,7 @@ import { localEmbed } from '../llm/local-embedder.js';
 import type { RouteMeta } from '../openapi.js';
 import { errorLookupBody, errorSearchBody, errorWriteBody, makeErrorRoutes } from '../routes/error-routes.js';
 import { openErrorMemory } from './error-store.js';
+import type { ErrorMemory } from './types.js';
 
 const meta: Record<string, RouteMeta> = {
   'POST /': {
@@ -31,13 +32,33 @@ const SWEEP_EVERY_MS = 15 * 60_000;
  * write time (cheap, deterministic, no LLM call on the write path).
  */
 export const errorMemoryExtension: ExtensionFactory = async (deps): Promise<Extension> => {
-  const errors = await openErrorMemory({
+  const store = await openErrorMemory({
     redisUrl: deps.config.redisUrl,
     prefix: deps.config.prefix,
     ttlDays: deps.config.errorMemoryTtlDays,
     embed: (text) => localEmbed(text, 256),
     logger: deps.logger,
   });
+  const hits = deps.metrics.errorMemoryHits;
+  // Count hits where records are served, whichever path (REST or agent tools) asked.
+  const errors: ErrorMemory = {
+    ...store,
+    search: async (tenantId, input) => {
+      const r = await store.search(tenantId, input);
+      hits.inc({ via: 'search' }, r.length);
+      return r;
+    },
+    lookup: async (tenantId, input) => {
+      const r = await store.lookup(tenantId, input);
+      hits.inc({ via: 'lookup' }, r.records.length);
+      return r;
+    },
+    get: async (tenantId, id) => {
+      const r = await store.get(tenantId, id);
+      if (r) hits.inc({ via: 'get' });
+      return r;
+    },
+  };
   return {
     name: 'error-memory',
     routes: [{ prefix: '/v1/errors', router: makeErrorRoutes({ errors }), meta }],

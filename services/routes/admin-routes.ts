@@ -45,6 +45,8 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
 export function makeAdminRoutes(deps: {
   db: Db;
   eraseTenant?: (tenantId: string) => Promise<boolean>;
+  /** Called after a key is revoked or a tenant erased (drops cached key verifications). */
+  onKeysChanged?: () => void;
 }): Router {
   const router = Router();
 
@@ -59,7 +61,9 @@ export function makeAdminRoutes(deps: {
 
   router.delete('/tenants/:id', async (req, res) => {
     if (!deps.eraseTenant) throw new AppError(501, 'not_implemented', 'tenant erasure is not available');
-    if (!(await deps.eraseTenant(req.params.id!))) throw notFound('tenant');
+    const erased = await deps.eraseTenant(req.params.id!);
+    deps.onKeysChanged?.();
+    if (!erased) throw notFound('tenant');
     res.status(204).end();
   });
 
@@ -76,7 +80,9 @@ export function makeAdminRoutes(deps: {
   });
 
   router.delete('/keys/:key_id', async (req, res) => {
-    if (!(await revokeKey(deps.db, req.params.key_id!))) throw notFound('key');
+    const revoked = await revokeKey(deps.db, req.params.key_id!);
+    deps.onKeysChanged?.();
+    if (!revoked) throw notFound('key');
     res.status(204).end();
   });
 
