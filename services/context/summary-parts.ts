@@ -16,7 +16,11 @@ export function isRecord(v: unknown): v is Record<string, unknown> {
 }
 
 const hasText = (v: unknown): boolean =>
-  typeof v === 'string' ? v.trim() !== '' : Array.isArray(v) ? v.some(hasText) : isRecord(v) && Object.values(v).some(hasText);
+  typeof v === 'string'
+    ? v.trim() !== ''
+    : Array.isArray(v)
+      ? v.some(hasText)
+      : isRecord(v) && Object.values(v).some(hasText);
 
 export function summaryParts(summary: Record<string, unknown>): SummaryParts {
   const list = (v: unknown) => (Array.isArray(v) ? v.filter(hasText) : []);
@@ -38,7 +42,11 @@ export const isEmptySummary = (p: SummaryParts): boolean =>
 export function pickParts(
   summary: Record<string, unknown>,
   parts: SummaryParts,
-  keep: { keyDecisions: ReadonlySet<number>; pastDiscussions: ReadonlySet<number>; currentDiscussion: boolean },
+  keep: {
+    keyDecisions: ReadonlySet<number>;
+    pastDiscussions: ReadonlySet<number>;
+    currentDiscussion: boolean;
+  },
 ): Record<string, unknown> | null {
   const kd = parts.keyDecisions.filter((_, i) => keep.keyDecisions.has(i));
   const pd = parts.pastDiscussions.filter((_, i) => keep.pastDiscussions.has(i));

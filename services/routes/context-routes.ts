@@ -1,0 +1,49 @@
+import { Router } from 'express';
+import { z } from 'zod';
+import type { ContextBuilder } from '../context/build-context.js';
+import { AppError } from '../errors.js';
+import { assertSessionId, MAX_CONTENT_BYTES } from '../messages/message-input.js';
+import type { RouteMeta } from '../openapi.js';
+import { parseInput } from '../validate.js';
+
+/** Set on a 200 whose `min_seq` was not archived within the wait (the window is what there is). */
+export const MIN_SEQ_HEADER = 'x-mnemos-min-seq';
+
+export const contextBody = z
+  .object({
+    input: z.string().optional(),
+    max_messages: z.number().int().min(1).max(1000).optional(),
+    min_seq: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
+  })
+  .strict();
+
+export const contextRoutesMeta: Record<string, RouteMeta> = {
+  'POST /:sid/context': {
+    summary: 'The next turn: hot window, relevant summary as turn context, input; system block to append',
+    body: contextBody,
+  },
+};
+
+/** `/v1/sessions/:sid/context`, mounted after the auth middleware sets `res.locals.tenantId`. */
+export function makeContextRoutes(build: ContextBuilder): Router {
+  const router = Router();
+  router.post('/:sid/context', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const body = parseInput(contextBody, req.body ?? {});
+    if (body.input !== undefined && Buffer.byteLength(body.input, 'utf8') > MAX_CONTENT_BYTES) {
+      throw new AppError(
+        413,
+        'message_too_large',
+        `input is larger than ${MAX_CONTENT_BYTES} bytes of UTF-8`,
+        {
+          path: 'input',
+        },
+      );
+    }
+    const tenantId = res.locals.tenantId as string;
+    const out = await build(tenantId, sid, body);
+    if (out.minSeqTimedOut) res.setHeader(MIN_SEQ_HEADER, 'timeout');
+    res.json(out.body);
+  });
+  return router;
+}

@@ -1,0 +1,591 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, beforeEach, describe, test } from 'node:test';
+import { stripPriorSummary, SYSTEM_BLOCK, TURN_CONTEXT_HEADER } from '../services/context/system-block.js';
+import { relevanceCacheKey } from '../services/context/relevance.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
+import type { FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
+import { startTestService } from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+
+const DECISION_MODEL = 'decider-test';
+
+const sid = (what: string) => `ctx-${what}-${randomBytes(3).toString('hex')}`;
+
+type Msg = Record<string, unknown>;
+const user = (text: string): Msg => ({ role: 'user', content: text });
+const assistant = (text: string): Msg => ({ role: 'assistant', content: text });
+const calls = (...ids: string[]): Msg => ({
+  role: 'assistant',
+  content: null,
+  tool_calls: ids.map((id) => ({
+    id,
+    type: 'function',
+    function: { name: 'lookup', arguments: `{"q":"${id}"}` },
+  })),
+});
+const result = (id: string, text = `result of ${id}`): Msg => ({
+  role: 'tool',
+  tool_call_id: id,
+  content: text,
+});
+
+/** Posts and waits until durable (201), so the archive holds them when the test asks for context. */
+async function archive(
+  api: Api,
+  session: string,
+  messages: Msg[],
+): Promise<Array<{ id: string; seq: number }>> {
+  const r = await api.post(`/v1/sessions/${session}/messages?wait=true`, { messages });
+  assert.equal(r.status, 201, JSON.stringify(r.body));
+  return r.body.messages;
+}
+
+const turns = (n: number): Msg[] =>
+  Array.from({ length: n }, (_, i) => (i % 2 === 0 ? user(`question ${i}`) : assistant(`answer ${i}`)));
+
+const SUMMARY = {
+  key_decisions: [
+    'Do: reply in Traditional Chinese',
+    'Do: use pnpm for installs',
+    "Don't: deploy on Fridays",
+  ],
+  past_discussions: [
+    {
+      topic: 'CI pipeline',
+      description: 'moved CI to GitHub Actions',
+      direction: 'done',
+      last_discussed: '2026-01-02',
+    },
+    { topic: 'Pricing page', description: 'three tiers', direction: 'open', last_discussed: '2026-01-05' },
+  ],
+  current_discussion: {
+    topic: 'Release plan',
+    description: 'planning the 2.0 release',
+    perspectives: 'user wants a beta first',
+    direction: 'draft a timeline',
+  },
+};
+
+async function putSummary(
+  svc: TestService,
+  tenantId: string,
+  session: string,
+  summary: unknown,
+  version: number,
+) {
+  await svc.deps.db.query(
+    `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version)
+     VALUES ($1, $2, $3::jsonb, 0, $4)
+     ON CONFLICT (tenant_id, session_id) DO UPDATE SET summary = EXCLUDED.summary, version = EXCLUDED.version`,
+    [tenantId, session, JSON.stringify(summary), version],
+  );
+}
+
+const context = (api: Api, session: string, body: Record<string, unknown> = {}) =>
+  api.post(`/v1/sessions/${session}/context`, body);
+
+const turnContextOf = (messages: Msg[]) =>
+  messages.find((m) => typeof m.content === 'string' && m.content.startsWith(TURN_CONTEXT_HEADER));
+
+void describe('context without a decision model', () => {
+  let svc: TestService;
+  let t: Awaited<ReturnType<TestService['newTenant']>>;
+
+  before(async () => {
+    svc = await startTestService({ env: { MAX_HISTORY_MESSAGES: '6' } });
+    t = await svc.newTenant();
+  });
+  after(async () => {
+    await svc.stop();
+  });
+
+  void test('without a summary: the last MAX_HISTORY_MESSAGES messages, no turn context, empty system block', async () => {
+    const s = sid('plain');
+    const acks = await archive(t.api, s, turns(10));
+
+    const r = await context(t.api, s);
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(
+      r.body.messages.map((m: Msg) => m.content),
+      ['question 4', 'answer 5', 'question 6', 'answer 7', 'question 8', 'answer 9'],
+    );
+    assert.deepEqual(r.body.messages[0], { role: 'user', content: 'question 4' });
+    assert.deepEqual(r.body.window, { from_seq: acks[4]!.seq, to_seq: acks[9]!.seq });
+    assert.equal(r.body.summary, null);
+    assert.equal(r.body.summary_version, 0);
+    assert.equal(r.body.system_block, '');
+    assert.equal(r.body.relevance, 'none');
+  });
+
+  void test('max_messages sets the window size and input is appended last as a user message', async () => {
+    const s = sid('max');
+    await archive(t.api, s, turns(10));
+
+    const r = await context(t.api, s, { max_messages: 3, input: 'and now?' });
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.messages, [
+      { role: 'assistant', content: 'answer 7' },
+      { role: 'user', content: 'question 8' },
+      { role: 'assistant', content: 'answer 9' },
+      { role: 'user', content: 'and now?' },
+    ]);
+  });
+
+  void test('with a summary: turn context after the window and before the input, system block set', async () => {
+    const s = sid('summary');
+    await archive(t.api, s, turns(4));
+    await putSummary(svc, t.tenantId, s, SUMMARY, 3);
+
+    const r = await context(t.api, s, { input: 'what did we discuss before?' });
+
+    assert.equal(r.status, 200);
+    const m = r.body.messages as Msg[];
+    assert.equal(m.length, 6);
+    assert.deepEqual(
+      m.slice(0, 4).map((x) => x.content),
+      ['question 0', 'answer 1', 'question 2', 'answer 3'],
+    );
+    assert.equal(m[4]!.role, 'user');
+    const content = m[4]!.content as string;
+    assert.ok(content.startsWith(`${TURN_CONTEXT_HEADER}\n`));
+    assert.deepEqual(JSON.parse(content.slice(TURN_CONTEXT_HEADER.length + 1)), SUMMARY);
+    assert.deepEqual(m[5], { role: 'user', content: 'what did we discuss before?' });
+    assert.deepEqual(r.body.summary, SUMMARY);
+    assert.equal(r.body.summary_version, 3);
+    assert.equal(r.body.system_block, SYSTEM_BLOCK);
+    assert.match(r.body.system_block, /Prior Conversation Context/);
+    assert.equal(r.body.relevance, 'none');
+  });
+
+  void test('a summary and no messages (after a reset) still gives the turn context', async () => {
+    const s = sid('onlysum');
+    await archive(t.api, s, [user('hello')]);
+    await putSummary(svc, t.tenantId, s, SUMMARY, 1);
+    await svc.deps.db.query('DELETE FROM messages WHERE tenant_id = $1 AND session_id = $2', [t.tenantId, s]);
+
+    const r = await context(t.api, s);
+
+    assert.equal(r.status, 200);
+    assert.equal(r.body.messages.length, 1);
+    assert.ok(turnContextOf(r.body.messages));
+    assert.deepEqual(r.body.window, { from_seq: null, to_seq: null });
+  });
+
+  void test('a window boundary inside a tool-call run is extended back to the assistant tool_calls message', async () => {
+    const s = sid('toolrun');
+    await archive(t.api, s, [
+      user('look these up'),
+      calls('call_a', 'call_b', 'call_c'),
+      result('call_a'),
+      result('call_b'),
+      result('call_c'),
+      assistant('here is what I found'),
+    ]);
+
+    // The last 3 messages start at the result of call_b.
+    const r = await context(t.api, s, { max_messages: 3 });
+
+    assert.equal(r.status, 200);
+    const m = r.body.messages as Msg[];
+    assert.deepEqual(
+      m.map((x) => x.role),
+      ['assistant', 'tool', 'tool', 'tool', 'assistant'],
+    );
+    assert.equal((m[0]!.tool_calls as unknown[]).length, 3);
+    assert.equal(m[0]!.content, null);
+    assert.deepEqual(
+      m.slice(1, 4).map((x) => x.tool_call_id),
+      ['call_a', 'call_b', 'call_c'],
+    );
+    assert.deepEqual(Object.keys(m[1]!).sort(), ['content', 'role', 'tool_call_id']);
+  });
+
+  void test('orphan tool results are dropped and unanswered tool calls removed, so the request stays valid', async () => {
+    const s = sid('repair');
+    const acks = await archive(t.api, s, [
+      user('first'),
+      result('call_ghost', 'a result whose call is not in the history'),
+      calls('call_x', 'call_y'),
+      result('call_x'),
+      // call_y never got a result (the agent crashed)
+      user('second'),
+      {
+        role: 'assistant',
+        content: 'let me check',
+        tool_calls: [{ id: 'call_z', type: 'function', function: { name: 'f', arguments: '{}' } }],
+      },
+      user('third'),
+    ]);
+
+    const r = await context(t.api, s, { max_messages: 100 });
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.messages, [
+      { role: 'user', content: 'first' },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [
+          { id: 'call_x', type: 'function', function: { name: 'lookup', arguments: '{"q":"call_x"}' } },
+        ],
+      },
+      { role: 'tool', tool_call_id: 'call_x', content: 'result of call_x' },
+      { role: 'user', content: 'second' },
+      { role: 'assistant', content: 'let me check' },
+      { role: 'user', content: 'third' },
+    ]);
+    assert.deepEqual(r.body.window, { from_seq: acks[0]!.seq, to_seq: acks[6]!.seq });
+  });
+
+  void test('a window that would start with orphan tool results drops them', async () => {
+    const s = sid('orphanhead');
+    await archive(t.api, s, [user('q'), result('call_lost'), result('call_lost2'), assistant('done')]);
+
+    const r = await context(t.api, s, { max_messages: 3 });
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.messages, [{ role: 'assistant', content: 'done' }]);
+  });
+
+  void test('messages before the compaction cutoff stay out of the window, tool-run extension included', async () => {
+    const s = sid('cutoff');
+    const acks = await archive(t.api, s, [
+      user('old question'),
+      calls('call_old'),
+      result('call_old'),
+      assistant('old answer'),
+      user('new question'),
+    ]);
+    // The cutoff falls between the assistant tool_calls message and its result.
+    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+      t.tenantId,
+      s,
+      acks[2]!.seq,
+    ]);
+
+    const all = await context(t.api, s, { max_messages: 100 });
+    const three = await context(t.api, s, { max_messages: 3 });
+
+    const expected = [
+      { role: 'assistant', content: 'old answer' },
+      { role: 'user', content: 'new question' },
+    ];
+    assert.deepEqual(all.body.messages, expected);
+    assert.deepEqual(three.body.messages, expected);
+    assert.equal(all.body.window.from_seq, acks[3]!.seq);
+  });
+
+  void test('an input larger than 1 MiB is a 413', async () => {
+    const s = sid('big');
+    await archive(t.api, s, [user('x')]);
+
+    const r = await context(t.api, s, { input: 'é'.repeat(600 * 1024) });
+
+    assert.equal(r.status, 413);
+    assert.equal(r.body.error.code, 'message_too_large');
+  });
+
+  void test('developer, system and structured content pass through as stored, without ids or metadata', async () => {
+    const s = sid('roles');
+    const parts = [
+      { type: 'text', text: 'what is in this picture?' },
+      { type: 'image_url', image_url: { url: 'https://example.com/cat.png', detail: 'low' } },
+    ];
+    await archive(t.api, s, [
+      { role: 'system', content: 'be brief' },
+      { role: 'developer', content: 'use metric units' },
+      {
+        id: 'client-1',
+        role: 'user',
+        content: parts,
+        name: 'alice',
+        metadata: { trace: 'x' },
+        sent_at: '2026-01-01T00:00:00Z',
+      },
+    ]);
+
+    const r = await context(t.api, s);
+
+    assert.deepEqual(r.body.messages, [
+      { role: 'system', content: 'be brief' },
+      { role: 'developer', content: 'use metric units' },
+      { role: 'user', content: parts, name: 'alice' },
+    ]);
+  });
+
+  void test('min_seq waits until a message answered with 202 is archived (read your writes)', async () => {
+    const s = sid('ryw');
+    await archive(t.api, s, [user('start')]);
+    const batch = Array.from({ length: 400 }, (_, i) => user(`burst ${i}`));
+    const posted = await t.api.post(`/v1/sessions/${s}/messages`, { messages: batch });
+    assert.equal(posted.status, 202);
+    const last = posted.body.messages[399].seq as number;
+
+    const r = await context(t.api, s, { min_seq: last, max_messages: 1 });
+
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-mnemos-min-seq'), null);
+    assert.deepEqual(r.body.messages, [{ role: 'user', content: 'burst 399' }]);
+    assert.equal(r.body.window.to_seq, last);
+  });
+
+  void test('an input that was already posted is not repeated: it moves after the turn context', async () => {
+    const s = sid('postfirst');
+    await archive(t.api, s, turns(2));
+    await putSummary(svc, t.tenantId, s, SUMMARY, 1);
+    const posted = await t.api.post(`/v1/sessions/${s}/messages`, { messages: [user('deploy to staging')] });
+    assert.equal(posted.status, 202);
+    const seq = posted.body.messages[0].seq as number;
+
+    const r = await context(t.api, s, { input: 'deploy to staging', min_seq: seq });
+
+    const m = r.body.messages as Msg[];
+    assert.deepEqual(
+      m.map((x) => x.content).filter((c) => c === 'deploy to staging'),
+      ['deploy to staging'],
+    );
+    assert.deepEqual(m.at(-1), { role: 'user', content: 'deploy to staging' });
+    assert.ok(turnContextOf(m) === m.at(-2));
+    assert.deepEqual(
+      m.slice(0, 2).map((x) => x.content),
+      ['question 0', 'answer 1'],
+    );
+    assert.equal(r.body.window.to_seq, seq);
+  });
+
+  void test('min_seq that never arrives: 200 with the current window and x-mnemos-min-seq: timeout', async () => {
+    const s = sid('ahead');
+    const acks = await archive(t.api, s, [user('only message')]);
+
+    const r = await context(t.api, s, { min_seq: acks[0]!.seq + 1000 });
+
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-mnemos-min-seq'), 'timeout');
+    assert.deepEqual(r.body.messages, [{ role: 'user', content: 'only message' }]);
+  });
+
+  void test("another tenant's session, an unknown session and a deleted one are 404", async () => {
+    const s = sid('mine');
+    await archive(t.api, s, [user('secret plan')]);
+    const other = await svc.newTenant();
+
+    const theirs = await context(other.api, s, { min_seq: 1 });
+    const unknown = await context(t.api, sid('nobody'));
+    await svc.deps.db.query('UPDATE sessions SET deleted_at = now() WHERE tenant_id = $1 AND id = $2', [
+      t.tenantId,
+      s,
+    ]);
+    const deleted = await context(t.api, s);
+
+    for (const r of [theirs, unknown, deleted]) {
+      assert.equal(r.status, 404);
+      assert.equal(r.body.error.code, 'not_found');
+      assert.doesNotMatch(r.text, /secret plan/);
+    }
+  });
+
+  void test('bad input is a 400 naming the field', async () => {
+    const s = sid('bad');
+    await archive(t.api, s, [user('x')]);
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ max_messages: 0 }, 'max_messages'],
+      [{ max_messages: 1001 }, 'max_messages'],
+      [{ max_messages: 2.5 }, 'max_messages'],
+      [{ min_seq: -1 }, 'min_seq'],
+      [{ input: 42 }, 'input'],
+      [{ inputs: 'typo' }, 'inputs'],
+    ];
+    for (const [body, path] of cases) {
+      const r = await context(t.api, s, body);
+      assert.equal(r.status, 400, JSON.stringify(body));
+      assert.equal(r.body.error.details.problems[0].path, path);
+    }
+    const bad = await t.api.post('/v1/sessions/bad%20id/context', {});
+    assert.equal(bad.status, 400);
+  });
+});
+
+void describe('context with a decision model', () => {
+  let svc: TestService;
+  let fake: FakeOpenAI;
+  let t: Awaited<ReturnType<TestService['newTenant']>>;
+
+  /** Relevance calls only (other LLM work in the process, if any, is ignored). */
+  const relevanceCalls = (): RecordedRequest[] =>
+    fake.chatRequests().filter((r) => JSON.stringify(r.body).includes('relevant to the user'));
+
+  const answer = (kd: number[], pd: number[], cd: boolean) =>
+    JSON.stringify({ key_decisions: kd, past_discussions: pd, current_discussion: cd });
+
+  before(async () => {
+    fake = await startFakeOpenAI();
+    svc = await startTestService({
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        OPENAI_API_KEY: 'sk-test',
+        DECISION_MODEL,
+        RELEVANCE_TIMEOUT_MS: '200',
+      },
+    });
+    t = await svc.newTenant();
+  });
+  // Scripted answers a test did not consume must not leak into the next one.
+  beforeEach(() => fake.reset());
+  after(async () => {
+    await svc.stop();
+    await fake.close();
+  });
+
+  async function sessionWithSummary(summary: unknown = SUMMARY, version = 1): Promise<string> {
+    const s = sid('rel');
+    await archive(t.api, s, turns(2));
+    await putSummary(svc, t.tenantId, s, summary, version);
+    return s;
+  }
+
+  void test('keeps only the relevant entries, plus generic rules the model left out', async () => {
+    const s = await sessionWithSummary();
+    fake.queueChat({ content: answer([1], [0], false) });
+
+    const r = await context(t.api, s, { input: 'set up the CI cache with pnpm' });
+
+    assert.equal(r.status, 200);
+    assert.equal(r.body.relevance, 'filtered');
+    const expected = {
+      // 0 is a language rule: kept although the model did not pick it.
+      key_decisions: [SUMMARY.key_decisions[0], SUMMARY.key_decisions[1]],
+      past_discussions: [SUMMARY.past_discussions[0]],
+    };
+    assert.deepEqual(r.body.summary, expected);
+    const tc = turnContextOf(r.body.messages);
+    assert.ok(tc);
+    assert.deepEqual(JSON.parse((tc.content as string).slice(TURN_CONTEXT_HEADER.length + 1)), expected);
+    assert.deepEqual(r.body.messages.at(-1), { role: 'user', content: 'set up the CI cache with pnpm' });
+
+    const calls = relevanceCalls();
+    assert.equal(calls.length, 1);
+    const body = calls[0]!.body as {
+      model: string;
+      response_format?: unknown;
+      messages: Array<{ content: string }>;
+    };
+    assert.equal(body.model, DECISION_MODEL);
+    assert.deepEqual(body.response_format, { type: 'json_object' });
+    assert.match(body.messages[1]!.content, /set up the CI cache with pnpm/);
+    assert.match(body.messages[0]!.content, /language, format, style or workflow/);
+
+    const usage = await svc.deps.db.query<{ calls: number }>(
+      `SELECT sum(calls)::int AS calls FROM llm_usage WHERE tenant_id = $1 AND session_id = $2 AND purpose = 'relevance'`,
+      [t.tenantId, s],
+    );
+    assert.equal(usage.rows[0]!.calls, 1);
+  });
+
+  void test('nothing relevant: no turn-context message, system block kept', async () => {
+    const summary = { ...SUMMARY, key_decisions: ['Do: use pnpm for installs'] };
+    const s = await sessionWithSummary(summary);
+    fake.queueChat({ content: answer([], [], false) });
+
+    const r = await context(t.api, s, { input: 'tell me a joke' });
+
+    assert.equal(r.status, 200);
+    assert.equal(r.body.relevance, 'filtered');
+    assert.equal(r.body.summary, null);
+    assert.equal(turnContextOf(r.body.messages), undefined);
+    assert.deepEqual(
+      r.body.messages.map((m: Msg) => m.content),
+      ['question 0', 'answer 1', 'tell me a joke'],
+    );
+    assert.equal(r.body.system_block, SYSTEM_BLOCK);
+  });
+
+  void test('a decision model slower than RELEVANCE_TIMEOUT_MS keeps the whole summary', async () => {
+    const s = await sessionWithSummary();
+    fake.onChat(() => ({ delayMs: 3000, then: { content: answer([], [], false) } }));
+
+    const r = await context(t.api, s, { input: 'anything new about the release?' });
+
+    assert.equal(r.status, 200);
+    assert.equal(r.body.relevance, 'all');
+    assert.deepEqual(r.body.summary, SUMMARY);
+    assert.ok(turnContextOf(r.body.messages));
+  });
+
+  void test('an invalid judgement keeps the whole summary and is not cached', async () => {
+    const s = await sessionWithSummary();
+    fake.queueChat({ content: answer([7], [], true) }); // index 7 does not exist
+
+    const first = await context(t.api, s, { input: 'status?' });
+    fake.queueChat({ content: 'not json at all' });
+    const second = await context(t.api, s, { input: 'status?' });
+
+    for (const r of [first, second]) {
+      assert.equal(r.body.relevance, 'all');
+      assert.deepEqual(r.body.summary, SUMMARY);
+    }
+    const forThis = relevanceCalls().filter((c) => JSON.stringify(c.body).includes('status?'));
+    assert.equal(forThis.length, 2);
+  });
+
+  void test('the judgement is cached per summary version and input, and deleted with the session', async () => {
+    const s = await sessionWithSummary(SUMMARY, 1);
+    const input = 'how is the pricing page going?';
+    const callsFor = (text: string) =>
+      relevanceCalls().filter((c) => JSON.stringify(c.body).includes(text)).length;
+    fake.queueChat({ content: answer([], [1], true) });
+
+    const first = await context(t.api, s, { input });
+    const second = await context(t.api, s, { input });
+
+    assert.equal(callsFor(input), 1);
+    assert.deepEqual(second.body.summary, first.body.summary);
+    assert.equal(second.body.relevance, 'filtered');
+    assert.deepEqual(second.body.summary.past_discussions, [SUMMARY.past_discussions[1]]);
+    assert.deepEqual(second.body.summary.current_discussion, SUMMARY.current_discussion);
+    const cached = await svc.deps.redis.hlen(relevanceCacheKey(svc.config.prefix, t.tenantId, s));
+    assert.equal(cached, 1);
+
+    await putSummary(svc, t.tenantId, s, SUMMARY, 2);
+    fake.queueChat({ content: answer([], [], true) });
+    const third = await context(t.api, s, { input });
+
+    assert.equal(callsFor(input), 2);
+    assert.equal(third.body.summary_version, 2);
+    assert.deepEqual(third.body.summary.past_discussions, []);
+
+    const deleted = await t.api.del(`/v1/sessions/${s}`);
+    assert.ok(deleted.status >= 200 && deleted.status < 300, `DELETE answered ${deleted.status}`);
+    assert.equal(await svc.deps.redis.exists(relevanceCacheKey(svc.config.prefix, t.tenantId, s)), 0);
+  });
+
+  void test('no input, or no summary: the decision model is not asked', async () => {
+    const withSummary = await sessionWithSummary();
+    const plain = sid('nosum');
+    await archive(t.api, plain, turns(2));
+    const before = relevanceCalls().length;
+
+    const noInput = await context(t.api, withSummary);
+    const noSummary = await context(t.api, plain, { input: 'hello' });
+
+    assert.equal(relevanceCalls().length, before);
+    assert.equal(noInput.body.relevance, 'none');
+    assert.deepEqual(noInput.body.summary, SUMMARY);
+    assert.equal(noSummary.body.relevance, 'none');
+    assert.equal(noSummary.body.summary, null);
+  });
+});
+
+void describe('stripPriorSummary', () => {
+  void test('removes a leaked turn-context block and leaves other text alone', () => {
+    const leaked = `Sure.\n${TURN_CONTEXT_HEADER}\n{"key_decisions":["Do: x {"],"p":[{"a":"}"}]}\nAnything else?`;
+    assert.equal(stripPriorSummary(leaked), 'Sure.\n\nAnything else?');
+    const fenced = `Answer.\n\n\`\`\`json\n${TURN_CONTEXT_HEADER}\n{"a":1}\n\`\`\`\n\nDone.`;
+    assert.equal(stripPriorSummary(fenced), 'Answer.\n\nDone.');
+    assert.equal(stripPriorSummary(`${TURN_CONTEXT_HEADER}: {"a": {"b": "c\\"}"}} tail`), 'tail');
+    assert.equal(stripPriorSummary(`Text. ${TURN_CONTEXT_HEADER}\n{"never":"closed"`), 'Text.');
+    assert.equal(stripPriorSummary('Plain {"json": true} reply.'), 'Plain {"json": true} reply.');
+  });
+});
