@@ -45,7 +45,11 @@ export async function openDeps(
           await insertUsage(db, u);
         },
         onCall: (e) =>
-          metrics.llmCalls.inc({ purpose: e.purpose, model: e.model, outcome: e.outcome === 'ok' ? 'ok' : (e.kind ?? 'error') }),
+          metrics.llmCalls.inc({
+            purpose: e.purpose,
+            model: e.model,
+            outcome: e.outcome === 'ok' ? 'ok' : (e.kind ?? 'error'),
+          }),
       })
     : null;
   return { config, db, redis, queues, logger, metrics, llm };
@@ -61,7 +65,8 @@ async function openEmbedded(config: Config, logger: Logger): Promise<Db> {
   try {
     await migrate(db);
     const created = await ensureFirstTenant(db, db.dataDir);
-    if (created) logger.info({ file: created }, 'created tenant "default"; its API key is in this file (mode 0600)');
+    if (created)
+      logger.info({ file: created }, 'created tenant "default"; its API key is in this file (mode 0600)');
   } catch (err) {
     await db.close();
     throw err;
