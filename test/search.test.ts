@@ -1,0 +1,701 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import { SESSION_SCAN_MAX_MESSAGES } from '../db/queries/search.js';
+import { localEmbed } from '../services/llm/local-embedder.js';
+import { parseSearchQuery } from '../services/search/parse-query.js';
+import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
+import type { FakeOpenAI } from './support/fake-openai.js';
+import { eventually, startTestService } from './support/harness.js';
+import type { Api, Res, TestService } from './support/harness.js';
+
+const sid = (what: string) => `search-${what}-${randomBytes(3).toString('hex')}`;
+
+type Msg = Record<string, unknown>;
+const user = (content: string, extra: Msg = {}): Msg => ({ role: 'user', content, ...extra });
+const assistant = (content: string): Msg => ({ role: 'assistant', content });
+// System messages are not embedded (EMBED_ROLES default user,assistant) and match no query here:
+// they keep targets apart so that one target's context never swallows another.
+const filler = (): Msg => ({ role: 'system', content: 'padding message' });
+
+/** Posts and waits until archived; returns the seqs in order. */
+async function archive(api: Api, session: string, messages: Msg[]): Promise<number[]> {
+  const r = await api.post(`/v1/sessions/${session}/messages?wait=true`, { messages });
+  assert.equal(r.status, 201, r.text);
+  return (r.body.messages as Array<{ seq: number }>).map((m) => m.seq);
+}
+
+/** Each target followed by three fillers; returns the targets' seqs. */
+async function archiveSpaced<T extends Msg[]>(
+  api: Api,
+  session: string,
+  targets: [...T],
+): Promise<{ [K in keyof T]: number }> {
+  const messages = targets.flatMap((t) => [t, filler(), filler(), filler()]);
+  const seqs = await archive(api, session, messages);
+  return targets.map((_, i) => seqs[i * 4]!) as { [K in keyof T]: number };
+}
+
+interface Hit {
+  seq: number;
+  id: string;
+  role: string;
+  content: unknown;
+  sent_at: string;
+  score: number;
+  source: 'archive' | 'recent' | 'both';
+  context: Array<{
+    seq: number;
+    id: string;
+    role: string;
+    content: unknown;
+    sent_at: string;
+    sent_at_ns: string;
+  }>;
+}
+
+/**
+ * Every search in this file goes through here: never a 5xx, and every 200 obeys invariant 5 (no
+ * seq twice across hits and contexts), with contexts ascending and without their own hit.
+ */
+type SearchBody = { hits: Hit[]; error?: { code: string; message: string } };
+
+async function search(api: Api, session: string, body: Record<string, unknown>): Promise<Res<SearchBody>> {
+  const r = await api.post<SearchBody>(`/v1/sessions/${session}/search`, body);
+  assert.ok(r.status < 500, `search ${JSON.stringify(body).slice(0, 80)} answered ${r.status}: ${r.text}`);
+  if (r.status === 200) {
+    const seen = new Set<number>();
+    for (const h of r.body.hits) {
+      for (const s of [h.seq, ...h.context.map((c) => c.seq)]) {
+        assert.ok(!seen.has(s), `seq ${s} appears twice in ${JSON.stringify(r.body.hits.map((x) => x.seq))}`);
+        seen.add(s);
+      }
+      const ctx = h.context.map((c) => c.seq);
+      assert.deepEqual(
+        ctx,
+        [...ctx].sort((a, b) => a - b),
+        'context in seq order',
+      );
+      assert.ok(['archive', 'recent', 'both'].includes(h.source));
+      assert.equal(typeof h.score, 'number');
+    }
+  }
+  return r;
+}
+
+async function hitSeqs(api: Api, session: string, body: Record<string, unknown>): Promise<number[]> {
+  const r = await search(api, session, body);
+  assert.equal(r.status, 200, r.text);
+  return r.body.hits.map((h) => h.seq);
+}
+
+const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
+
+/**
+ * Vectors for the session's hot messages of the embedded roles. With an extension owning the
+ * embed queue (the real pipeline), waits for it; otherwise writes them as the embed job would,
+ * with the local embedder.
+ */
+async function ensureVectors(svc: TestService, tenantId: string, session: string): Promise<void> {
+  const missing = async () =>
+    (
+      await svc.deps.db.query<{ seq: string; content: string }>(
+        `SELECT m.seq, m.content FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.id = m.session_id
+         WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= s.start_seq AND m.role = ANY($3::text[])
+           AND m.content ~ '[^[:space:]]'
+           AND NOT EXISTS (SELECT 1 FROM message_vectors v
+                           WHERE v.tenant_id = m.tenant_id AND v.session_id = m.session_id AND v.seq = m.seq)`,
+        [tenantId, session, svc.config.embedRoles],
+      )
+    ).rows;
+  if (svc.extensions.some((e) => e.processors?.embed)) {
+    await eventually(async () => (await missing()).length === 0, 20_000, 'the embed job');
+    return;
+  }
+  for (const row of await missing()) {
+    await svc.deps.db.query(
+      `INSERT INTO message_vectors (tenant_id, session_id, seq, embedding) VALUES ($1, $2, $3, $4::vector)
+       ON CONFLICT DO NOTHING`,
+      [tenantId, session, row.seq, JSON.stringify(localEmbed(row.content, svc.config.embedding.dimensions))],
+    );
+  }
+}
+
+/**
+ * Moves the cutoff past `beyondSeq`: waits for the compaction job when an extension owns the
+ * compact queue; otherwise does what compaction does (cutoff forward, vectors below it gone).
+ */
+async function ensureCompacted(svc: TestService, api: Api, tenantId: string, session: string, cutTo: number) {
+  if (svc.extensions.some((e) => e.processors?.compact)) {
+    return eventually(
+      async () => {
+        const s = await api.get(`/v1/sessions/${session}`);
+        return s.body.start_seq > 1 ? (s.body.start_seq as number) : null;
+      },
+      20_000,
+      'compaction',
+    );
+  }
+  await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+    tenantId,
+    session,
+    cutTo,
+  ]);
+  await svc.deps.db.query(
+    'DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 AND seq < $3',
+    [tenantId, session, cutTo],
+  );
+  return cutTo;
+}
+
+void describe('query parsing and ranking (pure)', () => {
+  void test('web-search syntax: words AND, or binds tighter, phrases, exclusions, junk ignored', () => {
+    const p = parseSearchQuery('deploy db or database -"hot fix" -legacy "unclosed phrase');
+    assert.deepEqual(
+      p.groups.map((g) => g.map((t) => `${t.phrase ? 'P:' : ''}${t.text}`)),
+      [['deploy'], ['db', 'database'], ['P:unclosed phrase']],
+    );
+    assert.deepEqual(
+      p.exclude.map((t) => t.text),
+      ['hot fix', 'legacy'],
+    );
+    assert.equal(p.embedText, 'deploy db database unclosed phrase');
+    assert.deepEqual(parseSearchQuery('or or - -').groups, []);
+    assert.deepEqual(
+      parseSearchQuery('a or -b or c').groups.map((g) => g.map((t) => t.text)),
+      [['a'], ['c']],
+    );
+  });
+
+  void test('reciprocal-rank fusion sums 1/(60+rank) and favours agreement', () => {
+    const c = (seq: number) => ({ seq, score: 0, archive: true, recent: false });
+    const fused = fuseRrf([
+      [c(1), c(2), c(3)],
+      [
+        { ...c(2), archive: false, recent: true },
+        { ...c(4), archive: false, recent: true },
+      ],
+    ]);
+    assert.deepEqual(
+      fused.map((f) => f.seq),
+      [2, 1, 4, 3],
+    );
+    assert.equal(fused[0]!.score, 1 / (RRF_K + 2) + 1 / (RRF_K + 1));
+    assert.deepEqual([fused[0]!.archive, fused[0]!.recent], [true, true]);
+  });
+
+  void test('selectHits drops hits already shown and trims contexts', () => {
+    const c = (seq: number) => ({ seq, score: 1, archive: true, recent: false });
+    const neighbours = new Map([
+      [5, [3, 4, 6]],
+      [4, [2, 3, 5]],
+      [8, [6, 7, 9]],
+    ]);
+    const out = selectHits([c(5), c(4), c(8)], neighbours, 8);
+    assert.deepEqual(
+      out.map((o) => [o.hit.seq, o.context]),
+      [
+        [5, [3, 4, 6]],
+        [8, [7, 9]],
+      ],
+    );
+  });
+});
+
+void describe('POST /v1/sessions/{sid}/search', () => {
+  let svc: TestService;
+  let api: Api;
+  let tenantId: string;
+
+  before(async () => {
+    svc = await startTestService({ env: { MAX_HISTORY_MESSAGES: '4' } });
+    ({ api, tenantId } = await svc.newTenant());
+  });
+  after(async () => {
+    await svc?.stop();
+  });
+
+  void test('keyword: English stemming finds "compaction" for "compacting"', async () => {
+    const s = sid('stem');
+    const [a, , c] = await archiveSpaced(api, s, [
+      user('We talked about compaction of the hot history yesterday.'),
+      user('Completely unrelated: the weather is nice.'),
+      user('The compacted archive stays searchable.'),
+    ]);
+    const r = await search(api, s, { query: 'compacting', match: 'keyword' });
+    assert.equal(r.status, 200);
+    assert.deepEqual(sorted(r.body.hits.map((h) => h.seq)), [a, c]);
+    // Full text found it; the literal "compacting" is nowhere, so the substring matcher did not.
+    assert.ok(r.body.hits.every((h) => h.source === 'archive'));
+    assert.match(String(r.body.hits.find((h) => h.seq === a)?.content), /compaction/);
+  });
+
+  void test('keyword: phrases, unclosed quotes, exclusions and or', async () => {
+    const s = sid('syntax');
+    const [hot, rev, pg, my, redis, kafka, both] = await archiveSpaced(api, s, [
+      user('the hot history grows quickly'),
+      user('history is hot today'),
+      user('database migration with postgres'),
+      user('database migration with mysql'),
+      user('redis cache layer'),
+      user('kafka event stream'),
+      user('redis and kafka together'),
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '"hot history"', match: 'keyword' }), [hot]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '"hot history', match: 'keyword' }), [hot]);
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'hot history', match: 'keyword' })), [hot, rev]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'database -postgres', match: 'keyword' }), [my]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'database -"with postgres"', match: 'keyword' }), [my]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '-postgres', match: 'keyword' }), []);
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'redis or kafka', match: 'keyword' })), [
+      redis,
+      kafka,
+      both,
+    ]);
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'redis OR kafka', match: 'keyword' })), [
+      redis,
+      kafka,
+      both,
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'redis kafka', match: 'keyword' }), [both]);
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'redis or', match: 'keyword' })), [redis, both]);
+    // Exclusions apply to every matcher, semantic included.
+    await ensureVectors(svc, tenantId, s);
+    const sem = await hitSeqs(api, s, { query: 'database -postgres', match: 'semantic', limit: 32 });
+    assert.ok(sem.includes(my) && !sem.includes(pg), JSON.stringify(sem));
+  });
+
+  void test('keyword: CJK queries of 2, 3 and 4 characters match inside longer text', async () => {
+    const s = sid('cjk');
+    const [sys, weather, mem, log, ja] = await archiveSpaced(api, s, [
+      user('我們討論了記憶系統的設計'),
+      user('今天天氣很好'),
+      user('記憶體不足的錯誤'),
+      user('系統記錄在這裡'),
+      user('検索エンジンの設計について'),
+    ]);
+    const kw = (query: string) => hitSeqs(api, s, { query, match: 'keyword' }).then(sorted);
+    assert.deepEqual(await kw('記憶'), [sys, mem]);
+    assert.deepEqual(await kw('記憶系'), [sys]);
+    assert.deepEqual(await kw('記憶系統'), [sys]);
+    assert.deepEqual(await kw('憶系統的'), [sys]);
+    assert.deepEqual(await kw('系統記'), [log]);
+    assert.deepEqual(await kw('天氣'), [weather]);
+    assert.deepEqual(await kw('検索エンジン'), [ja]);
+    assert.deepEqual(await kw('系記'), []);
+    // One character: a prefix match on the bigrams.
+    assert.deepEqual(await kw('憶'), [sys, mem]);
+    // Both tiers: full text and the substring matcher over the (uncompacted) recent part.
+    const r = await search(api, s, { query: '記憶系統', match: 'keyword' });
+    assert.equal(r.body.hits[0]?.source, 'both');
+    assert.deepEqual(await kw('"記憶系統的設計"'), [sys]);
+    assert.deepEqual(await kw('記憶 -記憶體'), [sys]);
+  });
+
+  void test('keyword: mixed CJK and English queries', async () => {
+    const s = sid('mixed');
+    const [both] = await archiveSpaced(api, s, [
+      user('記憶系統 uses compaction nightly'),
+      user('compaction only in English'),
+      user('記憶系統 only in Chinese'),
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '記憶系統 compacting', match: 'keyword' }), [both]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '記憶系統compaction', match: 'keyword' }), [both]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '"記憶系統 uses compaction"', match: 'keyword' }), [
+      both,
+    ]);
+  });
+
+  void test('keyword: substring over the recent part finds partial words and ids, wildcards literal', async () => {
+    const s = sid('substr');
+    const [compaction, order, percent, under] = await archiveSpaced(api, s, [
+      user('the compaction job ran'),
+      user('order req#A1B2C3D4 shipped'),
+      user('upload is 100% done'),
+      user('variable a_b is set'),
+      user('nothing to see axb here 1000 done'),
+    ]);
+    const r = await search(api, s, { query: 'compa', match: 'keyword' });
+    assert.deepEqual(
+      r.body.hits.map((h) => [h.seq, h.source]),
+      [[compaction, 'recent']],
+    );
+    assert.deepEqual(await hitSeqs(api, s, { query: 'B2C3', match: 'keyword' }), [order]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '0%', match: 'keyword' }), [percent]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'a_b', match: 'keyword' }), [under]);
+    // Only stop words: no full-text hits, but the substring still applies.
+    const stop = await search(api, s, { query: 'the', match: 'keyword' });
+    assert.deepEqual(
+      stop.body.hits.map((h) => h.seq),
+      [compaction],
+    );
+  });
+
+  void test('a session past the scan threshold is searched through the GIN index, same results', async () => {
+    const s = sid('big');
+    const n = SESSION_SCAN_MAX_MESSAGES + 10;
+    const text = (i: number) =>
+      i === 99
+        ? 'a zebra crossing'
+        : i === 1499
+          ? '我們的記憶系統'
+          : i === n - 3
+            ? 'zebra again'
+            : `routine note ${i}`;
+    const all = Array.from({ length: n }, (_, i) => (i % 2 ? assistant(text(i)) : user(text(i))));
+    const seqs: number[] = [];
+    for (let i = 0; i < n; i += 1000) seqs.push(...(await archive(api, s, all.slice(i, i + 1000))));
+    const count = (await api.get(`/v1/sessions/${s}`)).body.message_count as number;
+    assert.ok(count > SESSION_SCAN_MAX_MESSAGES, `${count} messages`);
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'zebras', match: 'keyword' })), [
+      seqs[99],
+      seqs[n - 3],
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '記憶系統', match: 'keyword' }), [seqs[1499]]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'zebra -again', match: 'keyword' }), [seqs[99]]);
+  });
+
+  void test('expansion: 2 before and 1 after, clipped at session start and end', async () => {
+    const s = sid('edges');
+    const seqs = await archive(api, s, [
+      user('apple at the start'),
+      ...Array.from({ length: 8 }, (_, i) => (i % 2 ? user(`filler ${i}`) : assistant(`filler ${i}`))),
+      user('apple at the end'),
+    ]);
+    const r = await search(api, s, { query: 'apple', match: 'keyword' });
+    // Equal ranks: newer first.
+    assert.deepEqual(
+      r.body.hits.map((h) => [h.seq, h.context.map((c) => c.seq)]),
+      [
+        [seqs[9], [seqs[7], seqs[8]]],
+        [seqs[0], [seqs[1]]],
+      ],
+    );
+    const ctx = r.body.hits[0]!.context[0]!;
+    assert.deepEqual(Object.keys(ctx).sort(), ['content', 'id', 'role', 'sent_at', 'sent_at_ns', 'seq']);
+  });
+
+  void test('expansion with adjacent hits: nothing shown twice, lower hits absorbed', async () => {
+    const s = sid('adjacent');
+    const text = ['x', 'x', 'x', 'banana', 'banana banana', 'x', 'x', 'banana', 'x', 'x'];
+    const seqs = await archive(
+      api,
+      s,
+      text.map((t, i) => (t === 'x' ? assistant(`plain ${i}`) : user(t))),
+    );
+    const r = await search(api, s, { query: 'banana', match: 'keyword' });
+    const at = (i: number) => seqs[i]!;
+    assert.deepEqual(
+      r.body.hits.map((h) => [h.seq, h.context.map((c) => c.seq)]),
+      [
+        [at(4), [at(2), at(3), at(5)]],
+        [at(7), [at(6), at(8)]],
+      ],
+    );
+  });
+
+  void test('fills up to limit after dropping hits shown in contexts', async () => {
+    const s = sid('fill');
+    const seqs = await archive(
+      api,
+      s,
+      Array.from({ length: 12 }, (_, i) => user(`cherry ${i}`)),
+    );
+    const got = await hitSeqs(api, s, { query: 'cherry', match: 'keyword', limit: 3 });
+    assert.deepEqual(got, [seqs[11], seqs[8], seqs[5]]);
+    assert.equal((await hitSeqs(api, s, { query: 'cherry', match: 'hybrid', limit: 3 })).length, 3);
+  });
+
+  void test('exclude_window leaves out the current context window (extended to its tool call)', async () => {
+    const s = sid('window');
+    const seqs = await archive(api, s, [
+      user('grape one'),
+      assistant('grape two'),
+      user('grape three'),
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'grape_lookup', arguments: '{}' } }],
+      },
+      { role: 'tool', tool_call_id: 'call_1', content: 'grape tool result' },
+      assistant('grape six'),
+      user('grape seven'),
+      assistant('grape eight'),
+    ]);
+    // MAX_HISTORY_MESSAGES=4: the window is seqs[4..7], extended back to the call at seqs[3].
+    const windowFrom = seqs[3]!;
+    const all = await hitSeqs(api, s, { query: 'grape', match: 'keyword' });
+    assert.equal(all[0], seqs[7]);
+    for (const match of ['keyword', 'semantic', 'hybrid']) {
+      if (match !== 'keyword') await ensureVectors(svc, tenantId, s);
+      const got = await hitSeqs(api, s, { query: 'grape', match, exclude_window: true, limit: 32 });
+      assert.ok(got.length > 0, match);
+      assert.ok(
+        got.every((q) => q < windowFrom),
+        `${match}: ${JSON.stringify(got)} must be before ${windowFrom}`,
+      );
+    }
+  });
+
+  void test('time_range filters on sent_at relative to now', async () => {
+    const s = sid('time');
+    const old = new Date(Date.now() - 40 * 86_400_000).toISOString();
+    const [oldSeq, newSeq] = await archiveSpaced(api, s, [
+      user('kiwi harvest report', { sent_at: old }),
+      user('kiwi harvest update'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    for (const match of ['keyword', 'semantic', 'hybrid']) {
+      const q = (time_range: string) =>
+        hitSeqs(api, s, { query: 'kiwi harvest', match, time_range }).then(sorted);
+      assert.deepEqual(await q('1d'), [newSeq], match);
+      assert.deepEqual(await q('7d'), [newSeq], match);
+      assert.deepEqual(await q('1m'), [newSeq], match);
+      assert.deepEqual(await q('1y'), [oldSeq, newSeq], match);
+      assert.deepEqual(await q('all'), [oldSeq, newSeq], match);
+    }
+  });
+
+  void test('hybrid: reciprocal-rank fusion of the keyword and semantic orders', async () => {
+    const s = sid('hybrid');
+    const [exact, wordy, solar, panels] = await archiveSpaced(api, s, [
+      user('solar panel'),
+      user(
+        'solar panel solar panel installation guide with solar panel pricing and solar panel cleaning ' +
+          'plus roof mounting wiring inverter battery warranty permits cost',
+      ),
+      user('solar'),
+      user('panel panel panel discussion'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    const body = { query: 'solar panel', limit: 32 };
+    const kw = (await search(api, s, { ...body, match: 'keyword' })).body.hits;
+    const sem = (await search(api, s, { ...body, match: 'semantic' })).body.hits;
+    const hy = (await search(api, s, { ...body, match: 'hybrid' })).body.hits;
+    // The constructed case: keyword ranks the wordy message first; semantic ranks the exact one
+    // first and the one-word "solar" above the wordy one (which keyword search does not find).
+    assert.deepEqual(
+      kw.map((h) => h.seq),
+      [wordy, exact],
+    );
+    assert.deepEqual(
+      sem.slice(0, 3).map((h) => h.seq),
+      [exact, solar, wordy],
+    );
+    assert.deepEqual(sorted(sem.map((h) => h.seq)), sorted([exact, wordy, solar, panels]));
+    const expected = new Map<number, number>();
+    for (const list of [kw, sem]) {
+      list.forEach((h, i) => expected.set(h.seq, (expected.get(h.seq) ?? 0) + 1 / (RRF_K + i + 1)));
+    }
+    const order = [...expected.entries()].sort((a, b) => b[1] - a[1] || b[0] - a[0]);
+    assert.deepEqual(
+      hy.map((h) => h.seq),
+      order.map(([seq]) => seq),
+    );
+    hy.forEach((h) => assert.ok(Math.abs(h.score - expected.get(h.seq)!) < 1e-12));
+    // Found by the archive's full text and the recent vectors.
+    assert.equal(hy.find((h) => h.seq === exact)?.source, 'both');
+    assert.equal(hy.find((h) => h.seq === solar)?.source, 'recent');
+    // Agreement wins: first in neither list alone... first in the fused one; and the wordy
+    // message (1st + 3rd) beats "solar" (2nd in one list only).
+    assert.deepEqual(
+      hy.slice(0, 3).map((h) => h.seq),
+      [exact, wordy, solar],
+    );
+  });
+
+  void test('malformed queries never give a 5xx; NUL, lone surrogates, blank and too long give 400', async () => {
+    const s = sid('malformed');
+    await archive(api, s, [user('some text to search, with "quotes" and 100% of things'), assistant('ok')]);
+    await ensureVectors(svc, tenantId, s);
+    const fine = [
+      '"unclosed',
+      '&|!',
+      "'",
+      '\\',
+      '😀',
+      '😀 emoji 記憶',
+      'x'.repeat(10_000),
+      '😀'.repeat(10_000),
+      'the and of a',
+      '-',
+      '- -',
+      '--x',
+      '-"',
+      '""',
+      '"',
+      'or or',
+      'OR',
+      '-or',
+      'a:*',
+      '!!',
+      '<->',
+      '(foo',
+      'foo) & !bar',
+      "'; DROP TABLE messages; --",
+      '%',
+      '_',
+      '\\%',
+      Array.from({ length: 2000 }, (_, i) => (i % 2 ? 'the' : `w${i}`)).join(' '),
+      '記'.repeat(3000),
+    ];
+    for (const query of fine) {
+      for (const match of ['keyword', 'semantic', 'hybrid']) {
+        const r = await search(api, s, { query, match });
+        assert.equal(r.status, 200, `${match} ${JSON.stringify(query.slice(0, 40))}: ${r.text}`);
+      }
+    }
+    const bad: Array<[string, string]> = [
+      ['a\u0000b', 'invalid_characters'],
+      ['\ud800', 'invalid_characters'],
+      ['   ', 'validation_failed'],
+      ['x'.repeat(10_001), 'validation_failed'],
+      ['😀'.repeat(10_001), 'validation_failed'],
+    ];
+    for (const [query, code] of bad) {
+      const r = await search(api, s, { query });
+      assert.equal(r.status, 400, JSON.stringify(query.slice(0, 20)));
+      assert.equal(r.body.error?.code, code);
+    }
+    const invalid: Array<Record<string, unknown>> = [
+      {},
+      { query: 5 },
+      { query: 'x', limit: 0 },
+      { query: 'x', limit: 33 },
+      { query: 'x', limit: 1.5 },
+      { query: 'x', match: 'fuzzy' },
+      { query: 'x', time_range: '2d' },
+      { query: 'x', exclude_window: 'yes' },
+      { query: 'x', extra: 1 },
+    ];
+    for (const body of invalid) {
+      const r = await search(api, s, body);
+      assert.equal(r.status, 400, JSON.stringify(body));
+      assert.equal(r.body.error?.code, 'validation_failed');
+    }
+    const path = await api.post(`/v1/sessions/${encodeURIComponent('bad id!')}/search`, { query: 'x' });
+    assert.equal(path.status, 400);
+  });
+
+  void test('tenants never see each other: 404 for a foreign session, same id never mixes', async () => {
+    const s = sid('tenancy');
+    const onlyA = sid('only-a');
+    const b = await svc.newTenant();
+    await archive(api, s, [user('secret plans of tenant a')]);
+    await archive(api, onlyA, [user('secret plans of tenant a, again')]);
+    await archive(b.api, s, [user('public notes of tenant b')]);
+    await ensureVectors(svc, tenantId, s);
+    await ensureVectors(svc, b.tenantId, s);
+    for (const match of ['keyword', 'semantic', 'hybrid']) {
+      const foreign = await search(b.api, onlyA, { query: 'secret', match });
+      assert.equal(foreign.status, 404);
+      assert.equal(foreign.body.error?.code, 'not_found');
+      const fromB = await search(b.api, s, { query: 'secret or plans or public', match, limit: 32 });
+      assert.equal(fromB.status, 200);
+      const contents = fromB.body.hits.flatMap((h) => [h.content, ...h.context.map((c) => c.content)]);
+      assert.deepEqual(contents, ['public notes of tenant b'], match);
+      const fromA = await search(api, s, { query: 'public notes', match: 'keyword' });
+      assert.deepEqual(fromA.body.hits, []);
+    }
+    const unknown = await search(api, sid('never-written'), { query: 'x' });
+    assert.equal(unknown.status, 404);
+    assert.equal(unknown.body.error?.code, 'not_found');
+  });
+
+  void test('the duration histogram and the OpenAPI entry exist', async () => {
+    const metrics = await fetch(`${svc.base}/metrics`).then((r) => r.text());
+    assert.match(metrics, /mnemos_search_duration_seconds_count\{match="keyword"\} [1-9]/);
+    assert.match(metrics, /mnemos_search_duration_seconds_count\{match="hybrid"\} [1-9]/);
+    const doc = (await api.get('/openapi.json')).body;
+    assert.ok(doc.paths['/v1/sessions/{sid}/search']?.post);
+  });
+});
+
+void describe('search across compaction and with an LLM embedder', () => {
+  let fake: FakeOpenAI;
+  let svc: TestService;
+  let api: Api;
+  let tenantId: string;
+
+  before(async () => {
+    fake = await startFakeOpenAI();
+    svc = await startTestService({
+      env: { OPENAI_BASE_URL: fake.url, EMBEDDING_DIMENSIONS: '384', MAX_HISTORY_BYTES: '1024' },
+    });
+    ({ api, tenantId } = await svc.newTenant());
+  });
+  after(async () => {
+    await svc?.stop();
+    await fake?.close().catch(() => undefined);
+  });
+
+  void test('results stay correct and unique before and after the first compaction', async () => {
+    const s = sid('compaction');
+    const target = (n: number) => user(`note ${n} about compaction`);
+    // About 330 bytes: below MAX_HISTORY_BYTES, nothing compacted yet.
+    const first = await archiveSpaced(api, s, [target(1), target(2)]);
+    await ensureVectors(svc, tenantId, s);
+    let r = await search(api, s, { query: 'compaction', match: 'keyword' });
+    assert.deepEqual(
+      r.body.hits.map((h) => [h.seq, h.source]),
+      [
+        [first[1], 'both'],
+        [first[0], 'both'],
+      ],
+    );
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'compa', match: 'keyword' })), first);
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'compaction', match: 'semantic' })), first);
+
+    const rest = await archiveSpaced(
+      api,
+      s,
+      [3, 4, 5, 6, 7, 8].map((n) => target(n)),
+    );
+    const targets = [...first, ...rest];
+    const cutoff = await ensureCompacted(svc, api, tenantId, s, rest[2]!);
+    assert.ok(cutoff > first[1]!, `cutoff ${cutoff}`);
+    await ensureVectors(svc, tenantId, s);
+    const hot = targets.filter((q) => q >= cutoff);
+    const cold = targets.filter((q) => q < cutoff);
+    assert.ok(hot.length > 0 && cold.length > 0);
+
+    r = await search(api, s, { query: 'compaction', match: 'keyword', limit: 32 });
+    assert.deepEqual(sorted(r.body.hits.map((h) => h.seq)), targets);
+    for (const h of r.body.hits) assert.equal(h.source, h.seq >= cutoff ? 'both' : 'archive', `seq ${h.seq}`);
+    // The substring matcher and the vectors only cover the recent part.
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'compa', match: 'keyword', limit: 32 })), hot);
+    assert.deepEqual(
+      sorted(await hitSeqs(api, s, { query: 'compaction', match: 'semantic', limit: 32 })),
+      hot,
+    );
+    const hy = await search(api, s, { query: 'compaction', match: 'hybrid', limit: 32 });
+    assert.deepEqual(sorted(hy.body.hits.map((h) => h.seq)), targets);
+    for (const h of hy.body.hits) assert.equal(h.source, h.seq >= cutoff ? 'both' : 'archive');
+  });
+
+  void test('the query is embedded by the LLM endpoint; if that fails, semantic is empty and hybrid is keyword', async () => {
+    const s = sid('llm');
+    const [exact, other] = await archiveSpaced(api, s, [user('blue whale migration'), user('red fox den')]);
+    await ensureVectors(svc, tenantId, s);
+    const before = fake.embeddingRequests().length;
+    const sem = await search(api, s, { query: 'blue whale', match: 'semantic' });
+    assert.equal(sem.status, 200);
+    assert.equal(sem.body.hits[0]?.seq, exact);
+    assert.ok(sem.body.hits.some((h) => h.seq === other));
+    assert.ok(fake.embeddingRequests().length > before, 'the query went to the embeddings endpoint');
+
+    const keyword = await hitSeqs(api, s, { query: 'whale', match: 'keyword' });
+    await fake.close();
+    const down = await search(api, s, { query: 'whale', match: 'semantic' });
+    assert.equal(down.status, 200);
+    assert.deepEqual(down.body.hits, []);
+    const hybrid = await search(api, s, { query: 'whale', match: 'hybrid' });
+    assert.equal(hybrid.status, 200);
+    assert.deepEqual(
+      hybrid.body.hits.map((h) => h.seq),
+      keyword,
+    );
+    assert.deepEqual(keyword, [exact]);
+  });
+});
