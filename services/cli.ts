@@ -6,7 +6,9 @@ import type { Db } from '../db/pool.js';
 import { loadConfig, ConfigError } from './config.js';
 import { AppError } from './errors.js';
 import { defaultExtensions } from './extensions.js';
+import { addLifecycleCommands } from './lifecycle/lifecycle-cli.js';
 import { runFromEnv } from './main.js';
+import { reembedCommand } from './recent-index/reembed.js';
 import { createKey, createTenant, keyList, revokeKey, tenantList } from './tenants.js';
 
 async function withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
@@ -29,9 +31,18 @@ const program = new Command('mnemos')
   .description('Tiered conversation memory for multi-agent LLM backends')
   .showHelpAfterError();
 
-program.command('serve').description('API and workers in one process (what npm start runs)').action(() => runFromEnv('serve', defaultExtensions));
-program.command('api').description('HTTP API only').action(() => runFromEnv('api', defaultExtensions));
-program.command('worker').description('all job processors and schedules').action(() => runFromEnv('worker', defaultExtensions));
+program
+  .command('serve')
+  .description('API and workers in one process (what npm start runs)')
+  .action(() => runFromEnv('serve', defaultExtensions));
+program
+  .command('api')
+  .description('HTTP API only')
+  .action(() => runFromEnv('api', defaultExtensions));
+program
+  .command('worker')
+  .description('all job processors and schedules')
+  .action(() => runFromEnv('worker', defaultExtensions));
 program
   .command('migrate')
   .description('apply pending database migrations')
@@ -63,6 +74,8 @@ tenant
       else for (const t of rows) print(`${t.tenant_id}\t${t.name}\t${t.created_at}`);
     }),
   );
+// tenant delete, import agenvoy|jsonl, export (services/lifecycle/).
+addLifecycleCommands(program, tenant, defaultExtensions);
 
 const key = program.command('key').description('manage API keys');
 key
@@ -87,15 +100,32 @@ key
       if (o.json) print(JSON.stringify(rows));
       else
         for (const k of rows)
-          print(`${k.key_id}\t${k.tenant_id}\t${k.name || '-'}\tcreated ${k.created_at}\tlast used ${k.last_used_at ?? 'never'}${k.revoked_at ? `\tREVOKED ${k.revoked_at}` : ''}`);
+          print(
+            `${k.key_id}\t${k.tenant_id}\t${k.name || '-'}\tcreated ${k.created_at}\tlast used ${k.last_used_at ?? 'never'}${k.revoked_at ? `\tREVOKED ${k.revoked_at}` : ''}`,
+          );
     }),
   );
-key
-  .command('revoke <key_id>')
-  .action((id: string) =>
+key.command('revoke <key_id>').action((id: string) =>
+  withDb(async (db) => {
+    if (!(await revokeKey(db, id))) throw new AppError(404, 'not_found', `no active key ${id}`);
+    print(`revoked ${id}`);
+  }),
+);
+
+program
+  .command('reembed')
+  .description(
+    'rebuild the recent index for the configured EMBEDDING_MODEL/EMBEDDING_DIMENSIONS (stop the service first)',
+  )
+  .option('--batch-size <n>', 'messages per embeddings call', '128')
+  .option('--force', 'rebuild even when the index matches, or take over a run that looks alive')
+  .action((o: { batchSize: string; force?: boolean }) =>
     withDb(async (db) => {
-      if (!(await revokeKey(db, id))) throw new AppError(404, 'not_found', `no active key ${id}`);
-      print(`revoked ${id}`);
+      await reembedCommand(db, loadConfig(process.env), {
+        batchSize: Number(o.batchSize),
+        force: o.force === true,
+        print,
+      });
     }),
   );
 

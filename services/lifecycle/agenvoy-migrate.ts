@@ -1,0 +1,80 @@
+import path from 'node:path';
+import type { CoreDeps } from '../deps.js';
+import { AppError } from '../errors.js';
+import { findHistoryDb, listAgenvoySessions, readAgenvoySession } from './agenvoy-import.js';
+import { importSession } from './import-session.js';
+import { openSqlite } from './sqlite.js';
+
+/** `mnemos import agenvoy <sessions_dir> --tenant`: every session directory, one report each. */
+
+export interface AgenvoySessionReport {
+  session_id: string;
+  status: 'imported' | 'skipped' | 'failed';
+  imported: number;
+  from_history_json: number;
+  from_history_db: number;
+  duplicates_merged: number;
+  messages_skipped: number;
+  summary: { cursor_seq: number | null } | null;
+  first_seq: number | null;
+  last_seq: number | null;
+  notes: string[];
+}
+
+export async function importAgenvoySessions(
+  deps: Pick<CoreDeps, 'db' | 'redis' | 'config' | 'queues' | 'logger' | 'metrics'>,
+  tenantId: string,
+  sessionsDir: string,
+  opts: { timeZone?: string; only?: string[] } = {},
+): Promise<{ historyDb: string | null; invalidDirs: string[]; sessions: AgenvoySessionReport[] }> {
+  const timeZone = opts.timeZone ?? deps.config.timeZone;
+  const dir = path.resolve(sessionsDir);
+  const { ids, invalid } = await listAgenvoySessions(dir);
+  const historyDb = findHistoryDb(dir);
+  const db = historyDb ? openSqlite(historyDb, { readonly: true }) : null;
+  const reports: AgenvoySessionReport[] = [];
+  try {
+    for (const sid of ids) {
+      if (opts.only && !opts.only.includes(sid)) continue;
+      const report: AgenvoySessionReport = {
+        session_id: sid,
+        status: 'failed',
+        imported: 0,
+        from_history_json: 0,
+        from_history_db: 0,
+        duplicates_merged: 0,
+        messages_skipped: 0,
+        summary: null,
+        first_seq: null,
+        last_seq: null,
+        notes: [],
+      };
+      reports.push(report);
+      try {
+        const read = await readAgenvoySession(path.join(dir, sid), sid, db, timeZone);
+        report.from_history_json = read.stats.fromJson;
+        report.from_history_db = read.stats.fromDb;
+        report.duplicates_merged = read.stats.duplicates;
+        report.messages_skipped = read.stats.skipped;
+        report.notes.push(...read.notes);
+        if (read.input.messages.length === 0 && !read.input.summary) {
+          report.status = 'skipped';
+          report.notes.push('nothing to import');
+          continue;
+        }
+        const outcome = await importSession(deps, tenantId, sid, read.input);
+        report.status = 'imported';
+        report.imported = outcome.imported;
+        report.first_seq = outcome.first_seq;
+        report.last_seq = outcome.last_seq;
+        report.summary = outcome.summary ? { cursor_seq: outcome.summary.cursor_seq } : null;
+      } catch (err) {
+        if (err instanceof AppError && err.code === 'session_not_empty') report.status = 'skipped';
+        report.notes.push(err instanceof Error ? err.message : String(err));
+      }
+    }
+  } finally {
+    db?.close();
+  }
+  return { historyDb, invalidDirs: invalid, sessions: reports };
+}

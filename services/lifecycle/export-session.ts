@@ -1,0 +1,64 @@
+import type { Queryable } from '../../db/pool.js';
+import { pageMessages } from '../../db/queries/messages.js';
+import { getSession } from '../../db/queries/sessions.js';
+import { getSummaryRow } from '../../db/queries/summaries.js';
+import { toStoredMessage } from '../routes/session-routes.js';
+
+/**
+ * A session as JSON Lines (SPEC §4 export): one `{"type":"message", ...StoredMessage}` line per
+ * archived message in seq order, then one `{"type":"summary", ...}` line when the session has a
+ * summary. Pages through the archive by seq (keyset), so memory stays flat for any session size.
+ * The export covers what was archived when it started; messages archived meanwhile are left out.
+ */
+
+export const EXPORT_PAGE = 500;
+
+export interface SummaryLine {
+  type: 'summary';
+  summary: unknown;
+  version: number;
+  cursor_seq: number | null;
+  status: string;
+  updated_at: string;
+}
+
+/** Null when the session does not exist for this tenant (or is deleted). */
+export async function openSessionExport(
+  db: Queryable,
+  tenantId: string,
+  sessionId: string,
+  pageSize = EXPORT_PAGE,
+): Promise<AsyncGenerator<string> | null> {
+  const session = await getSession(db, tenantId, sessionId);
+  if (!session) return null;
+  const bound = Number(session.next_seq);
+  return (async function* lines() {
+    let after: number | null = null;
+    for (;;) {
+      const rows = await pageMessages(db, {
+        tenantId,
+        sessionId,
+        afterSeq: after,
+        beforeSeq: bound,
+        limit: pageSize,
+        desc: false,
+      });
+      for (const r of rows) yield `${JSON.stringify({ type: 'message', ...toStoredMessage(r) })}\n`;
+      if (rows.length < pageSize) break;
+      after = Number(rows[rows.length - 1]!.seq);
+    }
+    const s = await getSummaryRow(db, tenantId, sessionId);
+    // A version-0 row is a placeholder (cursor and failures, no summary yet): nothing to export.
+    if (s && s.summary !== null && s.version > 0) {
+      const line: SummaryLine = {
+        type: 'summary',
+        summary: s.summary,
+        version: s.version,
+        cursor_seq: s.cursor_seq === null ? null : Number(s.cursor_seq),
+        status: s.status,
+        updated_at: s.updated_at.toISOString(),
+      };
+      yield `${JSON.stringify(line)}\n`;
+    }
+  })();
+}

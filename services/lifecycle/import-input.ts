@@ -1,0 +1,223 @@
+import { z } from 'zod';
+import { AppError } from '../errors.js';
+import { parseMessages } from '../messages/message-input.js';
+import type { AcceptedMessage } from '../messages/message-input.js';
+import { MAX_MESSAGES_PER_REQUEST } from '../messages/message-input.js';
+import { summarySchema } from '../summary/summary-shape.js';
+import type { Summary } from '../summary/summary-shape.js';
+import { parseInput } from '../validate.js';
+
+/**
+ * What an import carries (SPEC §4 import, §5 `import jsonl`), parsed and validated exactly like
+ * POST /messages (the same `parseMessages`), with error paths naming the line (`lines[12].role`)
+ * or the array index (`messages[3].role`).
+ */
+
+export const MAX_IMPORT_BYTES = 64 * 1024 * 1024;
+export const MAX_IMPORT_MESSAGES = 200_000;
+
+/** Where the imported summary's cursor falls among the imported messages. */
+export type ImportCursor =
+  | { kind: 'none' }
+  /** The `seq` of the exported session (message lines carry their old `seq`). */
+  | { kind: 'source_seq'; seq: number }
+  /** A time: messages sent at or before it are covered (to the second when `wholeSeconds`). */
+  | { kind: 'sent_at'; ns: bigint; wholeSeconds: boolean };
+
+export interface ImportMessage {
+  message: AcceptedMessage;
+  sourceSeq: number | null;
+}
+
+export interface ImportInput {
+  messages: ImportMessage[];
+  summary: { summary: Summary; cursor: ImportCursor } | null;
+}
+
+const seqField = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
+const summaryLine = z
+  .object({
+    type: z.literal('summary'),
+    summary: z.record(z.string(), z.unknown()),
+    cursor_seq: seqField.nullable().optional(),
+    // Written by export, informational on import.
+    version: z.number().int().optional(),
+    status: z.string().optional(),
+    updated_at: z.string().optional(),
+  })
+  .strict();
+const messageExtras = z
+  .object({
+    type: z.literal('message').optional(),
+    seq: seqField.optional(),
+    sent_at_ns: z
+      .string()
+      .regex(/^\d{1,19}$/, 'must be unix nanoseconds as a decimal string')
+      .optional(),
+  })
+  .passthrough();
+
+/** Validates collected raw messages in request-sized chunks and relabels error paths. */
+export function validateImportMessages(
+  raw: unknown[],
+  sourceSeqs: Array<number | null>,
+  label: (index: number) => string,
+  timeZone: string,
+): ImportMessage[] {
+  if (raw.length > MAX_IMPORT_MESSAGES) {
+    throw new AppError(413, 'import_too_large', `an import holds at most ${MAX_IMPORT_MESSAGES} messages`, {
+      limit: MAX_IMPORT_MESSAGES,
+    });
+  }
+  const out: ImportMessage[] = [];
+  for (let offset = 0; offset < raw.length; offset += MAX_MESSAGES_PER_REQUEST) {
+    const chunk = raw.slice(offset, offset + MAX_MESSAGES_PER_REQUEST);
+    let parsed: AcceptedMessage[];
+    try {
+      parsed = parseMessages({ messages: chunk }, timeZone);
+    } catch (err) {
+      throw relabel(err, offset, label);
+    }
+    parsed.forEach((m, i) => out.push({ message: m, sourceSeq: sourceSeqs[offset + i] ?? null }));
+  }
+  const seen = new Map<string, number>();
+  out.forEach((m, i) => {
+    if (!m.message.cid) return;
+    const prev = seen.get(m.message.id);
+    if (prev !== undefined) {
+      throw new AppError(400, 'duplicate_id', `${label(i)}.id repeats ${label(prev)}.id`, {
+        problems: [{ path: `${label(i)}.id`, message: `same id as ${label(prev)}` }],
+      });
+    }
+    seen.set(m.message.id, i);
+  });
+  return out;
+}
+
+function relabel(err: unknown, offset: number, label: (index: number) => string): unknown {
+  if (!(err instanceof AppError)) return err;
+  const fix = (s: string) => s.replace(/messages\[(\d+)\]/g, (_m, n: string) => label(offset + Number(n)));
+  let details = err.details;
+  if (details !== undefined) {
+    details = JSON.parse(fix(JSON.stringify(details))) as unknown;
+    if (details && typeof details === 'object' && 'index' in details && typeof details.index === 'number') {
+      (details as { index: number }).index += offset;
+    }
+  }
+  return new AppError(err.status, err.code, fix(err.message), details, err.headers);
+}
+
+/** `{"messages":[...]}` (application/json): the POST /messages body, any number of messages. */
+export function parseImportJson(body: unknown, timeZone: string): ImportInput {
+  const { messages } = parseInput(z.object({ messages: z.array(z.unknown()).min(1) }).strict(), body ?? {});
+  return {
+    messages: validateImportMessages(
+      messages,
+      messages.map(() => null),
+      (i) => `messages[${i}]`,
+      timeZone,
+    ),
+    summary: null,
+  };
+}
+
+/** JSON Lines: message lines (`type` "message" or absent) and at most one summary line. */
+export async function parseImportLines(
+  lines: AsyncIterable<{ line: number; value: unknown }>,
+  timeZone: string,
+): Promise<ImportInput> {
+  const raw: unknown[] = [];
+  const seqs: Array<number | null> = [];
+  const lineOf: number[] = [];
+  let summary: ImportInput['summary'] = null;
+  for await (const { line, value } of lines) {
+    const at = `lines[${line}]`;
+    if (!value || typeof value !== 'object' || Array.isArray(value)) {
+      throw new AppError(400, 'validation_failed', `${at}: must be a JSON object`, {
+        problems: [{ path: at, message: 'must be a JSON object' }],
+      });
+    }
+    if ((value as { type?: unknown }).type === 'summary') {
+      if (summary) {
+        throw new AppError(400, 'validation_failed', `${at}: only one summary line is allowed`, {
+          problems: [{ path: at, message: 'only one summary line is allowed' }],
+        });
+      }
+      const s = parseInput(summaryLine, value, at, [`lines[${line}]`]);
+      const shaped = parseInput(summarySchema, s.summary, `${at}.summary`, [`lines[${line}]`, 'summary']);
+      summary = {
+        summary: shaped,
+        cursor:
+          s.cursor_seq === undefined || s.cursor_seq === null
+            ? { kind: 'none' }
+            : { kind: 'source_seq', seq: s.cursor_seq },
+      };
+      continue;
+    }
+    const extras = parseInput(messageExtras, value, at, [`lines[${line}]`]);
+    const { type: _type, seq, sent_at_ns, ...message } = extras;
+    // sent_at_ns is exact; sent_at (RFC 3339 with ns) says the same thing in an export.
+    if (sent_at_ns !== undefined) (message as Record<string, unknown>).sent_at = sent_at_ns;
+    raw.push(message);
+    seqs.push(seq ?? null);
+    lineOf.push(line);
+    if (raw.length > MAX_IMPORT_MESSAGES) break;
+  }
+  return {
+    messages: validateImportMessages(raw, seqs, (i) => `lines[${lineOf[i] ?? i + 1}]`, timeZone),
+    summary,
+  };
+}
+
+/**
+ * Splits a byte stream into JSON values, one per non-blank line, without holding more than one
+ * line as text. UTF-8 is checked per line; the total size is capped (413 past `limitBytes`).
+ */
+export async function* readJsonLines(
+  source: AsyncIterable<Buffer | string>,
+  limitBytes = MAX_IMPORT_BYTES,
+): AsyncGenerator<{ line: number; value: unknown }> {
+  const decoder = new TextDecoder('utf-8', { fatal: true });
+  let pending: Buffer[] = [];
+  let total = 0;
+  let line = 0;
+  const emit = (bytes: Buffer): { line: number; value: unknown } | null => {
+    line++;
+    let text: string;
+    try {
+      text = decoder.decode(bytes);
+    } catch {
+      throw new AppError(400, 'invalid_utf8', `line ${line} is not valid UTF-8`, { line });
+    }
+    text = text.replace(/^\uFEFF/, '').trim();
+    if (text === '') return null;
+    try {
+      return { line, value: JSON.parse(text) as unknown };
+    } catch {
+      throw new AppError(400, 'malformed_json', `line ${line} is not valid JSON`, { line });
+    }
+  };
+  for await (const chunk of source) {
+    const buf = typeof chunk === 'string' ? Buffer.from(chunk, 'utf8') : chunk;
+    total += buf.length;
+    if (total > limitBytes) {
+      throw new AppError(413, 'body_too_large', `the import exceeds ${limitBytes} bytes`, {
+        limit: limitBytes,
+      });
+    }
+    let start = 0;
+    for (let nl = buf.indexOf(10, start); nl !== -1; nl = buf.indexOf(10, start)) {
+      const part = buf.subarray(start, nl);
+      const whole = pending.length > 0 ? Buffer.concat([...pending, part]) : part;
+      pending = [];
+      const v = emit(whole);
+      if (v) yield v;
+      start = nl + 1;
+    }
+    if (start < buf.length) pending.push(buf.subarray(start));
+  }
+  if (pending.length > 0) {
+    const v = emit(Buffer.concat(pending));
+    if (v) yield v;
+  }
+}

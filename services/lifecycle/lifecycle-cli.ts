@@ -1,0 +1,187 @@
+import { createReadStream, createWriteStream } from 'node:fs';
+import type { Writable } from 'node:stream';
+import type { Command } from 'commander';
+import { migrate } from '../../db/migrate.js';
+import { findTenant } from '../../db/queries/tenants.js';
+import type { AfterArchive } from '../../workers/ingest.js';
+import { drainSession } from '../../workers/ingest.js';
+import { loadConfig } from '../config.js';
+import type { CoreDeps } from '../deps.js';
+import { AppError } from '../errors.js';
+import type { Extension, ExtensionFactory } from '../extension.js';
+import { makeLogger } from '../logger.js';
+import { assertSessionId } from '../messages/message-input.js';
+import { waitForRedis } from '../redis.js';
+import { closeDeps, openDeps } from '../runtime.js';
+import { importAgenvoySessions } from './agenvoy-migrate.js';
+import type { AgenvoySessionReport } from './agenvoy-migrate.js';
+import { openSessionExport } from './export-session.js';
+import { parseImportLines, readJsonLines } from './import-input.js';
+import { importSession } from './import-session.js';
+import { eraseTenant } from './tenant-erasure.js';
+
+/**
+ * CLI commands of the lifecycle module (SPEC §5): `tenant delete`, `import agenvoy`, `import jsonl`,
+ * `export`. Imports are archived in this process (the same drain as the ingest worker, with every
+ * module's post-archive hooks), so they are durable when the command returns, worker or not.
+ */
+
+const print = (s: string) => process.stdout.write(`${s}\n`);
+
+interface Runtime {
+  deps: CoreDeps;
+  extensions: Extension[];
+}
+
+async function withRuntime<T>(
+  factories: ExtensionFactory[] | null,
+  fn: (rt: Runtime) => Promise<T>,
+): Promise<T> {
+  const config = loadConfig(process.env);
+  // Progress goes to stdout; logs only when asked for.
+  const logger = makeLogger(process.env.LOG_LEVEL ? config.logLevel : 'warn');
+  const deps = await openDeps(config, logger, { poolSize: 4 });
+  const extensions: Extension[] = [];
+  try {
+    await migrate(deps.db);
+    if (!(await waitForRedis(deps.redis, 5000))) throw new Error(`cannot reach Redis at ${config.redisUrl}`);
+    for (const f of factories ?? []) extensions.push(await f(deps, extensions));
+    return await fn({ deps, extensions });
+  } finally {
+    for (const e of extensions.reverse()) await e.close?.().catch(() => undefined);
+    await closeDeps(deps).catch(() => undefined);
+  }
+}
+
+async function tenantIdOf(deps: CoreDeps, idOrName: string): Promise<string> {
+  const t = await findTenant(deps.db, idOrName);
+  if (!t) throw new AppError(404, 'not_found', `no tenant "${idOrName}"`);
+  return t.id;
+}
+
+/** Archives what an import queued, here and now (any running worker may help; they serialise). */
+export async function drainNow(
+  deps: CoreDeps,
+  extensions: readonly Extension[],
+  tenantId: string,
+  sessionId: string,
+) {
+  const hooks = extensions.flatMap((e) => (e.afterArchive ? [e.afterArchive] : []));
+  const after: AfterArchive = async (a) => {
+    for (const h of hooks) await h(a);
+  };
+  for (;;) {
+    const r = await drainSession(deps, tenantId, sessionId, after);
+    if (!r.more) return;
+  }
+}
+
+async function writeAll(out: Writable, lines: AsyncIterable<string>): Promise<number> {
+  let n = 0;
+  for await (const line of lines) {
+    n++;
+    if (!out.write(line)) await new Promise<void>((resolve) => out.once('drain', () => resolve()));
+  }
+  return n;
+}
+
+function describe(r: AgenvoySessionReport): string {
+  const parts = [
+    `${r.session_id}: ${r.status}`,
+    `${r.imported} messages (${r.from_history_json} from history.json, ${r.from_history_db} only in history.db, ${r.duplicates_merged} duplicates merged, ${r.messages_skipped} skipped)`,
+  ];
+  if (r.first_seq !== null) parts.push(`seq ${r.first_seq}-${r.last_seq}`);
+  parts.push(
+    r.summary
+      ? `summary restored (cursor_seq ${r.summary.cursor_seq ?? 'set by the next summary job'})`
+      : 'no summary',
+  );
+  return [parts.join(', '), ...r.notes.map((n) => `    note: ${n}`)].join('\n');
+}
+
+export function addLifecycleCommands(program: Command, tenant: Command, factories: ExtensionFactory[]): void {
+  tenant
+    .command('delete <id|name>')
+    .description('erase a tenant and all its data (Postgres and Redis); its keys stop working at once')
+    .action((idOrName: string) =>
+      withRuntime(factories, async ({ deps, extensions }) => {
+        const id = await tenantIdOf(deps, idOrName);
+        await eraseTenant(deps, () => extensions, id);
+        print(`erased tenant ${id}`);
+      }),
+    );
+
+  const imp = program.command('import').description('import past conversations into empty sessions');
+  imp
+    .command('agenvoy <sessions_dir>')
+    .description(
+      "import Agenvoy sessions: each directory's history.json, summary.json, summary cursor, and the archived messages of .store/history.db",
+    )
+    .requiredOption('--tenant <id|name>', 'tenant id or name')
+    .option('--tz <zone>', 'time zone of the naive timestamps (default: TZ)')
+    .option('--session <id...>', 'only these session directories')
+    .option('--json', 'print the report as JSON')
+    .action((dir: string, o: { tenant: string; tz?: string; session?: string[]; json?: boolean }) =>
+      withRuntime(factories, async ({ deps, extensions }) => {
+        const tenantId = await tenantIdOf(deps, o.tenant);
+        const report = await importAgenvoySessions(deps, tenantId, dir, {
+          ...(o.tz ? { timeZone: o.tz } : {}),
+          ...(o.session ? { only: o.session } : {}),
+        });
+        for (const s of report.sessions)
+          if (s.status === 'imported') await drainNow(deps, extensions, tenantId, s.session_id);
+        if (o.json) {
+          print(JSON.stringify(report));
+        } else {
+          print(`history.db: ${report.historyDb ?? 'not found'}`);
+          for (const s of report.sessions) print(describe(s));
+          for (const d of report.invalidDirs) print(`${d}: skipped (not a valid session id)`);
+          const done = report.sessions.filter((s) => s.status === 'imported');
+          print(
+            `imported ${done.length} of ${report.sessions.length} sessions, ${done.reduce((a, s) => a + s.imported, 0)} messages`,
+          );
+        }
+        if (report.sessions.some((s) => s.status === 'failed')) process.exitCode = 1;
+      }),
+    );
+  imp
+    .command('jsonl <file>')
+    .description('import a JSON Lines export (message lines, optional summary line) into an empty session')
+    .requiredOption('--tenant <id|name>', 'tenant id or name')
+    .requiredOption('--session <id>', 'target session id')
+    .action((file: string, o: { tenant: string; session: string }) =>
+      withRuntime(factories, async ({ deps, extensions }) => {
+        const sid = assertSessionId(o.session);
+        const tenantId = await tenantIdOf(deps, o.tenant);
+        const input = await parseImportLines(readJsonLines(createReadStream(file)), deps.config.timeZone);
+        const outcome = await importSession(deps, tenantId, sid, input);
+        await drainNow(deps, extensions, tenantId, sid);
+        print(
+          `${sid}: imported ${outcome.imported} messages${outcome.first_seq !== null ? ` (seq ${outcome.first_seq}-${outcome.last_seq})` : ''}${outcome.summary ? ', summary restored' : ''}`,
+        );
+      }),
+    );
+
+  program
+    .command('export <session>')
+    .description('write a session as JSON Lines (messages, then the summary) to stdout or --out')
+    .requiredOption('--tenant <id|name>', 'tenant id or name')
+    .option('--out <file>', 'write to this file instead of stdout')
+    .action((session: string, o: { tenant: string; out?: string }) =>
+      withRuntime(null, async ({ deps }) => {
+        const sid = assertSessionId(session);
+        const lines = await openSessionExport(deps.db, await tenantIdOf(deps, o.tenant), sid);
+        if (!lines) throw new AppError(404, 'not_found', `no session "${sid}" for this tenant`);
+        if (!o.out) {
+          await writeAll(process.stdout, lines);
+          return;
+        }
+        const out = createWriteStream(o.out);
+        const n = await writeAll(out, lines);
+        await new Promise<void>((resolve, reject) =>
+          out.end((err?: Error | null) => (err ? reject(err) : resolve())),
+        );
+        process.stderr.write(`wrote ${n} lines to ${o.out}\n`);
+      }),
+    );
+}

@@ -1,0 +1,48 @@
+import type { Extension, ExtensionFactory } from '../extension.js';
+import { lifecycleRoutesMeta, makeLifecycleRoutes } from '../routes/lifecycle-routes.js';
+import { reconcileGenerations } from './session-lifecycle.js';
+import { TEMP_REAPER_EVERY_MS, reapTempSessions } from './temp-reaper.js';
+import { eraseTenant } from './tenant-erasure.js';
+
+const RECONCILE_EVERY_MS = 60_000;
+
+/**
+ * Session lifecycle: reset, delete, export, import (routes), the temp reaper and the generation
+ * reconciler (maintenance tasks), and tenant erasure (offered to the admin API as
+ * `provides.eraseTenant`). It purges through every other module's purgeSession/purgeTenant hooks,
+ * so it is listed last in services/extensions.ts; the list it reads is the process's live one.
+ */
+export const lifecycleExtension: ExtensionFactory = async (deps, opened): Promise<Extension> => {
+  const extensions = () => opened;
+  return {
+    name: 'lifecycle',
+    routes: [
+      {
+        prefix: '/v1/sessions',
+        router: makeLifecycleRoutes(deps, { extensions }),
+        meta: lifecycleRoutesMeta,
+      },
+    ],
+    maintenance: {
+      'temp-reaper': () => reapTempSessions(deps, extensions),
+      'lifecycle-reconcile': () => reconcileGenerations(deps, extensions),
+    },
+    async schedule() {
+      // A worker (re)starting after a crash finishes interrupted resets/deletes at once.
+      void reconcileGenerations(deps, extensions).catch((err: unknown) =>
+        deps.logger.warn({ err: { message: (err as Error).message } }, 'generation reconcile failed'),
+      );
+      await deps.queues.maintenance.upsertJobScheduler(
+        'temp-reaper',
+        { every: TEMP_REAPER_EVERY_MS },
+        { name: 'temp-reaper', data: { v: 1, kind: 'temp-reaper' } },
+      );
+      await deps.queues.maintenance.upsertJobScheduler(
+        'lifecycle-reconcile',
+        { every: RECONCILE_EVERY_MS },
+        { name: 'lifecycle-reconcile', data: { v: 1, kind: 'lifecycle-reconcile' } },
+      );
+    },
+    provides: { eraseTenant: (tenantId: string) => eraseTenant(deps, extensions, tenantId) },
+  };
+};

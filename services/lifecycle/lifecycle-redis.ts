@@ -1,0 +1,135 @@
+import type { InboxKeys } from '../messages/inbox.js';
+import type { Redis } from '../redis.js';
+
+/**
+ * The Redis side of reset/delete and import, beside the inbox scripts of services/messages/inbox.ts
+ * (same keys, same entry format "<seq> <gen> <json>").
+ */
+
+/** Dead-lettered (unreadable) inbox entries of a session; the name is the one inbox.ts writes. */
+export const deadLetterKey = (prefix: string, tenantId: string, sessionId: string) =>
+  `${prefix}:dead:${tenantId}:${sessionId}`;
+
+// Moves a session's Redis state to a newer generation: drops the pending inbox, the idempotency
+// ids and the dead letters of the older one. A compare-and-set, so it is safe to repeat at any time
+// (by a retried request or the reconciler): it never touches a state that already holds the target
+// generation (whose inbox may hold new messages). Returns {cleared, highest seq handed out so far}.
+// KEYS: sess, inbox, ids, armed, dead. ARGV: target generation, armed member.
+const CLEAR_TO = `
+local cur = redis.call('HGET', KEYS[1], 'gen')
+if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, ''} end
+local top = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+local tail = redis.call('LINDEX', KEYS[2], -1)
+if tail then
+  local t = tonumber(string.match(tail, '^(%d+) '))
+  if t and t > top then top = t end
+end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[5])
+if cur then redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '0') end
+redis.call('ZREM', KEYS[4], ARGV[2])
+return {1, tostring(top)}
+`;
+
+// Publishes a staged import as the session's inbox in one step, but only into an empty inbox of
+// the expected generation whose counter has not moved since the entries were numbered: then the
+// inbox is exactly the staged list, in seq order, and the counter continues after it.
+// KEYS: sess, inbox, ids, armed, staged list, staged ids.
+// ARGV: now ms, armed member, ids ttl s, expected gen, expected seq, count, new seq (expected + count).
+const PUBLISH_IMPORT = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'SEED'} end
+if redis.call('LLEN', KEYS[2]) > 0 then return {'BUSY'} end
+if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[4] then return {'GEN'} end
+if redis.call('HGET', KEYS[1], 'seq') ~= ARGV[5] then return {'MOVED'} end
+local n = tonumber(ARGV[6])
+if redis.call('LLEN', KEYS[5]) ~= n then return {'LOST'} end
+redis.call('RENAME', KEYS[5], KEYS[2])
+redis.call('PERSIST', KEYS[2])
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('RENAME', KEYS[6], KEYS[3])
+  else
+    local kv = redis.call('HGETALL', KEYS[6])
+    for i = 1, #kv, 2 do redis.call('HSET', KEYS[3], kv[i], kv[i + 1]) end
+    redis.call('DEL', KEYS[6])
+  end
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+end
+redis.call('HSET', KEYS[1], 'seq', ARGV[7])
+local wake = 0
+if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
+  redis.call('HSET', KEYS[1], 'armed', '1')
+  redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
+  wake = 1
+end
+return {'OK', wake}
+`;
+
+type Scripted = Redis & {
+  mnemosLifecycleClear?: (...args: Array<string | number>) => Promise<[number, string]>;
+  mnemosLifecyclePublish?: (...args: Array<string | number>) => Promise<Array<string | number>>;
+};
+
+function scripted(redis: Redis): Required<Pick<Scripted, 'mnemosLifecycleClear' | 'mnemosLifecyclePublish'>> {
+  const r = redis as Scripted;
+  if (typeof r.mnemosLifecycleClear !== 'function') {
+    redis.defineCommand('mnemosLifecycleClear', { numberOfKeys: 5, lua: CLEAR_TO });
+    redis.defineCommand('mnemosLifecyclePublish', { numberOfKeys: 6, lua: PUBLISH_IMPORT });
+  }
+  return r as Required<Pick<Scripted, 'mnemosLifecycleClear' | 'mnemosLifecyclePublish'>>;
+}
+
+export interface ClearResult {
+  cleared: boolean;
+  /** Highest seq handed out before the clear (null when nothing was cleared or nothing known). */
+  topSeq: number | null;
+}
+
+export async function clearToGeneration(
+  redis: Redis,
+  keys: InboxKeys,
+  deadKey: string,
+  generation: number,
+): Promise<ClearResult> {
+  const [cleared, top] = await scripted(redis).mnemosLifecycleClear(
+    keys.sess,
+    keys.inbox,
+    keys.ids,
+    keys.armed,
+    deadKey,
+    generation,
+    keys.member,
+  );
+  const topSeq = top === '' ? null : Number(top);
+  return {
+    cleared: Number(cleared) === 1,
+    topSeq: topSeq !== null && Number.isFinite(topSeq) && topSeq > 0 ? topSeq : null,
+  };
+}
+
+export type PublishResult =
+  { kind: 'ok'; wake: boolean } | { kind: 'seed' | 'busy' | 'gen' | 'moved' | 'lost' };
+
+export async function publishStagedImport(
+  redis: Redis,
+  keys: InboxKeys,
+  staged: { list: string; ids: string },
+  a: { generation: number; baseSeq: string; count: number; idsTtlSeconds: number },
+): Promise<PublishResult> {
+  const r = await scripted(redis).mnemosLifecyclePublish(
+    keys.sess,
+    keys.inbox,
+    keys.ids,
+    keys.armed,
+    staged.list,
+    staged.ids,
+    Date.now(),
+    keys.member,
+    a.idsTtlSeconds,
+    String(a.generation),
+    a.baseSeq,
+    a.count,
+    String(BigInt(a.baseSeq) + BigInt(a.count)),
+  );
+  if (r[0] === 'OK') return { kind: 'ok', wake: Number(r[1]) === 1 };
+  return { kind: String(r[0]).toLowerCase() as 'seed' | 'busy' | 'gen' | 'moved' | 'lost' };
+}

@@ -1,0 +1,59 @@
+import type { Queue } from 'bullmq';
+import type { QueueRegistry } from '../../workers/queues.js';
+import { QUEUE_NAMES } from '../../workers/queues.js';
+
+/**
+ * Removing queued jobs of a deleted session or an erased tenant. Job payloads carry ids only
+ * (message bodies live in the session inbox), and every processor re-checks the session's
+ * generation, so a job that escapes this is harmless; removing them keeps Redis free of the ids.
+ * Active (locked) jobs cannot be removed: they finish against the new state and are dropped.
+ */
+
+// (A paused queue keeps its jobs in the wait list.)
+const STATES = ['waiting', 'prioritized', 'delayed', 'waiting-children', 'failed', 'completed'] as const;
+const PAGE = 1000;
+
+type Match = (data: Record<string, unknown>) => boolean;
+
+async function matchingIds(queue: Queue, match: Match, maxPerState: number): Promise<string[]> {
+  const ids: string[] = [];
+  for (const state of STATES) {
+    for (let start = 0; start < maxPerState; start += PAGE) {
+      const end = Math.min(start + PAGE, maxPerState) - 1;
+      const jobs = await queue.getJobs([state], start, end, true);
+      for (const j of jobs) {
+        if (j?.id && j.data && typeof j.data === 'object' && match(j.data as Record<string, unknown>))
+          ids.push(j.id);
+      }
+      if (jobs.length < end - start + 1) break;
+    }
+  }
+  return ids;
+}
+
+/** Returns how many jobs were removed. `maxPerState` bounds the scan of each queue state. */
+export async function removeQueuedJobs(
+  queues: QueueRegistry,
+  match: Match,
+  maxPerState: number,
+): Promise<number> {
+  let removed = 0;
+  for (const name of QUEUE_NAMES) {
+    const queue = queues[name] as unknown as Queue;
+    // Collect first, remove after: removing while paging would shift the pages.
+    for (const id of await matchingIds(queue, match, maxPerState)) {
+      removed += (await queue.remove(id).catch(() => 0)) === 1 ? 1 : 0;
+    }
+  }
+  return removed;
+}
+
+export const sessionJobs =
+  (tenantId: string, sessionId: string): Match =>
+  (d) =>
+    d.tenantId === tenantId && d.sessionId === sessionId;
+
+export const tenantJobs =
+  (tenantId: string): Match =>
+  (d) =>
+    d.tenantId === tenantId;

@@ -1,0 +1,170 @@
+import { withTransaction } from '../../db/pool.js';
+import type { Queryable } from '../../db/pool.js';
+import {
+  deleteSessionMessages,
+  deleteSessionSummary,
+  deleteSessionSummaryLease,
+  deleteSessionVectorRows,
+  detachSessionUsage,
+  hasWrittenSummary,
+  markSessionCleared,
+  recordRedisCaughtUp,
+  sessionsBehindInRedis,
+} from '../../db/queries/lifecycle.js';
+import { lockSession } from '../../db/queries/sessions.js';
+import type { SessionRow } from '../../db/queries/sessions.js';
+import type { CoreDeps } from '../deps.js';
+import type { Extension } from '../extension.js';
+import { inboxKeys } from '../messages/inbox.js';
+import { clearToGeneration, deadLetterKey } from './lifecycle-redis.js';
+import { removeQueuedJobs, sessionJobs } from './queued-jobs.js';
+
+/**
+ * Reset and delete (SPEC §4, invariant 9). One Postgres transaction holds the session row lock
+ * (the lock every ingest drain takes), bumps `generation` and removes the rows; after the commit
+ * the session's Redis state moves to the new generation. A drain racing this either committed
+ * before (its rows are deleted here) or runs after (its entries carry the old generation and are
+ * dropped), so nothing of the old generation can come back. Every later step is idempotent and
+ * repeated by the reconciler if the process dies in between.
+ */
+
+export type LifecycleDeps = Pick<CoreDeps, 'db' | 'redis' | 'config' | 'queues' | 'logger'>;
+/** The process's extensions, read when needed (their purge hooks). */
+export type ExtensionList = () => readonly Extension[];
+
+export type ClearMode = { kind: 'reset'; keepSummary: boolean } | { kind: 'delete' };
+
+export interface ClearOptions {
+  /** Re-checked under the row lock; false = leave the session alone (the reaper's idle test). */
+  guard?: (row: SessionRow, tx: Queryable) => Promise<boolean>;
+  /** Upper bound of queued jobs scanned per queue state (0 = skip; they are harmless anyway). */
+  jobScan?: number;
+}
+
+export type ClearOutcome =
+  | { kind: 'done'; generation: number; summaryKept: boolean; messagesRemoved: number }
+  | { kind: 'not_found' }
+  | { kind: 'skipped' };
+
+export const DEFAULT_JOB_SCAN = 500;
+
+export async function clearSession(
+  deps: LifecycleDeps,
+  extensions: ExtensionList,
+  tenantId: string,
+  sessionId: string,
+  mode: ClearMode,
+  opts: ClearOptions = {},
+): Promise<ClearOutcome> {
+  const dropSummary = mode.kind === 'delete' || !mode.keepSummary;
+  const r = await withTransaction(deps.db, async (tx) => {
+    const row = await lockSession(tx, tenantId, sessionId);
+    if (!row) return { kind: 'not_found' as const };
+    // A tombstone is gone for the client: its Redis step is only re-run below (a retried DELETE
+    // finishes what a failed one left). Unless messages posted since wait in its inbox: they
+    // would bring it back, so it is cleared like a live session.
+    if (
+      row.deleted_at &&
+      (await deps.redis.llen(inboxKeys(deps.config.prefix, tenantId, sessionId).inbox)) === 0
+    ) {
+      return { kind: 'tombstone' as const, generation: row.generation };
+    }
+    if (opts.guard && !(await opts.guard(row, tx))) return { kind: 'skipped' as const };
+    const generation = row.generation + 1;
+    const messagesRemoved = await deleteSessionMessages(tx, tenantId, sessionId);
+    await deleteSessionVectorRows(tx, tenantId, sessionId);
+    if (dropSummary) await deleteSessionSummary(tx, tenantId, sessionId);
+    if (mode.kind === 'delete') {
+      await deleteSessionSummaryLease(tx, tenantId, sessionId);
+      await detachSessionUsage(tx, tenantId, sessionId);
+    }
+    const summaryKept = !dropSummary && (await hasWrittenSummary(tx, tenantId, sessionId));
+    await markSessionCleared(tx, { tenantId, sessionId, generation, deleted: mode.kind === 'delete' });
+    return { kind: 'done' as const, generation, summaryKept, messagesRemoved };
+  });
+  if (r.kind === 'not_found' || r.kind === 'skipped') return r;
+
+  await syncRedisGeneration(deps, tenantId, sessionId, r.generation);
+  if (mode.kind === 'delete' || dropSummary || r.kind === 'tombstone') {
+    await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
+  }
+  const scan = opts.jobScan ?? (mode.kind === 'delete' ? DEFAULT_JOB_SCAN : 0);
+  if (scan > 0) {
+    await removeQueuedJobs(deps.queues, sessionJobs(tenantId, sessionId), scan).catch((err: unknown) =>
+      deps.logger.warn(
+        { err: { message: (err as Error).message } },
+        'could not remove queued jobs of a deleted session',
+      ),
+    );
+  }
+  return r.kind === 'tombstone' ? { kind: 'not_found' } : r;
+}
+
+/**
+ * Moves the session's Redis state to `generation` (compare-and-set: repeatable), keeps the seq
+ * numbers it had handed out from ever being reused, and records that Redis caught up.
+ */
+export async function syncRedisGeneration(
+  deps: Pick<LifecycleDeps, 'db' | 'redis' | 'config'>,
+  tenantId: string,
+  sessionId: string,
+  generation: number,
+): Promise<boolean> {
+  const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
+  const dead = deadLetterKey(deps.config.prefix, tenantId, sessionId);
+  const c = await clearToGeneration(deps.redis, keys, dead, generation);
+  await recordRedisCaughtUp(deps.db, {
+    tenantId,
+    sessionId,
+    generation,
+    nextSeq: c.cleared && c.topSeq !== null ? c.topSeq + 1 : null,
+  });
+  return c.cleared;
+}
+
+/** Every module's per-session state (caches, indexes): after delete, or when the summary went. */
+export async function purgeSessionEverywhere(
+  deps: Pick<LifecycleDeps, 'logger'>,
+  extensions: ExtensionList,
+  tenantId: string,
+  sessionId: string,
+): Promise<void> {
+  const failures: string[] = [];
+  for (const e of extensions()) {
+    if (!e.purgeSession) continue;
+    try {
+      await e.purgeSession(tenantId, sessionId);
+    } catch (err) {
+      failures.push(e.name);
+      deps.logger.warn({ module: e.name, err: { message: (err as Error).message } }, 'purgeSession failed');
+    }
+  }
+  if (failures.length > 0) throw new Error(`purge failed in: ${failures.join(', ')}`);
+}
+
+/**
+ * Finishes resets and deletes whose Redis step did not happen (crash, Redis outage): without this
+ * the session's new messages would be stamped with the old generation and dropped.
+ */
+export async function reconcileGenerations(
+  deps: LifecycleDeps,
+  extensions: ExtensionList,
+  limit = 500,
+): Promise<{ reconciled: number }> {
+  let reconciled = 0;
+  for (const s of await sessionsBehindInRedis(deps.db, limit)) {
+    try {
+      // Only when this run did the clear: otherwise the session may already hold new data.
+      if (await syncRedisGeneration(deps, s.tenant_id, s.id, s.generation)) {
+        await purgeSessionEverywhere(deps, extensions, s.tenant_id, s.id);
+      }
+      reconciled++;
+    } catch (err) {
+      deps.logger.warn(
+        { err: { message: (err as Error).message } },
+        'could not reconcile a session generation',
+      );
+    }
+  }
+  return { reconciled };
+}

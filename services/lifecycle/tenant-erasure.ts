@@ -1,0 +1,119 @@
+import { withTransaction } from '../../db/pool.js';
+import { deleteTenant, deleteTenantBatch, getTenantById } from '../../db/queries/lifecycle.js';
+import { revokeTenantKeys } from '../../db/queries/tenants.js';
+import { KEY_CACHE_MS } from '../tenants.js';
+import type { Redis } from '../redis.js';
+import { removeQueuedJobs, tenantJobs } from './queued-jobs.js';
+import type { ExtensionList, LifecycleDeps } from './session-lifecycle.js';
+
+/**
+ * Tenant erasure (DELETE /v1/admin/tenants/{id}, `mnemos tenant delete`): everything of the tenant,
+ * in an order that can be re-run after any failure, because the tenants row goes last:
+ *   1. revoke every key and wait out the API processes' key cache (KEY_CACHE_MS, 5 s), so no new
+ *      request of the tenant is authenticated;
+ *   2. each module's purgeTenant (error memory, caches);
+ *   3. queued jobs whose payload names the tenant;
+ *   4. every Redis key in the tenant's namespace, and its members of shared sets;
+ *   5. Postgres: bulk tables in batches, then the tenants row (the rest cascades);
+ *   6. the Redis sweep again, for anything an in-flight request wrote meanwhile.
+ */
+
+const DELETE_BATCH = 5000;
+// Tenant ids as services/tenants.ts makes them, standing as a token of a key name.
+const TENANT_ID = /^t_[a-z2-7]{16}$/;
+const TENANT_TOKEN = /(?<=[:-])t_[a-z2-7]{16}(?=[:-]|$)/;
+
+const globEscape = (s: string) => s.replace(/[*?[\]\\]/g, (c) => `\\${c}`);
+
+/**
+ * True when `key` belongs to `tenantId`: the first tenant id in the name (after the prefix) is
+ * this one. Session ids may hold `:` and text that looks like another tenant's id, but the owner's
+ * id always comes before the session id (`<prefix>:<kind>:<tenant>:<sid>…`).
+ */
+export function keyBelongsTo(key: string, prefix: string, tenantId: string): boolean {
+  if (!key.startsWith(`${prefix}:`)) return false;
+  const rest = key.slice(prefix.length);
+  if (TENANT_ID.test(tenantId)) return TENANT_TOKEN.exec(rest)?.[0] === tenantId;
+  const segments = rest.split(':');
+  return segments[2] === tenantId || segments[3] === tenantId;
+}
+
+export async function sweepTenantRedis(redis: Redis, prefix: string, tenantId: string): Promise<number> {
+  let removed = 0;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(
+      cursor,
+      'MATCH',
+      `${globEscape(prefix)}:*${globEscape(tenantId)}*`,
+      'COUNT',
+      1000,
+    );
+    cursor = next;
+    const mine = keys.filter((k) => keyBelongsTo(k, prefix, tenantId));
+    if (mine.length > 0) removed += await redis.unlink(...mine);
+  } while (cursor !== '0');
+  // Shared structures that name the tenant in members: the ingest sweeper's armed set and the
+  // error-memory tenant registry.
+  const armed = `${prefix}:armed`;
+  cursor = '0';
+  do {
+    const [next, flat] = await redis.zscan(
+      armed,
+      cursor,
+      'MATCH',
+      `${globEscape(tenantId)} *`,
+      'COUNT',
+      1000,
+    );
+    cursor = next;
+    const members = flat.filter((_, i) => i % 2 === 0);
+    if (members.length > 0) removed += await redis.zrem(armed, ...members);
+  } while (cursor !== '0');
+  removed += await redis.srem(`${prefix}:err:tenants`, tenantId);
+  return removed;
+}
+
+export async function eraseTenant(
+  deps: LifecycleDeps,
+  extensions: ExtensionList,
+  tenantId: string,
+  opts: { revocationGraceMs?: number } = {},
+): Promise<boolean> {
+  const tenant = await getTenantById(deps.db, tenantId);
+  if (!tenant) return false;
+  const log = deps.logger.child({ tenantId });
+  await revokeTenantKeys(deps.db, tenantId);
+  // API processes trust a verified key for KEY_CACHE_MS: wait that out, so no request of the
+  // tenant can start writing after the purge below.
+  await new Promise((r) => setTimeout(r, opts.revocationGraceMs ?? KEY_CACHE_MS + 250));
+
+  const failures: string[] = [];
+  for (const e of extensions()) {
+    if (!e.purgeTenant) continue;
+    try {
+      await e.purgeTenant(tenantId);
+    } catch (err) {
+      failures.push(e.name);
+      log.warn({ module: e.name, err: { message: (err as Error).message } }, 'purgeTenant failed');
+    }
+  }
+  // The tenants row stays until every module has purged, so a retried erasure can finish.
+  if (failures.length > 0) throw new Error(`tenant purge failed in: ${failures.join(', ')}`);
+
+  const jobs = await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
+  const keys = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
+
+  let rows = 0;
+  for (const table of ['message_vectors', 'message_vector_skips', 'messages', 'llm_usage'] as const) {
+    for (;;) {
+      const n = await deleteTenantBatch(deps.db, table, tenantId, DELETE_BATCH);
+      rows += n;
+      if (n < DELETE_BATCH) break;
+    }
+  }
+  await withTransaction(deps.db, (tx) => deleteTenant(tx, tenantId));
+  const late = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
+  log.info({ jobs, redisKeys: keys + late, bulkRows: rows }, 'tenant erased');
+  return true;
+}

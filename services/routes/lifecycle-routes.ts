@@ -1,0 +1,144 @@
+import { Router } from 'express';
+import type { Response } from 'express';
+import { z } from 'zod';
+import type { CoreDeps } from '../deps.js';
+import { AppError, notFound } from '../errors.js';
+import { openSessionExport } from '../lifecycle/export-session.js';
+import {
+  MAX_IMPORT_BYTES,
+  parseImportJson,
+  parseImportLines,
+  readJsonLines,
+} from '../lifecycle/import-input.js';
+import type { ImportInput } from '../lifecycle/import-input.js';
+import { importSession } from '../lifecycle/import-session.js';
+import { clearSession } from '../lifecycle/session-lifecycle.js';
+import type { ExtensionList } from '../lifecycle/session-lifecycle.js';
+import { asDependencyError, waitArchived } from '../messages/accept-messages.js';
+import { assertSessionId, messageSchema } from '../messages/message-input.js';
+import type { RouteMeta } from '../openapi.js';
+import { parseInput } from '../validate.js';
+
+/** How long an import waits for its messages to be durable before answering 202 instead of 201. */
+const IMPORT_WAIT_MS = 60_000;
+const JSON_LINES = ['application/x-ndjson', 'application/jsonl'];
+
+const resetQuery = z.object({ keep_summary: z.enum(['true', 'false']).optional() }).strict();
+const importQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
+
+export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
+  'POST /:sid/reset': {
+    summary:
+      'Clear the archive, recent vectors, cutoff and pending messages; the summary and its cursor survive unless ?keep_summary=false (seq continues)',
+    query: resetQuery,
+  },
+  'DELETE /:sid': {
+    summary:
+      "Delete the session's messages, vectors, summary and queued work (Postgres and Redis); usage keeps its counts",
+    success: 204,
+  },
+  'GET /:sid/export': {
+    summary:
+      'The whole session as JSON Lines (application/x-ndjson): message lines in seq order, then the summary line',
+  },
+  'POST /:sid/import': {
+    summary:
+      'Import past messages (JSON Lines with an optional summary line, or {"messages":[...]}) into an empty session, archived in sent_at order; 201 once durable (202 with ?wait=false or on timeout)',
+    body: z.object({ messages: z.array(messageSchema) }),
+    query: importQuery,
+    success: 201,
+  },
+};
+
+async function drained(res: Response): Promise<void> {
+  await new Promise<void>((resolve) => {
+    const done = () => {
+      res.off('drain', done);
+      res.off('close', done);
+      resolve();
+    };
+    res.on('drain', done);
+    res.on('close', done);
+  });
+}
+
+export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: ExtensionList }): Router {
+  const router = Router();
+  const fail = (e: unknown) => {
+    throw asDependencyError(e);
+  };
+
+  router.post('/:sid/reset', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const q = parseInput(resetQuery, req.query, 'query');
+    const tenantId = res.locals.tenantId as string;
+    const keepSummary = q.keep_summary !== 'false';
+    const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'reset', keepSummary }).catch(
+      fail,
+    );
+    if (r.kind !== 'done') throw notFound('session');
+    res.json({ session_id: sid, reset: true, summary_kept: r.summaryKept });
+  });
+
+  router.delete('/:sid', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const tenantId = res.locals.tenantId as string;
+    const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'delete' }).catch(fail);
+    if (r.kind !== 'done') throw notFound('session');
+    res.status(204).end();
+  });
+
+  router.get('/:sid/export', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const tenantId = res.locals.tenantId as string;
+    const lines = await openSessionExport(deps.db, tenantId, sid).catch(fail);
+    if (!lines) throw notFound('session');
+    res.status(200);
+    res.setHeader('content-type', 'application/x-ndjson; charset=utf-8');
+    res.setHeader('content-disposition', `attachment; filename="${sid}.jsonl"`);
+    try {
+      for await (const line of lines) {
+        if (res.destroyed) break;
+        if (!res.write(line)) await drained(res);
+      }
+      if (!res.destroyed) res.end();
+    } catch (err) {
+      // Headers are out: a truncated body must not look complete, so the connection is cut.
+      deps.logger.warn({ err: { message: (err as Error).message } }, 'export failed midway');
+      res.destroy(err as Error);
+    }
+  });
+
+  router.post('/:sid/import', async (req, res) => {
+    const sid = assertSessionId(req.params.sid!);
+    const q = parseInput(importQuery, req.query, 'query');
+    const tenantId = res.locals.tenantId as string;
+    let input: ImportInput;
+    if (req.is(JSON_LINES)) {
+      const encoding = req.headers['content-encoding'];
+      if (encoding && encoding !== 'identity') {
+        throw new AppError(415, 'unsupported_encoding', 'send JSON Lines uncompressed');
+      }
+      try {
+        input = await parseImportLines(readJsonLines(req, MAX_IMPORT_BYTES), deps.config.timeZone);
+      } catch (err) {
+        // The rest of the body is not read: tell the client this connection is done.
+        if (!req.complete) res.setHeader('connection', 'close');
+        throw err;
+      }
+    } else {
+      input = parseImportJson(req.body, deps.config.timeZone);
+    }
+    const outcome = await importSession(deps, tenantId, sid, input);
+    let durable = true;
+    if (outcome.last_seq !== null) {
+      durable =
+        q.wait === 'false'
+          ? false
+          : await waitArchived(deps, tenantId, sid, outcome.last_seq, IMPORT_WAIT_MS);
+    }
+    res.status(durable ? 201 : 202).json(outcome);
+  });
+
+  return router;
+}

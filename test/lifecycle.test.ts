@@ -1,0 +1,857 @@
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { after, before, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
+import type { Queue } from 'bullmq';
+import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
+import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
+import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
+import { inboxKeys } from '../services/messages/inbox.js';
+import { QUEUE_NAMES } from '../workers/queues.js';
+import {
+  ADMIN_TOKEN,
+  REDIS_URL,
+  api,
+  deleteRedisPrefix,
+  eventually,
+  startTestService,
+} from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+
+type Msg = Record<string, unknown>;
+const user = (content: unknown, extra: Msg = {}): Msg => ({ role: 'user', content, ...extra });
+const assistant = (content: unknown, extra: Msg = {}): Msg => ({ role: 'assistant', content, ...extra });
+const sid = (what: string) => `${what}-${randomBytes(3).toString('hex')}`;
+
+const SUMMARY = {
+  key_decisions: ['Do: answer in English', "Don't: use tabs"],
+  past_discussions: [
+    { topic: 'deploys', description: 'moved to blue/green', direction: 'done', last_discussed: '2026-01-02' },
+  ],
+  current_discussion: {
+    topic: 'export',
+    description: 'JSON Lines',
+    perspectives: 'streamed',
+    direction: 'ship it',
+  },
+};
+
+let svc: TestService;
+let redis: Redis;
+
+async function archive(t: Api, session: string, messages: Msg[]): Promise<number[]> {
+  const r = await t.post(`/v1/sessions/${session}/messages?wait=true`, { messages });
+  assert.equal(r.status, 201, JSON.stringify(r.body));
+  return r.body.messages.map((m: { seq: number }) => m.seq);
+}
+
+async function listed(t: Api, session: string): Promise<any[] | null> {
+  const out: any[] = [];
+  let after: number | null = null;
+  for (;;) {
+    const r: { status: number; body: any } = await t.get(
+      `/v1/sessions/${session}/messages?limit=500${after === null ? '' : `&after_seq=${after}`}`,
+    );
+    if (r.status === 404) return null;
+    assert.equal(r.status, 200);
+    out.push(...r.body.messages);
+    if (r.body.next === null) return out;
+    after = r.body.next;
+  }
+}
+
+async function q<T = any>(sql: string, params: unknown[] = []): Promise<T[]> {
+  return (await svc.deps.db.query<T>(sql, params)).rows;
+}
+
+async function putSummary(tenantId: string, session: string, cursorSeq: number | null): Promise<void> {
+  await q(
+    `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version) VALUES ($1, $2, $3::jsonb, $4, 1)
+     ON CONFLICT (tenant_id, session_id) DO UPDATE SET summary = EXCLUDED.summary, cursor_seq = EXCLUDED.cursor_seq`,
+    [tenantId, session, JSON.stringify(SUMMARY), cursorSeq],
+  );
+}
+
+/** Rows of the session in every table that has (tenant_id, session_id), plus its sessions row. */
+async function sessionRows(tenantId: string, session: string): Promise<Record<string, number>> {
+  const tables = await q<{ table_name: string }>(
+    `SELECT c.table_name FROM information_schema.columns c
+     JOIN information_schema.columns t ON t.table_schema = c.table_schema AND t.table_name = c.table_name
+       AND t.column_name = 'tenant_id'
+     WHERE c.table_schema = 'public' AND c.column_name = 'session_id' ORDER BY 1`,
+  );
+  const out: Record<string, number> = {};
+  for (const { table_name } of tables) {
+    const [r] = await q<{ n: number }>(
+      `SELECT count(*)::int AS n FROM "${table_name}" WHERE tenant_id = $1 AND session_id = $2`,
+      [tenantId, session],
+    );
+    out[table_name] = r!.n;
+  }
+  return out;
+}
+
+async function allKeys(): Promise<string[]> {
+  const keys: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, batch] = await redis.scan(cursor, 'MATCH', `${svc.config.prefix}:*`, 'COUNT', 1000);
+    cursor = next;
+    keys.push(...batch);
+  } while (cursor !== '0');
+  return keys;
+}
+
+const sessionKeys = async (tenantId: string, session: string) =>
+  (await allKeys())
+    .filter((k) => k.endsWith(`:${tenantId}:${session}`) || k.includes(`:${tenantId}:${session}:`))
+    .sort();
+
+/** Until no ingest or embed work is queued or running and the session's inbox is empty. */
+async function settled(tenantId: string, session: string): Promise<void> {
+  const keys = inboxKeys(svc.config.prefix, tenantId, session);
+  await eventually(
+    async () => {
+      if ((await redis.llen(keys.inbox)) > 0) return false;
+      for (const name of ['ingest', 'embed', 'compact'] as const) {
+        const c = await (svc.deps.queues[name] as unknown as Queue).getJobCounts(
+          'active',
+          'waiting',
+          'delayed',
+          'prioritized',
+        );
+        if (Object.values(c).some((n) => n > 0)) return false;
+      }
+      return true;
+    },
+    30_000,
+    'ingest and embed queues to drain',
+  );
+}
+
+const lifecycle = () => svc.extensions;
+
+before(async () => {
+  svc = await startTestService({ env: { TZ: 'Asia/Taipei' } });
+  redis = new Redis(REDIS_URL);
+});
+
+after(async () => {
+  redis.disconnect();
+  await svc.stop();
+  await deleteRedisPrefix(svc.config.prefix);
+});
+
+void describe('reset', () => {
+  void test('clears messages, vectors, cutoff and pending work, keeps the summary and its cursor, and seq continues', async () => {
+    const t = await svc.newTenant();
+    const s = sid('chat');
+    await archive(t.api, s, [user('one'), assistant('two'), user('three'), assistant('four')]);
+    await eventually(async () => (await sessionRows(t.tenantId, s)).message_vectors === 4, 15_000, 'vectors');
+    await putSummary(t.tenantId, s, 4);
+    await q('UPDATE sessions SET start_seq = 3, start_at_ns = 1 WHERE tenant_id = $1 AND id = $2', [
+      t.tenantId,
+      s,
+    ]);
+
+    const r = await t.api.post(`/v1/sessions/${s}/reset`);
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.deepEqual(r.body, { session_id: s, reset: true, summary_kept: true });
+
+    assert.deepEqual(await listed(t.api, s), []);
+    const info = await t.api.get(`/v1/sessions/${s}`);
+    assert.equal(info.status, 200);
+    assert.equal(info.body.message_count, 0);
+    assert.equal(info.body.hot_bytes, 0);
+    assert.equal(info.body.start_seq, 0);
+    assert.equal(info.body.start_at, null);
+    assert.deepEqual(info.body.summary, { version: 1, cursor_seq: 4, status: 'ok' });
+    const rows = await sessionRows(t.tenantId, s);
+    assert.equal(rows.messages, 0);
+    assert.equal(rows.message_vectors, 0);
+    assert.equal(rows.summaries, 1);
+    const summary = await t.api.get(`/v1/sessions/${s}/summary`);
+    assert.equal(summary.status, 200);
+    assert.deepEqual(summary.body.summary, SUMMARY);
+
+    // Redis: no pending work or idempotency entries; the state hash moved to the new generation.
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
+    assert.deepEqual(await sessionKeys(t.tenantId, s), [keys.sess]);
+    assert.equal(await redis.hget(keys.sess, 'gen'), '2');
+
+    assert.deepEqual(await archive(t.api, s, [user('five')]), [5]);
+    const after = await listed(t.api, s);
+    assert.deepEqual(
+      after!.map((m) => [m.seq, m.content]),
+      [[5, 'five']],
+    );
+    // The summary still points before the new message, so the sweep summarises it next.
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).body.summary.cursor_seq, 4);
+  });
+
+  void test('?keep_summary=false clears the summary too', async () => {
+    const t = await svc.newTenant();
+    const s = sid('chat');
+    await archive(t.api, s, [user('one'), assistant('two')]);
+    await putSummary(t.tenantId, s, 2);
+    const r = await t.api.post(`/v1/sessions/${s}/reset?keep_summary=false`);
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body, { session_id: s, reset: true, summary_kept: false });
+    assert.equal((await t.api.get(`/v1/sessions/${s}/summary`)).status, 404);
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).body.summary, null);
+    assert.equal((await sessionRows(t.tenantId, s)).summaries, 0);
+    assert.equal((await t.api.post(`/v1/sessions/${s}/reset?keep_summary=maybe`)).status, 400);
+  });
+
+  void test('drops messages still waiting in the inbox (the worker is held back)', async () => {
+    const t = await svc.newTenant();
+    const s = sid('held');
+    await archive(t.api, s, [user('kept until reset')]);
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    try {
+      const r = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('pending a'), user('pending b')],
+      });
+      assert.equal(r.status, 202);
+      assert.deepEqual(
+        r.body.messages.map((m: { seq: number }) => m.seq),
+        [2, 3],
+      );
+      assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 2);
+      assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 200);
+      assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 0);
+    } finally {
+      await ingest.resume();
+    }
+    assert.deepEqual(await archive(t.api, s, [user('after')]), [4]);
+    await settled(t.tenantId, s);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
+      [[4, 'after']],
+    );
+  });
+});
+
+void describe('delete', () => {
+  void test('removes messages, vectors, summary, caches and queued payloads; usage keeps its counts without the id', async () => {
+    const t = await svc.newTenant();
+    const s = sid('gone');
+    const seqs = await archive(t.api, s, [user('secret one'), assistant('secret two'), user('secret three')]);
+    await eventually(async () => (await sessionRows(t.tenantId, s)).message_vectors === 3, 15_000, 'vectors');
+    await putSummary(t.tenantId, s, 3);
+    await q(
+      `INSERT INTO llm_usage (tenant_id, session_id, purpose, model, calls, input_tokens, output_tokens)
+       VALUES ($1, $2, 'summary', 'm', 2, 100, 20)`,
+      [t.tenantId, s],
+    );
+    const cache = `${svc.config.prefix}:ctxrel:${t.tenantId}:${s}`;
+    const dead = `${svc.config.prefix}:dead:${t.tenantId}:${s}`;
+    await redis.hset(cache, 'v1:abc', 'secret judgement');
+    await redis.rpush(dead, '9 1 {"secret":true}');
+
+    const r = await t.api.del(`/v1/sessions/${s}`);
+    assert.equal(r.status, 204);
+    assert.equal(r.text, '');
+
+    for (const path of [
+      `/v1/sessions/${s}`,
+      `/v1/sessions/${s}/messages`,
+      `/v1/sessions/${s}/export`,
+      `/v1/sessions/${s}/summary`,
+    ]) {
+      assert.equal((await t.api.get(path)).status, 404, path);
+    }
+    assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 404);
+    assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 404);
+    const listedSessions = await t.api.get('/v1/sessions');
+    assert.ok(!listedSessions.body.sessions.some((x: { id: string }) => x.id === s));
+
+    // Postgres: nothing in any session table but a content-free tombstone and the usage counts.
+    const rows = await sessionRows(t.tenantId, s);
+    for (const [table, n] of Object.entries(rows)) assert.equal(n, 0, `${table} still holds ${n} rows`);
+    const [tomb] = await q(
+      'SELECT generation, message_count, hot_bytes, deleted_at, last_message_at, next_seq FROM sessions WHERE tenant_id = $1 AND id = $2',
+      [t.tenantId, s],
+    );
+    assert.ok(tomb.deleted_at instanceof Date);
+    assert.equal(tomb.generation, 2);
+    assert.equal(tomb.message_count, 0);
+    assert.equal(tomb.hot_bytes, '0');
+    assert.equal(tomb.last_message_at, null);
+    const usage = await q('SELECT session_id, calls, input_tokens FROM llm_usage WHERE tenant_id = $1', [
+      t.tenantId,
+    ]);
+    assert.deepEqual(usage, [{ session_id: null, calls: 2, input_tokens: '100' }]);
+
+    // Redis: only the counter state remains, without any content.
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
+    assert.deepEqual(await sessionKeys(t.tenantId, s), [keys.sess]);
+    const state = await redis.hgetall(keys.sess);
+    assert.deepEqual(Object.keys(state).sort(), ['archived', 'armed', 'gen', 'seq']);
+    assert.equal(state.gen, '2');
+
+    // Writing again starts a new session after the old seqs (seq is never reused).
+    const again = await archive(t.api, s, [user('new life')]);
+    assert.ok(again[0]! > Math.max(...seqs));
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => m.content),
+      ['new life'],
+    );
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).body.summary, null);
+  });
+
+  void test('deleting a deleted session whose new messages still wait removes those too', async () => {
+    const t = await svc.newTenant();
+    const s = sid('again');
+    await archive(t.api, s, [user('first life')]);
+    assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 204);
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    try {
+      assert.equal(
+        (await t.api.post(`/v1/sessions/${s}/messages`, { messages: [user('second life')] })).status,
+        202,
+      );
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+      assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 204);
+    } finally {
+      await ingest.resume();
+    }
+    await settled(t.tenantId, s);
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+    assert.equal((await sessionRows(t.tenantId, s)).messages, 0);
+    assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 404);
+  });
+
+  void test('a delete racing queued ingest work: nothing of the old generation reappears', async () => {
+    // 3,000 messages per round: the delete lands while drains are committing batches of 500
+    // (measured: 0-500 archived and 2,500-3,000 still in the inbox at the moment of the delete).
+    const t = await svc.newTenant();
+    for (let round = 0; round < 3; round++) {
+      const s = sid('race');
+      const posts = await Promise.all(
+        Array.from({ length: 30 }, (_, i) =>
+          t.api.post(`/v1/sessions/${s}/messages`, {
+            messages: Array.from({ length: 100 }, (_, j) => user(`old ${round}/${i}/${j}`)),
+          }),
+        ),
+      );
+      assert.ok(posts.every((p) => p.status === 202));
+      const oldMax = Math.max(...posts.flatMap((p) => p.body.messages.map((m: { seq: number }) => m.seq)));
+      const del = await t.api.del(`/v1/sessions/${s}`);
+      assert.equal(del.status, 204);
+      await settled(t.tenantId, s);
+
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+      const rows = await sessionRows(t.tenantId, s);
+      for (const [table, n] of Object.entries(rows))
+        assert.equal(n, 0, `round ${round}: ${table} holds ${n} rows`);
+
+      const fresh = await archive(t.api, s, [user(`new ${round}`), assistant('ok')]);
+      assert.ok(fresh[0]! > oldMax, `round ${round}: seq ${fresh[0]} after ${oldMax}`);
+      await settled(t.tenantId, s);
+      const now = await listed(t.api, s);
+      assert.deepEqual(
+        now!.map((m) => m.content),
+        [`new ${round}`, 'ok'],
+      );
+      assert.equal((await sessionRows(t.tenantId, s)).messages, 2);
+    }
+  });
+
+  void test('a reset whose Redis step never ran is finished by the reconciler (new messages are kept)', async () => {
+    const t = await svc.newTenant();
+    const s = sid('crash');
+    await archive(t.api, s, [user('before')]);
+    // What a crash right after the reset's commit leaves: Postgres moved on, Redis did not.
+    await q(
+      `UPDATE sessions SET generation = generation + 1, message_count = 0, hot_bytes = 0 WHERE tenant_id = $1 AND id = $2`,
+      [t.tenantId, s],
+    );
+    await q('DELETE FROM messages WHERE tenant_id = $1 AND session_id = $2', [t.tenantId, s]);
+    const [behind] = await q(
+      'SELECT generation, redis_generation FROM sessions WHERE tenant_id = $1 AND id = $2',
+      [t.tenantId, s],
+    );
+    assert.deepEqual(behind, { generation: 2, redis_generation: 1 });
+
+    const r = await reconcileGenerations(svc.deps, lifecycle);
+    assert.ok(r.reconciled >= 1);
+    assert.equal(await redis.hget(inboxKeys(svc.config.prefix, t.tenantId, s).sess, 'gen'), '2');
+    const [caught] = await q('SELECT redis_generation FROM sessions WHERE tenant_id = $1 AND id = $2', [
+      t.tenantId,
+      s,
+    ]);
+    assert.equal(caught.redis_generation, 2);
+    const seqs = await archive(t.api, s, [user('after')]);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
+      [[seqs[0], 'after']],
+    );
+  });
+});
+
+void describe('export and import', () => {
+  const varied = (): Msg[] => [
+    { role: 'system', content: 'be brief', sent_at: '2026-01-02T03:04:05.123456789Z' },
+    user(
+      [
+        { type: 'text', text: 'look at this' },
+        { type: 'image_url', image_url: { url: 'https://x.test/a.png', detail: 'low' } },
+      ],
+      {
+        id: 'u-1',
+        sent_at: '2026-01-02T03:04:06Z',
+        metadata: { agent: 'a1', n: 1 },
+      },
+    ),
+    assistant(null, {
+      sent_at: '2026-01-02 11:04:07',
+      tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'ls', arguments: '{"path":"/"}' } }],
+    }),
+    { role: 'tool', tool_call_id: 'call_1', name: 'ls', content: 'bin etc', sent_at: '1767323048000000000' },
+    assistant('二十個字的中文回答', { id: 'a-2', sent_at: '2026-01-02T03:04:09Z' }),
+    user('no sent_at given'),
+  ];
+
+  void test('export streams JSON Lines and import into a new session gives identical messages and summary', async () => {
+    const t = await svc.newTenant();
+    const src = sid('src');
+    // A reset first, so the source seqs do not start at 1 and the cursor has to be mapped.
+    await archive(t.api, src, [user('dropped by reset'), user('also dropped')]);
+    assert.equal((await t.api.post(`/v1/sessions/${src}/reset`)).status, 200);
+    const seqs = await archive(t.api, src, varied());
+    assert.deepEqual(seqs, [3, 4, 5, 6, 7, 8]);
+    await putSummary(t.tenantId, src, 6);
+
+    const ex = await t.api.get(`/v1/sessions/${src}/export`);
+    assert.equal(ex.status, 200);
+    assert.match(ex.headers.get('content-type') ?? '', /^application\/x-ndjson/);
+    const lines = ex.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    assert.equal(lines.length, 7);
+    assert.deepEqual(
+      lines.map((l) => l.type),
+      ['message', 'message', 'message', 'message', 'message', 'message', 'summary'],
+    );
+    const original = (await listed(t.api, src))!;
+    assert.deepEqual(
+      lines.slice(0, 6).map(({ type: _t, ...m }) => m),
+      original,
+    );
+    assert.deepEqual(lines[6].summary, SUMMARY);
+    assert.equal(lines[6].cursor_seq, 6);
+
+    const dst = sid('dst');
+    const im = await t.api.post(`/v1/sessions/${dst}/import`, ex.text, {
+      'content-type': 'application/x-ndjson',
+    });
+    assert.equal(im.status, 201, JSON.stringify(im.body));
+    assert.deepEqual(im.body, {
+      session_id: dst,
+      imported: 6,
+      first_seq: 1,
+      last_seq: 6,
+      summary: { restored: true, version: 1, cursor_seq: 4 },
+    });
+    const copied = (await listed(t.api, dst))!;
+    const strip = (m: any) => {
+      const { seq: _s, ...rest } = m;
+      return rest;
+    };
+    assert.deepEqual(copied.map(strip), original.map(strip));
+    assert.deepEqual(
+      copied.map((m) => m.seq),
+      [1, 2, 3, 4, 5, 6],
+    );
+    const sum = await t.api.get(`/v1/sessions/${dst}/summary`);
+    assert.deepEqual(sum.body.summary, SUMMARY);
+    assert.equal(sum.body.cursor_seq, 4);
+
+    // A second round trip is byte-identical apart from seq numbers.
+    const again = await t.api.get(`/v1/sessions/${dst}/export`);
+    const norm = (text: string) =>
+      text
+        .trim()
+        .split('\n')
+        .map((l) => {
+          const { seq: _s, cursor_seq: _c, updated_at: _u, ...rest } = JSON.parse(l);
+          return rest;
+        });
+    assert.deepEqual(norm(again.text), norm(ex.text));
+
+    const twice = await t.api.post(`/v1/sessions/${dst}/import`, ex.text, {
+      'content-type': 'application/jsonl',
+    });
+    assert.equal(twice.status, 409);
+    assert.equal(twice.body.error.code, 'session_not_empty');
+  });
+
+  void test('import archives in sent_at order (stable for equal times), only into an empty session', async () => {
+    const t = await svc.newTenant();
+    const s = sid('imp');
+    const r = await t.api.post(`/v1/sessions/${s}/import`, {
+      messages: [
+        user('third', { sent_at: '2025-05-01T00:00:03Z' }),
+        user('first', { sent_at: '2025-05-01T00:00:01Z' }),
+        user('second a', { sent_at: '2025-05-01T00:00:02Z', id: 'same-time-1' }),
+        user('second b', { sent_at: '2025-05-01T00:00:02Z', id: 'same-time-2' }),
+      ],
+    });
+    assert.equal(r.status, 201, JSON.stringify(r.body));
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
+      [
+        [1, 'first'],
+        [2, 'second a'],
+        [3, 'second b'],
+        [4, 'third'],
+      ],
+    );
+    // Idempotency covers imported ids like posted ones.
+    const repost = await t.api.post(`/v1/sessions/${s}/messages`, {
+      messages: [user('second a', { id: 'same-time-1', sent_at: '2025-05-01T00:00:02Z' })],
+    });
+    assert.equal(repost.status, 202);
+    assert.deepEqual(repost.body.messages, [{ id: 'same-time-1', seq: 2 }]);
+    assert.equal(repost.body.accepted, 0);
+
+    const more = await t.api.post(`/v1/sessions/${s}/import`, { messages: [user('late')] });
+    assert.equal(more.status, 409);
+    // New posts continue after the imported seqs.
+    assert.deepEqual(await archive(t.api, s, [user('live')]), [5]);
+
+    // A deleted session is empty: import brings it back.
+    assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 204);
+    const back = await t.api.post(`/v1/sessions/${s}/import?wait=true`, {
+      messages: [user('reborn', { sent_at: '2025-06-01T00:00:00Z' })],
+    });
+    assert.equal(back.status, 201);
+    assert.equal(back.body.first_seq, 6);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => m.content),
+      ['reborn'],
+    );
+  });
+
+  void test('bad import input is a 400 naming the line and stores nothing', async () => {
+    const t = await svc.newTenant();
+    const s = sid('bad');
+    const ndjson = { 'content-type': 'application/x-ndjson' };
+    const body = [
+      JSON.stringify({ type: 'message', role: 'user', content: 'fine' }),
+      '',
+      JSON.stringify({ type: 'message', role: 'robot', content: 'not a role' }),
+    ].join('\n');
+    const r = await t.api.post(`/v1/sessions/${s}/import`, body, ndjson);
+    assert.equal(r.status, 400);
+    assert.equal(r.body.error.details.problems[0].path, 'lines[3].role');
+
+    const broken = await t.api.post(
+      `/v1/sessions/${s}/import`,
+      '{"role":"user","content":"x"}\n{not json}\n',
+      ndjson,
+    );
+    assert.equal(broken.status, 400);
+    assert.equal(broken.body.error.code, 'malformed_json');
+    assert.equal(broken.body.error.details.line, 2);
+
+    const badSummary = await t.api.post(
+      `/v1/sessions/${s}/import`,
+      `${JSON.stringify({ role: 'user', content: 'x' })}\n${JSON.stringify({ type: 'summary', summary: { key_decisions: ['always'] } })}\n`,
+      ndjson,
+    );
+    assert.equal(badSummary.status, 400);
+    assert.match(badSummary.body.error.details.problems[0].path, /^lines\[2\]\.summary/);
+
+    const dup = await t.api.post(`/v1/sessions/${s}/import`, {
+      messages: [user('a', { id: 'x' }), user('b', { id: 'x' })],
+    });
+    assert.equal(dup.status, 400);
+    assert.equal(dup.body.error.code, 'duplicate_id');
+
+    const unknownField = await t.api.post(`/v1/sessions/${s}/import`, {
+      messages: [user('a', { colour: 'red' })],
+    });
+    assert.equal(unknownField.status, 400);
+    assert.equal(unknownField.body.error.details.problems[0].path, 'messages[0].colour');
+
+    assert.equal((await t.api.post(`/v1/sessions/${s}/import`, '', ndjson)).status, 400);
+    assert.equal(
+      (await t.api.post(`/v1/sessions/${s}/import`, 'role=user', { 'content-type': 'text/plain' })).status,
+      415,
+    );
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+    const rows = await sessionRows(t.tenantId, s);
+    assert.equal(rows.messages, 0);
+  });
+
+  void test('export pages through a large session in seq order', async () => {
+    const t = await svc.newTenant();
+    const s = sid('big');
+    const lines = Array.from({ length: 1203 }, (_, i) =>
+      JSON.stringify({
+        role: i % 2 ? 'assistant' : 'user',
+        content: `message ${i}`,
+        sent_at: String(1_700_000_000_000_000_000n + BigInt(i)),
+      }),
+    );
+    const im = await t.api.post(`/v1/sessions/${s}/import`, `${lines.join('\n')}\n`, {
+      'content-type': 'application/x-ndjson',
+    });
+    assert.equal(im.status, 201, JSON.stringify(im.body));
+    const ex = await t.api.get(`/v1/sessions/${s}/export`);
+    assert.equal(ex.status, 200);
+    assert.equal(ex.headers.get('transfer-encoding'), 'chunked');
+    const out = ex.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    assert.equal(out.length, 1203);
+    assert.deepEqual(
+      out.map((m) => m.seq),
+      Array.from({ length: 1203 }, (_, i) => i + 1),
+    );
+    assert.equal(out[1202].content, 'message 1202');
+  });
+});
+
+void describe('temp reaper', () => {
+  void test('deletes idle temp- sessions by the injected clock, keeps active and non-temp ones', async () => {
+    const t = await svc.newTenant();
+    const idle = sid('temp-idle');
+    const active = sid('temp-active');
+    const keep = sid('chat-keep');
+    for (const s of [idle, active, keep]) await archive(t.api, s, [user(`hello ${s}`)]);
+    for (const s of [idle, keep]) {
+      await q(
+        `UPDATE sessions SET created_at = now() - interval '2 hours', last_message_at = now() - interval '2 hours'
+         WHERE tenant_id = $1 AND id = $2`,
+        [t.tenantId, s],
+      );
+      await q(
+        `UPDATE messages SET archived_at = now() - interval '2 hours' WHERE tenant_id = $1 AND session_id = $2`,
+        [t.tenantId, s],
+      );
+    }
+
+    const first = await reapTempSessions(svc.deps, lifecycle, { now: new Date(Date.now() + 10 * 60_000) });
+    assert.ok(first.deleted >= 1);
+    assert.equal((await t.api.get(`/v1/sessions/${idle}`)).status, 404);
+    assert.equal((await t.api.get(`/v1/sessions/${active}`)).status, 200);
+    assert.equal((await t.api.get(`/v1/sessions/${keep}`)).status, 200);
+    assert.equal((await sessionRows(t.tenantId, idle)).messages, 0);
+
+    await reapTempSessions(svc.deps, lifecycle, { now: new Date(Date.now() + 31 * 60_000) });
+    assert.equal((await t.api.get(`/v1/sessions/${active}`)).status, 404);
+    assert.equal((await t.api.get(`/v1/sessions/${keep}`)).status, 200);
+  });
+
+  void test('runs every 30 minutes as the temp-reaper maintenance task', async () => {
+    const scheduler = await svc.deps.queues.maintenance.getJobScheduler('temp-reaper');
+    assert.equal(Number(scheduler?.every), 30 * 60_000);
+    const ext = svc.extensions.find((e) => e.name === 'lifecycle');
+    assert.equal(typeof ext?.maintenance?.['temp-reaper'], 'function');
+  });
+});
+
+void describe('tenant erasure', () => {
+  async function tenantRows(tenantId: string): Promise<Record<string, number>> {
+    const tables = await q<{ table_name: string }>(
+      `SELECT table_name FROM information_schema.columns WHERE table_schema = 'public' AND column_name = 'tenant_id' ORDER BY 1`,
+    );
+    const out: Record<string, number> = {};
+    for (const { table_name } of tables) {
+      const [r] = await q<{ n: number }>(
+        `SELECT count(*)::int AS n FROM "${table_name}" WHERE tenant_id = $1`,
+        [tenantId],
+      );
+      out[table_name] = r!.n;
+    }
+    out.tenants = (await q('SELECT 1 FROM tenants WHERE id = $1', [tenantId])).length;
+    return out;
+  }
+
+  void test('DELETE /v1/admin/tenants/{id} leaves no key, job or row of the tenant and nothing else is touched', async () => {
+    const admin = api(svc.base, ADMIN_TOKEN);
+    const victim = await svc.newTenant();
+    const bystander = await svc.newTenant();
+    // The bystander's session id names the victim's id: its keys must survive.
+    const tricky = `peer:${victim.tenantId}:chat`;
+    await archive(bystander.api, tricky, [user('bystander data')]);
+    await archive(victim.api, 'one', [user('victim one'), assistant('reply')]);
+    await archive(victim.api, 'two:with:colons', [user('victim two')]);
+    await putSummary(victim.tenantId, 'one', 2);
+    await q(
+      `INSERT INTO llm_usage (tenant_id, session_id, purpose, model) VALUES ($1, 'one', 'summary', 'm')`,
+      [victim.tenantId],
+    );
+    const err = await victim.api.post('/v1/errors', {
+      tool_name: 'shell',
+      symptom: 'permission denied on /srv/app',
+      action: 'ran with sudo',
+      outcome: 'resolved',
+    });
+    assert.equal(err.status, 201);
+    await redis.zadd(`${svc.config.prefix}:armed`, Date.now(), `${victim.tenantId} stale-session`);
+    await redis.rpush(`${svc.config.prefix}:impstage:${victim.tenantId}:one:abc`, 'leftover');
+    await svc.deps.queues.embed.add(
+      'embed',
+      { v: 1, tenantId: victim.tenantId, sessionId: 'one', generation: 1 },
+      { delay: 3_600_000 },
+    );
+    await eventually(
+      async () => (await tenantRows(victim.tenantId)).message_vectors === 3,
+      15_000,
+      'vectors',
+    );
+
+    const r = await admin.del(`/v1/admin/tenants/${victim.tenantId}`);
+    assert.equal(r.status, 204, r.text);
+    assert.equal((await admin.del(`/v1/admin/tenants/${victim.tenantId}`)).status, 404);
+    assert.equal((await victim.api.get('/v1/sessions')).status, 401);
+
+    for (const [table, n] of Object.entries(await tenantRows(victim.tenantId)))
+      assert.equal(n, 0, `${table}: ${n} rows`);
+    const leftovers = (await allKeys()).filter(
+      (k) => k.includes(victim.tenantId) && !k.includes(`:${bystander.tenantId}:`),
+    );
+    assert.deepEqual(leftovers, []);
+    assert.equal(
+      (await redis.zscan(`${svc.config.prefix}:armed`, '0', 'MATCH', `${victim.tenantId} *`))[1].length,
+      0,
+    );
+    assert.equal(await redis.sismember(`${svc.config.prefix}:err:tenants`, victim.tenantId), 0);
+    for (const name of QUEUE_NAMES) {
+      const jobs = await (svc.deps.queues[name] as unknown as Queue).getJobs([
+        'waiting',
+        'delayed',
+        'prioritized',
+        'failed',
+        'completed',
+      ]);
+      assert.ok(
+        !jobs.some((j) => j?.data?.tenantId === victim.tenantId),
+        `${name} still holds a job of the tenant`,
+      );
+    }
+
+    assert.deepEqual(
+      (await listed(bystander.api, tricky))!.map((m) => m.content),
+      ['bystander data'],
+    );
+    assert.ok((await sessionKeys(bystander.tenantId, tricky)).length > 0);
+    assert.equal((await bystander.api.post(`/v1/sessions/${tricky}/reset`)).status, 200);
+  });
+
+  void test('the admin route needs the admin token and answers 404 for an unknown tenant', async () => {
+    const t = await svc.newTenant();
+    assert.equal((await api(svc.base, ADMIN_TOKEN).del('/v1/admin/tenants/t_aaaaaaaaaaaaaaaa')).status, 404);
+    assert.equal((await t.api.del(`/v1/admin/tenants/${t.tenantId}`)).status, 403);
+    assert.equal((await api(svc.base).del(`/v1/admin/tenants/${t.tenantId}`)).status, 401);
+    assert.equal((await t.api.get('/v1/sessions')).status, 200);
+  });
+
+  void test('keyBelongsTo: the first tenant id in a key name is its owner', () => {
+    const a = 't_aaaaaaaaaaaaaaaa';
+    const b = 't_bbbbbbbbbbbbbbbb';
+    assert.equal(keyBelongsTo(`p:inbox:${a}:s1`, 'p', a), true);
+    assert.equal(keyBelongsTo(`p:err:${a}:term:x`, 'p', a), true);
+    assert.equal(keyBelongsTo(`p:inbox:${b}:peer:${a}:x`, 'p', a), false);
+    assert.equal(keyBelongsTo(`p:inbox:${a}x:s1`, 'p', a), false);
+    assert.equal(keyBelongsTo(`q:inbox:${a}:s1`, 'p', a), false);
+    assert.equal(keyBelongsTo(`p:summary:de:summary-${a}-s1`, 'p', a), true);
+  });
+});
+
+void describe('tenant isolation', () => {
+  void test("every lifecycle route answers 404 for another tenant's session and leaves it alone", async () => {
+    const owner = await svc.newTenant();
+    const other = await svc.newTenant();
+    const s = sid('mine');
+    await archive(owner.api, s, [user('private')]);
+    assert.equal((await other.api.post(`/v1/sessions/${s}/reset`)).status, 404);
+    assert.equal((await other.api.post(`/v1/sessions/${s}/reset?keep_summary=false`)).status, 404);
+    assert.equal((await other.api.del(`/v1/sessions/${s}`)).status, 404);
+    assert.equal((await other.api.get(`/v1/sessions/${s}/export`)).status, 404);
+    // Session ids are per tenant: an import under the same id makes the other tenant's own session.
+    const im = await other.api.post(`/v1/sessions/${s}/import`, { messages: [user('theirs')] });
+    assert.equal(im.status, 201);
+    assert.deepEqual(
+      (await listed(owner.api, s))!.map((m) => m.content),
+      ['private'],
+    );
+    assert.deepEqual(
+      (await listed(other.api, s))!.map((m) => m.content),
+      ['theirs'],
+    );
+    for (const path of [`/v1/sessions/nope/reset`, `/v1/sessions/nope/export`]) {
+      const r = path.endsWith('reset') ? await owner.api.post(path) : await owner.api.get(path);
+      assert.equal(r.status, 404, path);
+    }
+    assert.equal((await owner.api.del('/v1/sessions/nope')).status, 404);
+    assert.equal((await owner.api.post('/v1/sessions/..%2F/reset')).status, 400);
+  });
+});
+
+void describe('cli', () => {
+  const run = promisify(execFile);
+  const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
+  const mnemos = (...args: string[]) =>
+    run(process.execPath, [cli, ...args], {
+      env: {
+        ...process.env,
+        DATABASE_URL: svc.config.databaseUrl,
+        MNEMOS_PREFIX: svc.config.prefix,
+        REDIS_URL,
+        TZ: 'Asia/Taipei',
+        LOG_LEVEL: 'silent',
+      },
+    });
+
+  void test('mnemos export, import jsonl and tenant delete <name>', async () => {
+    const name = `cli-${randomBytes(3).toString('hex')}`;
+    const t = await svc.newTenant(name);
+    await archive(t.api, 'orig', [
+      user('first', { sent_at: '2025-01-01T00:00:00Z', metadata: { k: 'v' } }),
+      assistant('second', { sent_at: '2025-01-01T00:00:01Z' }),
+    ]);
+    await putSummary(t.tenantId, 'orig', 1);
+    const dir = mkdtempSync(path.join(tmpdir(), 'mnemos-export-'));
+    try {
+      const file = path.join(dir, 'orig.jsonl');
+      await mnemos('export', 'orig', '--tenant', name, '--out', file);
+      const lines = readFileSync(file, 'utf8').trim().split('\n');
+      assert.equal(lines.length, 3);
+      const stdout = (await mnemos('export', 'orig', '--tenant', t.tenantId)).stdout;
+      assert.equal(stdout, readFileSync(file, 'utf8'));
+
+      const imported = await mnemos('import', 'jsonl', file, '--tenant', name, '--session', 'copy');
+      assert.match(imported.stdout, /copy: imported 2 messages \(seq 1-2\), summary restored/);
+      // Durable when the command returns.
+      const strip = ({ seq: _s, ...m }: any) => m;
+      assert.deepEqual((await listed(t.api, 'copy'))!.map(strip), (await listed(t.api, 'orig'))!.map(strip));
+      assert.equal((await t.api.get('/v1/sessions/copy/summary')).body.cursor_seq, 1);
+      await assert.rejects(
+        mnemos('import', 'jsonl', file, '--tenant', name, '--session', 'copy'),
+        /session_not_empty|empty session/,
+      );
+
+      const erased = await mnemos('tenant', 'delete', name);
+      assert.match(erased.stdout, new RegExp(`erased tenant ${t.tenantId}`));
+      assert.equal((await t.api.get('/v1/sessions')).status, 401);
+      assert.equal((await q('SELECT 1 FROM sessions WHERE tenant_id = $1', [t.tenantId])).length, 0);
+      await assert.rejects(mnemos('tenant', 'delete', name), /no tenant/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
