@@ -1,3 +1,4 @@
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { migrate } from '../../db/migrate.js';
@@ -179,7 +180,7 @@ export async function eventually<T>(
 export interface ChildService {
   url: string | null;
   pid: number;
-  child: import('node:child_process').ChildProcess;
+  child: ChildProcess;
   stop(): Promise<void>;
   kill(): Promise<void>;
 }
