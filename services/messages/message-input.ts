@@ -125,6 +125,8 @@ export function stableStringify(v: unknown): string {
 // NUL cannot be stored by Postgres (text or jsonb); a lone surrogate is not valid UTF-8.
 // eslint-disable-next-line no-control-regex
 const BAD_CHARS = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+/** True for text Postgres cannot store (NUL) or that is not valid UTF-8 (a lone surrogate). */
+export const hasBadChars = (s: string) => BAD_CHARS.test(s);
 
 function findBadString(v: unknown, path: (string | number)[]): string | null {
   if (typeof v === 'string') return BAD_CHARS.test(v) ? fieldPath(path) : null;

@@ -3,7 +3,8 @@ import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
 import { assertSessionId } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
-import { hasBadChars, searchBodySchema, searchSession } from '../search/search-session.js';
+import { hasBadChars } from '../messages/message-input.js';
+import { searchBodySchema, searchSession } from '../search/search-session.js';
 import { parseInput } from '../validate.js';
 
 /** `/v1/sessions/:sid/search` (mounted with prefix `/v1/sessions`, behind tenant auth). */

@@ -7,6 +7,7 @@ import type { SearchFilters } from '../../db/queries/search.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { notFound } from '../errors.js';
+import { hasBadChars } from '../messages/message-input.js';
 import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
 import { nowNs } from '../time.js';
@@ -23,11 +24,6 @@ const CANDIDATES_PER_HIT = 4;
 
 const TIME_RANGE_DAYS = { '1d': 1, '7d': 7, '1m': 30, '1y': 365 } as const;
 const DAY_NS = 86_400n * 1_000_000_000n;
-
-// NUL cannot reach Postgres; a lone surrogate is not valid UTF-8 (same rule as message bodies).
-// eslint-disable-next-line no-control-regex
-const BAD_CHARS = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
-export const hasBadChars = (s: string) => BAD_CHARS.test(s);
 
 /** The body of `POST /v1/sessions/{sid}/search`, also the arguments of `searchSession`. */
 export const searchBodySchema = z
