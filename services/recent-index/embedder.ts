@@ -107,7 +107,8 @@ export function makeEmbedder(
       embed: (texts) => Promise.resolve(texts.map((t) => localEmbed(t, dimensions))),
     };
   }
-  if (!llm) throw new Error(`embedding model ${config.embedding.model} needs OPENAI_API_KEY or OPENAI_BASE_URL`);
+  if (!llm)
+    throw new Error(`embedding model ${config.embedding.model} needs OPENAI_API_KEY or OPENAI_BASE_URL`);
   const model = config.embedding.model;
   const sendDimensions = acceptsDimensions(model);
   return {
@@ -138,4 +139,43 @@ export function makeEmbedder(
       return out;
     },
   };
+}
+
+export interface EmbedOutcome {
+  /** Same order as the input; null where the input was skipped. */
+  vectors: Array<number[] | null>;
+  skipped: Array<{ index: number; reason: string }>;
+}
+
+/**
+ * Embeds a batch; when the endpoint refuses it with a 400, embeds the inputs one by one so a
+ * single poison input (too long for a model whose limit we do not know, say) cannot block the
+ * rest. If every input is refused alone too, the fault is the configuration (unknown model, bad
+ * parameter), not the data: the original error is thrown and nothing is marked skipped.
+ * Retryable errors (429, 5xx, timeouts) always propagate so the job retries later.
+ */
+export async function embedIsolating(
+  embedder: Embedder,
+  texts: string[],
+  ctx: EmbedContext,
+): Promise<EmbedOutcome> {
+  try {
+    return { vectors: await embedder.embed(texts, ctx), skipped: [] };
+  } catch (err) {
+    if (!(err instanceof LlmError) || err.retryable || err.kind !== 'bad_request' || texts.length < 2)
+      throw err;
+    const vectors: Array<number[] | null> = [];
+    const skipped: Array<{ index: number; reason: string }> = [];
+    for (const [index, text] of texts.entries()) {
+      try {
+        vectors.push((await embedder.embed([text], ctx))[0] ?? null);
+      } catch (one) {
+        if (!(one instanceof LlmError) || one.retryable || one.kind !== 'bad_request') throw one;
+        vectors.push(null);
+        skipped.push({ index, reason: `${one.kind}${one.status ? ` ${one.status}` : ''}` });
+      }
+    }
+    if (skipped.length === texts.length) throw err;
+    return { vectors, skipped };
+  }
 }

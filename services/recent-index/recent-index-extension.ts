@@ -1,0 +1,70 @@
+import { Counter } from 'prom-client';
+import type { Registry } from 'prom-client';
+import { compactTriggerState } from '../../db/queries/compaction.js';
+import { deleteOrphanVectors } from '../../db/queries/vectors.js';
+import { makeCompactProcessor } from '../../workers/compact.js';
+import { makeEmbedProcessor } from '../../workers/embed.js';
+import type { ExtensionFactory } from '../extension.js';
+import { shouldEnqueueCompact } from './compaction-plan.js';
+import { makeEmbedder } from './embedder.js';
+import { ensureVectorIndex } from './index-state.js';
+import { enqueueCompact, enqueueEmbed } from './jobs.js';
+
+function counter<L extends string>(
+  registry: Registry,
+  name: string,
+  help: string,
+  labelNames: L[] = [],
+): Counter<L> {
+  return (
+    (registry.getSingleMetric(name) as Counter<L> | undefined) ??
+    new Counter({ name, help, labelNames, registers: [registry] })
+  );
+}
+
+/**
+ * The recent index (tier 2) and compaction: embeds hot messages after each archived batch, keeps
+ * the hot history under MAX_HISTORY_BYTES, and refuses to start when the configured embedder is
+ * not the one the index was built with (`mnemos reembed` rebuilds it). See docs/recent-index.md.
+ */
+export const recentIndexExtension: ExtensionFactory = async (deps) => {
+  const embedder = makeEmbedder(deps.config, deps.llm, deps.logger);
+  await ensureVectorIndex(deps.db, embedder);
+
+  const registry = deps.metrics.registry;
+  const written = counter(registry, 'mnemos_embeddings_written_total', 'Vectors written to the recent index');
+  const skipped = counter(
+    registry,
+    'mnemos_embeddings_skipped_total',
+    'Messages the embedder refused (recorded, not retried)',
+  );
+  const compactions = counter(registry, 'mnemos_compactions_total', 'Compaction attempts by outcome', [
+    'outcome',
+  ]);
+  const log = deps.logger.child({ module: 'recent-index' });
+
+  return {
+    name: 'recent-index',
+    processors: {
+      embed: makeEmbedProcessor(deps, embedder, (r) => {
+        written.inc(r.written);
+        skipped.inc(r.skipped);
+      }),
+      compact: makeCompactProcessor(deps, (outcome) => compactions.inc({ outcome })),
+    },
+    async afterArchive(a) {
+      // Compaction first: it is cheap to decide and may shrink what the embed job has to do.
+      if (a.hotBytes > deps.config.maxHistoryBytes) {
+        try {
+          const state = await compactTriggerState(deps.db, a);
+          if (shouldEnqueueCompact(a.hotBytes, deps.config.maxHistoryBytes, state))
+            await enqueueCompact(deps.queues, a);
+        } catch (err) {
+          log.warn({ err: { message: (err as Error).message } }, 'could not request compaction');
+        }
+      }
+      await enqueueEmbed(deps.queues, a);
+    },
+    purgeSession: (tenantId, sessionId) => deleteOrphanVectors(deps.db, tenantId, sessionId),
+  };
+};

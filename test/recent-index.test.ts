@@ -1,0 +1,363 @@
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { after, before, describe, test } from 'node:test';
+import { promisify } from 'node:util';
+import { Worker } from 'bullmq';
+import { Redis } from 'ioredis';
+import { nearestInSession } from '../db/queries/vectors.js';
+import { localEmbed } from '../services/llm/local-embedder.js';
+import { MAX_EMBED_CHARS, MAX_EMBED_TOKENS, estimateTokens } from '../services/recent-index/embedder.js';
+import { enqueueEmbed } from '../services/recent-index/jobs.js';
+import { makeQueues } from '../workers/queues.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
+import type { FakeOpenAI } from './support/fake-openai.js';
+import {
+  REDIS_URL,
+  createTestDatabase,
+  deleteRedisPrefix,
+  dropTestDatabase,
+  eventually,
+  startTestService,
+  testPrefix,
+} from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+
+const run = promisify(execFile);
+
+const user = (content: string) => ({ role: 'user', content });
+const assistant = (content: string) => ({ role: 'assistant', content });
+
+async function post(api: Api, sid: string, messages: unknown[]): Promise<number[]> {
+  const r = await api.post(`/v1/sessions/${sid}/messages?wait=true`, { messages });
+  assert.equal(r.status, 201, r.text);
+  return r.body.messages.map((m: { seq: number }) => m.seq);
+}
+
+async function vectors(svc: TestService, tenantId: string, sid: string): Promise<Map<number, number[]>> {
+  const r = await svc.deps.db.query<{ seq: string; e: string }>(
+    'SELECT seq, embedding::text AS e FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 ORDER BY seq',
+    [tenantId, sid],
+  );
+  return new Map(r.rows.map((x) => [Number(x.seq), JSON.parse(x.e) as number[]]));
+}
+
+async function vectorsFor(
+  svc: TestService,
+  tenantId: string,
+  sid: string,
+  seqs: number[],
+): Promise<Map<number, number[]>> {
+  return eventually(
+    async () => {
+      const v = await vectors(svc, tenantId, sid);
+      return seqs.every((s) => v.has(s)) ? v : null;
+    },
+    30_000,
+    `vectors for seqs ${seqs.join(',')}`,
+  );
+}
+
+function assertClose(actual: number[], expected: number[]): void {
+  assert.equal(actual.length, expected.length);
+  // pgvector stores float32.
+  for (let i = 0; i < actual.length; i++)
+    assert.ok(Math.abs(actual[i]! - expected[i]!) < 1e-6, `component ${i}`);
+}
+
+void describe('recent index with an OpenAI-compatible embedder (fake server, 1536 dims)', () => {
+  let fake: FakeOpenAI;
+  let svc: TestService;
+  let dbUrl: string;
+  const stopped = { svc: false };
+
+  before(async () => {
+    fake = await startFakeOpenAI();
+    dbUrl = await createTestDatabase();
+    svc = await startTestService({ databaseUrl: dbUrl, env: { OPENAI_BASE_URL: fake.url } });
+  });
+  after(async () => {
+    if (!stopped.svc) await svc.stop();
+    await fake.close();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(dbUrl);
+  });
+
+  void test('an embedder answering 500 for a while only delays vectors; the backlog drains afterwards', async () => {
+    const t = await svc.newTenant();
+    // Seven failures: more than one job attempt's worth (the LLM client tries 3 times per attempt).
+    fake.queueEmbeddings(...Array.from({ length: 7 }, () => ({ status: 500 })));
+    const before = fake.embeddingRequests().length;
+
+    const seqs = [
+      ...(await post(t.api, 'outage', [user('first question about invoices'), assistant('first answer')])),
+      ...(await post(t.api, 'outage', [user('second question about refunds')])),
+      ...(await post(t.api, 'outage', [assistant('second answer'), user('third question')])),
+    ];
+    // The archive and listing do not wait for the embedder.
+    const listed = await t.api.get('/v1/sessions/outage/messages');
+    assert.equal(listed.status, 200);
+    assert.deepEqual(
+      listed.body.messages.map((m: { seq: number }) => m.seq),
+      seqs,
+    );
+
+    const v = await vectorsFor(svc, t.tenantId, 'outage', seqs);
+    assert.equal(v.size, 5);
+    for (const e of v.values()) assert.equal(e.length, 1536);
+    assert.ok(fake.embeddingRequests().length - before >= 8, 'failed requests were retried');
+    const usage = await svc.deps.db.query<{ calls: string }>(
+      `SELECT sum(calls)::bigint AS calls FROM llm_usage WHERE tenant_id = $1 AND purpose = 'embedding' AND session_id = 'outage'`,
+      [t.tenantId],
+    );
+    assert.ok(Number(usage.rows[0]?.calls) >= 1, 'embedding usage recorded');
+  });
+
+  void test('a huge message is truncated before it reaches the embedder', async () => {
+    const t = await svc.newTenant();
+    const latin = 'lorem ipsum dolor sit amet '.repeat(12_000); // 324k characters
+    const cjk = '記憶系統測試資料'.repeat(12_000); // 96k characters, ~288 KB of UTF-8
+    const seqs = await post(t.api, 'huge', [user(latin), assistant(cjk)]);
+    await vectorsFor(svc, t.tenantId, 'huge', seqs);
+
+    const inputs = fake
+      .embeddingRequests()
+      .flatMap((r) => ((r.body as { input?: unknown }).input as string[] | undefined) ?? []);
+    const sentLatin = inputs.find((i) => i.startsWith('lorem ipsum'));
+    const sentCjk = inputs.find((i) => i.startsWith('記憶系統'));
+    assert.ok(sentLatin && sentCjk, 'both messages were sent');
+    assert.ok(
+      sentLatin.length <= MAX_EMBED_CHARS && sentLatin.length > MAX_EMBED_CHARS * 0.8,
+      `latin ${sentLatin.length}`,
+    );
+    assert.ok(estimateTokens(sentLatin) <= MAX_EMBED_TOKENS);
+    // CJK text costs more tokens per character, so it is cut shorter.
+    assert.ok(sentCjk.length < 5000 && estimateTokens(sentCjk) <= MAX_EMBED_TOKENS, `cjk ${sentCjk.length}`);
+    assert.ok(latin.startsWith(sentLatin) && cjk.startsWith(sentCjk));
+  });
+
+  void test('a message the embedder refuses alone is skipped and does not block the others', async () => {
+    const t = await svc.newTenant();
+    // The batch is refused, then each input alone: ok, refused, ok.
+    fake.queueEmbeddings({ status: 400 }, 'ok', { status: 400 }, 'ok');
+    const seqs = await post(t.api, 'poison', [
+      user('alpha message'),
+      user('poison message'),
+      user('gamma message'),
+    ]);
+    await vectorsFor(svc, t.tenantId, 'poison', [seqs[0]!, seqs[2]!]);
+    const skips = await eventually(async () => {
+      const r = await svc.deps.db.query<{ seq: string; reason: string }>(
+        'SELECT seq, reason FROM message_vector_skips WHERE tenant_id = $1',
+        [t.tenantId],
+      );
+      return r.rows.length > 0 ? r.rows : null;
+    });
+    assert.deepEqual(skips, [{ seq: String(seqs[1]), reason: 'bad_request 400' }]);
+
+    const sentBefore = fake.embeddingRequests().length;
+    const [later] = await post(t.api, 'poison', [user('delta message')]);
+    const v = await vectorsFor(svc, t.tenantId, 'poison', [later!]);
+    assert.equal(v.has(seqs[1]!), false);
+    const resent = fake
+      .embeddingRequests()
+      .slice(sentBefore)
+      .some((r) => JSON.stringify(r.body).includes('poison message'));
+    assert.equal(resent, false, 'the skipped message is not sent again');
+  });
+
+  void test('start-up refuses another embedder and names `mnemos reembed`; reembed 1536 → 384 fixes it', async () => {
+    const t = await svc.newTenant();
+    const seqs = await post(t.api, 'move', [
+      user('how do I tune the postgres connection pool'),
+      assistant('raise max connections in the pool settings'),
+      user('and what about banana bread'),
+    ]);
+    await vectorsFor(svc, t.tenantId, 'move', seqs);
+    const countBefore = await svc.deps.db.query<{ n: number }>(
+      'SELECT count(*)::int AS n FROM message_vectors',
+    );
+    const skipsBefore = await svc.deps.db.query<{ n: number }>(
+      'SELECT count(*)::int AS n FROM message_vector_skips',
+    );
+    await svc.stop();
+    stopped.svc = true;
+
+    // No LLM configured: the local-hash embedder at 384 dimensions.
+    await assert.rejects(startTestService({ databaseUrl: dbUrl }), (err: Error) => {
+      assert.match(err.message, /built with text-embedding-3-small\/1536/);
+      assert.match(err.message, /configuration says local-hash\/384/);
+      assert.match(err.message, /npx mnemos reembed/);
+      return true;
+    });
+
+    const env = {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      DATABASE_URL: dbUrl,
+      REDIS_URL,
+      LOG_LEVEL: 'silent',
+    };
+    const out = await run(process.execPath, ['bin/mnemos.js', 'reembed', '--batch-size', '2'], { env });
+    assert.match(
+      out.stdout,
+      /reembed: done: \d+ vectors .* with local-hash\/384, replacing text-embedding-3-small\/1536/,
+    );
+
+    const next = await startTestService({ databaseUrl: dbUrl });
+    try {
+      const dims = await next.deps.db.query<{ d: number; n: number }>(
+        'SELECT vector_dims(embedding) AS d, count(*)::int AS n FROM message_vectors GROUP BY 1',
+      );
+      // The message the old embedder refused (previous test) is tried again, and the new one takes it.
+      assert.deepEqual(dims.rows, [{ d: 384, n: countBefore.rows[0]!.n + skipsBefore.rows[0]!.n }]);
+      const skips = await next.deps.db.query('SELECT model FROM message_vector_skips');
+      assert.deepEqual(skips.rows, []);
+      const index = await next.deps.db.query('SELECT model, dimensions, state FROM vector_index');
+      assert.deepEqual(index.rows, [{ model: 'local-hash', dimensions: 384, state: 'ready' }]);
+      const v = await vectors(next, t.tenantId, 'move');
+      assertClose(v.get(seqs[0]!)!, localEmbed('how do I tune the postgres connection pool', 384));
+
+      // The restarted service embeds new messages with the new model.
+      const api = (await next.newTenant()).api;
+      const fresh = await api.post('/v1/sessions/after/messages?wait=true', {
+        messages: [user('after the move')],
+      });
+      assert.equal(fresh.status, 201);
+      await eventually(async () => {
+        const r = await next.deps.db.query<{ d: number }>(
+          `SELECT vector_dims(embedding) AS d FROM message_vectors WHERE session_id = 'after'`,
+        );
+        return r.rows[0]?.d === 384;
+      });
+
+      // A second run has nothing to do.
+      const again = await run(process.execPath, ['bin/mnemos.js', 'reembed'], { env });
+      assert.match(again.stdout, /already built with local-hash\/384; nothing to do/);
+    } finally {
+      await next.stop();
+      await deleteRedisPrefix(next.config.prefix);
+    }
+  });
+});
+
+void describe('recent index with the local embedder', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService();
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('writes deterministic vectors for EMBED_ROLES text only, and the nearest one is the lexical neighbour', async () => {
+    const t = await svc.newTenant();
+    const texts = [
+      'how do I configure the postgres connection pool size',
+      'Use pgBouncer in transaction mode for short queries.',
+      'my sourdough bread recipe needs more hydration',
+      'the weather in Taipei is humid today',
+    ];
+    const seqs = await post(t.api, 'lexical', [
+      user(texts[0]!),
+      assistant(texts[1]!),
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: 'c1', type: 'function', function: { name: 'lookup', arguments: '{}' } }],
+      },
+      { role: 'tool', tool_call_id: 'c1', content: 'tool output about postgres pools' },
+      user(texts[2]!),
+      user('   '),
+      assistant(texts[3]!),
+    ]);
+    const embedded = [seqs[0]!, seqs[1]!, seqs[4]!, seqs[6]!];
+    const v = await vectorsFor(svc, t.tenantId, 'lexical', embedded);
+    assert.deepEqual([...v.keys()], embedded, 'tool, tool-call-only and blank messages get no vector');
+    embedded.forEach((seq, i) => assertClose(v.get(seq)!, localEmbed(texts[i]!, 384)));
+
+    const index = await svc.deps.db.query('SELECT model, dimensions, state FROM vector_index');
+    assert.deepEqual(index.rows, [{ model: 'local-hash', dimensions: 384, state: 'ready' }]);
+
+    const near = await nearestInSession(svc.deps.db, {
+      tenantId: t.tenantId,
+      sessionId: 'lexical',
+      embedding: localEmbed('postgres pool configuration', 384),
+      limit: 2,
+    });
+    assert.equal(near[0]?.seq, seqs[0]);
+    const bread = await nearestInSession(svc.deps.db, {
+      tenantId: t.tenantId,
+      sessionId: 'lexical',
+      embedding: localEmbed('bread hydration', 384),
+      limit: 1,
+    });
+    assert.equal(bread[0]?.seq, seqs[4]);
+
+    // Another tenant's session of the same name sees none of these vectors.
+    const other = await svc.newTenant();
+    const none = await nearestInSession(svc.deps.db, {
+      tenantId: other.tenantId,
+      sessionId: 'lexical',
+      embedding: localEmbed('postgres', 384),
+      limit: 5,
+    });
+    assert.deepEqual(none, []);
+  });
+});
+
+void describe('embed job coalescing (BullMQ deduplication per session)', () => {
+  void test('one waiting job per session; adds while it runs leave exactly one follow-up', async () => {
+    const prefix = testPrefix();
+    const producer = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
+    const queues = makeQueues(producer, prefix);
+    const ran: string[] = [];
+    let release = () => {};
+    const gate = new Promise<void>((r) => (release = r));
+    let first = () => {};
+    const firstRunning = new Promise<void>((r) => (first = r));
+    const workerConnection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
+    let worker: Worker | null = null;
+    try {
+      const busy = { tenantId: 't1', sessionId: 'agent:42:busy', generation: 1 };
+      // Setup: while no worker runs, 20 requests for one session leave one waiting job.
+      for (let i = 0; i < 20; i++) await enqueueEmbed(queues, busy);
+      assert.equal(await queues.embed.getWaitingCount(), 1);
+
+      worker = new Worker(
+        'embed',
+        async (job) => {
+          ran.push((job.data as { sessionId: string }).sessionId);
+          if (ran.length === 1) {
+            first();
+            await gate;
+          }
+        },
+        { connection: workerConnection, prefix, concurrency: 4 },
+      );
+      await firstRunning;
+      // Action: 50 more requests while the job runs (batches archived after it looked for work).
+      for (let i = 0; i < 50; i++) await enqueueEmbed(queues, busy);
+      await enqueueEmbed(queues, { ...busy, sessionId: 'another' });
+      await eventually(async () => ran.includes('another'));
+      const during = await queues.embed.getJobCounts('waiting', 'active', 'delayed');
+      assert.deepEqual(during, { waiting: 0, active: 1, delayed: 0 }, 'no second job runs beside the first');
+      release();
+
+      // Assert: exactly one follow-up for the busy session, created when the running job ended.
+      await eventually(async () => {
+        const c = await queues.embed.getJobCounts('waiting', 'active', 'delayed');
+        return ran.length >= 3 && Object.values(c).every((n) => n === 0);
+      });
+      assert.deepEqual(ran, ['agent:42:busy', 'another', 'agent:42:busy']);
+    } finally {
+      release();
+      await worker?.close();
+      await queues.close();
+      workerConnection.disconnect();
+      producer.disconnect();
+      await deleteRedisPrefix(prefix);
+    }
+  });
+});

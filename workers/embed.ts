@@ -1,0 +1,130 @@
+import { UnrecoverableError } from 'bullmq';
+import type { Job } from 'bullmq';
+import { withTransaction } from '../db/pool.js';
+import {
+  getVectorIndex,
+  insertSessionVectors,
+  insertVectorSkips,
+  lockSessionForVectors,
+  missingVectors,
+} from '../db/queries/vectors.js';
+import type { CoreDeps } from '../services/deps.js';
+import { LlmError } from '../services/llm/llm-client.js';
+import { MAX_EMBED_CHARS, embedIsolating, prepareEmbedText } from '../services/recent-index/embedder.js';
+import type { Embedder } from '../services/recent-index/embedder.js';
+import { enqueueEmbed } from '../services/recent-index/jobs.js';
+import { parsePayload } from './queues.js';
+
+/** Messages per embeddings call (the API takes up to 2,048; smaller calls fail and retry cheaper). */
+export const EMBED_BATCH = 128;
+const LOCAL_EMBED_BATCH = 256;
+/** Batches per job; a bigger backlog continues in a follow-up job so other sessions get a turn. */
+const MAX_BATCHES_PER_JOB = 16;
+
+export interface EmbedSessionResult {
+  written: number;
+  skipped: number;
+  more: boolean;
+}
+
+/**
+ * Embeds every hot message of EMBED_ROLES that has no vector yet, batch by batch, oldest first.
+ * Vectors are written under a share lock of the session row and only if the session's generation
+ * is still the one read (a reset or delete meanwhile drops them) and the message is still at or
+ * after the cutoff (a compaction meanwhile drops it).
+ */
+export async function embedSession(
+  deps: Pick<CoreDeps, 'db' | 'config'>,
+  embedder: Embedder,
+  tenantId: string,
+  sessionId: string,
+): Promise<EmbedSessionResult> {
+  const limit = embedder.local ? LOCAL_EMBED_BATCH : EMBED_BATCH;
+  const total: EmbedSessionResult = { written: 0, skipped: 0, more: false };
+  for (let round = 0; round < MAX_BATCHES_PER_JOB; round++) {
+    const page = await missingVectors(deps.db, {
+      tenantId,
+      sessionId,
+      roles: deps.config.embedRoles,
+      model: embedder.model,
+      limit,
+      maxChars: MAX_EMBED_CHARS,
+    });
+    if (!page || page.rows.length === 0) return total;
+
+    const prepared = page.rows.map((r) => ({ seq: r.seq, text: prepareEmbedText(r.text) }));
+    const todo = prepared.filter((p): p is { seq: string; text: string } => p.text !== null);
+    // SQL's notion of whitespace is narrower than JavaScript's; such rows are marked, not refetched.
+    const skips = prepared.filter((p) => p.text === null).map((p) => ({ seq: p.seq, reason: 'no_text' }));
+    const outcome = await embedIsolating(
+      embedder,
+      todo.map((t) => t.text),
+      { tenantId, sessionId },
+    );
+    for (const s of outcome.skipped) skips.push({ seq: todo[s.index]!.seq, reason: s.reason });
+    const items = todo.flatMap((t, i) => {
+      const embedding = outcome.vectors[i];
+      return embedding ? [{ seq: t.seq, embedding }] : [];
+    });
+
+    const written = await withTransaction(deps.db, async (tx) => {
+      const s = await lockSessionForVectors(tx, tenantId, sessionId);
+      if (!s || s.generation !== page.generation) return null;
+      const n = await insertSessionVectors(tx, {
+        tenantId,
+        sessionId,
+        startSeq: s.start_seq,
+        model: embedder.model,
+        dimensions: embedder.dimensions,
+        items,
+      });
+      await insertVectorSkips(tx, {
+        model: embedder.model,
+        items: skips.map((k) => ({ tenantId, sessionId, seq: k.seq, reason: k.reason })),
+      });
+      return n;
+    });
+    // Reset or deleted meanwhile: the next job (the hook enqueues one per archived batch) starts over.
+    if (written === null) return total;
+    total.written += written;
+    total.skipped += skips.length;
+    if (written === 0 && items.length > 0) {
+      const index = await getVectorIndex(deps.db);
+      if (index && (index.model !== embedder.model || index.dimensions !== embedder.dimensions)) {
+        throw new UnrecoverableError(
+          `the recent index now holds ${index.model}/${index.dimensions} vectors but this process embeds with ` +
+            `${embedder.model}/${embedder.dimensions}: restart it with the new EMBEDDING_MODEL/EMBEDDING_DIMENSIONS`,
+        );
+      }
+      // Everything fell below a cutoff that moved meanwhile; nothing left to do for these rows.
+      return total;
+    }
+    if (page.rows.length < limit) return total;
+  }
+  total.more = true;
+  return total;
+}
+
+export function makeEmbedProcessor(
+  deps: Pick<CoreDeps, 'db' | 'config' | 'queues'>,
+  embedder: Embedder,
+  onResult?: (r: EmbedSessionResult) => void,
+) {
+  return async (job: Job): Promise<{ written: number; skipped: number }> => {
+    const p = parsePayload('embed', job.data);
+    // p.generation is informational: a deduplicated job may carry an older generation than the
+    // session's, so the work always follows the generation read from Postgres.
+    let r: EmbedSessionResult;
+    try {
+      r = await embedSession(deps, embedder, p.tenantId, p.sessionId);
+    } catch (err) {
+      // Outages (429, 5xx, timeouts) retry with the queue's backoff; the rest cannot get better.
+      if (err instanceof LlmError && !err.retryable) throw new UnrecoverableError(err.message);
+      throw err;
+    }
+    onResult?.(r);
+    // Kept as the session's one pending job and created when this one ends (keepLastIfActive).
+    if (r.more) await enqueueEmbed(deps.queues, p);
+    return { written: r.written, skipped: r.skipped };
+  };
+}
