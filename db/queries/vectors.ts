@@ -213,6 +213,8 @@ export async function createShadowTable(q: Queryable): Promise<void> {
          REFERENCES sessions (tenant_id, id) ON DELETE CASCADE
      )`,
   );
+  // Same storage as the live table (migration 005): vectors inline, not TOASTed.
+  await q.query(`ALTER TABLE ${SHADOW_TABLE} ALTER COLUMN embedding SET STORAGE MAIN`);
 }
 
 export async function dropShadowTable(q: Queryable): Promise<void> {
