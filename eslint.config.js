@@ -2,7 +2,17 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['node_modules/**', 'dist/**', 'data/**', 'coverage/**', 'tmp/**', 'bench/peers/**', 'bench/experiments/**'] },
+  {
+    ignores: [
+      'node_modules/**',
+      'dist/**',
+      'data/**',
+      'coverage/**',
+      'tmp/**',
+      'bench/peers/**',
+      'bench/experiments/**',
+    ],
+  },
   js.configs.recommended,
   {
     files: ['**/*.ts'],
