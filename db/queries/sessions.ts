@@ -17,21 +17,23 @@ export interface SessionRow {
 const COLS = `tenant_id, id, generation, next_seq, message_count, hot_bytes, start_seq, start_at_ns,
   created_at, last_message_at, deleted_at`;
 
-/** Creates the session row if needed and locks it; the caller holds a transaction. */
+/**
+ * Locks the session row, creating it first if needed; the caller holds a transaction. The row
+ * almost always exists (it is created when the session is seeded), so try the lock first and pay
+ * the INSERT only on a miss.
+ */
 export async function lockOrCreateSession(
   q: Queryable,
   tenantId: string,
   sessionId: string,
 ): Promise<SessionRow> {
+  const existing = await lockSession(q, tenantId, sessionId);
+  if (existing) return existing;
   await q.query(`INSERT INTO sessions (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, [
     tenantId,
     sessionId,
   ]);
-  const r = await q.query<SessionRow>(
-    `SELECT ${COLS} FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE`,
-    [tenantId, sessionId],
-  );
-  return r.rows[0]!;
+  return (await lockSession(q, tenantId, sessionId))!;
 }
 
 export async function lockSession(
