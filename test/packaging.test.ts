@@ -118,11 +118,22 @@ void describe('docker-compose.yml', () => {
     },
   );
 
-  void it('has health checks on postgres, redis and the api', { skip: skipCompose }, () => {
+  void it('has health checks on postgres, redis, the api and the workers', { skip: skipCompose }, () => {
     const { services } = normalisedCompose();
     assert.match((services.postgres?.healthcheck?.test ?? []).join(' '), /pg_isready/);
     assert.match((services.redis?.healthcheck?.test ?? []).join(' '), /redis-cli ping/);
     assert.match((services.api?.healthcheck?.test ?? []).join(' '), /\/readyz/);
+    for (const w of ['worker-1', 'worker-2']) {
+      assert.match((services[w]?.healthcheck?.test ?? []).join(' '), /\/healthz/, w);
+    }
+  });
+
+  void it('runs a Prometheus that scrapes the api and both workers', { skip: skipCompose }, () => {
+    const { services } = normalisedCompose();
+    assert.ok(services.prometheus, 'a prometheus service');
+    const scrape = readFileSync(path.join(root, 'deploy/prometheus.yml'), 'utf8');
+    for (const target of ['api:8080', 'worker-1:8080', 'worker-2:8080'])
+      assert.ok(scrape.includes(target), target);
   });
 });
 
