@@ -1,6 +1,10 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import express from 'express';
+import { makeErrorHandler } from '../services/http-errors.js';
+import { makeLogger } from '../services/logger.js';
 import { sampleQueues } from '../services/metrics-sampler.js';
+import { rateLimit } from '../services/rate-limit.js';
 import { api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import type { TestService } from './support/harness.js';
 
@@ -49,7 +53,7 @@ void describe('operations', () => {
     assert.ok(!text.includes(t.tenantId), 'no tenant ids in metrics');
   });
 
-  void test('rate limiting per API key: 429 with retry-after past the budget, other keys unaffected, then recovery', async () => {
+  void test('rate limiting per API key: 429 with retry-after past the budget, other keys unaffected', async () => {
     const a = await svc.newTenant();
     const b = await svc.newTenant();
     for (let i = 0; i < 5; i++) {
@@ -67,14 +71,49 @@ void describe('operations', () => {
     const search = await b.api.post('/v1/sessions/nope/search', { query: 'x' });
     assert.equal(search.headers.get('x-ratelimit-remaining'), '3');
     assert.equal((await api(svc.base).get('/healthz')).status, 200, 'ops endpoints are not limited');
-    // The next minute starts a new window (simulated by removing the current window's counter).
-    const keyId = a.apiKey.split('_')[1]!;
-    const counters = await svc.deps.redis.keys(`${svc.config.prefix}:rl:${keyId}:*`);
-    assert.equal(counters.length, 1);
-    await svc.deps.redis.del(...counters);
-    assert.equal((await a.api.get('/v1/sessions')).status, 200);
     const text = await (await fetch(`${svc.base}/metrics`)).text();
     assert.ok(metricValue(text, 'mnemos_rate_limited_total') >= 1);
+  });
+
+  void test('the budget is shared through Redis across processes, and a new minute restores it', async () => {
+    // Two limiter instances (as in two API processes) on the same Redis, with a controllable clock.
+    let now = Date.parse('2026-01-01T00:00:10Z');
+    const mk = () => {
+      const app = express();
+      app.use((_req, res, next) => {
+        res.locals.keyId = 'shared-key';
+        next();
+      });
+      app.use(rateLimit(svc.deps, () => now));
+      app.get('/', (_req, res) => {
+        res.json({ ok: true });
+      });
+      app.use(makeErrorHandler(makeLogger('silent')));
+      return new Promise<{ url: string; close: () => void }>((resolve) => {
+        const s = app.listen(0, '127.0.0.1', () => {
+          const port = (s.address() as { port: number }).port;
+          resolve({ url: `http://127.0.0.1:${port}`, close: () => s.close() });
+        });
+      });
+    };
+    const [p1, p2] = await Promise.all([mk(), mk()]);
+    try {
+      for (let i = 0; i < 5; i++) assert.equal((await fetch(p1.url)).status, 200);
+      assert.equal((await fetch(p1.url)).status, 429);
+      // The other process has not seen a count yet: its first request passes and learns the total.
+      assert.equal((await fetch(p2.url)).status, 200);
+      await eventually(async () => {
+        const v = await svc.deps.redis.get(`${svc.config.prefix}:rl:shared-key:${Math.floor(now / 60_000)}`);
+        return v === '6';
+      });
+      assert.equal((await fetch(p2.url)).status, 429, 'the budget spent elsewhere counts here too');
+      now += 60_000;
+      assert.equal((await fetch(p1.url)).status, 200, 'a new minute, a new budget');
+      assert.equal((await fetch(p2.url)).status, 200);
+    } finally {
+      p1.close();
+      p2.close();
+    }
   });
 
   void test('a worker process serves health, readiness and metrics, and no API', async () => {
