@@ -1,6 +1,7 @@
 import type { Job } from 'bullmq';
 import { pgCode, withTransaction } from '../db/pool.js';
 import { insertArchiveBatch } from '../db/queries/messages.js';
+import type { ArchiveInsertRow } from '../db/queries/messages.js';
 import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
 import type { CoreDeps } from '../services/deps.js';
 import {
@@ -44,6 +45,28 @@ function searchableText(m: AcceptedMessage): string {
   return [m.name ?? '', m.content ?? '', callText].filter(Boolean).join('\n');
 }
 
+/** The archive row of an accepted message at `seq`, with its capped full-text inputs. */
+export function toArchiveRow(seq: number, m: AcceptedMessage): ArchiveInsertRow {
+  const fts = ftsDocument(searchableText(m));
+  return {
+    seq,
+    id: m.id,
+    role: m.role,
+    content: m.content,
+    parts: m.parts,
+    name: m.name,
+    tool_call_id: m.tool_call_id,
+    tool_calls: m.tool_calls,
+    metadata: m.metadata,
+    sent_at_ns: m.sent_at_ns,
+    sent_at_given: m.sent_at_given,
+    bytes: m.bytes,
+    fingerprint: m.fp,
+    fts_en: fts.en,
+    fts_cjk: fts.cjk,
+  };
+}
+
 /**
  * Drains one session's inbox into the archive, in seq order, batch by batch. Each batch is one
  * transaction that holds the session's row lock, so any number of workers may run this for the
@@ -82,27 +105,7 @@ export async function drainSession(
         );
         const unreadable = current.filter((e) => e.message === null).map((e) => e.raw);
         const stale = entries.filter((e) => e.gen !== session.generation).length;
-        const rows = keep.map((e) => {
-          const fts = ftsDocument(searchableText(e.message));
-          const m = e.message;
-          return {
-            seq: e.seq,
-            id: m.id,
-            role: m.role,
-            content: m.content,
-            parts: m.parts,
-            name: m.name,
-            tool_call_id: m.tool_call_id,
-            tool_calls: m.tool_calls,
-            metadata: m.metadata,
-            sent_at_ns: m.sent_at_ns,
-            sent_at_given: m.sent_at_given,
-            bytes: m.bytes,
-            fingerprint: m.fp,
-            fts_en: fts.en,
-            fts_cjk: fts.cjk,
-          };
-        });
+        const rows = keep.map((e) => toArchiveRow(e.seq, e.message));
         const inserted = rows.length > 0 ? await insertArchiveBatch(tx, tenantId, sessionId, rows) : [];
         const lastRead = entries[entries.length - 1]!.seq;
         let lastSentNs: string | null = null;
