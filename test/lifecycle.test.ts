@@ -395,6 +395,35 @@ void describe('delete', () => {
       [[seqs[0], 'after']],
     );
   });
+
+  void test('messages accepted between a reset’s commit and its Redis step (a crash) are kept', async () => {
+    const t = await svc.newTenant();
+    const s = sid('window');
+    await archive(t.api, s, [user('cleared 1'), user('cleared 2')]);
+    // The reset's transaction committed (it records the history it cleared), then the process died.
+    await q(
+      `UPDATE sessions SET generation = generation + 1, message_count = 0, hot_bytes = 0,
+         cleared_through_seq = next_seq - 1 WHERE tenant_id = $1 AND id = $2`,
+      [t.tenantId, s],
+    );
+    await q('DELETE FROM messages WHERE tenant_id = $1 AND session_id = $2', [t.tenantId, s]);
+    // Redis still stamps the old generation on new messages; they were acknowledged: keep them.
+    const seqs = await archive(t.api, s, [user('accepted meanwhile 1'), user('accepted meanwhile 2')]);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
+      [
+        [seqs[0], 'accepted meanwhile 1'],
+        [seqs[1], 'accepted meanwhile 2'],
+      ],
+    );
+    await reconcileGenerations(svc.deps, lifecycle);
+    const later = await archive(t.api, s, [user('after reconcile')]);
+    assert.ok(later[0]! > seqs[1]!);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => m.content),
+      ['accepted meanwhile 1', 'accepted meanwhile 2', 'after reconcile'],
+    );
+  });
 });
 
 void describe('export and import', () => {

@@ -99,12 +99,17 @@ export async function drainSession(
         const entries = await readInbox(deps.redis, keys, DRAIN_BATCH);
         if (entries.length === 0) return null;
         const nextSeq = Number(session.next_seq);
-        const current = entries.filter((e) => e.gen === session.generation && e.seq >= nextSeq);
+        // Entries of the current generation, and entries accepted after the last reset/delete
+        // committed (its Redis step may not have re-stamped the inbox generation yet: a crash in
+        // between must not drop them). Older generations' entries are the cleared history.
+        const clearedThrough = Number(session.cleared_through_seq);
+        const isCurrent = (e: InboxEntry) => e.gen === session.generation || e.seq > clearedThrough;
+        const current = entries.filter((e) => isCurrent(e) && e.seq >= nextSeq);
         const keep = current.filter(
           (e): e is InboxEntry & { message: AcceptedMessage } => e.message !== null,
         );
         const unreadable = current.filter((e) => e.message === null).map((e) => e.raw);
-        const stale = entries.filter((e) => e.gen !== session.generation).length;
+        const stale = entries.filter((e) => !isCurrent(e)).length;
         const rows = keep.map((e) => toArchiveRow(e.seq, e.message));
         const inserted = rows.length > 0 ? await insertArchiveBatch(tx, tenantId, sessionId, rows) : [];
         const lastRead = entries[entries.length - 1]!.seq;

@@ -67,14 +67,16 @@ export async function hasWrittenSummary(q: Queryable, tenantId: string, sessionI
  */
 export async function markSessionCleared(
   q: Queryable,
-  a: { tenantId: string; sessionId: string; generation: number; deleted: boolean },
+  a: { tenantId: string; sessionId: string; generation: number; deleted: boolean; clearedThroughSeq: number },
 ): Promise<void> {
   await q.query(
     `UPDATE sessions SET generation = $3::int, message_count = 0, hot_bytes = 0, start_seq = 0,
        start_at_ns = NULL, compact_blocked_at_bytes = NULL, last_message_at = NULL,
-       deleted_at = CASE WHEN $4::boolean THEN now() ELSE NULL END
+       deleted_at = CASE WHEN $4::boolean THEN now() ELSE NULL END,
+       cleared_through_seq = GREATEST(cleared_through_seq, $5::bigint),
+       next_seq = GREATEST(next_seq, $5::bigint + 1)
      WHERE tenant_id = $1 AND id = $2`,
-    [a.tenantId, a.sessionId, a.generation, a.deleted],
+    [a.tenantId, a.sessionId, a.generation, a.deleted, a.clearedThroughSeq],
   );
 }
 
@@ -101,9 +103,10 @@ export async function recordRedisCaughtUp(
 export async function sessionsBehindInRedis(
   q: Queryable,
   limit: number,
-): Promise<Array<{ tenant_id: string; id: string; generation: number }>> {
-  const r = await q.query<{ tenant_id: string; id: string; generation: number }>(
-    `SELECT tenant_id, id, generation FROM sessions WHERE redis_generation <> generation LIMIT $1`,
+): Promise<Array<{ tenant_id: string; id: string; generation: number; cleared_through_seq: string }>> {
+  const r = await q.query<{ tenant_id: string; id: string; generation: number; cleared_through_seq: string }>(
+    `SELECT tenant_id, id, generation, cleared_through_seq FROM sessions
+     WHERE redis_generation <> generation LIMIT $1`,
     [limit],
   );
   return r.rows;

@@ -108,12 +108,13 @@ export async function importSession(
           keys,
           deadLetterKey(deps.config.prefix, tenantId, sessionId),
           row.generation,
+          Number(row.cleared_through_seq),
         );
         await recordRedisCaughtUp(tx, {
           tenantId,
           sessionId,
           generation: row.generation,
-          nextSeq: c.cleared && c.topSeq !== null ? c.topSeq + 1 : null,
+          nextSeq: c.cleared && c.topSeq !== null ? Number(row.cleared_through_seq) + 1 : null,
         });
         [gen, seq] = await deps.redis.hmget(keys.sess, 'gen', 'seq');
       }

@@ -10,24 +10,45 @@ import type { Redis } from '../redis.js';
 export const deadLetterKey = (prefix: string, tenantId: string, sessionId: string) =>
   `${prefix}:dead:${tenantId}:${sessionId}`;
 
-// Moves a session's Redis state to a newer generation: drops the pending inbox, the idempotency
-// ids and the dead letters of the older one. A compare-and-set, so it is safe to repeat at any time
-// (by a retried request or the reconciler): it never touches a state that already holds the target
-// generation (whose inbox may hold new messages). Returns {cleared, highest seq handed out so far}.
-// KEYS: sess, inbox, ids, armed, dead. ARGV: target generation, armed member.
+// Moves a session's Redis state to a newer generation: drops the inbox entries of the cleared
+// history (seq <= ARGV[3], the highest seq handed out when the reset/delete committed), the
+// idempotency ids and the dead letters. Entries after that seq were accepted later and stay,
+// armed for a flush (the drain keeps them whatever generation they carry). A compare-and-set, so
+// it is safe to repeat at any time (by a retried request or the reconciler): it never touches a
+// state that already holds the target generation. Returns {cleared, top seq, entries left}.
+// KEYS: sess, inbox, ids, armed, dead. ARGV: target generation, armed member, cleared-through seq.
 const CLEAR_TO = `
 local cur = redis.call('HGET', KEYS[1], 'gen')
-if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, ''} end
+if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, '', 0} end
 local top = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local tail = redis.call('LINDEX', KEYS[2], -1)
 if tail then
   local t = tonumber(string.match(tail, '^(%d+) '))
   if t and t > top then top = t end
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[5])
-if cur then redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '0') end
-redis.call('ZREM', KEYS[4], ARGV[2])
-return {1, tostring(top)}
+local through = tonumber(ARGV[3])
+while true do
+  local head = redis.call('LRANGE', KEYS[2], 0, 499)
+  if #head == 0 then break end
+  local k = 0
+  for _, e in ipairs(head) do
+    local s = tonumber(string.match(e, '^(%d+) '))
+    if s and s <= through then k = k + 1 else break end
+  end
+  if k == 0 then break end
+  redis.call('LTRIM', KEYS[2], k, -1)
+  if k < #head then break end
+end
+redis.call('DEL', KEYS[3], KEYS[5])
+local left = redis.call('LLEN', KEYS[2])
+if left > 0 then
+  if cur then redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '1') end
+  redis.call('ZADD', KEYS[4], 0, ARGV[2])
+else
+  if cur then redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '0') end
+  redis.call('ZREM', KEYS[4], ARGV[2])
+end
+return {1, tostring(top), left}
 `;
 
 // Publishes a staged import as the session's inbox in one step, but only into an empty inbox of
@@ -65,7 +86,7 @@ return {'OK', wake}
 `;
 
 type Scripted = Redis & {
-  mnemosLifecycleClear?: (...args: Array<string | number>) => Promise<[number, string]>;
+  mnemosLifecycleClear?: (...args: Array<string | number>) => Promise<[number, string, number]>;
   mnemosLifecyclePublish?: (...args: Array<string | number>) => Promise<Array<string | number>>;
 };
 
@@ -82,6 +103,8 @@ export interface ClearResult {
   cleared: boolean;
   /** Highest seq handed out before the clear (null when nothing was cleared or nothing known). */
   topSeq: number | null;
+  /** Inbox entries accepted after the cleared history (kept, armed for a flush). */
+  left: number;
 }
 
 export async function clearToGeneration(
@@ -89,8 +112,9 @@ export async function clearToGeneration(
   keys: InboxKeys,
   deadKey: string,
   generation: number,
+  clearedThroughSeq: number,
 ): Promise<ClearResult> {
-  const [cleared, top] = await scripted(redis).mnemosLifecycleClear(
+  const [cleared, top, left] = await scripted(redis).mnemosLifecycleClear(
     keys.sess,
     keys.inbox,
     keys.ids,
@@ -98,10 +122,12 @@ export async function clearToGeneration(
     deadKey,
     generation,
     keys.member,
+    clearedThroughSeq,
   );
   const topSeq = top === '' ? null : Number(top);
   return {
     cleared: Number(cleared) === 1,
+    left: Number(left),
     topSeq: topSeq !== null && Number.isFinite(topSeq) && topSeq > 0 ? topSeq : null,
   };
 }

@@ -15,7 +15,7 @@ import { lockSession } from '../../db/queries/sessions.js';
 import type { SessionRow } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import type { Extension } from '../extension.js';
-import { inboxKeys } from '../messages/inbox.js';
+import { inboxKeys, topHandedOut } from '../messages/inbox.js';
 import { clearToGeneration, deadLetterKey } from './lifecycle-redis.js';
 import { removeQueuedJobs, sessionJobs } from './queued-jobs.js';
 
@@ -67,10 +67,19 @@ export async function clearSession(
       row.deleted_at &&
       (await deps.redis.llen(inboxKeys(deps.config.prefix, tenantId, sessionId).inbox)) === 0
     ) {
-      return { kind: 'tombstone' as const, generation: row.generation };
+      return {
+        kind: 'tombstone' as const,
+        generation: row.generation,
+        clearedThroughSeq: Number(row.cleared_through_seq),
+      };
     }
     if (opts.guard && !(await opts.guard(row, tx))) return { kind: 'skipped' as const };
     const generation = row.generation + 1;
+    // Everything handed out until now is the cleared history; later accepts survive the clear.
+    const clearedThroughSeq = Math.max(
+      Number(row.next_seq) - 1,
+      await topHandedOut(deps.redis, inboxKeys(deps.config.prefix, tenantId, sessionId)),
+    );
     const messagesRemoved = await deleteSessionMessages(tx, tenantId, sessionId);
     await deleteSessionVectorRows(tx, tenantId, sessionId);
     if (dropSummary) await deleteSessionSummary(tx, tenantId, sessionId);
@@ -79,12 +88,18 @@ export async function clearSession(
       await detachSessionUsage(tx, tenantId, sessionId);
     }
     const summaryKept = !dropSummary && (await hasWrittenSummary(tx, tenantId, sessionId));
-    await markSessionCleared(tx, { tenantId, sessionId, generation, deleted: mode.kind === 'delete' });
-    return { kind: 'done' as const, generation, summaryKept, messagesRemoved };
+    await markSessionCleared(tx, {
+      tenantId,
+      sessionId,
+      generation,
+      deleted: mode.kind === 'delete',
+      clearedThroughSeq,
+    });
+    return { kind: 'done' as const, generation, summaryKept, messagesRemoved, clearedThroughSeq };
   });
   if (r.kind === 'not_found' || r.kind === 'skipped') return r;
 
-  await syncRedisGeneration(deps, tenantId, sessionId, r.generation);
+  await syncRedisGeneration(deps, tenantId, sessionId, r.generation, r.clearedThroughSeq);
   if (mode.kind === 'delete' || dropSummary || r.kind === 'tombstone') {
     await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
   }
@@ -97,7 +112,13 @@ export async function clearSession(
       ),
     );
   }
-  return r.kind === 'tombstone' ? { kind: 'not_found' } : r;
+  if (r.kind === 'tombstone') return { kind: 'not_found' };
+  return {
+    kind: 'done',
+    generation: r.generation,
+    summaryKept: r.summaryKept,
+    messagesRemoved: r.messagesRemoved,
+  };
 }
 
 /**
@@ -105,20 +126,21 @@ export async function clearSession(
  * numbers it had handed out from ever being reused, and records that Redis caught up.
  */
 export async function syncRedisGeneration(
-  deps: Pick<LifecycleDeps, 'db' | 'redis' | 'config'>,
+  deps: Pick<LifecycleDeps, 'db' | 'redis' | 'config' | 'queues'>,
   tenantId: string,
   sessionId: string,
   generation: number,
+  clearedThroughSeq: number,
 ): Promise<boolean> {
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   const dead = deadLetterKey(deps.config.prefix, tenantId, sessionId);
-  const c = await clearToGeneration(deps.redis, keys, dead, generation);
-  await recordRedisCaughtUp(deps.db, {
-    tenantId,
-    sessionId,
-    generation,
-    nextSeq: c.cleared && c.topSeq !== null ? c.topSeq + 1 : null,
-  });
+  const c = await clearToGeneration(deps.redis, keys, dead, generation, clearedThroughSeq);
+  // next_seq already moved past the cleared history in the reset/delete transaction.
+  await recordRedisCaughtUp(deps.db, { tenantId, sessionId, generation, nextSeq: null });
+  if (c.left > 0) {
+    // Messages accepted after the clear wait in the inbox: flush them now (the sweeper would too).
+    await deps.queues.ingest.add('flush', { v: 1, tenantId, sessionId });
+  }
   return c.cleared;
 }
 
@@ -155,7 +177,7 @@ export async function reconcileGenerations(
   for (const s of await sessionsBehindInRedis(deps.db, limit)) {
     try {
       // Only when this run did the clear: otherwise the session may already hold new data.
-      if (await syncRedisGeneration(deps, s.tenant_id, s.id, s.generation)) {
+      if (await syncRedisGeneration(deps, s.tenant_id, s.id, s.generation, Number(s.cleared_through_seq))) {
         await purgeSessionEverywhere(deps, extensions, s.tenant_id, s.id);
       }
       reconciled++;

@@ -265,3 +265,10 @@ export async function staleArmedSessions(redis: Redis, prefix: string, olderThan
 export async function touchArmed(redis: Redis, prefix: string, member: string): Promise<void> {
   await redis.zadd(`${prefix}:armed`, 'XX', Date.now(), member);
 }
+
+/** The highest seq handed out for the session so far (counter or inbox tail), 0 when unknown. */
+export async function topHandedOut(redis: Redis, keys: InboxKeys): Promise<number> {
+  const [counter, tail] = await Promise.all([redis.hget(keys.sess, 'seq'), redis.lindex(keys.inbox, -1)]);
+  const tailSeq = tail ? Number(tail.slice(0, tail.indexOf(' '))) : 0;
+  return Math.max(Number(counter ?? 0), Number.isFinite(tailSeq) ? tailSeq : 0);
+}
