@@ -15,20 +15,55 @@ function validParts(y: number, mo: number, d: number, h: number, mi: number, s: 
   return d <= dim;
 }
 
+const wallClockFormatters = new Map<string, Intl.DateTimeFormat>();
+
+export interface WallClock {
+  year: string;
+  month: string;
+  day: string;
+  hour: string;
+  minute: string;
+  second: string;
+  /** `+08:00`, `-05:00`, `+00:00`. */
+  offset: string;
+}
+
+/**
+ * The wall-clock reading of an instant in `zone`. Building an Intl formatter costs far more than
+ * using one (and this runs per message), so there is one per zone, reused.
+ */
+export function wallClock(zone: string, utcMs: number): WallClock {
+  let f = wallClockFormatters.get(zone);
+  if (!f) {
+    f = new Intl.DateTimeFormat('en-US', {
+      timeZone: zone,
+      hourCycle: 'h23',
+      year: 'numeric',
+      month: '2-digit',
+      day: '2-digit',
+      hour: '2-digit',
+      minute: '2-digit',
+      second: '2-digit',
+      timeZoneName: 'longOffset',
+    });
+    wallClockFormatters.set(zone, f);
+  }
+  const p = Object.fromEntries(f.formatToParts(new Date(utcMs)).map((x) => [x.type, x.value]));
+  return {
+    year: p.year!,
+    month: p.month!,
+    day: p.day!,
+    hour: p.hour!,
+    minute: p.minute!,
+    second: p.second!,
+    offset: (p.timeZoneName ?? 'GMT').replace(/^GMT/, '') || '+00:00',
+  };
+}
+
 /** Offset of `zone` from UTC in ms at the given UTC instant. */
 function zoneOffsetMs(zone: string, utcMs: number): number {
-  const f = new Intl.DateTimeFormat('en-US', {
-    timeZone: zone,
-    hourCycle: 'h23',
-    year: 'numeric',
-    month: '2-digit',
-    day: '2-digit',
-    hour: '2-digit',
-    minute: '2-digit',
-    second: '2-digit',
-  });
-  const p = Object.fromEntries(f.formatToParts(new Date(utcMs)).map((x) => [x.type, x.value]));
-  const asUtc = Date.UTC(+p.year!, +p.month! - 1, +p.day!, +p.hour!, +p.minute!, +p.second!);
+  const p = wallClock(zone, utcMs);
+  const asUtc = Date.UTC(+p.year, +p.month - 1, +p.day, +p.hour, +p.minute, +p.second);
   return asUtc - Math.floor(utcMs / 1000) * 1000;
 }
 

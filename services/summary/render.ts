@@ -1,4 +1,5 @@
 import { TOOL_CALL_SEPARATOR } from '../../db/queries/summaries.js';
+import { wallClock } from '../time.js';
 
 /**
  * How archived messages appear in summary prompts. Every size here is in Unicode code points
@@ -28,29 +29,10 @@ export function takeCodePoints(s: string, n: number): string {
 
 export const truncationMarker = (omitted: number) => `…[truncated ${omitted} characters]`;
 
-const formatters = new Map<string, Intl.DateTimeFormat>();
-
 /** `2026-01-02 10:03:04 +08:00`: the message's wall-clock time in the configured zone. */
 export function formatMessageTime(sentAtNs: string, timeZone: string): string {
-  let f = formatters.get(timeZone);
-  if (!f) {
-    f = new Intl.DateTimeFormat('en-US', {
-      timeZone,
-      hourCycle: 'h23',
-      year: 'numeric',
-      month: '2-digit',
-      day: '2-digit',
-      hour: '2-digit',
-      minute: '2-digit',
-      second: '2-digit',
-      timeZoneName: 'longOffset',
-    });
-    formatters.set(timeZone, f);
-  }
-  const ms = Number(BigInt(sentAtNs) / 1_000_000n);
-  const p = Object.fromEntries(f.formatToParts(new Date(ms)).map((x) => [x.type, x.value]));
-  const offset = (p.timeZoneName ?? 'GMT').replace(/^GMT/, '') || '+00:00';
-  return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${offset}`;
+  const p = wallClock(timeZone, Number(BigInt(sentAtNs) / 1_000_000n));
+  return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${p.offset}`;
 }
 
 /** One archived message, content already capped by the query. */

@@ -1,4 +1,5 @@
 import { pageMessages } from '../../db/queries/messages.js';
+import { wallClock } from '../time.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
@@ -48,26 +49,9 @@ function contentText(content: unknown): string {
 }
 
 /** `[2026-01-02 03:04 UTC · user · #12] text` — compact and greppable for a model. */
-// Building an Intl formatter costs far more than using one: one per zone, reused.
-const minuteFormatters = new Map<string, Intl.DateTimeFormat>();
-function minuteFormatter(timeZone: string): Intl.DateTimeFormat {
-  let f = minuteFormatters.get(timeZone);
-  if (!f) {
-    f = new Intl.DateTimeFormat('sv-SE', {
-      timeZone,
-      year: 'numeric',
-      month: '2-digit',
-      day: '2-digit',
-      hour: '2-digit',
-      minute: '2-digit',
-    });
-    minuteFormatters.set(timeZone, f);
-  }
-  return f;
-}
-
 export function formatMessage(m: StoredMessage, timeZone: string): string {
-  const when = minuteFormatter(timeZone).format(new Date(m.sent_at.slice(0, 23) + 'Z'));
+  const t = wallClock(timeZone, Date.parse(m.sent_at.slice(0, 23) + 'Z'));
+  const when = `${t.year}-${t.month}-${t.day} ${t.hour}:${t.minute}`;
   let text = contentText(m.content);
   if (m.tool_calls?.length) {
     const calls = (m.tool_calls as Array<{ function?: { name?: string; arguments?: string } }>)
