@@ -228,10 +228,9 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       const id = newErrorId();
       const errorClass = classifyError(`${symptom}\n${cause ?? ''}`);
       const vector = opts.embed?.(`${symptom}\n${cause ?? ''}`);
-      await repo.save(k.entity(id), {
+      const fields = {
         tool_name: tool,
         symptom,
-        cause: cause ?? undefined,
         action,
         outcome: input.outcome,
         keywords,
@@ -239,6 +238,10 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         created_ms: at,
         last_hit_ms: at,
         error_class: errorClass,
+      };
+      await repo.save(k.entity(id), {
+        ...fields,
+        cause: cause ?? undefined,
         dedupe,
         session_id: input.session_id,
         embedding: vector ? JSON.stringify(vector.map((x) => Math.round(x * 1e5) / 1e5)) : undefined,
@@ -248,18 +251,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       // finds the record; the loser of this race drops its unindexed copy and merges instead.
       const won = await client.set(dedupeKey, id, { NX: true, PX: ttlMs });
       if (won === 'OK') {
-        const rec = toStoredError(id, {
-          tool_name: tool,
-          symptom,
-          cause,
-          action,
-          outcome: input.outcome,
-          keywords,
-          hits: 1,
-          created_ms: at,
-          last_hit_ms: at,
-          error_class: errorClass,
-        });
+        const rec = toStoredError(id, { ...fields, cause });
         if (rec) await index(tenantId, k, rec);
         return { id, deduplicated: false };
       }
