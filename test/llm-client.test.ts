@@ -7,8 +7,10 @@ import {
   lightStem,
   localEmbed,
   localEmbedMany,
+  localFeatures,
 } from '../services/llm/local-embedder.js';
 import { decodeFloat32Base64, startFakeOpenAI } from './support/fake-openai.js';
+import * as reference from './support/local-embedder-reference.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
 
 const CTX = { purpose: 'summary', tenantId: 't1', sessionId: 's1' } as const;
@@ -536,6 +538,64 @@ void describe('local embedder', () => {
     const unrelated = cosine(query, localEmbed('今天天氣很好，我們去公園散步', dims));
     assert.ok(related > 0.5, `related ${related}`);
     assert.ok(related > unrelated + 0.4, `related ${related} vs unrelated ${unrelated}`);
+  });
+
+  void test("gives exactly the reference tokeniser's features and vectors", () => {
+    // The service's tokeniser is a one-pass rewrite of the original regular expressions
+    // (test/support/local-embedder-reference.ts); stored vectors must not change with it.
+    const samples = [
+      'Compacting conversation memories: 記憶系統 memory',
+      'The deployment scripts failed; we rolled back the migrations and re-ran 12 jobs.',
+      'API記憶 and ＡＰＩ full-width, ｶﾀｶﾅ half-width, カタカナー長音, 한국어 문장, 〇〇 digits',
+      'café naïve Ὀδυσσεύς İstanbul ǅemal ﬁle Straße 𠀋𠀌 😀🙂 e\u0301 \u3099\u309a',
+      'boxes matches databases classes ties lies ion lions dies status analysis addressed',
+      '\ud800 lone \udc00 surrogates \ud83d',
+      '',
+      '!!! ... ？！',
+    ];
+    // Plus random strings over the character classes the tokeniser distinguishes.
+    const ranges: Array<[number, number]> = [
+      [0x20, 0x7e],
+      [0xc0, 0x24f],
+      [0x300, 0x36f],
+      [0x370, 0x3ff],
+      [0x3000, 0x303f],
+      [0x3040, 0x30ff],
+      [0x4e00, 0x4fff],
+      [0xac00, 0xac40],
+      [0xff00, 0xffef],
+      [0x1f600, 0x1f64f],
+      [0x20000, 0x20040],
+      [0xd800, 0xdfff],
+      [0x0600, 0x06ff],
+      [0x0e00, 0x0e7f],
+    ];
+    let seed = 12345;
+    const rand = () => {
+      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+      return seed / 2 ** 32;
+    };
+    for (let n = 0; n < 400; n++) {
+      let text = '';
+      const len = Math.floor(rand() * 60);
+      for (let i = 0; i < len; i++) {
+        const [lo, hi] = ranges[Math.floor(rand() * ranges.length)]!;
+        const cp = lo + Math.floor(rand() * (hi - lo + 1));
+        text += rand() < 0.3 ? ' ' : String.fromCodePoint(cp);
+      }
+      samples.push(text);
+    }
+    for (const text of samples) {
+      assert.deepEqual(localFeatures(text), reference.localFeatures(text), JSON.stringify(text));
+      for (const dims of [8, 384]) {
+        const got = localEmbed(text, dims);
+        const want = reference.localEmbed(text, dims);
+        assert.ok(
+          got.every((x, i) => Object.is(x, want[i])),
+          `vector differs for ${JSON.stringify(text)}`,
+        );
+      }
+    }
   });
 
   void test('Latin words glued to CJK are still separate features', () => {

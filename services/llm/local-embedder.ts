@@ -15,11 +15,38 @@ export const LOCAL_EMBEDDING_MODEL = 'local-hash';
 // for them, so they get character bigrams instead. Script_Extensions (not Script) so the
 // katakana prolonged-sound mark "ー" counts as kana; the lookahead keeps CJK punctuation
 // ("。", "、"), which shares those extensions, out of the runs.
-const CJK = String.raw`(?=[\p{L}\p{N}])[\p{scx=Han}\p{scx=Hiragana}\p{scx=Katakana}\p{scx=Hangul}]`;
-const CJK_CHAR = new RegExp(CJK, 'u');
-// A run is either CJK or a word of letters/digits/marks that are not CJK. The negative
-// lookahead stops a Latin word from swallowing CJK characters that follow it without a space.
-const RUN = new RegExp(String.raw`(?:${CJK})+|(?:(?!${CJK})[\p{L}\p{N}\p{M}])+`, 'gu');
+const CJK_CHAR = /^(?=[\p{L}\p{N}])[\p{scx=Han}\p{scx=Hiragana}\p{scx=Katakana}\p{scx=Hangul}]$/u;
+const WORD_CHAR = /^[\p{L}\p{N}\p{M}]$/u;
+
+/**
+ * What a code point is to the tokeniser. A text is cut into runs of one kind: a CJK run is
+ * letters/digits of a CJK script, a word run letters/digits/marks of any other script;
+ * everything else separates runs.
+ */
+const SEP = 0;
+const WORD = 1;
+const CJK = 2;
+type CharKind = typeof SEP | typeof WORD | typeof CJK;
+
+// Unicode property tests are the slow part of tokenising, so each non-ASCII code point is
+// classified once per process (bounded: a text in a rare script cannot grow it without end).
+const kindCache = new Map<number, CharKind>();
+const KIND_CACHE_MAX = 1 << 16;
+
+function charKind(cp: number): CharKind {
+  if (cp < 0x80) {
+    // ASCII letters and digits; after lower-casing A–Z do not occur, but they are words too.
+    return (cp >= 0x61 && cp <= 0x7a) || (cp >= 0x30 && cp <= 0x39) || (cp >= 0x41 && cp <= 0x5a)
+      ? WORD
+      : SEP;
+  }
+  const cached = kindCache.get(cp);
+  if (cached !== undefined) return cached;
+  const ch = String.fromCodePoint(cp);
+  const kind: CharKind = CJK_CHAR.test(ch) ? CJK : WORD_CHAR.test(ch) ? WORD : SEP;
+  if (kindCache.size < KIND_CACHE_MAX) kindCache.set(cp, kind);
+  return kind;
+}
 
 const ASCII_WORD = /^[a-z]+$/;
 const MIN_STEM = 3;
@@ -30,60 +57,122 @@ const MIN_STEM = 3;
  */
 export function lightStem(word: string): string {
   if (word.length <= MIN_STEM || !ASCII_WORD.test(word)) return word;
-  const strip = (suffix: string, replacement = ''): string | undefined => {
-    if (!word.endsWith(suffix)) return undefined;
-    const stem = word.slice(0, word.length - suffix.length) + replacement;
-    return stem.length >= MIN_STEM ? stem : undefined;
-  };
-  const ies = strip('ies', 'y');
+  return stemLowerAscii(word);
+}
+
+const S = 0x73;
+const N = 0x6e;
+const G = 0x67;
+const D = 0x64;
+
+// (Hot-path helpers are module-level functions, not closures: tsx compiles with esbuild's
+// keepNames, which wraps every named closure in a defineProperty call each time it is created.)
+
+function stripSuffix(word: string, suffix: string, replacement: string): string | undefined {
+  if (!word.endsWith(suffix)) return undefined;
+  const stem = word.slice(0, word.length - suffix.length) + replacement;
+  return stem.length >= MIN_STEM ? stem : undefined;
+}
+
+const VERB_SUFFIXES = ['ions', 'ion', 'ing', 'ed'];
+const SIBILANT_ES = /(?:x|z|ch|sh|ss)es$/;
+const KEEPS_S = /(?:ss|us|is)$/;
+
+/** lightStem for a word already known to be longer than MIN_STEM and all a–z. */
+function stemLowerAscii(word: string): string {
+  // Every rule strips a suffix ending in s, n, g or d; most words end otherwise.
+  const last = word.charCodeAt(word.length - 1);
+  if (last !== S && last !== N && last !== G && last !== D) return word;
+  const ies = stripSuffix(word, 'ies', 'y');
   if (ies) return ies;
-  for (const suffix of ['ions', 'ion', 'ing', 'ed']) {
-    const stem = strip(suffix);
+  for (const suffix of VERB_SUFFIXES) {
+    const stem = stripSuffix(word, suffix, '');
     if (stem) return stem;
   }
   // "-es" is only a plural ending after sibilants (boxes, matches); elsewhere ("databases")
   // the e belongs to the word and only the s goes.
-  if (/(?:x|z|ch|sh|ss)es$/.test(word)) {
-    const stem = strip('es');
+  if (SIBILANT_ES.test(word)) {
+    const stem = stripSuffix(word, 'es', '');
     if (stem) return stem;
   }
-  if (word.endsWith('s') && !/(?:ss|us|is)$/.test(word)) {
-    const stem = strip('s');
+  if (last === S && !KEEPS_S.test(word)) {
+    const stem = stripSuffix(word, 's', '');
     if (stem) return stem;
   }
   return word;
 }
 
-/** Features of a text, with repeats (term frequency is counted by the caller). */
-export function localFeatures(text: string): string[] {
-  const normalised = text.normalize('NFKC').toLowerCase();
-  const features: string[] = [];
-  for (const match of normalised.matchAll(RUN)) {
-    const run = match[0];
-    // A run is wholly CJK or wholly not, so testing any character classifies it.
-    if (CJK_CHAR.test(run)) {
-      // Array.from iterates code points, so Han extension characters (surrogate pairs) stay whole.
-      const chars = Array.from(run);
-      if (chars.length === 1) {
-        features.push(`c:${chars[0]}`);
-        continue;
+/**
+ * Appends the features of a text to `keys`/`kinds`, in text order, with repeats: a word run
+ * gives its stem (feature `w:<stem>`), a CJK run its code-point bigrams (`c:<bigram>`), or the
+ * character itself when the run is one character long. One pass over the text with a cached
+ * per-code-point classification; the output is exactly that of the regular-expression
+ * tokeniser it replaced (test/support/local-embedder-reference.ts; checked by the tests).
+ */
+function scanFeatures(text: string, keys: string[], kinds: number[]): void {
+  const s = text.normalize('NFKC').toLowerCase();
+  const len = s.length;
+  let runKind: CharKind = SEP;
+  let runStart = 0;
+  // Word runs: whether every unit is a–z (only those are stemmed).
+  let lowerAscii = true;
+  // CJK runs: the UTF-16 offset of the previous code point (for bigrams) and the run's length.
+  let prev = 0;
+  let cjkCount = 0;
+  for (let i = 0; i <= len;) {
+    const cp = i < len ? s.codePointAt(i)! : -1;
+    const kind = cp < 0 ? SEP : charKind(cp);
+    if (kind !== runKind) {
+      if (runKind === WORD) {
+        const word = s.slice(runStart, i);
+        keys.push(lowerAscii && word.length > MIN_STEM ? stemLowerAscii(word) : word);
+        kinds.push(WORD);
+      } else if (runKind === CJK && cjkCount === 1) {
+        keys.push(s.slice(runStart, i));
+        kinds.push(CJK);
       }
-      for (let i = 0; i + 1 < chars.length; i++) features.push(`c:${chars[i]}${chars[i + 1]}`);
-    } else {
-      features.push(`w:${lightStem(run)}`);
+      runKind = kind;
+      runStart = i;
+      lowerAscii = true;
+      cjkCount = 0;
     }
+    if (cp < 0) break;
+    const width = cp > 0xffff ? 2 : 1;
+    if (kind === WORD) {
+      if (lowerAscii && !(cp >= 0x61 && cp <= 0x7a)) lowerAscii = false;
+    } else if (kind === CJK) {
+      if (cjkCount > 0) {
+        keys.push(s.slice(prev, i + width));
+        kinds.push(CJK);
+      }
+      prev = i;
+      cjkCount++;
+    }
+    i += width;
   }
-  return features;
 }
 
-function fnv1a32(text: string): number {
-  let hash = 0x811c9dc5;
-  for (let i = 0; i < text.length; i++) {
-    hash ^= text.charCodeAt(i);
-    hash = Math.imul(hash, 0x01000193);
-  }
-  return hash >>> 0;
+/** Features of a text, with repeats (term frequency is counted by the caller). */
+export function localFeatures(text: string): string[] {
+  const keys: string[] = [];
+  const kinds: number[] = [];
+  scanFeatures(text, keys, kinds);
+  return keys.map((key, i) => (kinds[i] === WORD ? `w:${key}` : `c:${key}`));
 }
+
+/** FNV-1a over UTF-16 code units, continuing from `hash` (so a prefix can be hashed once). */
+function fnv1a32(text: string, hash = 0x811c9dc5): number {
+  let h = hash;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return h >>> 0;
+}
+
+// A feature's hash is that of its string `w:<stem>` or `c:<bigram>`; the prefix is hashed once.
+const WORD_PREFIX_HASH = fnv1a32('w:');
+const CJK_PREFIX_HASH = fnv1a32('c:');
 
 // murmur3's finaliser: FNV's low bits are weakly mixed, and both the bucket (modulo) and the
 // sign need well-distributed bits.
@@ -103,12 +192,22 @@ export function localEmbed(text: string, dimensions: number): number[] {
   if (!Number.isInteger(dimensions) || dimensions < 1) {
     throw new RangeError(`dimensions must be a positive integer, got ${dimensions}`);
   }
+  // Term frequency per feature, in order of first occurrence (the order the buckets are summed
+  // in, which floating-point results depend on). Word and CJK keys never coincide (no character
+  // is both), so one map holds both: the low bit is the kind, the rest the count.
+  const keys: string[] = [];
+  const kinds: number[] = [];
+  scanFeatures(text, keys, kinds);
   const counts = new Map<string, number>();
-  for (const feature of localFeatures(text)) counts.set(feature, (counts.get(feature) ?? 0) + 1);
+  for (let i = 0; i < keys.length; i++) {
+    const key = keys[i]!;
+    counts.set(key, (counts.get(key) ?? (kinds[i] === CJK ? 1 : 0)) + 2);
+  }
 
   const vector = new Array<number>(dimensions).fill(0);
-  for (const [feature, tf] of counts) {
-    const hash = fnv1a32(feature);
+  for (const [key, packed] of counts) {
+    const hash = fnv1a32(key, (packed & 1) === 1 ? CJK_PREFIX_HASH : WORD_PREFIX_HASH);
+    const tf = packed >>> 1;
     const index = fmix32(hash) % dimensions;
     const sign = (fmix32(hash ^ SIGN_SEED) & 1) === 0 ? 1 : -1;
     // Sublinear tf so a word repeated ten times does not drown out the rest of the text.
