@@ -12,6 +12,11 @@ export interface QueryResult<R> {
 
 export interface Queryable {
   query<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<QueryResult<R>>;
+  /**
+   * True when a Buffer parameter travels in Postgres's binary format (node-postgres). PGlite
+   * serialises parameters by type itself and takes plain JS values instead.
+   */
+  readonly binaryParams?: boolean;
 }
 
 export interface Db extends Queryable {
@@ -44,12 +49,14 @@ export function makePgDb(opts: {
   );
   return {
     kind: 'postgres',
+    binaryParams: true,
     query: (text, params) => pool.query(text, params as unknown[]) as never,
     async transaction(fn) {
       const client = await pool.connect();
       try {
         await client.query('BEGIN');
         const result = await fn({
+          binaryParams: true,
           query: (text, params) => client.query(text, params as unknown[]) as never,
         });
         await client.query('COMMIT');
@@ -63,6 +70,42 @@ export function makePgDb(opts: {
     },
     close: () => pool.end(),
   };
+}
+
+const FLOAT4_OID = 700;
+
+/**
+ * A `float4[]` parameter holding `rows` one after another (one flat array). Over node-postgres
+ * it is a Buffer in the binary array format (Postgres's array_recv), so no float is printed in
+ * JavaScript or parsed by Postgres: for embeddings, printing and parsing cost more than the
+ * insert itself. Elsewhere it is the flat JS array.
+ */
+export function float4ArrayParam(q: Queryable, rows: ReadonlyArray<ArrayLike<number>>): unknown {
+  let n = 0;
+  for (const r of rows) n += r.length;
+  if (!q.binaryParams) {
+    const flat = new Array<number>(n);
+    let i = 0;
+    for (const r of rows) for (let j = 0; j < r.length; j++) flat[i++] = r[j]!;
+    return flat;
+  }
+  // Header: ndim, has-nulls flag, element type, then (length, lower bound) per dimension; then
+  // each element as its byte length and its big-endian IEEE float4.
+  const buf = Buffer.allocUnsafe(20 + n * 8);
+  buf.writeInt32BE(1, 0);
+  buf.writeInt32BE(0, 4);
+  buf.writeInt32BE(FLOAT4_OID, 8);
+  buf.writeInt32BE(n, 12);
+  buf.writeInt32BE(1, 16);
+  let offset = 20;
+  for (const r of rows) {
+    for (let j = 0; j < r.length; j++) {
+      buf.writeInt32BE(4, offset);
+      buf.writeFloatBE(r[j]!, offset + 4);
+      offset += 8;
+    }
+  }
+  return buf;
 }
 
 /** Shorthand used by query modules: `withTransaction(db, async (tx) => …)`. */

@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { EmbeddedLockedError, EmbeddedReentryError, openPgliteDb } from '../db/embedded.js';
 import type { EmbeddedDb } from '../db/embedded.js';
 import { migrate } from '../db/migrate.js';
+import { initVectorIndex, insertSessionVectors } from '../db/queries/vectors.js';
 import { ADMIN_TOKEN, REDIS_URL, api, deleteRedisPrefix, eventually, testPrefix } from './support/harness.js';
 import type { Api, Res } from './support/harness.js';
 
@@ -293,6 +294,41 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     assert.equal(r.rowCount, 1);
     const ins = await db.query(`INSERT INTO tenants (id, name) VALUES ('t_a', 'a'), ('t_b', 'b')`);
     assert.equal(ins.rowCount, 2);
+  });
+
+  void it('writes vectors through the flat float4[] parameter (plain JS arrays here, not binary)', async () => {
+    await db.query(`INSERT INTO tenants (id, name) VALUES ('t_vec', 'vec')`);
+    await db.query(`INSERT INTO sessions (tenant_id, id) VALUES ('t_vec', 's1')`);
+    await db.query(
+      `INSERT INTO messages (tenant_id, session_id, seq, id, role, content, sent_at_ns, sent_at_given, bytes,
+                             fingerprint, search_tsv)
+       SELECT 't_vec', 's1', g, 'm' || g, 'user', 'x', 0, false, 1, '', ''::tsvector FROM generate_series(1, 3) g`,
+    );
+    await initVectorIndex(db, 'local-hash', 3);
+    const written = await db.transaction((tx) =>
+      insertSessionVectors(tx, {
+        tenantId: 't_vec',
+        sessionId: 's1',
+        startSeq: '0',
+        model: 'local-hash',
+        dimensions: 3,
+        items: [
+          { seq: '1', embedding: [0.5, -0.25, 1] },
+          { seq: '3', embedding: [0, 0.125, -2] },
+        ],
+      }),
+    );
+    assert.equal(written, 2);
+    const r = await db.query<{ seq: string; v: string }>(
+      `SELECT seq, embedding::text AS v FROM message_vectors WHERE tenant_id = 't_vec' ORDER BY seq`,
+    );
+    assert.deepEqual(
+      r.rows.map((x) => [x.seq, x.v]),
+      [
+        ['1', '[0.5,-0.25,1]'],
+        ['3', '[0,0.125,-2]'],
+      ],
+    );
   });
 
   void it('maps constraint violations to SQLSTATE codes', async () => {

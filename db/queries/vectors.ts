@@ -1,12 +1,28 @@
+import { float4ArrayParam } from '../pool.js';
 import type { Queryable } from '../pool.js';
 
 /**
  * The recent index (tier 2): `message_vectors` rows for messages at or after a session's cutoff,
- * all made by the model and dimension recorded in `vector_index`. Vectors travel as pgvector
- * text literals (`[0.1,0.2,…]`) cast with `::vector`.
+ * all made by the model and dimension recorded in `vector_index`. Vectors are written as one flat
+ * `float4[]` parameter (binary over node-postgres: see float4ArrayParam) cut into rows in SQL
+ * (vectorOfRow); query vectors travel as pgvector text literals (`[0.1,0.2,…]`).
  */
 
 export const toVectorLiteral = (v: readonly number[]): string => `[${v.join(',')}]`;
+
+/**
+ * The vector of row `x.i` (1-based, from `unnest(…) WITH ORDINALITY`) in the flat `float4[]`
+ * parameter `$flat`, whose rows are `$dims` long.
+ */
+const vectorOfRow = (flat: string, dims: string): string =>
+  `(${flat}::float4[])[((x.i - 1) * ${dims})::int + 1 : (x.i * ${dims})::int]::vector`;
+
+/** The common length of `vectors` (an embedder gives one length; anything else is a bug). */
+function commonLength(vectors: ReadonlyArray<readonly number[]>): number {
+  const n = vectors[0]?.length ?? 0;
+  if (vectors.some((v) => v.length !== n)) throw new Error('vectors of one write must have one length');
+  return n;
+}
 
 export interface VectorIndexRow {
   model: string;
@@ -119,10 +135,11 @@ export async function insertSessionVectors(
   },
 ): Promise<number> {
   if (a.items.length === 0) return 0;
+  const vectors = a.items.map((i) => i.embedding);
   const r = await q.query(
     `INSERT INTO message_vectors (tenant_id, session_id, seq, embedding)
-     SELECT $1, $2, x.seq, x.embedding::vector
-     FROM unnest($3::bigint[], $4::text[]) AS x(seq, embedding)
+     SELECT $1, $2, x.seq, ${vectorOfRow('$4', '$8::int')}
+     FROM unnest($3::bigint[]) WITH ORDINALITY AS x(seq, i)
      WHERE x.seq >= $5::bigint
        AND EXISTS (SELECT 1 FROM messages m WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq = x.seq)
        AND EXISTS (SELECT 1 FROM vector_index vi WHERE vi.model = $6 AND vi.dimensions = $7)
@@ -131,10 +148,11 @@ export async function insertSessionVectors(
       a.tenantId,
       a.sessionId,
       a.items.map((i) => i.seq),
-      a.items.map((i) => toVectorLiteral(i.embedding)),
+      float4ArrayParam(q, vectors),
       a.startSeq,
       a.model,
       a.dimensions,
+      commonLength(vectors),
     ],
   );
   return r.rowCount ?? 0;
@@ -291,10 +309,11 @@ export async function insertShadowVectors(
   items: Array<{ tenantId: string; sessionId: string; seq: string; embedding: readonly number[] }>,
 ): Promise<number> {
   if (items.length === 0) return 0;
+  const vectors = items.map((i) => i.embedding);
   const r = await q.query(
     `INSERT INTO ${SHADOW_TABLE} (tenant_id, session_id, seq, embedding)
-     SELECT x.t, x.s, x.seq, x.embedding::vector
-     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS x(t, s, seq, embedding)
+     SELECT x.t, x.s, x.seq, ${vectorOfRow('$4', '$5::int')}
+     FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS x(t, s, seq, i)
      JOIN sessions s ON s.tenant_id = x.t AND s.id = x.s AND x.seq >= s.start_seq
      WHERE EXISTS (SELECT 1 FROM messages m WHERE m.tenant_id = x.t AND m.session_id = x.s AND m.seq = x.seq)
      ON CONFLICT DO NOTHING`,
@@ -302,7 +321,8 @@ export async function insertShadowVectors(
       items.map((i) => i.tenantId),
       items.map((i) => i.sessionId),
       items.map((i) => i.seq),
-      items.map((i) => toVectorLiteral(i.embedding)),
+      float4ArrayParam(q, vectors),
+      commonLength(vectors),
     ],
   );
   return r.rowCount ?? 0;
