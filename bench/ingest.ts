@@ -28,10 +28,9 @@ import { availableParallelism, loadavg } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { makePgDb, withTransaction } from '../db/pool.js';
+import { float4ArrayParam, makePgDb, withTransaction } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { insertArchiveBatch } from '../db/queries/messages.js';
-import { toVectorLiteral } from '../db/queries/vectors.js';
 import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { parseMessages } from '../services/messages/message-input.js';
@@ -740,8 +739,14 @@ function phaseParts(): void {
     ],
     [
       'embed',
-      'local-hash embedding (384-d) + vector literal',
-      () => void accepted.map((ms) => ms.map((m) => toVectorLiteral(localEmbed(m.content ?? '', 384)))),
+      'local-hash embedding (384-d) + binary float4[] parameter',
+      () =>
+        void accepted.map((ms) =>
+          float4ArrayParam(
+            { binaryParams: true, query: () => Promise.reject(new Error('unused')) },
+            ms.map((m) => localEmbed(m.content ?? '', 384)),
+          ),
+        ),
     ],
   ];
   const table = steps.map(([where, what, fn]) => [where, what, perMsg(fn).toFixed(1)]);
