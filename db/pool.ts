@@ -92,16 +92,18 @@ export function float4ArrayParam(q: Queryable, rows: ReadonlyArray<ArrayLike<num
   // Header: ndim, has-nulls flag, element type, then (length, lower bound) per dimension; then
   // each element as its byte length and its big-endian IEEE float4.
   const buf = Buffer.allocUnsafe(20 + n * 8);
-  buf.writeInt32BE(1, 0);
-  buf.writeInt32BE(0, 4);
-  buf.writeInt32BE(FLOAT4_OID, 8);
-  buf.writeInt32BE(n, 12);
-  buf.writeInt32BE(1, 16);
+  // DataView (big-endian by default) is several times faster than Buffer's write* methods here.
+  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  view.setInt32(0, 1);
+  view.setInt32(4, 0);
+  view.setInt32(8, FLOAT4_OID);
+  view.setInt32(12, n);
+  view.setInt32(16, 1);
   let offset = 20;
   for (const r of rows) {
     for (let j = 0; j < r.length; j++) {
-      buf.writeInt32BE(4, offset);
-      buf.writeFloatBE(r[j]!, offset + 4);
+      view.setInt32(offset, 4);
+      view.setFloat32(offset + 4, r[j]!);
       offset += 8;
     }
   }
