@@ -105,6 +105,7 @@ const schema = z.object({
     .default('auto'),
   TZ: optionalText,
   WORKER_CONCURRENCY: int(1, 1000, 'jobs per worker process').default(8),
+  EMBED_CONCURRENCY: int(1, 1000, 'embed jobs per worker process').default(2),
   LLM_TIMEOUT_MS: int(100, 3_600_000, 'per-call LLM timeout').default(60000),
   RELEVANCE_TIMEOUT_MS: int(50, 600_000, 'timeout of the per-turn relevance call').default(2000),
   RATE_LIMIT_PER_MIN: int(0, 10_000_000, 'requests per API key per minute, 0 = off').default(6000),
@@ -133,6 +134,8 @@ export interface Config {
   replyLang: string;
   timeZone: string;
   workerConcurrency: number;
+  /** Embed jobs per worker process: below WORKER_CONCURRENCY so archiving keeps the pool and CPU. */
+  embedConcurrency: number;
   llmTimeoutMs: number;
   relevanceTimeoutMs: number;
   rateLimitPerMin: number;
@@ -206,6 +209,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     replyLang: e.REPLY_LANG,
     timeZone,
     workerConcurrency: e.WORKER_CONCURRENCY,
+    embedConcurrency: e.EMBED_CONCURRENCY,
     llmTimeoutMs: e.LLM_TIMEOUT_MS,
     relevanceTimeoutMs: e.RELEVANCE_TIMEOUT_MS,
     rateLimitPerMin: e.RATE_LIMIT_PER_MIN,

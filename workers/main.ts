@@ -70,7 +70,10 @@ export async function startWorkers(
         end();
       }
     };
-    const w = new Worker(name, timedProcessor, { ...common, concurrency });
+    // The recent index is derived and catches up in bigger batches; archiving gets the rest.
+    const queueConcurrency =
+      name === 'embed' ? Math.min(concurrency, deps.config.embedConcurrency) : concurrency;
+    const w = new Worker(name, timedProcessor, { ...common, concurrency: queueConcurrency });
     w.on('error', (err) => deps.logger.warn({ queue: name, err: { message: err.message } }, 'worker error'));
     w.on('failed', (job, err) => {
       const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1);
