@@ -167,7 +167,7 @@ const LOAD_GENERATOR = 'load generator (not charged)';
  * unlike wall-clock rates. Postgres's shared background processes (WAL writer, checkpointer) are
  * not included; Redis is the whole shared server.
  */
-function cpuMsPerMessage(r: PhaseResult): number {
+function cpuMsPerMessage(r: Pick<PhaseResult, 'cpu' | 'messages'>): number {
   if (!r.cpu || r.messages === 0) return Number.NaN;
   const charged = Object.entries(r.cpu.groups)
     .filter(([k]) => k !== LOAD_GENERATOR)
@@ -426,6 +426,37 @@ async function phaseEndToEnd(o: EndToEndOptions): Promise<void> {
       ).rows[0]?.c ?? -1,
     );
 
+    // The recent index is derived and may lag archiving (EMBED_CONCURRENCY): how far behind it
+    // was when the last message was archived, and what the whole path costs once it caught up.
+    // Every bench message is user/assistant text, so each gets a vector.
+    let indexed: { lagged: number; atMs: number; cpuMsPerMsg: number } | null = null;
+    if (EXTENSIONS === 'default') {
+      const vectorCount = async () =>
+        Number(
+          (
+            await monitor.query<{ n: string }>(
+              'SELECT count(*) AS n FROM message_vectors WHERE tenant_id = $1',
+              [tenant.tenant_id],
+            )
+          ).rows[0]!.n,
+        );
+      const lagged = archived - (await vectorCount());
+      const caught = await pollUntil(async () => (await vectorCount()) >= archived, {
+        everyMs: 50,
+        timeoutMs: o.drainMs,
+      });
+      const all = cpuDiff(c0, await cpuSnapshot(probes));
+      indexed = caught.done
+        ? {
+            lagged,
+            atMs: caught.at - load.t0,
+            cpuMsPerMsg: cpuMsPerMessage({ cpu: all, messages: archived }),
+          }
+        : null;
+      if (!indexed)
+        process.stdout.write(`recent index: NOT caught up ${fmtSec(o.drainMs)} after the last archive\n`);
+    }
+
     const metrics = `${await svc.metricsText()}\n${worker ? await worker.metricsText().catch(() => '') : ''}`;
     const ingestJobs = metricSum(metrics, 'mnemos_job_duration_seconds_count', 'queue="ingest"');
     const ingestSecs = metricSum(metrics, 'mnemos_job_duration_seconds_sum', 'queue="ingest"');
@@ -460,6 +491,12 @@ async function phaseEndToEnd(o: EndToEndOptions): Promise<void> {
         'server: mean ingest job duration': fmtMs((ingestSecs / Math.max(1, ingestJobs)) * 1000),
         'server: embed jobs, mean concurrent': `${fmtInt(embedJobs)}, ${(embedSecs / (wallMs / 1000)).toFixed(2)}`,
         'server: mean POST handling time': fmtMs((postSecs / Math.max(1, postCount)) * 1000),
+        ...(indexed
+          ? {
+              'recent index: messages without a vector when the last was archived': fmtInt(indexed.lagged),
+              'recent index: all vectors written': `${fmtSec(indexed.atMs - wallMs)} after the last archive → ${fmtInt(perSecond(archived, indexed.atMs))} msgs/s archived and indexed, CPU ${indexed.cpuMsPerMsg.toFixed(3)} core-ms per message`,
+            }
+          : {}),
       },
     };
     if (archived !== acked || check.rows[0]!.bad !== 0 || lastSeq !== expectedLast) {
