@@ -6,7 +6,12 @@ import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { nearestInSession } from '../db/queries/vectors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
-import { MAX_EMBED_CHARS, MAX_EMBED_TOKENS, estimateTokens } from '../services/recent-index/embedder.js';
+import {
+  MAX_EMBED_CHARS,
+  MAX_EMBED_TOKENS,
+  estimateTokens,
+  prepareEmbedText,
+} from '../services/recent-index/embedder.js';
 import { enqueueEmbed } from '../services/recent-index/jobs.js';
 import { makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -133,6 +138,18 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     // CJK text costs more tokens per character, so it is cut shorter.
     assert.ok(sentCjk.length < 5000 && estimateTokens(sentCjk) <= MAX_EMBED_TOKENS, `cjk ${sentCjk.length}`);
     assert.ok(latin.startsWith(sentLatin) && cjk.startsWith(sentCjk));
+  });
+
+  void test('prepareEmbedText passes short text unchanged and cuts long text at a code point', () => {
+    assert.equal(prepareEmbedText('  '), null);
+    assert.equal(prepareEmbedText(null), null);
+    const short = 'short text 記憶 😀';
+    assert.equal(prepareEmbedText(short), short);
+    const emoji = '😀'.repeat(5_000); // 10,000 UTF-16 units, 1.5 estimated tokens per code point
+    const cut = prepareEmbedText(emoji)!;
+    assert.equal(cut.length % 2, 0, 'no half surrogate pair at the end');
+    assert.equal(Array.from(cut).length, Math.floor(MAX_EMBED_TOKENS / 1.5));
+    assert.ok(emoji.startsWith(cut) && estimateTokens(cut) <= MAX_EMBED_TOKENS);
   });
 
   void test('a message the embedder refuses alone is skipped and does not block the others', async () => {

@@ -49,16 +49,19 @@ export function estimateTokens(text: string): number {
  */
 export function prepareEmbedText(content: string | null): string | null {
   if (content === null || !/\S/.test(content)) return null;
+  // Short enough that even all-non-ASCII text is under both limits: nothing to cut (the usual
+  // case; the loop below costs as much as embedding the text locally).
+  if (content.length <= MAX_EMBED_CHARS && content.length * 1.5 <= MAX_EMBED_TOKENS) return content;
   let units = 0;
-  let out = '';
   let chars = 0;
+  let end = 0;
   for (const ch of content) {
     units += ch.charCodeAt(0) < 128 ? 1 / 3 : 1.5;
     if (units > MAX_EMBED_TOKENS || chars >= MAX_EMBED_CHARS) break;
-    out += ch;
+    end += ch.length;
     chars++;
   }
-  return out;
+  return content.slice(0, end);
 }
 
 /** OpenAI's text-embedding-3 family takes a `dimensions` parameter; other models may reject it. */
