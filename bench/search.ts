@@ -9,9 +9,19 @@
  *
  *   node --import tsx bench/search.ts [--messages 200000] [--sessions 1000] [--big 20000]
  *     [--hot 50] [--dims 1536] [--iterations 200] [--big-iterations 30] [--keep]
+ *     [--no-langgraph] [--langgraph-sessions 100] [--langgraph-seconds 60] [--no-langgraph-fill]
  *
  * `--keep` leaves the scratch database in place for inspection (its URL is printed; the next
  * bench run drops it once it is an hour old).
+ *
+ * Then a peer baseline (skip it with `--no-langgraph`): LangGraph's `PostgresStore` (from the
+ * isolated bench/peers project) in its own schema of the scratch database, holding the recent,
+ * vector-indexed messages of up to `--langgraph-sessions` typical sessions, put through its API
+ * (whole sessions; loading stops after `--langgraph-seconds`, its puts are slow) with exactly the
+ * vectors loaded for mnemos, searched semantically interleaved call by call with `searchSession`
+ * on the same sessions and queries. Then (unless `--no-langgraph-fill`) the rest of mnemos's
+ * recent index is copied into LangGraph's tables by SQL and the same searches run again: its
+ * search cost depends on the size of the whole store, not of the session.
  *
  * Query embedding is not part of the semantic timings in substance: the bench runs with the
  * local embedder, whose cost is measured and printed separately (microseconds).
@@ -28,16 +38,19 @@ import { makeLogger } from '../services/logger.js';
 import { makeMetrics } from '../services/metrics.js';
 import { ftsLeaves, parseSearchQuery } from '../services/search/parse-query.js';
 import type { FtsLeaf } from '../services/search/parse-query.js';
+import { embedQuery } from '../services/search/query-embedding.js';
 import { searchSession } from '../services/search/search-session.js';
 import type { SearchDeps, SearchMatch } from '../services/search/search-session.js';
 import { ftsDocument } from '../services/text/fts-text.js';
 import { makeCorpus, makeRandom } from './lib/corpus.js';
 import { fmtInt, fmtMs, fmtRatio, markdownTable, note } from './lib/format.js';
+import { ensurePeers, peerVersion, requirePeer } from './lib/peers.js';
 import {
   cleanupOnSignals,
   cleanupScratch,
   createScratchDatabase,
   dropStaleScratchDatabases,
+  onCleanup,
 } from './lib/scratch.js';
 import { ratio, summarize } from './lib/stats.js';
 
@@ -56,6 +69,12 @@ const ITERATIONS = arg('iterations', 200);
 // Exact k-NN over the big session takes about half a second per call at 1536 dimensions.
 const BIG_ITERATIONS = arg('big-iterations', 30);
 const KEEP = process.argv.includes('--keep');
+const LANGGRAPH = !process.argv.includes('--no-langgraph');
+const LG_SESSIONS = Math.min(arg('langgraph-sessions', 100), SESSIONS);
+const LG_SECONDS = arg('langgraph-seconds', 60);
+const LG_FILL = !process.argv.includes('--no-langgraph-fill');
+const LG_WARM_UP = Math.min(20, Math.ceil(ITERATIONS / 4));
+const LG_SCHEMA = 'lg_store';
 const LIMIT = 8;
 const K = LIMIT * 4;
 const TENANT = 't_bench_search';
@@ -305,12 +324,428 @@ async function explainCall(db: Db, run: (q: Queryable) => Promise<unknown>): Pro
   return call ? explain(db, call.text, call.params) : '(no statement)';
 }
 
-async function explain(db: Db, sql: string, params: unknown[]): Promise<string> {
+async function explain(db: Queryable, sql: string, params: unknown[]): Promise<string> {
   const r = await db.query<{ 'QUERY PLAN': string }>(
     `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) ${sql}`,
     params,
   );
   return r.rows.map((x) => x['QUERY PLAN'].replace(/'\[[^\]]*\]'::vector/g, '$vector')).join('\n');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peer baseline: LangGraph's PostgresStore semantic search on the same vectors.
+
+interface LgItem {
+  key: string;
+  namespace: string[];
+  value: Record<string, unknown>;
+  score?: number;
+}
+interface LgEmbeddings {
+  embedDocuments(texts: string[]): Promise<number[][]>;
+  embedQuery(text: string): Promise<number[]>;
+}
+interface LgStore {
+  setup(): Promise<void>;
+  batch(ops: Array<{ namespace: string[]; key: string; value: Record<string, unknown> }>): Promise<unknown[]>;
+  search(prefix: string[], options: { query?: string; limit?: number }): Promise<LgItem[]>;
+  stop(): Promise<void>;
+}
+type LgStoreClass = new (config: {
+  connectionOptions: { connectionString: string; max: number; application_name: string };
+  schema?: string;
+  ensureTables?: boolean;
+  index?: { dims: number; embed: LgEmbeddings; fields?: string[] };
+}) => LgStore;
+
+function loadLangGraph(): { PostgresStore: LgStoreClass; version: string } | { error: string } {
+  const installError = ensurePeers();
+  if (installError) return { error: installError };
+  try {
+    const { PostgresStore } = requirePeer<{ PostgresStore: LgStoreClass }>(
+      '@langchain/langgraph-checkpoint-postgres/store',
+    );
+    const version = [
+      '@langchain/langgraph-checkpoint-postgres',
+      '@langchain/langgraph-checkpoint',
+      '@langchain/core',
+    ]
+      .map((name) => `${name} ${peerVersion(name)}`)
+      .join(', ');
+    return { PostgresStore, version };
+  } catch (err) {
+    return {
+      error: `cannot load @langchain/langgraph-checkpoint-postgres from bench/peers: ${(err as Error).message}`,
+    };
+  }
+}
+
+// LangGraph rejects "_" in namespace labels (a LIKE wildcard), and its search takes a namespace
+// *prefix* (`namespace_path LIKE 'a:b%'`), so session s1 would also match s10…s19: fixed-width
+// labels keep each search to one session.
+const LG_TENANT = TENANT.replaceAll('_', '-');
+const lgSession = (i: number) => `s${String(i).padStart(6, '0')}`;
+
+/** A document's vector, queued by the loader in put order and handed out by `embedDocuments`. */
+interface PendingVector {
+  text: string;
+  vector: string;
+}
+
+/** The statements `run` sends through `store` (patched pool.connect; null when its internals differ). */
+async function captureLgStatements(
+  store: LgStore,
+  run: () => Promise<unknown>,
+): Promise<Array<{ text: string; params: unknown[] }> | null> {
+  type Client = {
+    query: (text: string, params?: unknown[]) => Promise<unknown>;
+    release: (e?: unknown) => void;
+  };
+  const pool = (store as unknown as { core?: { pool?: { connect?: () => Promise<Client> } } }).core?.pool;
+  if (!pool || typeof pool.connect !== 'function') return null;
+  const connect = pool.connect;
+  const sent: Array<{ text: string; params: unknown[] }> = [];
+  pool.connect = async () => {
+    const client = await connect.call(pool);
+    const { query, release } = client;
+    client.query = (text, params) => {
+      sent.push({ text, params: params ?? [] });
+      return query.call(client, text, params);
+    };
+    client.release = (e) => {
+      client.query = query;
+      client.release = release;
+      release.call(client, e);
+    };
+    return client;
+  };
+  try {
+    await run();
+  } finally {
+    pool.connect = connect;
+  }
+  return sent;
+}
+
+interface LgRun {
+  ours: number[];
+  theirs: number[];
+  oursHits: number;
+  theirHits: number;
+  /** LangGraph hits that searchSession also returned. */
+  agree: number;
+  /** Calls where both ranked the same message first. */
+  sameTop: number;
+}
+
+/** searchSession (semantic) and store.search on the same session and query, call by call. */
+async function measureLangGraph(
+  deps: SearchDeps,
+  store: LgStore,
+  sessions: number[],
+  lrand: () => number,
+): Promise<LgRun> {
+  const run: LgRun = { ours: [], theirs: [], oursHits: 0, theirHits: 0, agree: 0, sameTop: 0 };
+  for (let i = -LG_WARM_UP; i < ITERATIONS; i++) {
+    const idx = sessions[Math.floor(lrand() * sessions.length)]!;
+    const query = KEYWORD_QUERIES[Math.floor(lrand() * KEYWORD_QUERIES.length)]!;
+    let mine: number[] = [];
+    let peer: number[] = [];
+    const runOurs = async () => {
+      const t = performance.now();
+      const r = await searchSession(deps, TENANT, `s${idx}`, {
+        query,
+        match: 'semantic',
+        limit: LIMIT,
+        time_range: 'all',
+        exclude_window: false,
+      });
+      if (i >= 0) run.ours.push(performance.now() - t);
+      mine = r.hits.map((h) => h.seq);
+    };
+    const runTheirs = async () => {
+      const t = performance.now();
+      const r = await store.search([LG_TENANT, lgSession(idx)], { query, limit: LIMIT });
+      if (i >= 0) run.theirs.push(performance.now() - t);
+      peer = r.map((x) => Number(x.value.seq));
+    };
+    if (i % 2 === 0) {
+      await runOurs();
+      await runTheirs();
+    } else {
+      await runTheirs();
+      await runOurs();
+    }
+    if (i >= 0) {
+      run.oursHits += mine.length;
+      run.theirHits += peer.length;
+      run.agree += peer.filter((seq) => mine.includes(seq)).length;
+      if (peer.length > 0 && peer[0] === mine[0]) run.sameTop++;
+    }
+  }
+  return run;
+}
+
+/** LangGraph's search statement for one session, as the store sends it, explained (ANALYZE). */
+async function explainLangGraph(db: Db, store: LgStore, idx: number, noSeqScan = false): Promise<string> {
+  const sent = await captureLgStatements(store, () =>
+    store.search([LG_TENANT, lgSession(idx)], { query: 'connection pool', limit: LIMIT }),
+  );
+  const statement = sent?.find((x) => x.text.includes('store_vectors'));
+  if (!statement) return '(statement not captured: PostgresStore internals differ from 1.0.x)';
+  return db.transaction(async (tx) => {
+    if (noSeqScan) await tx.query('SET LOCAL enable_seqscan = off');
+    return explain(tx, statement.text, statement.params);
+  });
+}
+
+async function phaseLangGraph(db: Db, url: string, deps: SearchDeps, perSession: number): Promise<string[]> {
+  const head = `## LangGraph PostgresStore semantic search on the same vectors (peer baseline)`;
+  if (!LANGGRAPH) return [head, '', 'Skipped with --no-langgraph.'];
+  const lg = loadLangGraph();
+  if ('error' in lg) {
+    note(`LangGraph unavailable: ${lg.error}; phase skipped`);
+    return [head, '', `NOT MEASURED: ${lg.error}.`];
+  }
+  const stores: LgStore[] = [];
+  const stopStores = () => Promise.all(stores.splice(0).map((s) => s.stop().catch(() => undefined)));
+  // Its pools must be gone before cleanupScratch drops the database (also on SIGINT).
+  onCleanup(async () => {
+    await stopStores();
+  });
+  try {
+    // Documents get the vectors read back from mnemos's message_vectors (queued by the loader in
+    // put order, text checked); a query gets exactly the vector searchSession embeds (same
+    // embedder, same input preparation). No model anywhere.
+    const embed = (queue: PendingVector[] | null): LgEmbeddings => ({
+      embedDocuments: (texts) => {
+        if (!queue) return Promise.reject(new Error('the search store does not embed documents'));
+        return Promise.resolve(
+          texts.map((text) => {
+            const next = queue.shift();
+            if (!next || next.text !== text)
+              throw new Error(`embed: unexpected document text ${JSON.stringify(text.slice(0, 40))}`);
+            return JSON.parse(next.vector) as number[];
+          }),
+        );
+      },
+      embedQuery: async (text) => {
+        const v = await embedQuery(deps, TENANT, 'bench', parseSearchQuery(text).embedText);
+        if (!v) throw new Error('query embedding failed');
+        return v;
+      },
+    });
+    const makeStore = (queue: PendingVector[] | null) => {
+      const store = new lg.PostgresStore({
+        connectionOptions: { connectionString: url, max: 1, application_name: 'mnemos-bench-langgraph' },
+        schema: LG_SCHEMA,
+        ensureTables: false,
+        index: { dims: DIMS, embed: embed(queue), fields: ['content'] },
+      });
+      stores.push(store);
+      return store;
+    };
+    const sizes = async () =>
+      (
+        await db.query<{ name: string; size: string }>(
+          `SELECT c.relname AS name, pg_size_pretty(pg_total_relation_size(c.oid)) AS size
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = $1 AND c.relname IN ('store', 'store_vectors') ORDER BY 1`,
+          [LG_SCHEMA],
+        )
+      ).rows
+        .map((r) => `${r.name} ${r.size}`)
+        .join(', ');
+
+    // 1. Through the API: LangGraph's own tables and HNSW index (PostgresStore.setup(): m=16,
+    //    ef_construction=200, cosine), then one store.batch of puts per session by two loaders,
+    //    bounded by count and time.
+    const loaderQueues: PendingVector[][] = [[], []];
+    const loaders = loaderQueues.map((q) => makeStore(q));
+    await loaders[0]!.setup();
+    const stride = SESSIONS / LG_SESSIONS;
+    const planned = Array.from({ length: LG_SESSIONS }, (_, i) => Math.floor(i * stride));
+    note(
+      `LangGraph: loading up to ${planned.length} sessions × ${HOT} items by put, at most ${LG_SECONDS} s`,
+    );
+    const loaded: number[] = [];
+    let items = 0;
+    let next = 0;
+    const t0 = performance.now();
+    const deadline = t0 + LG_SECONDS * 1000;
+    const worker = async (store: LgStore, queue: PendingVector[]) => {
+      for (let i = next++; i < planned.length && performance.now() < deadline; i = next++) {
+        const idx = planned[i]!;
+        const r = await db.query<{ seq: string; role: string; content: string; v: string }>(
+          `SELECT m.seq, m.role, m.content, v.embedding::text AS v
+             FROM message_vectors v JOIN messages m USING (tenant_id, session_id, seq)
+            WHERE v.tenant_id = $1 AND v.session_id = $2 ORDER BY seq`,
+          [TENANT, `s${idx}`],
+        );
+        for (const row of r.rows) queue.push({ text: row.content.trim(), vector: row.v });
+        await store.batch(
+          r.rows.map((row) => ({
+            namespace: [LG_TENANT, lgSession(idx)],
+            key: `m${row.seq}`,
+            value: { seq: Number(row.seq), role: row.role, content: row.content },
+          })),
+        );
+        loaded.push(idx);
+        items += r.rows.length;
+      }
+    };
+    await Promise.all(loaders.map((s, i) => worker(s, loaderQueues[i]!)));
+    const loadMs = performance.now() - t0;
+    const stoppedBy = loaded.length < planned.length ? `the ${LG_SECONDS} s bound` : 'count';
+    note(`LangGraph: loaded ${loaded.length} sessions (${items} items) in ${(loadMs / 1000).toFixed(1)} s`);
+    if (loaded.length === 0) return [head, '', 'NOT MEASURED: no session could be loaded in time.'];
+    await db.query(`VACUUM ANALYZE ${LG_SCHEMA}.store`);
+    await db.query(`VACUUM ANALYZE ${LG_SCHEMA}.store_vectors`);
+
+    // Own PRNG: the rest of the bench keeps its sequence.
+    const lrand = makeRandom(0x1a96a9);
+    note(`LangGraph: measuring semantic search on ${loaded.length} sessions (${items} items in the store)`);
+    let store = makeStore(null);
+    const runs: Array<{ label: string; items: number; run: LgRun; sizes: string; plan: string }> = [];
+    runs.push({
+      label: `put-loaded: ${loaded.length} sessions`,
+      items,
+      run: await measureLangGraph(deps, store, loaded, lrand),
+      sizes: await sizes(),
+      plan: await explainLangGraph(db, store, loaded[0]!),
+    });
+    const planNoSeq = await explainLangGraph(db, store, loaded[0]!, true);
+    // Does its search ever touch the HNSW index? Its scan counter, read after the pools end (a
+    // backend flushes its counters on exit).
+    await stopStores();
+    await new Promise((r) => setTimeout(r, 1000));
+    const scans = (
+      await db.query<{ index: string; idx_scan: string }>(
+        `SELECT indexrelname AS index, idx_scan::text AS idx_scan FROM pg_stat_user_indexes
+          WHERE schemaname = $1 ORDER BY relname, indexrelname`,
+        [LG_SCHEMA],
+      )
+    ).rows;
+    const hnsw = scans.find((r) => r.index.includes('hnsw'));
+    const hnswSize = hnsw
+      ? (
+          await db.query<{ s: string }>(`SELECT pg_size_pretty(pg_relation_size($1::regclass)) AS s`, [
+            `${LG_SCHEMA}.${hnsw.index}`,
+          ])
+        ).rows[0]?.s
+      : undefined;
+
+    // 2. The same vectors as mnemos holds: every recent, vector-indexed message of every session
+    //    (big one included), the rest added by SQL in LangGraph's own row format (puts at ~100/s
+    //    would take minutes). The HNSW index is dropped first: inserting into it runs at
+    //    hundreds of rows/s (FACTS.md) and, as counted above, its search never reads it.
+    let fill = '';
+    if (LG_FILL) {
+      note('LangGraph: adding the other sessions by SQL (HNSW index dropped)');
+      const f0 = performance.now();
+      if (hnsw) await db.query(`DROP INDEX ${LG_SCHEMA}.${hnsw.index}`);
+      const ns = `$1 || ':' || CASE WHEN v.session_id = $2 THEN v.session_id
+                    ELSE 's' || lpad(substr(v.session_id, 2), 6, '0') END`;
+      const from = `FROM message_vectors v JOIN messages m USING (tenant_id, session_id, seq)
+                    WHERE v.tenant_id = $3 AND NOT (v.session_id = ANY ($4::text[]))`;
+      const params = [LG_TENANT, BIG_SESSION, TENANT, loaded.map((i) => `s${i}`)];
+      const added = await db.query(
+        `INSERT INTO ${LG_SCHEMA}.store (namespace_path, key, value)
+         SELECT ${ns}, 'm' || v.seq, jsonb_build_object('seq', v.seq, 'role', m.role, 'content', m.content) ${from}`,
+        params,
+      );
+      await db.query(
+        `INSERT INTO ${LG_SCHEMA}.store_vectors (namespace_path, key, field_path, text_content, embedding)
+         SELECT ${ns}, 'm' || v.seq, 'content', btrim(m.content), v.embedding ${from}`,
+        params,
+      );
+      await db.query(`VACUUM ANALYZE ${LG_SCHEMA}.store`);
+      await db.query(`VACUUM ANALYZE ${LG_SCHEMA}.store_vectors`);
+      const total = items + (added.rowCount ?? 0);
+      fill = `Then ${fmtInt(added.rowCount ?? 0)} more items added by SQL (${((performance.now() - f0) / 1000).toFixed(0)} s, HNSW index dropped first), so LangGraph's store mirrors mnemos's whole recent index.`;
+      note(`LangGraph: measuring again with ${total} items in the store`);
+      store = makeStore(null);
+      runs.push({
+        label: `mirror: all ${SESSIONS + 1} sessions`,
+        items: total,
+        run: await measureLangGraph(deps, store, loaded, lrand),
+        sizes: await sizes(),
+        plan: await explainLangGraph(db, store, loaded[0]!),
+      });
+    }
+
+    const verdict = (r: LgRun) => {
+      const x = ratio(p95(r.ours), p95(r.theirs));
+      return `${fmtRatio(x)} (${x <= 0.5 ? 'met' : 'NOT met'})`;
+    };
+    return [
+      head,
+      '',
+      `${lg.version}, in schema ${LG_SCHEMA} of the same scratch database. Loaded by put ` +
+        `${loaded.length} of ${planned.length} planned typical sessions (stopped by ${stoppedBy}): ` +
+        `${fmtInt(items)} items, the ${HOT} recent, vector-indexed messages of each with their ${DIMS}-d ` +
+        `vectors read back from message_vectors, in ${(loadMs / 1000).toFixed(1)} s = ` +
+        `${fmtInt((items * 1000) / loadMs)} puts/s (2 loaders, one store.batch of ${HOT} puts per ` +
+        `session, HNSW index present). ${fill} Searches run on the put-loaded sessions only: ` +
+        `store.search([${LG_TENANT}, s000123], { query, limit: ${LIMIT} }) vs searchSession(match ` +
+        `semantic, limit ${LIMIT}; sessions of ${fmtInt(perSession)} messages), same session and ` +
+        `query per call, order alternating, concurrency 1, warm-up ${LG_WARM_UP}; both embed the ` +
+        `query with the same local embedder.`,
+      '',
+      markdownTable(
+        [
+          'LangGraph store',
+          'items',
+          'searchSession p50',
+          'p95',
+          'LangGraph p50',
+          'p95',
+          'ratio p50',
+          'ratio p95',
+          'runs',
+          'hits/query',
+          'same hits',
+          'same #1',
+        ],
+        runs.map(({ label, items: n, run: r }) => [
+          label,
+          fmtInt(n),
+          fmtMs(summarize(r.ours).p50),
+          fmtMs(p95(r.ours)),
+          fmtMs(summarize(r.theirs).p50),
+          fmtMs(p95(r.theirs)),
+          fmtRatio(ratio(summarize(r.ours).p50, summarize(r.theirs).p50)),
+          fmtRatio(ratio(p95(r.ours), p95(r.theirs))),
+          String(r.ours.length),
+          `${(r.oursHits / r.ours.length).toFixed(1)} / ${(r.theirHits / r.theirs.length).toFixed(1)}`,
+          `${((100 * r.agree) / Math.max(1, r.theirHits)).toFixed(0)} %`,
+          `${((100 * r.sameTop) / r.theirs.length).toFixed(0)} %`,
+        ]),
+      ),
+      '',
+      `Target mnemos p95 ≤ 0.50× LangGraph p95: ${runs.map((r) => `${r.label}: ${verdict(r.run)}`).join('; ')}. ` +
+        `"same hits": share of LangGraph's hits that searchSession also returned (searchSession ` +
+        `skips a hit already shown as a neighbour of a better one, and takes the next); "same #1": ` +
+        `calls where both ranked the same message first (they differ on \`timezone -server\`: ` +
+        `searchSession applies the exclusion to semantic hits too, LangGraph has no such syntax).`,
+      '',
+      `HNSW: ${hnsw ? `${hnsw.index} (${hnswSize}) idx_scan = ${hnsw.idx_scan} after ${LG_WARM_UP + ITERATIONS + 2} searches on the put-loaded store` : 'no HNSW index found'}. ` +
+        `Index scans there (loading included): ${scans.map((r) => `${r.index} ${r.idx_scan}`).join(', ')}.`,
+      '',
+      ...runs.flatMap((r) => [
+        `Plan of LangGraph's search statement (as sent, one session), ${r.label} (${r.sizes}):`,
+        '```',
+        r.plan,
+        '```',
+      ]),
+      'Put-loaded store, the same with enable_seqscan = off:',
+      '```',
+      planNoSeq,
+      '```',
+    ];
+  } finally {
+    await stopStores();
+  }
 }
 
 async function main() {
@@ -432,6 +867,20 @@ async function main() {
       '```',
     ];
     process.stdout.write(`${lines.join('\n')}\n`);
+
+    let peer: string[];
+    try {
+      peer = await phaseLangGraph(db, scratch.url, deps, loaded.perSession);
+    } catch (err) {
+      // The mnemos figures above stand; say the peer run failed and exit non-zero.
+      process.exitCode = 1;
+      peer = [
+        '## LangGraph PostgresStore (peer baseline)',
+        '',
+        `FAILED: ${(err as Error).stack ?? String(err)}`,
+      ];
+    }
+    process.stdout.write(`\n${peer.join('\n')}\n`);
   } finally {
     await db.close().catch(() => undefined);
     if (KEEP) note(`kept ${scratch.url}`);

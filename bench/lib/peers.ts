@@ -12,11 +12,25 @@ import { note } from './format.js';
 
 export const PEERS_DIR = fileURLToPath(new URL('../peers/', import.meta.url));
 
-/** Installs bench/peers (npm ci, from its lock) when its node_modules is missing; returns an error text or null. */
+/** The dependencies bench/peers/package.json names that its node_modules lacks. */
+function missingPeers(): string[] {
+  const pkg = JSON.parse(readFileSync(`${PEERS_DIR}package.json`, 'utf8')) as {
+    dependencies?: Record<string, string>;
+  };
+  return Object.keys(pkg.dependencies ?? {}).filter(
+    (name) => !existsSync(`${PEERS_DIR}node_modules/${name}/package.json`),
+  );
+}
+
+/**
+ * Installs bench/peers (npm ci, from its lock) when any dependency it names is missing, so an
+ * install made before a peer was added gets it too; returns an error text or null.
+ */
 export function ensurePeers(): string | null {
-  if (existsSync(`${PEERS_DIR}node_modules/@langchain/community/package.json`)) return null;
+  const missing = missingPeers();
+  if (missing.length === 0) return null;
   note(
-    `bench/peers/node_modules is missing: running "npm --prefix bench/peers ci" (isolated peer install, ~200 MB, ~30 s)`,
+    `bench/peers/node_modules lacks ${missing.join(', ')}: running "npm --prefix bench/peers ci" (isolated peer install, ~200 MB, ~30 s)`,
   );
   const r = spawnSync('npm', ['--prefix', PEERS_DIR, 'ci', '--no-audit', '--no-fund'], {
     stdio: ['ignore', 'inherit', 'inherit'],
@@ -24,7 +38,8 @@ export function ensurePeers(): string | null {
   });
   if (r.status !== 0)
     return `npm --prefix bench/peers ci failed (exit ${r.status ?? r.signal ?? r.error?.message})`;
-  return null;
+  const still = missingPeers();
+  return still.length === 0 ? null : `npm --prefix bench/peers ci did not install ${still.join(', ')}`;
 }
 
 /** Loads a module as bench/peers resolves it (throws when it cannot). */
