@@ -5,6 +5,9 @@ import { SESSION_SCAN_MAX_MESSAGES } from '../db/queries/search.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { parseSearchQuery } from '../services/search/parse-query.js';
 import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
+import type { Db } from '../db/pool.js';
+import { searchSession } from '../services/search/search-session.js';
+import type { SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
 import { eventually, startTestService } from './support/harness.js';
@@ -91,6 +94,33 @@ async function hitSeqs(api: Api, session: string, body: Record<string, unknown>)
 }
 
 const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
+
+/**
+ * A Db that records the statements sent and lets `tamper` alter the result of the candidate
+ * statement (the one whose row carries `kw` and `sem`), to make its prefetch incomplete.
+ */
+function recordingDb(db: Db, tamper: (row: Record<string, unknown>) => void = () => undefined) {
+  const sent: string[] = [];
+  const wrapped: Db = {
+    ...db,
+    async query<R>(text: string, params?: unknown[]) {
+      sent.push(text);
+      const r = await db.query<R>(text, params);
+      const row = r.rows[0] as Record<string, unknown> | undefined;
+      if (row && 'kw' in row && 'sem' in row) tamper(row);
+      return r;
+    },
+  };
+  return { db: wrapped, sent };
+}
+
+const params = (p: Partial<SearchParams> & { query: string }): SearchParams => ({
+  match: 'hybrid',
+  limit: 8,
+  time_range: 'all',
+  exclude_window: false,
+  ...p,
+});
 
 /**
  * Vectors for the session's hot messages of the embedded roles. With an extension owning the
@@ -601,6 +631,103 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     const unknown = await search(api, sid('never-written'), { query: 'x' });
     assert.equal(unknown.status, 404);
     assert.equal(unknown.body.error?.code, 'not_found');
+  });
+
+  void test('one statement per search: session check, candidates, neighbours and rows together', async () => {
+    const s = sid('one-trip');
+    await archive(api, s, [user('lemon one'), assistant('lemon two'), user('plain'), user('lemon four')]);
+    await ensureVectors(svc, tenantId, s);
+    for (const match of ['keyword', 'semantic', 'hybrid'] as const) {
+      const rec = recordingDb(svc.deps.db);
+      const r = await searchSession(
+        { ...svc.deps, db: rec.db },
+        tenantId,
+        s,
+        params({ query: 'lemon', match }),
+      );
+      assert.ok(r.hits.length > 0, match);
+      assert.equal(rec.sent.length, 1, `${match}: ${rec.sent.length} statements`);
+      const missing = recordingDb(svc.deps.db);
+      await assert.rejects(
+        searchSession(
+          { ...svc.deps, db: missing.db },
+          tenantId,
+          sid('never'),
+          params({ query: 'lemon', match }),
+        ),
+        (err: { status?: number }) => err.status === 404,
+      );
+      assert.equal(missing.sent.length, 1, match);
+    }
+  });
+
+  void test('an incomplete prefetch is completed by one more statement, with the same response', async () => {
+    const s = sid('prefetch');
+    // Runs of adjacent matches, so that hits absorb each other and the walk skips candidates.
+    const text = ['melon', 'melon melon', 'x', 'melon', 'x', 'x', 'melon pie', 'melon', 'x', 'melon'];
+    await archive(
+      api,
+      s,
+      [...text, ...text].map((t, i) => (t === 'x' ? assistant(`plain ${i}`) : user(`${t} ${i}`))),
+    );
+    await ensureVectors(svc, tenantId, s);
+    const tampers: Array<[string, (row: Record<string, unknown>) => void]> = [
+      ['no neighbours', (row) => (row.around = null)],
+      ['no rows', (row) => (row.rows = null)],
+      [
+        'half of each',
+        (row) => {
+          row.around = (row.around as unknown[] | null)?.filter((_, i) => i % 2 === 0) ?? null;
+          row.rows = (row.rows as unknown[] | null)?.filter((_, i) => i % 2 === 1) ?? null;
+        },
+      ],
+    ];
+    for (const match of ['keyword', 'semantic', 'hybrid'] as const) {
+      for (const limit of [1, 3, 32]) {
+        for (const exclude_window of [false, true]) {
+          const p = params({ query: 'melon', match, limit, exclude_window });
+          const whole = recordingDb(svc.deps.db);
+          const expected = await searchSession({ ...svc.deps, db: whole.db }, tenantId, s, p);
+          assert.equal(whole.sent.length, 1);
+          assert.ok(expected.hits.length > 0, match);
+          for (const [what, tamper] of tampers) {
+            const rec = recordingDb(svc.deps.db, tamper);
+            const got = await searchSession({ ...svc.deps, db: rec.db }, tenantId, s, p);
+            assert.deepEqual(got, expected, `${match} limit ${limit} ${what}`);
+            assert.equal(rec.sent.length, 2, `${match} limit ${limit} ${what}: the fallback ran`);
+          }
+        }
+      }
+    }
+  });
+
+  void test('a zero vector (NaN cosine score): the same hits with or without the prefetch', async () => {
+    const s = sid('nan');
+    const seqs = await archiveSpaced(api, s, [user('quince jam'), user('quince tart'), user('quince')]);
+    await ensureVectors(svc, tenantId, s);
+    const zero = `[${Array.from({ length: svc.config.embedding.dimensions }, () => 0).join(',')}]`;
+    await svc.deps.db.query(
+      `UPDATE message_vectors SET embedding = $4::vector WHERE tenant_id = $1 AND session_id = $2 AND seq = $3`,
+      [tenantId, s, seqs[1], zero],
+    );
+    // SQL sorts NaN above every number, rank-hits.ts sorts it by seq alone: with fewer hits than
+    // candidates the statement's own walk picks other hits, and the fallback brings what is missing.
+    let fallbacks = 0;
+    for (const match of ['semantic', 'hybrid'] as const) {
+      for (const limit of [1, 2, 8]) {
+        const p = params({ query: 'quince', match, limit });
+        const plain = recordingDb(svc.deps.db);
+        const expected = await searchSession({ ...svc.deps, db: plain.db }, tenantId, s, p);
+        fallbacks += plain.sent.length - 1;
+        const rec = recordingDb(svc.deps.db, (row) => {
+          row.around = null;
+          row.rows = null;
+        });
+        assert.deepEqual(await searchSession({ ...svc.deps, db: rec.db }, tenantId, s, p), expected, match);
+        if (limit === 8) assert.deepEqual(sorted(expected.hits.map((h) => h.seq)), sorted(seqs), match);
+      }
+    }
+    assert.ok(fallbacks > 0, 'the orders differed at least once');
   });
 
   void test('the duration histogram and the OpenAPI entry exist', async () => {

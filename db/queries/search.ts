@@ -1,6 +1,7 @@
 import type { Queryable } from '../pool.js';
 import type { StoredMessageRow } from './messages.js';
 import type { FtsLeaf } from '../../services/search/parse-query.js';
+import { RRF_K, SUBSTRING_BONUS } from '../../services/search/rank-hits.js';
 
 /**
  * Search queries over the archive (tier 3: `messages.search_tsv`, GIN `messages_fts`) and the
@@ -127,15 +128,101 @@ function filterSql(p: Params, f: SearchFilters, seqCol = 'm.seq'): string {
 }
 
 /**
- * The seqs shown around a hit (2 archived messages before it, 1 after, whatever the cutoff),
- * fetched with the candidates to save a round trip. `c.seq` is the candidate.
+ * The seqs shown around a hit: the 2 archived messages before it and the 1 after it, whatever the
+ * cutoff. `seq` is an SQL expression for the hit's seq.
  */
-const AROUND = `ARRAY(
-  (SELECT n.seq FROM messages n WHERE n.tenant_id = $1 AND n.session_id = $2 AND n.seq < c.seq
+const aroundSql = (seq: string) => `ARRAY(
+  (SELECT n.seq FROM messages n WHERE n.tenant_id = $1 AND n.session_id = $2 AND n.seq < ${seq}
    ORDER BY n.seq DESC LIMIT 2)
   UNION ALL
-  (SELECT n.seq FROM messages n WHERE n.tenant_id = $1 AND n.session_id = $2 AND n.seq > c.seq
+  (SELECT n.seq FROM messages n WHERE n.tenant_id = $1 AND n.session_id = $2 AND n.seq > ${seq}
    ORDER BY n.seq ASC LIMIT 1))`;
+
+/**
+ * CTE `walk`: `selectHits` (services/search/rank-hits.ts) in SQL, over `order` (an SQL array of
+ * candidate seqs in rank order, carried along as `ord`). Step i takes candidate i: if it is not
+ * shown yet it becomes a hit, and only then are its neighbours looked up (`around`; NULL for a
+ * skipped candidate). `shown` and `picked` lag one step behind (they cover the steps before), so
+ * that the lookup appears once in the statement without a lateral subquery, which costs planning
+ * time. It stops after `limit` hits. The shown seqs, hits and contexts, are the last row's
+ * `shown || seq || around` (at most 4 × limit).
+ */
+function walkCte(order: string, limit: string): string {
+  const next = `w.ord[w.i + 1]`;
+  const shown = `CASE WHEN w.around IS NULL THEN w.shown ELSE w.shown || w.seq || w.around END`;
+  return `walk AS (
+    SELECT 0 AS i, '{}'::bigint[] AS shown, 0 AS picked, NULL::bigint AS seq, NULL::bigint[] AS around,
+      ${order} AS ord
+    UNION ALL
+    SELECT w.i + 1, ${shown}, w.picked + (w.around IS NOT NULL)::int, ${next},
+      CASE WHEN ${next} <> ALL (${shown}) THEN ${aroundSql(next)} END, w.ord
+    FROM walk w
+    WHERE w.picked + (w.around IS NOT NULL)::int < ${limit} AND w.i < cardinality(w.ord))`;
+}
+
+/**
+ * Select-list entries for a statement with a `walk`: `around`, the walk's hits with their
+ * neighbours, and `rows`, the archived rows of what it shows (leaving out `have`, rows the caller
+ * already holds). JSON keeps it to one result row; `sent_at_ns` goes as text (ns exceed 2^53).
+ */
+function walkResult(p: Params, have?: number[]): string {
+  const skip = have && have.length > 0 ? ` AND seq <> ALL (${p.add(have)}::bigint[])` : '';
+  return `(SELECT json_agg(json_build_array(seq, around)) FROM walk WHERE around IS NOT NULL) AS around,
+    (SELECT json_agg(json_build_array(${MSG_COLS.replace('sent_at_ns', 'sent_at_ns::text')}))
+     FROM messages
+     WHERE tenant_id = $1 AND session_id = $2${skip}
+       AND seq = ANY ((SELECT shown || seq || around FROM walk ORDER BY i DESC LIMIT 1)::bigint[])) AS rows`;
+}
+
+const MSG_COLS =
+  'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
+
+type JsonRow = [
+  number,
+  string,
+  string,
+  string | null,
+  unknown[] | null,
+  string | null,
+  string | null,
+  unknown[] | null,
+  Record<string, unknown> | null,
+  string,
+  string,
+];
+
+interface WalkResult {
+  around: Array<[number, number[]]> | null;
+  rows: JsonRow[] | null;
+}
+
+function readWalk(r: WalkResult): { around: Map<number, number[]>; rows: StoredMessageRow[] } {
+  return {
+    around: new Map(r.around ?? []),
+    rows: (r.rows ?? []).map(
+      ([seq, id, role, content, parts, name, toolCallId, toolCalls, metadata, sentAtNs, fingerprint]) => ({
+        seq: String(seq),
+        id,
+        role,
+        content,
+        parts,
+        name,
+        tool_call_id: toolCallId,
+        tool_calls: toolCalls,
+        metadata,
+        sent_at_ns: sentAtNs,
+        fingerprint,
+      }),
+    ),
+  };
+}
+
+type KeywordJson = Array<[number, number | null, boolean, boolean]>;
+/** A NaN score (a zero vector's cosine distance) comes as the JSON string "NaN". */
+type SemanticJson = Array<[number, number | string]>;
+
+const EMPTY_KC = `kc AS (SELECT NULL::bigint AS seq, NULL::real AS rank, false AS by_fts, false AS by_substring WHERE false)`;
+const EMPTY_SC = `sc AS (SELECT NULL::bigint AS seq, NULL::float8 AS score WHERE false)`;
 
 export interface KeywordCandidate {
   seq: number;
@@ -143,119 +230,184 @@ export interface KeywordCandidate {
   rank: number;
   byFts: boolean;
   bySubstring: boolean;
-  /** Neighbour seqs for the context (unordered). */
-  around: number[];
-}
-
-/**
- * Full text over the session's whole archive plus a substring match over its recent part
- * (seq >= start_seq), each limited to `k`, merged by seq. The tsquery is inlined (not in a CTE)
- * so that the planner sees its constant value and can estimate its selectivity. The full-text
- * part has two branches of which only one runs (one-time filters on `st.small`): for a small
- * session `coalesce(search_tsv, …)`, which the GIN index cannot serve, so the session's rows are
- * read through its btree and tested; for a big one the indexable form (see
- * SESSION_SCAN_MAX_MESSAGES).
- */
-export async function keywordCandidates(
-  q: Queryable,
-  a: SearchFilters & { fts: FtsLeaf[][][]; like: string[][]; k: number },
-): Promise<KeywordCandidate[]> {
-  const p = paramList([a.tenantId, a.sessionId, a.k]);
-  const st = stateCte(p, a.windowSize);
-  const tsq = tsquerySql(p, a.fts);
-  const like = substringSql(p, `coalesce(m.content, '')`, a.like);
-  if (!tsq && !like) return [];
-  const filters = filterSql(p, a);
-  const branch = (small: boolean) =>
-    `SELECT m.seq, ts_rank_cd(m.search_tsv, ${tsq}, 32) AS rank FROM messages m
-     WHERE m.tenant_id = $1 AND m.session_id = $2 AND ${small ? '' : 'NOT '}(SELECT small FROM st)
-       AND ${small ? `coalesce(m.search_tsv, ''::tsvector)` : 'm.search_tsv'} @@ (${tsq})${filters}`;
-  const fts = tsq
-    ? `(${branch(true)}) UNION ALL (${branch(false)}) ORDER BY rank DESC, seq DESC LIMIT $3`
-    : `SELECT NULL::bigint AS seq, NULL::real AS rank WHERE false`;
-  const sub = like
-    ? `SELECT m.seq FROM messages m
-       WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= (SELECT start_seq FROM st)
-         AND ${like}${filters}
-       ORDER BY m.seq DESC LIMIT $3`
-    : `SELECT NULL::bigint AS seq WHERE false`;
-  const r = await q.query<{
-    seq: string;
-    rank: number | null;
-    by_fts: boolean;
-    by_substring: boolean;
-    around: string[];
-  }>(
-    `WITH ${st}, fts AS (${fts}), sub AS (${sub}),
-     cand AS (
-       SELECT seq, f.rank, f.seq IS NOT NULL AS by_fts, s.seq IS NOT NULL AS by_substring
-       FROM fts f FULL JOIN sub s USING (seq))
-     SELECT c.seq, c.rank, c.by_fts, c.by_substring, ${AROUND} AS around FROM cand c`,
-    p.values,
-  );
-  return r.rows.map((row) => ({
-    seq: Number(row.seq),
-    rank: row.rank ?? 0,
-    byFts: row.by_fts,
-    bySubstring: row.by_substring,
-    around: row.around.map(Number),
-  }));
 }
 
 export interface SemanticCandidate {
   seq: number;
   /** 1 - cosine distance. */
   score: number;
-  around: number[];
+}
+
+export interface SearchArgs extends SearchFilters {
+  /** The keyword matchers (full text, substring); null for no keyword list. */
+  keyword: { fts: FtsLeaf[][][]; like: string[][] } | null;
+  /** The query embedding; null for no semantic list. */
+  embedding: number[] | null;
+  /** Candidates per list. */
+  k: number;
+  /** Hits wanted: where the statement's own walk stops. */
+  limit: number;
+  /** Which order the walk follows: each mode's ranking in rank-hits.ts. */
+  match: 'keyword' | 'semantic' | 'hybrid';
+}
+
+export interface SearchPrefetch {
+  /** False when the tenant has no such live session (nothing else is then returned). */
+  found: boolean;
+  keyword: KeywordCandidate[];
+  semantic: SemanticCandidate[];
+  /** Neighbour seqs (unordered) of the hits of the statement's walk. */
+  around: Map<number, number[]>;
+  /** Archived rows of those hits and of their neighbours. */
+  rows: StoredMessageRow[];
 }
 
 /**
- * Exact k-NN over the session's recent vectors. The session's rows are found through the primary
- * key (tenant_id, session_id, seq) and sorted by distance: no ANN index, so no recall loss and no
- * planner trap (FACTS.md). The archive row is joined only when a filter needs it.
+ * The keyword list: full text over the session's whole archive plus a substring match over its
+ * recent part (seq >= start_seq), each limited to `k`, merged by seq. The tsquery is inlined (not
+ * in a CTE) so that the planner sees its constant value and can estimate its selectivity. The
+ * full-text part has two branches of which only one runs (one-time filters on `st.small`): for a
+ * small session `coalesce(search_tsv, …)`, which the GIN index cannot serve, so the session's rows
+ * are read through its btree and tested; for a big one the indexable form (see
+ * SESSION_SCAN_MAX_MESSAGES). CTEs `fts`, `sub`, `kc`; null when no term is usable.
  */
-export async function semanticCandidates(
-  q: Queryable,
-  a: SearchFilters & { embedding: number[]; k: number },
-): Promise<SemanticCandidate[]> {
-  const p = paramList([a.tenantId, a.sessionId, JSON.stringify(a.embedding), a.k]);
-  const st = stateCte(p, a.windowSize);
+function keywordCtes(p: Params, a: SearchFilters, m: NonNullable<SearchArgs['keyword']>, k: () => string) {
+  const tsq = tsquerySql(p, m.fts);
+  const like = substringSql(p, `coalesce(m.content, '')`, m.like);
+  if (!tsq && !like) return null;
+  const filters = filterSql(p, a);
+  const branch = (small: boolean) =>
+    `SELECT m.seq, ts_rank_cd(m.search_tsv, ${tsq}, 32) AS rank FROM messages m
+     WHERE m.tenant_id = $1 AND m.session_id = $2 AND ${small ? '' : 'NOT '}(SELECT small FROM st)
+       AND ${small ? `coalesce(m.search_tsv, ''::tsvector)` : 'm.search_tsv'} @@ (${tsq})${filters}`;
+  const fts = tsq
+    ? `(${branch(true)}) UNION ALL (${branch(false)}) ORDER BY rank DESC, seq DESC LIMIT ${k()}`
+    : `SELECT NULL::bigint AS seq, NULL::real AS rank WHERE false`;
+  const sub = like
+    ? `SELECT m.seq FROM messages m
+       WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= (SELECT start_seq FROM st)
+         AND ${like}${filters}
+       ORDER BY m.seq DESC LIMIT ${k()}`
+    : `SELECT NULL::bigint AS seq WHERE false`;
+  return `fts AS (${fts}), sub AS (${sub}),
+    kc AS (
+      SELECT seq, f.rank, f.seq IS NOT NULL AS by_fts, s.seq IS NOT NULL AS by_substring
+      FROM fts f FULL JOIN sub s USING (seq))`;
+}
+
+/**
+ * The semantic list: exact k-NN over the session's recent vectors. The session's rows are found
+ * through the primary key (tenant_id, session_id, seq) and sorted by distance: no ANN index, so
+ * no recall loss and no planner trap (FACTS.md). The archive row is joined only when a filter
+ * needs it. CTE `sc`.
+ */
+function semanticCte(p: Params, a: SearchFilters, embedding: number[], k: () => string): string {
+  const e = p.add(JSON.stringify(embedding));
   const needsArchive = a.sinceNs !== null || a.excludeFts.length > 0 || a.excludeLike.length > 0;
   // Without the join, the window bound is the only filter left, and it applies to v.seq.
   const where = filterSql(p, a, 'v.seq');
   const join = needsArchive
     ? `JOIN messages m ON m.tenant_id = v.tenant_id AND m.session_id = v.session_id AND m.seq = v.seq`
     : '';
-  const r = await q.query<{ seq: string; score: number; around: string[] }>(
-    `WITH ${st}, c AS (
-       SELECT v.seq, 1 - (v.embedding <=> $3::vector) AS score
-       FROM message_vectors v ${join}
-       WHERE v.tenant_id = $1 AND v.session_id = $2 AND v.seq >= (SELECT start_seq FROM st)${where}
-       ORDER BY v.embedding <=> $3::vector, v.seq DESC LIMIT $4)
-     SELECT c.seq, c.score, ${AROUND} AS around FROM c`,
-    p.values,
-  );
-  return r.rows.map((row) => ({
-    seq: Number(row.seq),
-    score: Number(row.score),
-    around: row.around.map(Number),
-  }));
+  return `sc AS (
+    SELECT v.seq, 1 - (v.embedding <=> ${e}::vector) AS score
+    FROM message_vectors v ${join}
+    WHERE v.tenant_id = $1 AND v.session_id = $2 AND v.seq >= (SELECT start_seq FROM st)${where}
+    ORDER BY v.embedding <=> ${e}::vector, v.seq DESC LIMIT ${k()})`;
 }
 
-const MSG_COLS =
-  'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
+/**
+ * The candidates in the order searchSession ranks them (rank-hits.ts), computed the same way in
+ * float8 so that the walk usually picks what `selectHits` picks: the keyword score is the rank as
+ * the client reads it (its float4 text) plus the substring bonus; hybrid is reciprocal-rank
+ * fusion. Ties: newer first. Should the orders ever differ (a NaN score), searchSession notices
+ * and fetches what is missing (`walkRows`).
+ */
+function orderSql(match: SearchArgs['match']): string {
+  const kwScore = `CASE WHEN by_fts THEN rank::text::float8 ELSE 0 END
+    + CASE WHEN by_substring THEN ${SUBSTRING_BONUS}::float8 ELSE 0 END`;
+  const source =
+    match === 'keyword'
+      ? `SELECT seq, ${kwScore} AS score FROM kc`
+      : match === 'semantic'
+        ? `SELECT seq, score FROM sc`
+        : `SELECT seq, coalesce(1::float8 / (${RRF_K} + k.rn), 0) + coalesce(1::float8 / (${RRF_K} + s.rn), 0) AS score
+           FROM (SELECT seq, row_number() OVER (ORDER BY ${kwScore} DESC, seq DESC) AS rn FROM kc) k
+           FULL JOIN (SELECT seq, row_number() OVER (ORDER BY score DESC, seq DESC) AS rn FROM sc) s
+           USING (seq)`;
+  return `(SELECT coalesce(array_agg(seq ORDER BY score DESC, seq DESC), '{}') FROM (${source}) o)`;
+}
 
-/** Archived messages by seq (any order; missing seqs are simply absent). */
-export async function messagesBySeqs(
-  q: Queryable,
-  tenantId: string,
-  sessionId: string,
-  seqs: number[],
-): Promise<StoredMessageRow[]> {
-  if (seqs.length === 0) return [];
-  const r = await q.query<StoredMessageRow>(
-    `SELECT ${MSG_COLS} FROM messages WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
-    [tenantId, sessionId, seqs],
+/**
+ * Everything a search needs, in one round trip: whether the session exists (for the 404), the
+ * keyword and semantic candidates (4 × limit each, ranked again by the caller), and, for the hits
+ * that the same ranking and de-duplication pick, their neighbours and the archived rows of hits
+ * and neighbours, i.e. the rows of the response itself (at most 4 × limit; no row is fetched
+ * that the response would not show, so large messages cost no more than before).
+ */
+export async function searchCandidates(q: Queryable, a: SearchArgs): Promise<SearchPrefetch> {
+  const p = paramList([a.tenantId, a.sessionId]);
+  const ctes = [stateCte(p, a.windowSize)];
+  // Added on first use: a parameter that no clause mentions has no type, an error in Postgres.
+  let kParam: string | null = null;
+  const k = () => (kParam ??= p.add(a.k));
+  const kw = a.keyword && keywordCtes(p, a, a.keyword, k);
+  const sem = a.embedding && semanticCte(p, a, a.embedding, k);
+  // Only the lists the order reads: an unused CTE still costs parse time.
+  if (kw || (a.match === 'hybrid' && sem)) ctes.push(kw ?? EMPTY_KC);
+  if (sem || (a.match === 'hybrid' && kw)) ctes.push(sem ?? EMPTY_SC);
+  const order = kw || sem ? orderSql(a.match) : `'{}'::bigint[]`;
+  ctes.push(walkCte(order, p.add(a.limit)));
+  const r = await q.query<WalkResult & { kw: KeywordJson | null; sem: SemanticJson | null }>(
+    `WITH RECURSIVE ${ctes.join(',\n')}
+     SELECT ${kw ? `(SELECT json_agg(json_build_array(seq, rank, by_fts, by_substring)) FROM kc)` : 'NULL'} AS kw,
+       ${sem ? `(SELECT json_agg(json_build_array(seq, score)) FROM sc)` : 'NULL'} AS sem,
+       ${walkResult(p)}
+     FROM st`,
+    p.values,
   );
-  return r.rows;
+  const head = r.rows[0];
+  if (!head) return { found: false, keyword: [], semantic: [], around: new Map(), rows: [] };
+  return {
+    found: true,
+    keyword: (head.kw ?? []).map(([seq, rank, byFts, bySubstring]) => ({
+      seq,
+      rank: rank ?? 0,
+      byFts,
+      bySubstring,
+    })),
+    semantic: (head.sem ?? []).map(([seq, score]) => ({ seq, score: Number(score) })),
+    ...readWalk(head),
+  };
+}
+
+/**
+ * The fallback of `searchCandidates`: the same walk over a given candidate order (the caller's
+ * own ranking), returning the walk's neighbours and the rows of what it shows, except the rows
+ * the caller already has (`have`).
+ */
+export async function walkRows(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; order: number[]; limit: number; have: number[] },
+): Promise<{ around: Map<number, number[]>; rows: StoredMessageRow[] }> {
+  const p = paramList([a.tenantId, a.sessionId]);
+  const walk = walkCte(`${p.add(a.order)}::bigint[]`, p.add(a.limit));
+  const r = await q.query<WalkResult>(`WITH RECURSIVE ${walk} SELECT ${walkResult(p, a.have)}`, p.values);
+  return readWalk(r.rows[0] ?? { around: null, rows: null });
+}
+
+/**
+ * The statement searchSession sends in semantic mode (bench/search.ts prints its plan); `limit`
+ * defaults to a quarter of `k`, as searchSession asks for 4 candidates per hit.
+ */
+export function semanticCandidates(
+  q: Queryable,
+  a: SearchFilters & { embedding: number[]; k: number; limit?: number },
+): Promise<SearchPrefetch> {
+  return searchCandidates(q, {
+    ...a,
+    keyword: null,
+    match: 'semantic',
+    limit: a.limit ?? Math.ceil(a.k / 4),
+  });
 }

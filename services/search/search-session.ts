@@ -2,8 +2,8 @@ import { Histogram } from 'prom-client';
 import type { Registry } from 'prom-client';
 import { z } from 'zod';
 import { pgCode } from '../../db/pool.js';
-import { keywordCandidates, messagesBySeqs, semanticCandidates } from '../../db/queries/search.js';
-import type { SearchFilters } from '../../db/queries/search.js';
+import { searchCandidates, walkRows } from '../../db/queries/search.js';
+import type { SearchArgs, SearchFilters, SearchPrefetch } from '../../db/queries/search.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { notFound } from '../errors.js';
@@ -12,7 +12,6 @@ import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
 import { nowNs } from '../time.js';
 import { ftsLeaves, likePattern, parseSearchQuery, usableSubstring } from './parse-query.js';
-import type { ParsedQuery } from './parse-query.js';
 import { embedQuery } from './query-embedding.js';
 import { fuseRrf, rankKeyword, rankSemantic, selectHits } from './rank-hits.js';
 import type { Candidate } from './rank-hits.js';
@@ -111,102 +110,108 @@ async function run(
       .filter(usableSubstring)
       .map(likePattern),
   };
-  const k = params.limit * CANDIDATES_PER_HIT;
-  const neighbours = new Map<number, number[]>();
-  // The candidate queries are scoped by tenant and session themselves (they find nothing for a
-  // session the tenant does not have), so the 404 check runs beside them, saving a round trip;
-  // only a billed query embedding waits for it.
-  const sessionCheck = getSession(deps.db, tenantId, sessionId).then((s) => {
-    if (!s) throw notFound('session');
+  const keyword =
+    params.match === 'semantic'
+      ? null
+      : {
+          fts: parsed.groups.map((terms) => terms.map(ftsLeaves)),
+          like: parsed.groups.map((terms) =>
+            terms
+              .map((t) => t.text)
+              .filter(usableSubstring)
+              .map(likePattern),
+          ),
+        };
+  let embedding: number[] | null = null;
+  if (params.match !== 'keyword' && parsed.embedText.trim() !== '') {
+    // A billed query embedding waits for the session check, so that a 404 costs nothing; the
+    // local embedder costs microseconds, and the one statement below checks the session itself.
+    if (!deps.config.embedding.local && !(await getSession(deps.db, tenantId, sessionId))) {
+      throw notFound('session');
+    }
+    embedding = await embedQuery(deps, tenantId, sessionId, parsed.embedText);
+  }
+  const fetched = await candidates(deps, {
+    ...filters,
+    keyword,
+    embedding,
+    k: params.limit * CANDIDATES_PER_HIT,
+    limit: params.limit,
+    match: params.match,
   });
-  const [, keyword, semantic] = await Promise.all([
-    sessionCheck,
-    params.match === 'semantic' ? [] : keywordList(deps, filters, parsed, k, neighbours),
-    params.match === 'keyword'
-      ? []
-      : (deps.config.embedding.local ? Promise.resolve() : sessionCheck).then(() =>
-          semanticList(deps, filters, parsed, k, neighbours),
-        ),
-  ]);
+  // The candidate statement is scoped by the tenant's live session: no head row, no session.
+  if (!fetched.found) throw notFound('session');
+  const keywordList = rankKeyword(fetched.keyword);
+  const semanticList = rankSemantic(fetched.semantic);
   const ranked =
     params.match === 'keyword'
-      ? keyword
+      ? keywordList
       : params.match === 'semantic'
-        ? semantic
-        : fuseRrf([keyword, semantic]);
-  return { hits: await expand(deps, tenantId, sessionId, ranked, neighbours, params.limit) };
+        ? semanticList
+        : fuseRrf([keywordList, semanticList]);
+  return { hits: await expand(deps, tenantId, sessionId, ranked, fetched, params.limit) };
 }
 
-async function keywordList(
-  deps: SearchDeps,
-  filters: SearchFilters,
-  parsed: ParsedQuery,
-  k: number,
-  neighbours: Map<number, number[]>,
-): Promise<Candidate[]> {
-  const rows = await keywordCandidates(deps.db, {
-    ...filters,
-    fts: parsed.groups.map((terms) => terms.map(ftsLeaves)),
-    like: parsed.groups.map((terms) =>
-      terms
-        .map((t) => t.text)
-        .filter(usableSubstring)
-        .map(likePattern),
-    ),
-    k,
-  });
-  for (const r of rows) neighbours.set(r.seq, r.around);
-  return rankKeyword(rows);
-}
-
-async function semanticList(
-  deps: SearchDeps,
-  filters: SearchFilters,
-  parsed: ParsedQuery,
-  k: number,
-  neighbours: Map<number, number[]>,
-): Promise<Candidate[]> {
-  if (parsed.embedText.trim() === '') return [];
-  const embedding = await embedQuery(deps, filters.tenantId, filters.sessionId, parsed.embedText);
-  if (!embedding) return [];
+/** `searchCandidates`, retried without the semantic list when the vectors have another dimension. */
+async function candidates(deps: SearchDeps, args: SearchArgs): Promise<SearchPrefetch> {
   try {
-    const rows = await semanticCandidates(deps.db, { ...filters, embedding, k });
-    for (const r of rows) neighbours.set(r.seq, r.around);
-    return rankSemantic(rows);
+    return await searchCandidates(deps.db, args);
   } catch (err) {
     // 22000 (data_exception) is pgvector's "different vector dimensions": the index was built by
     // another embedder and awaits `mnemos reembed`. Keyword search still answers.
-    if (pgCode(err) !== '22000') throw err;
+    if (args.embedding === null || pgCode(err) !== '22000') throw err;
     deps.logger.warn(
       { code: '22000' },
       'search: query and index dimensions differ; semantic results skipped',
     );
-    return [];
+    return searchCandidates(deps.db, { ...args, embedding: null });
   }
 }
 
+/**
+ * Picks the hits and their contexts (`selectHits`) and builds them from the prefetched rows. The
+ * candidate statement ran the same selection in SQL, so it normally brought every neighbour list
+ * and row needed; if not (the orders differed), one more statement runs the selection over this
+ * ranking and brings what is missing.
+ */
 async function expand(
   deps: SearchDeps,
   tenantId: string,
   sessionId: string,
   ranked: Candidate[],
-  neighbours: Map<number, number[]>,
+  fetched: Pick<SearchPrefetch, 'around' | 'rows'>,
   limit: number,
 ): Promise<SearchHit[]> {
   if (ranked.length === 0) return [];
+  let neighbours = fetched.around;
   for (const list of neighbours.values()) list.sort((a, b) => a - b);
-  const chosen = selectHits(ranked, neighbours, limit);
-  const rows = await messagesBySeqs(
-    deps.db,
-    tenantId,
-    sessionId,
-    chosen.flatMap((c) => [c.hit.seq, ...c.context]),
+  const bySeq = new Map(fetched.rows.map((r) => [Number(r.seq), r]));
+  let chosen = selectHits(ranked, neighbours, limit);
+  const complete = chosen.every(
+    ({ hit, context }) => neighbours.has(hit.seq) && bySeq.has(hit.seq) && context.every((s) => bySeq.has(s)),
   );
-  const bySeq = new Map(rows.map((r) => [Number(r.seq), toStoredMessage(r)]));
+  if (!complete) {
+    const more = await walkRows(deps.db, {
+      tenantId,
+      sessionId,
+      order: ranked.map((c) => c.seq),
+      limit,
+      have: [...bySeq.keys()],
+    });
+    // The walk over this very order computed the neighbours of every hit selectHits keeps.
+    neighbours = more.around;
+    for (const list of neighbours.values()) list.sort((a, b) => a - b);
+    for (const r of more.rows) bySeq.set(Number(r.seq), r);
+    chosen = selectHits(ranked, neighbours, limit);
+  }
+  const stored = (seq: number) => {
+    const r = bySeq.get(seq);
+    return r && toStoredMessage(r);
+  };
   const hits: SearchHit[] = [];
   for (const { hit, context } of chosen) {
-    const m = bySeq.get(hit.seq);
-    // Gone since it was ranked (reset or delete in between): leave it out rather than fail.
+    const m = stored(hit.seq);
+    // Gone since it was ranked (reset or delete between the two statements): leave it out.
     if (!m) continue;
     hits.push({
       seq: m.seq,
@@ -216,7 +221,7 @@ async function expand(
       sent_at: m.sent_at,
       score: hit.score,
       source: hit.archive && hit.recent ? 'both' : hit.archive ? 'archive' : 'recent',
-      context: context.flatMap((s) => bySeq.get(s) ?? []),
+      context: context.flatMap((s) => stored(s) ?? []),
     });
   }
   return hits;
