@@ -17,8 +17,9 @@
  *   c      LangChain PostgresChatMessageHistory.addMessage over 50 sessions, 16 callers (from the
  *          isolated bench/peers project; a labelled non-LangChain stand-in if it cannot load).
  * Diagnostic phases (not in the default run): a-tx (phase a in the drain's transaction shape:
- * lock session row, insert, update counters) and b1-split (accept with the API alone, then drain
- * with a worker alone, to separate the two halves of b1).
+ * lock session row, insert, update counters), b1-split (accept with the API alone, then drain
+ * with a worker alone, to separate the two halves of b1) and a-cost (Postgres CPU per archived
+ * row, with the full-text index, the tsvector and the secondary indexes taken away in turn).
  *
  * Every loop is bounded by a count and a time; scratch databases and Redis keys are removed at the
  * end, also on failure or Ctrl-C. Numbers vary with the machine's load: compare the ratios.
@@ -77,7 +78,7 @@ const { values: args } = parseArgs({
 const SCALE = Number(args.scale);
 if (!(SCALE > 0 && SCALE <= 10)) throw new Error('--scale must be in (0, 10]');
 const PHASES = new Set(args.phases.split(',').map((p) => p.trim()));
-const KNOWN = ['parts', 'a', 'a-tx', 'b1', 'b2', 'c', 'b1-split'];
+const KNOWN = ['parts', 'a', 'a-tx', 'a-cost', 'b1', 'b2', 'c', 'b1-split'];
 for (const p of PHASES)
   if (!KNOWN.includes(p)) throw new Error(`unknown phase "${p}" (known: ${KNOWN.join(', ')})`);
 if (!['default', 'none'].includes(args.extensions)) throw new Error('--extensions is default or none');
@@ -726,6 +727,97 @@ async function phaseLangChain(): Promise<void> {
  * process.cpuUsage over the same batches of 50: what the API and the worker spend in JavaScript
  * before and after their round trips. Robust to the machine's other load.
  */
+/** CPU seconds a process has used (utime + stime), from /proc. */
+function procCpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
+}
+
+/**
+ * Where the archive insert's Postgres CPU goes: the same 50-row batches on one connection, into
+ * `messages` through insertArchiveBatch itself, and into copies of the table with parts of its
+ * indexing removed, batch by batch in turn so the machine's load hits all alike. The backend's
+ * CPU is read from /proc around each statement (10 ms ticks, summed over many batches).
+ */
+async function phaseArchiveCost(): Promise<void> {
+  const scratch = await createScratchDatabase('a_cost');
+  const db = makePgDb({ connectionString: scratch.url, max: 1, applicationName: 'mnemos-bench' });
+  onCleanup(() => db.close().catch(() => undefined));
+  const tsvector = `to_tsvector('english', x.fts_en) || to_tsvector('simple', x.fts_cjk)`;
+  const variants: Array<{ name: string; table: string | null; drop: string[]; tsv: string }> = [
+    { name: 'messages (insertArchiveBatch)', table: null, drop: [], tsv: tsvector },
+    { name: 'without the GIN index', table: 'm_no_gin', drop: ['search_tsv_idx'], tsv: tsvector },
+    {
+      name: 'without GIN and tsvector (empty)',
+      table: 'm_no_tsv',
+      drop: ['search_tsv_idx'],
+      tsv: `''::tsvector`,
+    },
+    {
+      name: 'also without the client-id and sent_at btrees',
+      table: 'm_bare',
+      drop: ['search_tsv_idx', 'tenant_id_session_id_id_idx', 'tenant_id_session_id_sent_at_ns_idx'],
+      tsv: `''::tsvector`,
+    },
+  ];
+  try {
+    const { tenant_id: tenantId } = await createTenant(db, 'bench');
+    const pid = (await db.query<{ p: number }>('SELECT pg_backend_pid() AS p')).rows[0]!.p;
+    for (const v of variants) {
+      if (!v.table) continue;
+      await db.query(`CREATE TABLE ${v.table} (LIKE messages INCLUDING ALL)`);
+      for (const suffix of v.drop) await db.query(`DROP INDEX ${v.table}_${suffix}`);
+    }
+    const sessions = 20;
+    const rounds = Math.max(2, Math.round(60 * SCALE));
+    const cpuMs = variants.map(() => 0);
+    let rows = 0;
+    for (let r = 0; r < rounds; r++) {
+      for (let s = 0; s < sessions; s++) {
+        await withTransaction(db, (tx) => lockOrCreateSession(tx, tenantId, sessionId(s)));
+        const first = r * STORAGE_BATCH;
+        const batch = archiveRows(
+          parseMessages({ messages: wireMessages(s, first, STORAGE_BATCH) }, 'UTC'),
+          first + 1,
+        );
+        for (const [i, v] of variants.entries()) {
+          const c0 = procCpuMs(pid);
+          if (!v.table) await insertArchiveBatch(db, tenantId, sessionId(s), batch);
+          else
+            // insertArchiveBatch's statement, on the copy and with this variant's tsvector.
+            await db.query(
+              `INSERT INTO ${v.table} (tenant_id, session_id, seq, id, role, content, parts, name, tool_call_id,
+                 tool_calls, metadata, sent_at_ns, sent_at_given, bytes, fingerprint, search_tsv)
+               SELECT $1, $2, x.seq, x.id, x.role, x.content, x.parts, x.name, x.tool_call_id, x.tool_calls,
+                 x.metadata, x.sent_at_ns, x.sent_at_given, x.bytes, x.fingerprint, ${v.tsv}
+               FROM jsonb_to_recordset($3::jsonb) AS x(seq bigint, id text, role text, content text, parts jsonb,
+                 name text, tool_call_id text, tool_calls jsonb, metadata jsonb, sent_at_ns bigint,
+                 sent_at_given boolean, bytes integer, fingerprint text, fts_en text, fts_cjk text)
+               ORDER BY x.seq
+               ON CONFLICT DO NOTHING
+               RETURNING seq, bytes, sent_at_ns`,
+              [tenantId, sessionId(s), JSON.stringify(batch)],
+            );
+          cpuMs[i]! += procCpuMs(pid) - c0;
+        }
+        rows += batch.length;
+      }
+    }
+    const full = cpuMs[0]!;
+    const table = variants.map((v, i) => [
+      v.name,
+      ((cpuMs[i]! * 1000) / rows).toFixed(1),
+      fmtRatio(cpuMs[i]! / full),
+    ]);
+    process.stdout.write(
+      `\n## a-cost: Postgres CPU per archived row (${fmtInt(rows)} rows per variant, ${STORAGE_BATCH}-row INSERTs, one connection)\n\n${markdownTable(['table', 'CPU µs/row', 'vs messages'], table)}\n`,
+    );
+  } finally {
+    await db.close().catch(() => undefined);
+  }
+}
+
 function phaseParts(): void {
   const n = Math.max(20, Math.round(200 * SCALE));
   const bodies = requestBodies(BATCH, n);
@@ -889,6 +981,7 @@ async function main(): Promise<void> {
     if (PHASES.has('parts')) phaseParts();
     if (PHASES.has('a')) await phaseStorage(false);
     if (PHASES.has('a-tx')) await phaseStorage(true);
+    if (PHASES.has('a-cost')) await phaseArchiveCost();
     if (PHASES.has('b1'))
       await phaseEndToEnd({
         phase: 'b1',
