@@ -188,6 +188,8 @@ function fmix32(value: number): number {
 
 const SIGN_SEED = 0x9e3779b9;
 
+let scratch = new Float64Array(384);
+
 export function localEmbed(text: string, dimensions: number): number[] {
   if (!Number.isInteger(dimensions) || dimensions < 1) {
     throw new RangeError(`dimensions must be a positive integer, got ${dimensions}`);
@@ -204,27 +206,33 @@ export function localEmbed(text: string, dimensions: number): number[] {
     counts.set(key, (counts.get(key) ?? (kinds[i] === CJK ? 1 : 0)) + 2);
   }
 
-  const vector = new Array<number>(dimensions).fill(0);
+  // Summed in a scratch buffer reused across calls: only the returned array is allocated.
+  if (scratch.length < dimensions) scratch = new Float64Array(dimensions);
+  const acc = scratch;
+  acc.fill(0, 0, dimensions);
   for (const [key, packed] of counts) {
     const hash = fnv1a32(key, (packed & 1) === 1 ? CJK_PREFIX_HASH : WORD_PREFIX_HASH);
     const tf = packed >>> 1;
     const index = fmix32(hash) % dimensions;
     const sign = (fmix32(hash ^ SIGN_SEED) & 1) === 0 ? 1 : -1;
     // Sublinear tf so a word repeated ten times does not drown out the rest of the text.
-    vector[index] = (vector[index] ?? 0) + sign * (1 + Math.log(tf));
+    acc[index] = acc[index]! + sign * (1 + Math.log(tf));
   }
 
   let norm = 0;
-  for (const v of vector) norm += v * v;
+  for (let i = 0; i < dimensions; i++) norm += acc[i]! * acc[i]!;
   norm = Math.sqrt(norm);
+  const vector = new Array<number>(dimensions);
   if (norm === 0) {
     // No features (empty/punctuation-only text, or all features cancelled out). A zero vector
     // makes pgvector's cosine distance NaN, which poisons ORDER BY; a fixed unit vector keeps
     // the distance defined and makes all featureless texts equal to each other.
+    vector.fill(0);
     vector[0] = 1;
     return vector;
   }
-  return vector.map((v) => v / norm);
+  for (let i = 0; i < dimensions; i++) vector[i] = acc[i]! / norm;
+  return vector;
 }
 
 export function localEmbedMany(texts: readonly string[], dimensions: number): number[][] {
