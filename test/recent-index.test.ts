@@ -13,6 +13,7 @@ import {
   prepareEmbedText,
 } from '../services/recent-index/embedder.js';
 import { enqueueEmbed } from '../services/recent-index/jobs.js';
+import { sweepMissingVectors } from '../services/recent-index/recent-index-extension.js';
 import { makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -321,6 +322,34 @@ void describe('recent index with the local embedder', () => {
       limit: 5,
     });
     assert.deepEqual(none, []);
+  });
+
+  void test('the embed sweep re-enqueues quiet sessions that miss vectors, and only those', async () => {
+    const t = await svc.newTenant();
+    const seqs = await post(t.api, 'swept', [
+      user('first note'),
+      assistant('second note'),
+      user('third note'),
+    ]);
+    await post(t.api, 'complete', [user('nothing missing here')]);
+    await vectorsFor(svc, t.tenantId, 'swept', seqs);
+    // As if the embed job for the last two had failed for good (or never been enqueued).
+    await svc.deps.db.query(
+      'DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 AND seq >= $3',
+      [t.tenantId, 'swept', seqs[1]],
+    );
+    // Sessions with a message in the last five minutes are left to their own jobs.
+    assert.equal(await sweepMissingVectors(svc.deps, 'local-hash'), 0);
+    assert.equal((await vectors(svc, t.tenantId, 'swept')).size, 1);
+
+    assert.equal(await sweepMissingVectors(svc.deps, 'local-hash', { idleMs: 0 }), 1);
+    const v = await vectorsFor(svc, t.tenantId, 'swept', seqs);
+    assertClose(v.get(seqs[2]!)!, localEmbed('third note', 384));
+    assert.equal(
+      await sweepMissingVectors(svc.deps, 'local-hash', { idleMs: 0 }),
+      0,
+      'nothing left to sweep',
+    );
   });
 });
 

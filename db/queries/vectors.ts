@@ -107,6 +107,38 @@ export async function missingVectors(
 }
 
 /**
+ * Live sessions with a message archived in the last `withinMs` but not in the last `idleMs`
+ * that still have an embeddable message after their highest vector (the same test as
+ * missingVectors): an embed job that failed for good or was never enqueued (Redis down right
+ * after the commit) leaves such a session behind until its next message. Newest first, at most
+ * `limit`.
+ */
+export async function sessionsMissingVectors(
+  q: Queryable,
+  a: { roles: string[]; model: string; withinMs: number; idleMs: number; limit: number },
+): Promise<Array<{ tenantId: string; sessionId: string; generation: number }>> {
+  const r = await q.query<{ tenant_id: string; id: string; generation: number }>(
+    `SELECT s.tenant_id, s.id, s.generation FROM sessions s
+     WHERE s.deleted_at IS NULL
+       AND s.last_message_at > now() - make_interval(secs => $3::float8 / 1000)
+       AND s.last_message_at <= now() - make_interval(secs => $4::float8 / 1000)
+       AND EXISTS (
+         SELECT 1 FROM messages m
+         WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.seq >= s.start_seq
+           AND m.seq > coalesce((SELECT max(v.seq) FROM message_vectors v
+                                 WHERE v.tenant_id = s.tenant_id AND v.session_id = s.id), -1)
+           AND m.role = ANY($1::text[]) AND m.content ~ '[^[:space:]]'
+           AND NOT EXISTS (SELECT 1 FROM message_vector_skips k
+                           WHERE k.tenant_id = m.tenant_id AND k.session_id = m.session_id AND k.seq = m.seq
+                             AND k.model = $2))
+     ORDER BY s.last_message_at DESC
+     LIMIT $5`,
+    [a.roles, a.model, a.withinMs, a.idleMs, a.limit],
+  );
+  return r.rows.map((x) => ({ tenantId: x.tenant_id, sessionId: x.id, generation: x.generation }));
+}
+
+/**
  * Share-locks the session row for a vector write: it waits for (and then excludes) the ingest
  * drain, compaction and reset, which take the same row FOR UPDATE, so a vector can never land
  * below a cutoff that moved while it was being computed.

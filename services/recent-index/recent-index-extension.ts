@@ -1,7 +1,7 @@
 import { Counter } from 'prom-client';
 import type { Registry } from 'prom-client';
 import { compactTriggerState } from '../../db/queries/compaction.js';
-import { deleteOrphanVectors } from '../../db/queries/vectors.js';
+import { deleteOrphanVectors, sessionsMissingVectors } from '../../db/queries/vectors.js';
 import { makeCompactProcessor } from '../../workers/compact.js';
 import { makeEmbedProcessor } from '../../workers/embed.js';
 import type { ExtensionFactory } from '../extension.js';
@@ -20,6 +20,33 @@ function counter<L extends string>(
     (registry.getSingleMetric(name) as Counter<L> | undefined) ??
     new Counter({ name, help, labelNames, registers: [registry] })
   );
+}
+
+const EMBED_SWEEP_EVERY_MS = 10 * 60_000;
+/** Sessions the sweep looks at: active in the last day, quiet for the last five minutes. */
+const EMBED_SWEEP_WITHIN_MS = 24 * 3_600_000;
+const EMBED_SWEEP_IDLE_MS = 5 * 60_000;
+const EMBED_SWEEP_LIMIT = 1_000;
+
+/**
+ * Enqueues an embed job for every recently active, now quiet session that still misses vectors
+ * (its job failed for good, or the enqueue after its last commit failed). Busy sessions are left
+ * alone: each archived batch enqueues their job anyway. Returns how many were enqueued.
+ */
+export async function sweepMissingVectors(
+  deps: Parameters<ExtensionFactory>[0],
+  model: string,
+  opts: { withinMs?: number; idleMs?: number; limit?: number } = {},
+): Promise<number> {
+  const sessions = await sessionsMissingVectors(deps.db, {
+    roles: deps.config.embedRoles,
+    model,
+    withinMs: opts.withinMs ?? EMBED_SWEEP_WITHIN_MS,
+    idleMs: opts.idleMs ?? EMBED_SWEEP_IDLE_MS,
+    limit: opts.limit ?? EMBED_SWEEP_LIMIT,
+  });
+  for (const s of sessions) await enqueueEmbed(deps.queues, s);
+  return sessions.length;
 }
 
 /**
@@ -64,6 +91,20 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
         }
       }
       await enqueueEmbed(deps.queues, a);
+    },
+    maintenance: {
+      'embed-sweep': async () => {
+        const n = await sweepMissingVectors(deps, embedder.model);
+        if (n > 0) log.info({ sessions: n }, 'embed sweep: re-enqueued sessions missing vectors');
+        return n;
+      },
+    },
+    async schedule() {
+      await deps.queues.maintenance.upsertJobScheduler(
+        'embed-sweep',
+        { every: EMBED_SWEEP_EVERY_MS },
+        { name: 'embed-sweep', data: { v: 1, kind: 'embed-sweep' } },
+      );
     },
     purgeSession: (tenantId, sessionId) => deleteOrphanVectors(deps.db, tenantId, sessionId),
   };
