@@ -331,8 +331,9 @@ void describe('recent index with the local embedder', () => {
       assistant('second note'),
       user('third note'),
     ]);
-    await post(t.api, 'complete', [user('nothing missing here')]);
+    const complete = await post(t.api, 'complete', [user('nothing missing here')]);
     await vectorsFor(svc, t.tenantId, 'swept', seqs);
+    await vectorsFor(svc, t.tenantId, 'complete', complete);
     // As if the embed job for the last two had failed for good (or never been enqueued).
     await svc.deps.db.query(
       'DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 AND seq >= $3',
