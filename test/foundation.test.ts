@@ -28,13 +28,22 @@ void describe('configuration', () => {
         REDIS_URL: 'localhost:6379',
         SUMMARY_CRON: 'often',
         EMBED_ROLES: 'user,robot',
+        EMBED_CONCURRENCY: '0',
+        PG_POOL_SIZE: 'many',
       });
     } catch (e) {
       err = e;
     }
     assert.ok(err instanceof ConfigError);
     const text = err.message;
-    for (const name of ['PORT', 'REDIS_URL', 'SUMMARY_CRON', 'EMBED_ROLES'])
+    for (const name of [
+      'PORT',
+      'REDIS_URL',
+      'SUMMARY_CRON',
+      'EMBED_ROLES',
+      'EMBED_CONCURRENCY',
+      'PG_POOL_SIZE',
+    ])
       assert.match(text, new RegExp(`${name}:`));
     assert.match(text, /redis:\/\//);
   });
@@ -52,6 +61,9 @@ void describe('configuration', () => {
     assert.equal(c.maxHistoryBytes, 4194304);
     assert.equal(c.summaryRunes, 32000);
     assert.equal(c.errorMemoryTtlDays, 90);
+    assert.equal(c.workerConcurrency, 8);
+    assert.equal(c.embedConcurrency, 2);
+    assert.equal(c.pgPoolSize, 16);
     assert.deepEqual(c.embedding, { model: 'local-hash', dimensions: 384, local: true });
     assert.equal(c.llm.configured, false);
     const withLlm = loadConfig({ OPENAI_API_KEY: 'sk-x', SUMMARY_CRON: '*/5 * * * * *' });
