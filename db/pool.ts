@@ -42,6 +42,11 @@ export function makePgDb(opts: {
     application_name: opts.applicationName ?? 'mnemos',
     connectionTimeoutMillis: 5000,
     idleTimeoutMillis: 30000,
+    // For the per-session HNSW indexes of huge sessions (services/recent-index/ann-indexes.ts):
+    // a wider search than pgvector's default 40, which lost whole clusters about once in 100–300
+    // queries (bench/partial-hnsw.ts), and iterative scans so that a filter (seq >= start_seq)
+    // cannot leave a k-NN short of k rows. Placeholders until pgvector loads; harmless elsewhere.
+    options: '-c hnsw.ef_search=100 -c hnsw.iterative_scan=relaxed_order',
   });
   // An idle client losing its connection (Postgres restart) must not crash the process.
   pool.on('error', (err) =>

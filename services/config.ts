@@ -107,6 +107,9 @@ const schema = z.object({
   WORKER_CONCURRENCY: int(1, 1000, 'jobs per worker process').default(8),
   EMBED_CONCURRENCY: int(1, 1000, 'embed jobs per worker process').default(2),
   PG_POOL_SIZE: int(1, 1000, 'Postgres connections per process').default(16),
+  ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
+    8000,
+  ),
   LLM_TIMEOUT_MS: int(100, 3_600_000, 'per-call LLM timeout').default(60000),
   RELEVANCE_TIMEOUT_MS: int(50, 600_000, 'timeout of the per-turn relevance call').default(2000),
   RATE_LIMIT_PER_MIN: int(0, 10_000_000, 'requests per API key per minute, 0 = off').default(6000),
@@ -139,6 +142,8 @@ export interface Config {
   embedConcurrency: number;
   /** Postgres connections per process (jobs hold one for a whole transaction; requests need some too). */
   pgPoolSize: number;
+  /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
+  annMinVectors: number;
   llmTimeoutMs: number;
   relevanceTimeoutMs: number;
   rateLimitPerMin: number;
@@ -214,6 +219,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     workerConcurrency: e.WORKER_CONCURRENCY,
     embedConcurrency: e.EMBED_CONCURRENCY,
     pgPoolSize: e.PG_POOL_SIZE,
+    annMinVectors: e.ANN_MIN_VECTORS,
     llmTimeoutMs: e.LLM_TIMEOUT_MS,
     relevanceTimeoutMs: e.RELEVANCE_TIMEOUT_MS,
     rateLimitPerMin: e.RATE_LIMIT_PER_MIN,

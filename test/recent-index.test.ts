@@ -14,6 +14,9 @@ import {
 } from '../services/recent-index/embedder.js';
 import { enqueueEmbed } from '../services/recent-index/jobs.js';
 import { sweepMissingVectors } from '../services/recent-index/recent-index-extension.js';
+import { annIndexName } from '../db/queries/ann-indexes.js';
+import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
+import { searchSession } from '../services/search/search-session.js';
 import { makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -351,6 +354,90 @@ void describe('recent index with the local embedder', () => {
       0,
       'nothing left to sweep',
     );
+  });
+
+  void test('a huge session gets its own HNSW index, which its search can use; it goes with the session', async () => {
+    const t = await svc.newTenant();
+    const texts = Array.from({ length: 30 }, (_, i) =>
+      i === 17 ? 'the quokka migration plan for the billing cluster' : `routine status update number ${i}`,
+    );
+    const seqs = await post(
+      t.api,
+      'huge',
+      texts.map((x, i) => (i % 2 === 0 ? user(x) : assistant(x))),
+    );
+    const small = await post(t.api, 'tiny', [user('a small session about quokka')]);
+    await vectorsFor(svc, t.tenantId, 'huge', seqs);
+    await vectorsFor(svc, t.tenantId, 'tiny', small);
+    const name = annIndexName(t.tenantId, 'huge', 384);
+    const indexDef = async () =>
+      (
+        await svc.deps.db.query<{ indexdef: string }>(
+          'SELECT indexdef FROM pg_indexes WHERE indexname = $1',
+          [name],
+        )
+      ).rows[0]?.indexdef ?? null;
+
+    const built = await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 });
+    assert.ok(built.built.includes(name), JSON.stringify(built));
+    assert.ok(!built.built.includes(annIndexName(t.tenantId, 'tiny', 384)), 'small sessions get none');
+    assert.match((await indexDef()) ?? '', /USING hnsw .*vector\(384\).*session_id = 'huge'/);
+    const again = await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 });
+    assert.ok(!again.built.includes(name) && !again.dropped.includes(name), 'a second pass changes nothing');
+
+    // The search statement can use it: with sorting priced out, the planner takes the HNSW index
+    // (30 vectors are too few for it to choose it on its own) and finds the same top hit.
+    const search = { query: 'quokka migration', match: 'semantic' as const, limit: 3 };
+    const plain = await t.api.post('/v1/sessions/huge/search', search);
+    assert.equal(plain.status, 200, plain.text);
+    assert.equal(plain.body.hits[0]?.seq, seqs[17]);
+    const plan = await svc.deps.db.transaction(async (tx) => {
+      await tx.query('SET LOCAL enable_sort = off');
+      let sent: { text: string; params?: unknown[] } | null = null;
+      const rec = {
+        binaryParams: true,
+        query: <R>(text: string, params?: unknown[]) => {
+          sent ??= { text, params };
+          return tx.query<R>(text, params);
+        },
+      };
+      const hits = await searchSession({ ...svc.deps, db: { ...svc.deps.db, ...rec } }, t.tenantId, 'huge', {
+        ...search,
+        time_range: 'all',
+        exclude_window: false,
+      });
+      assert.equal(hits.hits[0]?.seq, seqs[17]);
+      const r = await tx.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${sent!.text}`, sent!.params);
+      return r.rows.map((x) => x['QUERY PLAN']).join('\n');
+    });
+    assert.match(plan, new RegExp(`Index Scan using ${name} on message_vectors`));
+
+    // Deleting the session drops its index at once.
+    assert.equal((await t.api.del('/v1/sessions/huge')).status, 204);
+    assert.equal(await indexDef(), null);
+    const rows = await svc.deps.db.query('SELECT 1 FROM vector_ann_indexes WHERE index_name = $1', [name]);
+    assert.equal(rows.rowCount, 0);
+  });
+
+  void test('an HNSW index is dropped when its session shrinks below half the threshold', async () => {
+    const t = await svc.newTenant();
+    const seqs = await post(
+      t.api,
+      'shrinks',
+      Array.from({ length: 24 }, (_, i) => user(`note ${i} about shrinking sessions`)),
+    );
+    await vectorsFor(svc, t.tenantId, 'shrinks', seqs);
+    const name = annIndexName(t.tenantId, 'shrinks', 384);
+    assert.ok((await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 })).built.includes(name));
+    // As after a reset or a compaction.
+    await svc.deps.db.query(
+      'DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 AND seq > $3',
+      [t.tenantId, 'shrinks', seqs[5]],
+    );
+    const r = await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 });
+    assert.ok(r.dropped.includes(name), JSON.stringify(r));
+    const left = await svc.deps.db.query('SELECT 1 FROM pg_indexes WHERE indexname = $1', [name]);
+    assert.equal(left.rowCount, 0);
   });
 });
 

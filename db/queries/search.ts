@@ -296,10 +296,13 @@ function keywordCtes(p: Params, a: SearchFilters, m: NonNullable<SearchArgs['key
 }
 
 /**
- * The semantic list: exact k-NN over the session's recent vectors. The session's rows are found
- * through the primary key (tenant_id, session_id, seq) and sorted by distance: no ANN index, so
- * no recall loss and no planner trap (FACTS.md). The archive row is joined only when a filter
- * needs it. CTE `sc`.
+ * The semantic list: k-NN over the session's recent vectors. Usually exact: the session's rows
+ * are found through the primary key (tenant_id, session_id, seq) and sorted by distance. A huge
+ * session may have its own partial HNSW index (services/recent-index/ann-indexes.ts), which the
+ * planner takes only if the ORDER BY is that index's expression, `embedding::vector(D)`, and
+ * nothing else: so the distance is computed on the cast (free for the exact path) and ties are
+ * broken by the caller's ranking, not here. The archive row is joined only when a filter needs
+ * it. CTE `sc`.
  */
 function semanticCte(p: Params, a: SearchFilters, embedding: number[], k: () => string): string {
   const e = p.add(JSON.stringify(embedding));
@@ -309,11 +312,12 @@ function semanticCte(p: Params, a: SearchFilters, embedding: number[], k: () => 
   const join = needsArchive
     ? `JOIN messages m ON m.tenant_id = v.tenant_id AND m.session_id = v.session_id AND m.seq = v.seq`
     : '';
+  const d = embedding.length;
   return `sc AS (
-    SELECT v.seq, 1 - (v.embedding <=> ${e}::vector) AS score
+    SELECT v.seq, 1 - (v.embedding::vector(${d}) <=> ${e}::vector(${d})) AS score
     FROM message_vectors v ${join}
     WHERE v.tenant_id = $1 AND v.session_id = $2 AND v.seq >= (SELECT start_seq FROM st)${where}
-    ORDER BY v.embedding <=> ${e}::vector, v.seq DESC LIMIT ${k()})`;
+    ORDER BY v.embedding::vector(${d}) <=> ${e}::vector(${d}) LIMIT ${k()})`;
 }
 
 /**

@@ -5,6 +5,7 @@ import { deleteOrphanVectors, sessionsMissingVectors } from '../../db/queries/ve
 import { makeCompactProcessor } from '../../workers/compact.js';
 import { makeEmbedProcessor } from '../../workers/embed.js';
 import type { ExtensionFactory } from '../extension.js';
+import { dropAnnIndexesOf, maintainAnnIndexes } from './ann-indexes.js';
 import { shouldEnqueueCompact } from './compaction-plan.js';
 import { makeEmbedder } from './embedder.js';
 import { ensureVectorIndex } from './index-state.js';
@@ -23,6 +24,7 @@ function counter<L extends string>(
 }
 
 const EMBED_SWEEP_EVERY_MS = 10 * 60_000;
+const ANN_INDEXES_EVERY_MS = 10 * 60_000;
 /** Sessions the sweep looks at: active in the last day, quiet for the last five minutes. */
 const EMBED_SWEEP_WITHIN_MS = 24 * 3_600_000;
 const EMBED_SWEEP_IDLE_MS = 5 * 60_000;
@@ -98,6 +100,7 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
         if (n > 0) log.info({ sessions: n }, 'embed sweep: re-enqueued sessions missing vectors');
         return n;
       },
+      'ann-indexes': () => maintainAnnIndexes(deps),
     },
     async schedule() {
       await deps.queues.maintenance.upsertJobScheduler(
@@ -105,7 +108,18 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
         { every: EMBED_SWEEP_EVERY_MS },
         { name: 'embed-sweep', data: { v: 1, kind: 'embed-sweep' } },
       );
+      await deps.queues.maintenance.upsertJobScheduler(
+        'ann-indexes',
+        { every: ANN_INDEXES_EVERY_MS },
+        { name: 'ann-indexes', data: { v: 1, kind: 'ann-indexes' } },
+      );
     },
-    purgeSession: (tenantId, sessionId) => deleteOrphanVectors(deps.db, tenantId, sessionId),
+    async purgeSession(tenantId, sessionId) {
+      await deleteOrphanVectors(deps.db, tenantId, sessionId);
+      await dropAnnIndexesOf(deps, { tenantId, sessionId });
+    },
+    purgeTenant: async (tenantId) => {
+      await dropAnnIndexesOf(deps, { tenantId });
+    },
   };
 };

@@ -1,0 +1,76 @@
+import {
+  buildAnnIndex,
+  dropAnnIndex,
+  listAnnIndexes,
+  sessionsNeedingAnnIndex,
+} from '../../db/queries/ann-indexes.js';
+import { getVectorIndex } from '../../db/queries/vectors.js';
+import type { CoreDeps } from '../deps.js';
+
+/**
+ * Huge sessions get their own HNSW index (ANN_MIN_VECTORS, default 8,000 vectors): exact k-NN
+ * reads every vector of the session (~0.1 s for 20,000 of 1,536 dimensions), an HNSW index built
+ * for that session only answers in a few ms, and no other session pays for it. What it costs, measured
+ * in bench/partial-hnsw.ts: vector inserts into that session become ~27× slower (the recent
+ * index of a busy huge session lags more; archiving does not), a build takes 10–25 s per 20,000
+ * 1,536-d vectors (faster with a larger `maintenance_work_mem`), and every index adds ~7 µs to
+ * planning statements on `message_vectors`. Below ~8,000 vectors the planner prefers the exact
+ * scan anyway (at `hnsw.ef_search` 100, db/pool.ts).
+ */
+
+export interface AnnMaintenanceResult {
+  built: string[];
+  dropped: string[];
+}
+
+/**
+ * One pass of the `ann-indexes` maintenance task: drops the indexes of sessions that were deleted,
+ * shrank below half the threshold (reset, compaction) or hold another dimension than the recent
+ * index (reembed), forgets indexes that vanished (a reembed swaps the table), then builds at most
+ * `maxBuilds` missing ones, largest session first. Postgres only: PGlite is one connection, where
+ * a build would stall everything.
+ */
+export async function maintainAnnIndexes(
+  deps: Pick<CoreDeps, 'db' | 'config' | 'logger'>,
+  opts: { minVectors?: number; maxBuilds?: number } = {},
+): Promise<AnnMaintenanceResult> {
+  const out: AnnMaintenanceResult = { built: [], dropped: [] };
+  const minVectors = opts.minVectors ?? deps.config.annMinVectors;
+  if (deps.db.kind !== 'postgres') return out;
+  const index = await getVectorIndex(deps.db);
+  for (const a of await listAnnIndexes(deps.db)) {
+    const keep =
+      minVectors > 0 &&
+      a.exists &&
+      a.live &&
+      a.current_vectors >= minVectors / 2 &&
+      index !== null &&
+      a.dimensions === index.dimensions;
+    if (keep) continue;
+    await dropAnnIndex(deps.db, a.index_name);
+    out.dropped.push(a.index_name);
+  }
+  if (minVectors <= 0 || !index || index.state !== 'ready') return out;
+  const todo = await sessionsNeedingAnnIndex(deps.db, { minVectors, limit: opts.maxBuilds ?? 1 });
+  for (const s of todo) {
+    const started = Date.now();
+    const name = await buildAnnIndex(deps.db, { ...s, dimensions: index.dimensions });
+    deps.logger.info(
+      { index: name, vectors: s.vectors, ms: Date.now() - started },
+      'built the HNSW index of a huge session',
+    );
+    out.built.push(name);
+  }
+  return out;
+}
+
+/** Drops the indexes of a session or of a whole tenant (delete, tenant erasure). */
+export async function dropAnnIndexesOf(
+  deps: Pick<CoreDeps, 'db'>,
+  filter: { tenantId: string; sessionId?: string },
+): Promise<number> {
+  if (deps.db.kind !== 'postgres') return 0;
+  const rows = await listAnnIndexes(deps.db, filter);
+  for (const a of rows) await dropAnnIndex(deps.db, a.index_name);
+  return rows.length;
+}
