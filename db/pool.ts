@@ -42,11 +42,20 @@ export function makePgDb(opts: {
     application_name: opts.applicationName ?? 'mnemos',
     connectionTimeoutMillis: 5000,
     idleTimeoutMillis: 30000,
-    // For the per-session HNSW indexes of huge sessions (services/recent-index/ann-indexes.ts):
-    // a wider search than pgvector's default 40, which lost whole clusters about once in 100–300
+    // For the per-session HNSW indexes of huge sessions (services/recent-index/ann-indexes.ts): a
+    // wider search than pgvector's default 40, which lost whole clusters about once in 100–300
     // queries (bench/partial-hnsw.ts), and iterative scans so that a filter (seq >= start_seq)
-    // cannot leave a k-NN short of k rows. Placeholders until pgvector loads; harmless elsewhere.
-    options: '-c hnsw.ef_search=100 -c hnsw.iterative_scan=relaxed_order',
+    // cannot leave a k-NN short of k rows. Set on each new connection before the pool hands it
+    // out (not as a startup option, which PgBouncer refuses); placeholders until pgvector loads.
+    // A failure only costs recall, so it is logged, never thrown.
+    // eslint-disable-next-line @typescript-eslint/no-misused-promises -- pg-pool awaits onConnect (pg-pool 3.14 index.js); @types/pg says void
+    onConnect: async (client: pg.ClientBase) => {
+      await client
+        .query(`SET hnsw.ef_search = 100; SET hnsw.iterative_scan = 'relaxed_order'`)
+        .catch((err: Error) =>
+          opts.logger?.warn({ err: { message: err.message } }, 'could not set hnsw search options'),
+        );
+    },
   });
   // An idle client losing its connection (Postgres restart) must not crash the process.
   pool.on('error', (err) =>
