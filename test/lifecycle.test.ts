@@ -11,6 +11,7 @@ import type { Queue } from 'bullmq';
 import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
 import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
+import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
 import { inboxKeys } from '../services/messages/inbox.js';
 import { QUEUE_NAMES } from '../workers/queues.js';
 import {
@@ -743,9 +744,29 @@ void describe('tenant erasure', () => {
       'vectors',
     );
 
+    // Both sessions as if they were huge: each gets its own HNSW index.
+    const victimIndex = await buildAnnIndex(svc.deps.db, {
+      tenantId: victim.tenantId,
+      sessionId: 'one',
+      dimensions: 384,
+      vectors: 3,
+    });
+    const bystanderIndex = await buildAnnIndex(svc.deps.db, {
+      tenantId: bystander.tenantId,
+      sessionId: tricky,
+      dimensions: 384,
+      vectors: 1,
+    });
+    const indexExists = async (name: string) =>
+      (await q('SELECT 1 FROM pg_indexes WHERE indexname = $1', [name])).length > 0;
+    assert.ok(await indexExists(victimIndex));
+
     const r = await admin.del(`/v1/admin/tenants/${victim.tenantId}`);
     assert.equal(r.status, 204, r.text);
     assert.equal((await admin.del(`/v1/admin/tenants/${victim.tenantId}`)).status, 404);
+    assert.equal(await indexExists(victimIndex), false, 'the HNSW index of the erased tenant is gone');
+    assert.ok(await indexExists(bystanderIndex), "the bystander's index stays");
+    await dropAnnIndex(svc.deps.db, bystanderIndex);
     assert.equal((await victim.api.get('/v1/sessions')).status, 401);
 
     for (const [table, n] of Object.entries(await tenantRows(victim.tenantId)))
