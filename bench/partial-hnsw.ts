@@ -1,5 +1,6 @@
 /**
- * Design probe for issue #9 (not wired into mnemos; docs/search.md): does a per-session PARTIAL HNSW index make
+ * Design probe behind the per-session HNSW index of huge sessions (issue #9; the service builds
+ * the plain design below: services/recent-index/ann-indexes.ts, docs/recent-index.md). Does a per-session PARTIAL HNSW index make
  * semantic search on one huge session fast, while every other session keeps the exact k-NN over
  * the primary-key btree and inserts elsewhere stay at full speed?
  *
