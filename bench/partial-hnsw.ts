@@ -1,8 +1,9 @@
 /**
  * Design probe behind the per-session HNSW index of huge sessions (issue #9; the service builds
- * the plain design below: services/recent-index/ann-indexes.ts, docs/recent-index.md). Does a per-session PARTIAL HNSW index make
- * semantic search on one huge session fast, while every other session keeps the exact k-NN over
- * the primary-key btree and inserts elsewhere stay at full speed?
+ * the plain design below: services/recent-index/ann-indexes.ts, docs/recent-index.md). Does a
+ * per-session PARTIAL HNSW index make semantic search on one huge session fast, while every
+ * other session keeps the exact k-NN over the primary-key btree and inserts elsewhere stay at
+ * full speed?
  *
  *   npm run bench -- partial-hnsw [--big 20000] [--small 200] [--rounds 100]
  *     [--build-timeout 240] [--extra 20 | --no-extra] [--no-crossover] [--keep]
