@@ -35,16 +35,11 @@ import {
   dropTestDatabase,
   testConfig,
 } from '../test/support/harness.js';
+import { numberArg } from './lib/args.js';
 
-const arg = (name: string, dflt: number) => {
-  const i = process.argv.indexOf(`--${name}`);
-  const v = i >= 0 ? Number(process.argv[i + 1]) : dflt;
-  if (!Number.isFinite(v) || v <= 0) throw new Error(`--${name} must be a positive number`);
-  return v;
-};
-const SECONDS = arg('seconds', 18);
-const CONCURRENCY = arg('concurrency', 16);
-const SESSIONS = arg('sessions', 1000);
+const SECONDS = numberArg('seconds', 18);
+const CONCURRENCY = numberArg('concurrency', 16);
+const SESSIONS = numberArg('sessions', 1000);
 const WARMUP_MS = 2000;
 /** Length of one measured slice; variants take turns slice by slice. */
 const SLICE_S = 1.5;

@@ -35,18 +35,13 @@ import { cpuDiff, cpuSnapshot, pidsByName } from './lib/cpu.js';
 import { fmtInt, fmtMs, fmtRatio, markdownTable, note } from './lib/format.js';
 import { REDIS_URL, cleanupOnSignals, cleanupScratch, onCleanup, scratchPrefix } from './lib/scratch.js';
 import { percentile, perSecond, ratio } from './lib/stats.js';
+import { intArg } from './lib/args.js';
 
-const arg = (name: string, dflt: number) => {
-  const i = process.argv.indexOf(`--${name}`);
-  const v = i >= 0 ? Number(process.argv[i + 1]) : dflt;
-  if (!Number.isInteger(v) || v <= 0) throw new Error(`--${name} must be a positive integer`);
-  return v;
-};
-const RECORDS = arg('records', 100_000);
-const QUERIES = arg('queries', 2000);
-const CONCURRENCY = arg('concurrency', 32);
-const HOT_POOL = arg('hot', 4000);
-const BUDGET_MS = arg('budget', 120) * 1000;
+const RECORDS = intArg('records', 100_000);
+const QUERIES = intArg('queries', 2000);
+const CONCURRENCY = intArg('concurrency', 32);
+const HOT_POOL = intArg('hot', 4000);
+const BUDGET_MS = intArg('budget', 120) * 1000;
 const TENANT = 'bench-tenant';
 const TOOL_COUNT = 50;
 const TEMPLATES_PER_TOOL = 10;

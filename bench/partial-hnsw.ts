@@ -40,19 +40,14 @@ import { makeRandom } from './lib/corpus.js';
 import { fmtInt, fmtMs, fmtRatio, markdownTable, note } from './lib/format.js';
 import { cleanupOnSignals, cleanupScratch, createScratchDatabase } from './lib/scratch.js';
 import { percentile, ratio } from './lib/stats.js';
+import { intArg } from './lib/args.js';
 
-const arg = (name: string, dflt: number) => {
-  const i = process.argv.indexOf(`--${name}`);
-  const v = i >= 0 ? Number(process.argv[i + 1]) : dflt;
-  if (!Number.isInteger(v) || v <= 0) throw new Error(`--${name} must be a positive integer`);
-  return v;
-};
-const BIG = arg('big', 20_000);
-const SMALL_SESSIONS = arg('small', 200);
+const BIG = intArg('big', 20_000);
+const SMALL_SESSIONS = intArg('small', 200);
 const SMALL_N = 50;
-const ROUNDS = arg('rounds', 100);
-const BUILD_TIMEOUT_S = arg('build-timeout', 240);
-const EXTRA = process.argv.includes('--no-extra') ? 0 : arg('extra', 20);
+const ROUNDS = intArg('rounds', 100);
+const BUILD_TIMEOUT_S = intArg('build-timeout', 240);
+const EXTRA = process.argv.includes('--no-extra') ? 0 : intArg('extra', 20);
 const CROSSOVER = !process.argv.includes('--no-crossover');
 // Leaves the scratch database in place (URL printed); drop it by hand afterwards.
 const KEEP = process.argv.includes('--keep');

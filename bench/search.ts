@@ -55,27 +55,22 @@ import {
   onCleanup,
 } from './lib/scratch.js';
 import { ratio, summarize } from './lib/stats.js';
+import { intArg } from './lib/args.js';
 
-const arg = (name: string, dflt: number) => {
-  const i = process.argv.indexOf(`--${name}`);
-  const v = i >= 0 ? Number(process.argv[i + 1]) : dflt;
-  if (!Number.isInteger(v) || v <= 0) throw new Error(`--${name} must be a positive integer`);
-  return v;
-};
-const MESSAGES = arg('messages', 200_000);
-const SESSIONS = arg('sessions', 1000);
-const BIG = arg('big', 20_000);
-const HOT = arg('hot', 50);
-const DIMS = arg('dims', 1536);
-const ITERATIONS = arg('iterations', 200);
+const MESSAGES = intArg('messages', 200_000);
+const SESSIONS = intArg('sessions', 1000);
+const BIG = intArg('big', 20_000);
+const HOT = intArg('hot', 50);
+const DIMS = intArg('dims', 1536);
+const ITERATIONS = intArg('iterations', 200);
 // Exact k-NN over the big session takes about half a second per call at 1536 dimensions.
-const BIG_ITERATIONS = arg('big-iterations', 30);
+const BIG_ITERATIONS = intArg('big-iterations', 30);
 const KEEP = process.argv.includes('--keep');
 // Without the per-session HNSW index the service builds for huge sessions (ANN_MIN_VECTORS).
 const ANN = !process.argv.includes('--no-ann');
 const LANGGRAPH = !process.argv.includes('--no-langgraph');
-const LG_SESSIONS = Math.min(arg('langgraph-sessions', 100), SESSIONS);
-const LG_SECONDS = arg('langgraph-seconds', 60);
+const LG_SESSIONS = Math.min(intArg('langgraph-sessions', 100), SESSIONS);
+const LG_SECONDS = intArg('langgraph-seconds', 60);
 const LG_FILL = !process.argv.includes('--no-langgraph-fill');
 const LG_WARM_UP = Math.min(20, Math.ceil(ITERATIONS / 4));
 const LG_SCHEMA = 'lg_store';

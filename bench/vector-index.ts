@@ -19,17 +19,12 @@
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { createTestDatabase, dropTestDatabase } from '../test/support/harness.js';
+import { intArg } from './lib/args.js';
 
-const arg = (name: string, dflt: number) => {
-  const i = process.argv.indexOf(`--${name}`);
-  const v = i >= 0 ? Number(process.argv[i + 1]) : dflt;
-  if (!Number.isInteger(v) || v <= 0) throw new Error(`--${name} must be a positive integer`);
-  return v;
-};
-const SESSIONS = arg('sessions', 200);
-const PER_SESSION = arg('messages', 100);
-const BIG_SESSION = arg('big', 5000);
-const QUERIES = arg('queries', 300);
+const SESSIONS = intArg('sessions', 200);
+const PER_SESSION = intArg('messages', 100);
+const BIG_SESSION = intArg('big', 5000);
+const QUERIES = intArg('queries', 300);
 const K = 10;
 const TOPICS = 64;
 const TOPICS_PER_SESSION = 5;
