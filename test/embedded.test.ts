@@ -4,7 +4,6 @@ import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { hostname, tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -15,21 +14,10 @@ import { migrate } from '../db/migrate.js';
 import { initVectorIndex, insertSessionVectors } from '../db/queries/vectors.js';
 import { ADMIN_TOKEN, REDIS_URL, api, deleteRedisPrefix, eventually, testPrefix } from './support/harness.js';
 import type { Api, Res } from './support/harness.js';
+import { freePort } from './support/private-redis.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const bin = path.join(root, 'bin', 'mnemos.js');
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const addr = s.address();
-      const port = typeof addr === 'object' && addr ? addr.port : 0;
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 /** The environment of a user with only Redis: no DATABASE_URL, no LLM. */
 function embeddedEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
