@@ -7,19 +7,15 @@
  * never taken, even in a malformed conversation where a user message sits between them.
  */
 
+import type { HotRow } from '../../db/queries/compaction.js';
+
 export const COMPACT_MIN_MESSAGES = 4;
 export const COMPACT_KEEP_RATIO = 0.8;
 /** Growth of hot_bytes past a blocked attempt that earns another try without a new user message. */
 export const COMPACT_RETRY_GROWTH = 1.1;
 
-export interface PlanRow {
-  seq: string;
-  role: string;
-  bytes: number;
-  sent_at_ns: string;
-  tool_call_id: string | null;
-  call_ids: string[] | null;
-}
+/** The hot rows the planner reads, as `hotHistory` (db/queries/compaction.ts) returns them. */
+export type PlanRow = HotRow;
 
 export type CompactionPlan =
   | { kind: 'under_limit'; hotBytes: number }
