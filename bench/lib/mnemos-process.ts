@@ -8,6 +8,7 @@ import { defaultExtensions } from '../../services/extensions.js';
 import { makeLogger } from '../../services/logger.js';
 import { startService } from '../../services/main.js';
 import type { Mode } from '../../services/main.js';
+import { announceReady } from '../../test/support/child-service.js';
 
 const mode = (process.env.BENCH_MODE ?? 'serve') as Mode;
 if (!['serve', 'api', 'worker'].includes(mode)) throw new Error(`BENCH_MODE must be serve, api or worker`);
@@ -17,12 +18,4 @@ const svc = await startService(mode, config, {
   logger: makeLogger(config.logLevel),
   extensions: process.env.BENCH_EXTENSIONS === 'none' ? [] : defaultExtensions,
 });
-process.stdout.write(`${JSON.stringify({ ready: true, url: svc.url, pid: process.pid })}\n`);
-const stop = () => {
-  svc.stop().then(
-    () => process.exit(0),
-    () => process.exit(1),
-  );
-};
-process.on('SIGTERM', stop);
-process.on('SIGINT', stop);
+announceReady(svc);

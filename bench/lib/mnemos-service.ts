@@ -11,6 +11,7 @@ import { defaultExtensions } from '../../services/extensions.js';
 import { makeLogger } from '../../services/logger.js';
 import { startService } from '../../services/main.js';
 import type { Mode } from '../../services/main.js';
+import { waitExit, waitReady } from '../../test/support/child-service.js';
 import { REDIS_URL, onCleanup } from './scratch.js';
 
 export interface BenchService {
@@ -80,26 +81,8 @@ export async function startBenchService(o: BenchServiceOptions): Promise<BenchSe
         stdio: ['ignore', 'pipe', 'inherit'],
       },
     );
-    const ready = await new Promise<{ url: string | null; pid: number }>((resolve, reject) => {
-      let buf = '';
-      const onData = (d: Buffer) => {
-        buf += d.toString();
-        const line = buf.split('\n').find((l) => l.startsWith('{"ready"'));
-        if (line) {
-          child.stdout!.off('data', onData);
-          child.off('exit', onExit);
-          resolve(JSON.parse(line) as { url: string | null; pid: number });
-        }
-      };
-      const onExit = (code: number | null) =>
-        reject(new Error(`mnemos bench process exited early (${code})`));
-      child.stdout!.on('data', onData);
-      child.once('exit', onExit);
-    });
-    const exited = new Promise<void>((resolve) => {
-      if (child.exitCode !== null || child.signalCode !== null) resolve();
-      else child.once('exit', () => resolve());
-    });
+    const ready = await waitReady(child, 'mnemos bench');
+    const exited = waitExit(child);
     svc = {
       url: ready.url,
       pid: ready.pid,

@@ -11,6 +11,7 @@ import { startService } from '../../services/main.js';
 import type { Mode, RunningService } from '../../services/main.js';
 import { createTenant } from '../../services/tenants.js';
 import type { WorkerOptions } from '../../workers/main.js';
+import { waitExit, waitReady } from './child-service.js';
 
 export const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 export const REDIS_URL = process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -201,35 +202,18 @@ export async function spawnService(
     },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
-  const ready = await new Promise<{ url: string | null }>((resolve, reject) => {
-    let buf = '';
-    const onData = (d: Buffer) => {
-      buf += d.toString();
-      const line = buf.split('\n').find((l) => l.startsWith('{"ready"'));
-      if (line) {
-        child.stdout!.off('data', onData);
-        resolve(JSON.parse(line) as { url: string | null });
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.once('exit', (code) => reject(new Error(`${mode} process exited early (${code})`)));
-  });
-  const waitExit = () =>
-    new Promise<void>((resolve) => {
-      if (child.exitCode !== null || child.signalCode !== null) return resolve();
-      child.once('exit', () => resolve());
-    });
+  const ready = await waitReady(child, mode);
   return {
     url: ready.url,
     pid: child.pid!,
     child,
     async stop() {
       child.kill('SIGTERM');
-      await waitExit();
+      await waitExit(child);
     },
     async kill() {
       child.kill('SIGKILL');
-      await waitExit();
+      await waitExit(child);
     },
   };
 }

@@ -6,6 +6,7 @@ import { defaultExtensions } from '../../services/extensions.js';
 import { makeLogger } from '../../services/logger.js';
 import { startService } from '../../services/main.js';
 import type { Mode } from '../../services/main.js';
+import { announceReady } from './child-service.js';
 
 const mode = (process.argv[2] ?? 'serve') as Mode;
 const config = loadConfig(process.env);
@@ -19,12 +20,4 @@ const svc = await startService(mode, config, {
     ingestSweepEveryMs: 1000,
   },
 });
-process.stdout.write(`${JSON.stringify({ ready: true, url: svc.url, pid: process.pid })}\n`);
-const stop = () => {
-  svc.stop().then(
-    () => process.exit(0),
-    () => process.exit(1),
-  );
-};
-process.on('SIGTERM', stop);
-process.on('SIGINT', stop);
+announceReady(svc);
