@@ -70,6 +70,28 @@ export interface MissingVectorRow {
 }
 
 /**
+ * The condition on a messages row `m` that it still awaits a vector: in the session (given as SQL
+ * expressions: parameters or columns), at or after the cutoff, after the session's highest vector
+ * (see missingVectors), of an embedded role, with text, and not recorded as a skip for the model.
+ * Embed jobs and the embed sweep test the same thing.
+ */
+function toEmbedSql(a: {
+  tenant: string;
+  session: string;
+  startSeq: string;
+  roles: string;
+  model: string;
+}): string {
+  return `m.tenant_id = ${a.tenant} AND m.session_id = ${a.session} AND m.seq >= ${a.startSeq}
+    AND m.seq > coalesce((SELECT max(v.seq) FROM message_vectors v
+                          WHERE v.tenant_id = ${a.tenant} AND v.session_id = ${a.session}), -1)
+    AND m.role = ANY(${a.roles}) AND m.content ~ '[^[:space:]]'
+    AND NOT EXISTS (SELECT 1 FROM message_vector_skips k
+                    WHERE k.tenant_id = m.tenant_id AND k.session_id = m.session_id AND k.seq = m.seq
+                      AND k.model = ${a.model})`;
+}
+
+/**
  * Hot messages of the embedded roles with text and no vector yet (nor a recorded skip for this
  * model), oldest first, after the session's highest embedded seq. Vectors are written oldest
  * first and a message that cannot be embedded is recorded as a skip, so nothing below that mark
@@ -92,13 +114,7 @@ export async function missingVectors(
   const r = await q.query<MissingVectorRow>(
     `SELECT m.seq, left(m.content, $6) AS text
      FROM messages m
-     WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= $3::bigint
-       AND m.seq > coalesce((SELECT max(v.seq) FROM message_vectors v
-                             WHERE v.tenant_id = $1 AND v.session_id = $2), -1)
-       AND m.role = ANY($4::text[]) AND m.content ~ '[^[:space:]]'
-       AND NOT EXISTS (SELECT 1 FROM message_vector_skips k
-                       WHERE k.tenant_id = m.tenant_id AND k.session_id = m.session_id AND k.seq = m.seq
-                         AND k.model = $5)
+     WHERE ${toEmbedSql({ tenant: '$1', session: '$2', startSeq: '$3::bigint', roles: '$4::text[]', model: '$5' })}
      ORDER BY m.seq
      LIMIT $7`,
     [a.tenantId, a.sessionId, session.start_seq, a.roles, a.model, a.maxChars, a.limit],
@@ -108,8 +124,7 @@ export async function missingVectors(
 
 /**
  * Live sessions with a message archived in the last `withinMs` but not in the last `idleMs`
- * that still have an embeddable message after their highest vector (the same test as
- * missingVectors): an embed job that failed for good or was never enqueued (Redis down right
+ * that still have a message awaiting its vector (toEmbedSql, as missingVectors): an embed job that failed for good or was never enqueued (Redis down right
  * after the commit) leaves such a session behind until its next message. Newest first, at most
  * `limit`.
  */
@@ -124,13 +139,7 @@ export async function sessionsMissingVectors(
        AND s.last_message_at <= now() - make_interval(secs => $4::float8 / 1000)
        AND EXISTS (
          SELECT 1 FROM messages m
-         WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.seq >= s.start_seq
-           AND m.seq > coalesce((SELECT max(v.seq) FROM message_vectors v
-                                 WHERE v.tenant_id = s.tenant_id AND v.session_id = s.id), -1)
-           AND m.role = ANY($1::text[]) AND m.content ~ '[^[:space:]]'
-           AND NOT EXISTS (SELECT 1 FROM message_vector_skips k
-                           WHERE k.tenant_id = m.tenant_id AND k.session_id = m.session_id AND k.seq = m.seq
-                             AND k.model = $2))
+         WHERE ${toEmbedSql({ tenant: 's.tenant_id', session: 's.id', startSeq: 's.start_seq', roles: '$1::text[]', model: '$2' })})
      ORDER BY s.last_message_at DESC
      LIMIT $5`,
     [a.roles, a.model, a.withinMs, a.idleMs, a.limit],
