@@ -7,7 +7,7 @@ import { parseSearchQuery } from '../services/search/parse-query.js';
 import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
 import type { Db } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
-import type { SearchParams } from '../services/search/search-session.js';
+import type { SearchHit, SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
 import { eventually, startTestService } from './support/harness.js';
@@ -40,23 +40,8 @@ async function archiveSpaced<T extends Msg[]>(
   return targets.map((_, i) => seqs[i * 4]!) as { [K in keyof T]: number };
 }
 
-interface Hit {
-  seq: number;
-  id: string;
-  role: string;
-  content: unknown;
-  sent_at: string;
-  score: number;
-  source: 'archive' | 'recent' | 'both';
-  context: Array<{
-    seq: number;
-    id: string;
-    role: string;
-    content: unknown;
-    sent_at: string;
-    sent_at_ns: string;
-  }>;
-}
+/** A hit as the API returns it (JSON of searchSession's SearchHit). */
+type Hit = SearchHit;
 
 /**
  * Every search in this file goes through here: never a 5xx, and every 200 obeys invariant 5 (no
