@@ -39,7 +39,7 @@ import type { AcceptedMessage } from '../services/messages/message-input.js';
 import { createTenant } from '../services/tenants.js';
 import { archiveRows } from './lib/archive-rows.js';
 import { makeCorpus } from './lib/corpus.js';
-import { cpuDiff, cpuSnapshot, pidsByName } from './lib/cpu.js';
+import { cpuDiff, cpuSnapshot, pidsByName, procCpuSeconds } from './lib/cpu.js';
 import type { CpuProbe, CpuUsage } from './lib/cpu.js';
 import { fmtInt, fmtMs, fmtPct, fmtRatio, fmtSec, markdownTable, note } from './lib/format.js';
 import { makeJsonClient } from './lib/http-client.js';
@@ -723,18 +723,6 @@ async function phaseLangChain(): Promise<void> {
 }
 
 /**
- * CPU (not wall) microseconds per message of each in-process step of the ingest path, measured with
- * process.cpuUsage over the same batches of 50: what the API and the worker spend in JavaScript
- * before and after their round trips. Robust to the machine's other load.
- */
-/** CPU seconds a process has used (utime + stime), from /proc. */
-function procCpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
-}
-
-/**
  * Where the archive insert's Postgres CPU goes: the same 50-row batches on one connection, into
  * `messages` through insertArchiveBatch itself, and into copies of the table with parts of its
  * indexing removed, batch by batch in turn so the machine's load hits all alike. The backend's
@@ -764,6 +752,7 @@ async function phaseArchiveCost(): Promise<void> {
   try {
     const { tenant_id: tenantId } = await createTenant(db, 'bench');
     const pid = (await db.query<{ p: number }>('SELECT pg_backend_pid() AS p')).rows[0]!.p;
+    const backendCpuMs = async () => ((await procCpuSeconds(pid)) ?? Number.NaN) * 1000;
     for (const v of variants) {
       if (!v.table) continue;
       await db.query(`CREATE TABLE ${v.table} (LIKE messages INCLUDING ALL)`);
@@ -782,7 +771,7 @@ async function phaseArchiveCost(): Promise<void> {
           first + 1,
         );
         for (const [i, v] of variants.entries()) {
-          const c0 = procCpuMs(pid);
+          const c0 = await backendCpuMs();
           if (!v.table) await insertArchiveBatch(db, tenantId, sessionId(s), batch);
           else
             // insertArchiveBatch's statement, on the copy and with this variant's tsvector.
@@ -799,7 +788,7 @@ async function phaseArchiveCost(): Promise<void> {
                RETURNING seq, bytes, sent_at_ns`,
               [tenantId, sessionId(s), JSON.stringify(batch)],
             );
-          cpuMs[i]! += procCpuMs(pid) - c0;
+          cpuMs[i]! += (await backendCpuMs()) - c0;
         }
         rows += batch.length;
       }
@@ -818,6 +807,11 @@ async function phaseArchiveCost(): Promise<void> {
   }
 }
 
+/**
+ * CPU (not wall) microseconds per message of each in-process step of the ingest path, measured with
+ * process.cpuUsage over the same batches of 50: what the API and the worker spend in JavaScript
+ * before and after their round trips. Robust to the machine's other load.
+ */
 function phaseParts(): void {
   const n = Math.max(20, Math.round(200 * SCALE));
   const bodies = requestBodies(BATCH, n);

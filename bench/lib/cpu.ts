@@ -28,7 +28,8 @@ export interface CpuUsage {
   groups: Record<string, number>;
 }
 
-async function procCpuSeconds(pid: number): Promise<number | null> {
+/** CPU seconds a process has used (utime + stime), from /proc; null once it is gone. */
+export async function procCpuSeconds(pid: number): Promise<number | null> {
   try {
     const stat = await readFile(`/proc/${pid}/stat`, 'utf8');
     // Fields after the ")" that closes the command name; utime and stime are fields 14 and 15.
