@@ -23,7 +23,8 @@
 import { performance } from 'node:perf_hooks';
 import { Redis } from 'ioredis';
 import { errorKeys } from '../services/error-memory/error-keys.js';
-import { openErrorMemory } from '../services/error-memory/error-store.js';
+// The baseline reads what the store reads, within the store's own limits.
+import { CANDIDATES_PER_TERM, MAX_FETCHED, openErrorMemory } from '../services/error-memory/error-store.js';
 import { KEYWORD_SEPARATOR, normaliseSymptom } from '../services/error-memory/normalise.js';
 import { buildQuery, rankRecords, MAX_QUERY_TERMS } from '../services/error-memory/ranking.js';
 import { significantTerms } from '../services/error-memory/normalise.js';
@@ -46,9 +47,6 @@ const TENANT = 'bench-tenant';
 const TOOL_COUNT = 50;
 const TEMPLATES_PER_TOOL = 10;
 const HOT_SHARE = 0.35;
-// Mirrors of the store's private limits (services/error-memory/error-store.ts).
-const CANDIDATES_PER_TERM = 1000;
-const MAX_FETCHED = 256;
 const WARMUP = 50;
 
 /**

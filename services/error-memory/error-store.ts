@@ -34,8 +34,8 @@ import type { ErrorMemory, ErrorWriteInput, StoredError } from './types.js';
  */
 
 const MAX_KEYWORDS_STORED = 64;
-const CANDIDATES_PER_TERM = 1000;
-const MAX_FETCHED = 256;
+export const CANDIDATES_PER_TERM = 1000;
+export const MAX_FETCHED = 256;
 const WRITE_ATTEMPTS = 5;
 const BATCH = 500;
 
