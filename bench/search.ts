@@ -8,7 +8,8 @@
  * (FACTS.md: never uniform random), `--dims` dimensions.
  *
  *   node --import tsx bench/search.ts [--messages 200000] [--sessions 1000] [--big 20000]
- *     [--hot 50] [--dims 1536] [--iterations 200] [--big-iterations 30] [--keep]
+ *     [--hot 50] [--dims 1536] [--iterations 200] [--big-iterations 30] [--keep] [--no-ann]
+ *     [--no-search-indexes]
  *     [--no-langgraph] [--langgraph-sessions 100] [--langgraph-seconds 60] [--no-langgraph-fill]
  *
  * `--keep` leaves the scratch database in place for inspection (its URL is printed; the next
@@ -34,6 +35,7 @@ import { semanticCandidates } from '../db/queries/search.js';
 import type { ArchiveInsertRow } from '../db/queries/messages.js';
 import { loadConfig } from '../services/config.js';
 import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
+import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import { initVectorIndex } from '../db/queries/vectors.js';
 import { LOCAL_EMBEDDING_MODEL, localEmbed } from '../services/llm/local-embedder.js';
 import { makeLogger } from '../services/logger.js';
@@ -68,6 +70,8 @@ const BIG_ITERATIONS = intArg('big-iterations', 30);
 const KEEP = process.argv.includes('--keep');
 // Without the per-session HNSW index the service builds for huge sessions (ANN_MIN_VECTORS).
 const ANN = !process.argv.includes('--no-ann');
+// Without the per-session full-text and trigram indexes of huge sessions (SEARCH_INDEX_MIN_MESSAGES).
+const SEARCH_INDEXES = !process.argv.includes('--no-search-indexes');
 const LANGGRAPH = !process.argv.includes('--no-langgraph');
 const LG_SESSIONS = Math.min(intArg('langgraph-sessions', 100), SESSIONS);
 const LG_SECONDS = intArg('langgraph-seconds', 60);
@@ -799,6 +803,23 @@ async function main() {
         `maintenance task builds them; the baselines stay exact.`;
       note(annNote);
     }
+    // What the search-indexes maintenance task does for sessions of SEARCH_INDEX_MIN_MESSAGES or more.
+    let searchIndexNote = 'Per-session full-text and trigram indexes: off (--no-search-indexes).';
+    if (SEARCH_INDEXES) {
+      const t = performance.now();
+      const built = await maintainSessionIndexes(deps, { maxBuilds: 10 });
+      const sizes = await db.query<{ kind: string; size: string }>(
+        `SELECT kind, pg_size_pretty(sum(pg_relation_size(to_regclass(index_name)))) AS size
+         FROM session_search_indexes GROUP BY kind ORDER BY kind`,
+      );
+      searchIndexNote =
+        `Per-session search indexes (SEARCH_INDEX_MIN_MESSAGES ${fmtInt(config.searchIndexMinMessages)}): ` +
+        `${built.built.length} built in ${((performance.now() - t) / 1000).toFixed(1)} s ` +
+        `(${sizes.rows.map((r) => `${r.kind} ${r.size}`).join(', ') || 'none'})` +
+        `${built.trigramsUnavailable ? ', pg_trgm unavailable' : ''}, as the search-indexes ` +
+        `maintenance task builds them; the baselines run on the same database.`;
+      note(searchIndexNote);
+    }
 
     const embedSamples: number[] = [];
     for (let i = 0; i < 200; i++) {
@@ -863,6 +884,8 @@ async function main() {
       `Big session: ${fmtInt(BIG)} messages, ${bigText.rows[0]?.size} of text (${bigText.rows[0]?.mean} bytes on average), all in the recent index.`,
       '',
       annNote,
+      '',
+      searchIndexNote,
       '',
       markdownTable(
         [

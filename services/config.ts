@@ -110,6 +110,12 @@ const schema = z.object({
   ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
     8000,
   ),
+  SEARCH_INDEX_MIN_MESSAGES: int(
+    0,
+    100_000_000,
+    'messages of a session that get it its own full-text and trigram indexes, 0 = never',
+  ).default(8000),
+  SEARCH_INDEX_MAX_SESSIONS: int(0, 100_000, 'sessions that get each kind of search index').default(16),
   LLM_TIMEOUT_MS: int(100, 3_600_000, 'per-call LLM timeout').default(60000),
   RELEVANCE_TIMEOUT_MS: int(50, 600_000, 'timeout of the per-turn relevance call').default(2000),
   RATE_LIMIT_PER_MIN: int(0, 10_000_000, 'requests per API key per minute, 0 = off').default(6000),
@@ -144,6 +150,10 @@ export interface Config {
   pgPoolSize: number;
   /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
   annMinVectors: number;
+  /** A session with this many messages gets its own full-text and trigram indexes (0 = never). */
+  searchIndexMinMessages: number;
+  /** At most this many sessions get each kind of those indexes (each costs planning time). */
+  searchIndexMaxSessions: number;
   llmTimeoutMs: number;
   relevanceTimeoutMs: number;
   rateLimitPerMin: number;
@@ -220,6 +230,8 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     embedConcurrency: e.EMBED_CONCURRENCY,
     pgPoolSize: e.PG_POOL_SIZE,
     annMinVectors: e.ANN_MIN_VECTORS,
+    searchIndexMinMessages: e.SEARCH_INDEX_MIN_MESSAGES,
+    searchIndexMaxSessions: e.SEARCH_INDEX_MAX_SESSIONS,
     llmTimeoutMs: e.LLM_TIMEOUT_MS,
     relevanceTimeoutMs: e.RELEVANCE_TIMEOUT_MS,
     rateLimitPerMin: e.RATE_LIMIT_PER_MIN,

@@ -12,6 +12,7 @@ import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
 import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
 import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
+import { buildSessionIndex, dropSessionIndex } from '../db/queries/session-indexes.js';
 import { inboxKeys } from '../services/messages/inbox.js';
 import { QUEUE_NAMES } from '../workers/queues.js';
 import {
@@ -757,16 +758,33 @@ void describe('tenant erasure', () => {
       dimensions: 384,
       vectors: 1,
     });
+    // And their own full-text indexes (search-indexes task).
+    const victimFts = await buildSessionIndex(svc.deps.db, {
+      tenantId: victim.tenantId,
+      sessionId: 'one',
+      kind: 'fts',
+      messages: 3,
+    });
+    const bystanderFts = await buildSessionIndex(svc.deps.db, {
+      tenantId: bystander.tenantId,
+      sessionId: tricky,
+      kind: 'fts',
+      messages: 1,
+    });
     const indexExists = async (name: string) =>
       (await q('SELECT 1 FROM pg_indexes WHERE indexname = $1', [name])).length > 0;
     assert.ok(await indexExists(victimIndex));
+    assert.ok(await indexExists(victimFts));
 
     const r = await admin.del(`/v1/admin/tenants/${victim.tenantId}`);
     assert.equal(r.status, 204, r.text);
     assert.equal((await admin.del(`/v1/admin/tenants/${victim.tenantId}`)).status, 404);
     assert.equal(await indexExists(victimIndex), false, 'the HNSW index of the erased tenant is gone');
     assert.ok(await indexExists(bystanderIndex), "the bystander's index stays");
+    assert.equal(await indexExists(victimFts), false, 'the full-text index of the erased tenant is gone');
+    assert.ok(await indexExists(bystanderFts), "the bystander's full-text index stays");
     await dropAnnIndex(svc.deps.db, bystanderIndex);
+    await dropSessionIndex(svc.deps.db, bystanderFts);
     assert.equal((await victim.api.get('/v1/sessions')).status, 401);
 
     for (const [table, n] of Object.entries(await tenantRows(victim.tenantId)))

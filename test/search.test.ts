@@ -2,11 +2,13 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { SESSION_SCAN_MAX_MESSAGES } from '../db/queries/search.js';
+import { sessionIndexName } from '../db/queries/session-indexes.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { parseSearchQuery } from '../services/search/parse-query.js';
 import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
 import type { Db } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
+import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import type { SearchHit, SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -721,6 +723,109 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.match(metrics, /mnemos_search_duration_seconds_count\{match="hybrid"\} [1-9]/);
     const doc = (await api.get('/openapi.json')).body;
     assert.ok(doc.paths['/v1/sessions/{sid}/search']?.post);
+  });
+});
+
+void describe('huge sessions: their own full-text and trigram indexes', () => {
+  // A service of its own: the maintenance pass looks at every session of the database.
+  let svc: TestService;
+  let api: Api;
+  let tenantId: string;
+
+  before(async () => {
+    svc = await startTestService();
+    ({ api, tenantId } = await svc.newTenant());
+  });
+  after(async () => {
+    await svc?.stop();
+  });
+
+  void test('same results, the planner uses them, a capped number, dropped on shrink and delete', async () => {
+    const s = sid('huge');
+    const small = sid('small');
+    const n = SESSION_SCAN_MAX_MESSAGES + 10;
+    const text = (i: number) =>
+      ({
+        99: 'a zebra crossing',
+        700: 'the xylophonist played',
+        1499: '我們的記憶系統',
+        [n - 3]: 'zebra again',
+      })[i] ?? `routine note ${i}`;
+    const all = Array.from({ length: n }, (_, i) => (i % 2 ? assistant(text(i)) : user(text(i))));
+    for (let i = 0; i < n; i += 1000) await archive(api, s, all.slice(i, i + 1000));
+    await archive(api, small, all.slice(95, 105));
+    // Full text (stems, CJK bigrams, exclusion) and substring-only matches (a word's inside, 2 CJK chars).
+    const queries = ['zebras', '記憶系統', 'zebra -again', 'ylophon', '記憶', 'routine note 1999'];
+    const results = async () => {
+      const out: unknown[] = [];
+      for (const query of queries) {
+        const r = await search(api, s, { query, match: 'keyword' });
+        assert.equal(r.status, 200, r.text);
+        out.push(r.body.hits.map((h) => [h.seq, h.source, h.context.map((c) => c.seq)]));
+      }
+      return out;
+    };
+    const before = await results();
+    assert.equal((before[3] as unknown[]).length, 1, 'the substring match finds "ylophon"');
+
+    const names = (sessionId: string) => [
+      sessionIndexName(tenantId, sessionId, 'fts'),
+      sessionIndexName(tenantId, sessionId, 'trgm'),
+    ];
+    const indexDefs = async (sessionId: string) =>
+      (
+        await svc.deps.db.query<{ indexdef: string }>(
+          'SELECT indexdef FROM pg_indexes WHERE indexname = ANY ($1::text[]) ORDER BY indexname',
+          [names(sessionId)],
+        )
+      ).rows.map((r) => r.indexdef);
+    const pass = (minMessages: number, maxSessions: number) =>
+      maintainSessionIndexes(svc.deps, { minMessages, maxSessions, maxBuilds: 4 });
+
+    const built = await pass(2000, 4);
+    assert.deepEqual(built, { built: names(s), dropped: [] });
+    const defs = await indexDefs(s);
+    assert.match(defs[0]!, /USING gin \(search_tsv\) WHERE .*session_id = 'search-huge-/);
+    assert.match(defs[1]!, /USING gin \(COALESCE\(content, ''::text\) gin_trgm_ops\) WHERE/);
+    assert.deepEqual(await results(), before, 'the indexes change no result');
+
+    // The keyword statement can use both: with statistics (as autovacuum keeps them), the planner
+    // takes them for a rare term of this session.
+    await svc.deps.db.query('ANALYZE messages');
+    let sent: { text: string; params?: unknown[] } | null = null;
+    const rec = {
+      ...svc.deps.db,
+      query: <R>(text: string, params?: unknown[]) => {
+        sent ??= { text, params };
+        return svc.deps.db.query<R>(text, params);
+      },
+    };
+    await searchSession({ ...svc.deps, db: rec }, tenantId, s, {
+      query: 'xylophonist',
+      match: 'keyword',
+      limit: 8,
+      time_range: 'all',
+      exclude_window: false,
+    });
+    const plan = (
+      await svc.deps.db.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${sent!.text}`, sent!.params)
+    ).rows
+      .map((r) => r['QUERY PLAN'])
+      .join('\n');
+    for (const name of names(s)) assert.match(plan, new RegExp(`Bitmap Index Scan on ${name}`));
+
+    // A second pass changes nothing; the cap holds; small sessions lose theirs when the threshold is back.
+    assert.deepEqual(await pass(2000, 4), { built: [], dropped: [] });
+    assert.deepEqual(await pass(5, 1), { built: [], dropped: [] }, 'one session per kind at most');
+    assert.deepEqual((await pass(5, 2)).built, names(small));
+    assert.deepEqual(await pass(2000, 4), { built: [], dropped: names(small) });
+    assert.deepEqual(await indexDefs(small), []);
+
+    // Deleting the session drops its indexes at once.
+    assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
+    assert.deepEqual(await indexDefs(s), []);
+    const rows = await svc.deps.db.query('SELECT 1 FROM session_search_indexes WHERE session_id = $1', [s]);
+    assert.equal(rows.rowCount, 0);
   });
 });
 

@@ -1,5 +1,5 @@
-import { createHash } from 'node:crypto';
 import type { Queryable } from '../pool.js';
+import { buildIndexConcurrently, dropIndexConcurrently, partialIndexName } from './partial-indexes.js';
 
 /**
  * Per-session partial HNSW indexes on `message_vectors` (migration 007): an index over one huge
@@ -20,8 +20,7 @@ export interface AnnIndexRow {
 
 /** The index of a session at a dimension: a stable name Postgres accepts (≤ 63 bytes). */
 export function annIndexName(tenantId: string, sessionId: string, dimensions: number): string {
-  const h = createHash('sha256').update(`${tenantId}\n${sessionId}\n${dimensions}`).digest('hex');
-  return `mv_ann_${h.slice(0, 24)}`;
+  return partialIndexName('mv_ann_', tenantId, sessionId, dimensions);
 }
 
 export async function listAnnIndexes(
@@ -75,18 +74,14 @@ export async function buildAnnIndex(
   a: { tenantId: string; sessionId: string; dimensions: number; vectors: number },
 ): Promise<string> {
   const name = annIndexName(a.tenantId, a.sessionId, a.dimensions);
-  const ddl = await q.query<{ ddl: string }>(
-    `SELECT format('CREATE INDEX CONCURRENTLY IF NOT EXISTS %I ON message_vectors USING hnsw
-                     ((embedding::vector(%s)) vector_cosine_ops) WHERE tenant_id = %L AND session_id = %L',
-                   $1::text, $2::int, $3::text, $4::text) AS ddl`,
+  await buildIndexConcurrently(
+    q,
+    name,
+    `'CREATE INDEX CONCURRENTLY IF NOT EXISTS %I ON message_vectors USING hnsw
+       ((embedding::vector(%s)) vector_cosine_ops) WHERE tenant_id = %L AND session_id = %L',
+     $1::text, $2::int, $3::text, $4::text`,
     [name, a.dimensions, a.tenantId, a.sessionId],
   );
-  try {
-    await q.query(ddl.rows[0]!.ddl);
-  } catch (err) {
-    await dropAnnIndex(q, name).catch(() => undefined);
-    throw err;
-  }
   await q.query(
     `INSERT INTO vector_ann_indexes (index_name, tenant_id, session_id, dimensions, vectors)
      VALUES ($1, $2, $3, $4, $5)
@@ -98,10 +93,6 @@ export async function buildAnnIndex(
 
 /** Drops the index (without blocking reads and writes) and forgets it. Idempotent. */
 export async function dropAnnIndex(q: Queryable, name: string): Promise<void> {
-  const ddl = await q.query<{ ddl: string }>(
-    `SELECT format('DROP INDEX CONCURRENTLY IF EXISTS %I', $1::text) AS ddl`,
-    [name],
-  );
-  await q.query(ddl.rows[0]!.ddl);
+  await dropIndexConcurrently(q, name);
   await q.query('DELETE FROM vector_ann_indexes WHERE index_name = $1', [name]);
 }

@@ -1,13 +1,36 @@
 import type { ExtensionFactory } from '../extension.js';
 import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
+import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
 
-/** Search over the archive and the recent index: `POST /v1/sessions/{sid}/search`. */
+const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
+
+/**
+ * Search over the archive and the recent index: `POST /v1/sessions/{sid}/search`, and the
+ * `search-indexes` maintenance task that gives huge sessions their own full-text and trigram
+ * indexes (session-indexes.ts).
+ */
 export const searchExtension: ExtensionFactory = async (deps) => {
   // Registered up front so /metrics shows the histogram before the first search.
   searchDuration(deps.metrics.registry);
   return {
     name: 'search',
     routes: [{ prefix: '/v1/sessions', router: makeSearchRoutes(deps), meta: searchRoutesMeta }],
+    maintenance: {
+      'search-indexes': () => maintainSessionIndexes(deps),
+    },
+    async schedule() {
+      await deps.queues.maintenance.upsertJobScheduler(
+        'search-indexes',
+        { every: SEARCH_INDEXES_EVERY_MS },
+        { name: 'search-indexes', data: { v: 1, kind: 'search-indexes' } },
+      );
+    },
+    async purgeSession(tenantId, sessionId) {
+      await dropSessionIndexesOf(deps, { tenantId, sessionId });
+    },
+    purgeTenant: async (tenantId) => {
+      await dropSessionIndexesOf(deps, { tenantId });
+    },
   };
 };
