@@ -10,8 +10,22 @@ export interface QueryResult<R> {
   rowCount: number | null;
 }
 
+export interface QueryOptions {
+  /**
+   * Run as a named prepared statement (node-postgres prepares it once per connection). Postgres
+   * may then reuse a generic plan, planned without the parameter values: only for statements whose
+   * best plan does not depend on them (db/queries/search.ts says when). The name must identify the
+   * text (a hash of it). Ignored where statements are not prepared by name (PGlite).
+   */
+  name?: string;
+}
+
 export interface Queryable {
-  query<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<QueryResult<R>>;
+  query<R = Record<string, unknown>>(
+    text: string,
+    params?: unknown[],
+    opts?: QueryOptions,
+  ): Promise<QueryResult<R>>;
   /**
    * True when a Buffer parameter travels in Postgres's binary format (node-postgres). PGlite
    * serialises parameters by type itself and takes plain JS values instead.
@@ -64,7 +78,10 @@ export function makePgDb(opts: {
   return {
     kind: 'postgres',
     binaryParams: true,
-    query: (text, params) => pool.query(text, params as unknown[]) as never,
+    query: (text, params, o) =>
+      (o?.name
+        ? pool.query({ name: o.name, text, values: params as unknown[] })
+        : pool.query(text, params as unknown[])) as never,
     async transaction(fn) {
       const client = await pool.connect();
       try {

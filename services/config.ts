@@ -110,6 +110,12 @@ const schema = z.object({
   ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
     8000,
   ),
+  PG_PREPARED_STATEMENTS: z
+    .enum(['true', 'false'], {
+      message: 'must be true or false (false behind a pooler that drops prepared statements)',
+    })
+    .default('true')
+    .transform((v) => v === 'true'),
   SEARCH_INDEX_MIN_MESSAGES: int(
     0,
     100_000_000,
@@ -150,6 +156,11 @@ export interface Config {
   pgPoolSize: number;
   /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
   annMinVectors: number;
+  /**
+   * Semantic search runs as a named prepared statement (saves its planning); false behind a
+   * connection pooler that cannot keep them (PgBouncer before 1.21 in transaction mode).
+   */
+  pgPreparedStatements: boolean;
   /** A session with this many messages gets its own full-text and trigram indexes (0 = never). */
   searchIndexMinMessages: number;
   /** At most this many sessions get each kind of those indexes (each costs planning time). */
@@ -230,6 +241,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     embedConcurrency: e.EMBED_CONCURRENCY,
     pgPoolSize: e.PG_POOL_SIZE,
     annMinVectors: e.ANN_MIN_VECTORS,
+    pgPreparedStatements: e.PG_PREPARED_STATEMENTS,
     searchIndexMinMessages: e.SEARCH_INDEX_MIN_MESSAGES,
     searchIndexMaxSessions: e.SEARCH_INDEX_MAX_SESSIONS,
     llmTimeoutMs: e.LLM_TIMEOUT_MS,

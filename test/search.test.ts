@@ -2,11 +2,12 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { SESSION_SCAN_MAX_MESSAGES } from '../db/queries/search.js';
-import { sessionIndexName } from '../db/queries/session-indexes.js';
+import { buildSessionIndex, sessionIndexName } from '../db/queries/session-indexes.js';
+import { makePgDb } from '../db/pool.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { parseSearchQuery } from '../services/search/parse-query.js';
 import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
-import type { Db } from '../db/pool.js';
+import type { Db, QueryOptions } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
 import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import type { SearchHit, SearchParams } from '../services/search/search-session.js';
@@ -90,9 +91,11 @@ function recordingDb(db: Db, tamper: (row: Record<string, unknown>) => void = ()
   const sent: string[] = [];
   const wrapped: Db = {
     ...db,
-    async query<R>(text: string, params?: unknown[]) {
-      sent.push(text);
-      const r = await db.query<R>(text, params);
+    async query<R>(text: string, params?: unknown[], opts?: QueryOptions) {
+      // Not a search's statement: the process's list of sessions with indexes of their own, read
+      // at most every 30 s (services/search/indexed-sessions.ts; here once per wrapper).
+      if (!text.includes('session_search_indexes')) sent.push(text);
+      const r = await db.query<R>(text, params, opts);
       const row = r.rows[0] as Record<string, unknown> | undefined;
       if (row && 'kw' in row && 'sem' in row) tamper(row);
       return r;
@@ -826,6 +829,55 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
     assert.deepEqual(await indexDefs(s), []);
     const rows = await svc.deps.db.query('SELECT 1 FROM session_search_indexes WHERE session_id = $1', [s]);
     assert.equal(rows.rowCount, 0);
+  });
+
+  void test('semantic search runs as a prepared statement, except for sessions with indexes of their own', async () => {
+    const plain = sid('plain');
+    const own = sid('own');
+    const texts = ['quokka migration plan', 'weather report', 'quokka habitat notes', 'lunch order'];
+    for (const s of [plain, own])
+      await archive(
+        api,
+        s,
+        texts.map((t, i) => (i % 2 ? assistant(t) : user(t))),
+      );
+    for (const s of [plain, own]) await ensureVectors(svc, tenantId, s);
+    await buildSessionIndex(svc.deps.db, { tenantId, sessionId: own, kind: 'fts', messages: 4 });
+    // One connection, so that pg_prepared_statements (per connection) shows what ran on it.
+    const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    try {
+      const body: SearchParams = {
+        query: 'quokka',
+        match: 'semantic',
+        limit: 3,
+        time_range: 'all',
+        exclude_window: false,
+      };
+      const hits = async (s: string, prepared: boolean) =>
+        (
+          await searchSession(
+            { ...svc.deps, db, config: { ...svc.deps.config, pgPreparedStatements: prepared } },
+            tenantId,
+            s,
+            body,
+          )
+        ).hits;
+      const statements = async () =>
+        (
+          await db.query<{ generic_plans: string; custom_plans: string }>(
+            'SELECT generic_plans, custom_plans FROM pg_prepared_statements',
+          )
+        ).rows.map((r) => Number(r.generic_plans) + Number(r.custom_plans));
+      const unprepared = await hits(plain, false);
+      assert.match(String(unprepared[0]?.content), /quokka/);
+      // Postgres plans the first five runs with the values, then may switch to a generic plan.
+      for (let i = 0; i < 8; i++) assert.deepEqual(await hits(plain, true), unprepared);
+      assert.deepEqual(await statements(), [8]);
+      assert.match(String((await hits(own, true))[0]?.content), /quokka/);
+      assert.deepEqual(await statements(), [8], 'a session with its own index is planned with its values');
+    } finally {
+      await db.close();
+    }
   });
 });
 

@@ -126,3 +126,14 @@ export async function ensureTrigramExtension(q: Queryable): Promise<boolean> {
     return (r?.rowCount ?? 0) > 0;
   }
 }
+
+/** Every session that has an index of its own: HNSW (vector_ann_indexes) or full text/trigrams. */
+export async function sessionsWithOwnIndexes(
+  q: Queryable,
+): Promise<Array<{ tenant_id: string; session_id: string }>> {
+  const r = await q.query<{ tenant_id: string; session_id: string }>(
+    `SELECT tenant_id, session_id FROM vector_ann_indexes
+     UNION SELECT tenant_id, session_id FROM session_search_indexes`,
+  );
+  return r.rows;
+}

@@ -12,6 +12,7 @@ import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
 import { nowNs } from '../time.js';
 import { ftsLeaves, likePattern, parseSearchQuery, usableSubstring } from './parse-query.js';
+import { mayHaveOwnIndexes } from './indexed-sessions.js';
 import { embedQuery } from './query-embedding.js';
 import { fuseRrf, rankKeyword, rankSemantic, selectHits } from './rank-hits.js';
 import type { Candidate } from './rank-hits.js';
@@ -152,10 +153,18 @@ async function run(
   return { hits: await expand(deps, tenantId, sessionId, ranked, fetched, params.limit) };
 }
 
-/** `searchCandidates`, retried without the semantic list when the vectors have another dimension. */
+/**
+ * `searchCandidates`, retried without the semantic list when the vectors have another dimension.
+ * A semantic search of a session without indexes of its own runs as a prepared statement.
+ */
 async function candidates(deps: SearchDeps, args: SearchArgs): Promise<SearchPrefetch> {
+  const prepared =
+    args.keyword === null &&
+    deps.config.pgPreparedStatements &&
+    deps.db.kind === 'postgres' &&
+    !(await mayHaveOwnIndexes(deps.db, args.tenantId, args.sessionId));
   try {
-    return await searchCandidates(deps.db, args);
+    return await searchCandidates(deps.db, args, { prepared });
   } catch (err) {
     // 22000 (data_exception) is pgvector's "different vector dimensions": the index was built by
     // another embedder and awaits `mnemos reembed`. Keyword search still answers.
