@@ -13,27 +13,32 @@ import { sessionsWithOwnIndexes } from '../../db/queries/session-indexes.js';
 export const REFRESH_MS = 30_000;
 
 interface Known {
-  keys: Set<string>;
-  at: number;
+  /** Null until a list has been read. */
+  keys: Set<string> | null;
+  nextLoad: number;
   loading: Promise<void> | null;
 }
 
 const byDb = new WeakMap<Queryable, Known>();
 const key = (tenantId: string, sessionId: string) => `${tenantId}\n${sessionId}`;
 
+/** Never throws: a failed read keeps the previous list and is retried after REFRESH_MS. */
 async function load(db: Queryable, known: Known): Promise<void> {
   try {
     const rows = await sessionsWithOwnIndexes(db);
     known.keys = new Set(rows.map((r) => key(r.tenant_id, r.session_id)));
-    known.at = Date.now();
+  } catch {
+    // Searches plan with their values meanwhile (or with the previous list).
   } finally {
+    known.nextLoad = Date.now() + REFRESH_MS;
     known.loading = null;
   }
 }
 
 /**
- * True when the session may have an index of its own, or when that cannot be told (the list could
- * not be read yet): the caller then plans with the values, as it would without this module.
+ * True when the session may have an index of its own, or when that cannot be told (no list read
+ * yet): the caller then plans with the values, as it would without this module. The first call
+ * of a process waits for the list; later refreshes run in the background.
  */
 export async function mayHaveOwnIndexes(
   db: Queryable,
@@ -42,17 +47,10 @@ export async function mayHaveOwnIndexes(
 ): Promise<boolean> {
   let known = byDb.get(db);
   if (!known) {
-    known = { keys: new Set(), at: 0, loading: null };
+    known = { keys: null, nextLoad: 0, loading: null };
     byDb.set(db, known);
   }
-  if (Date.now() - known.at > REFRESH_MS && !known.loading) {
-    known.loading = load(db, known);
-    // The first load is waited for; later ones refresh in the background.
-    if (known.at === 0) await known.loading.catch(() => undefined);
-    else known.loading.catch(() => undefined);
-  } else if (known.at === 0 && known.loading) {
-    await known.loading.catch(() => undefined);
-  }
-  if (known.at === 0) return true;
-  return known.keys.has(key(tenantId, sessionId));
+  if (!known.loading && Date.now() >= known.nextLoad) known.loading = load(db, known);
+  if (known.keys === null && known.loading) await known.loading;
+  return known.keys === null || known.keys.has(key(tenantId, sessionId));
 }
