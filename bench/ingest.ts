@@ -31,7 +31,7 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { float4ArrayParam, makePgDb, withTransaction } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
-import { insertArchiveBatch } from '../db/queries/messages.js';
+import { ARCHIVE_TSVECTOR_SQL, insertArchiveBatch } from '../db/queries/messages.js';
 import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { parseMessages } from '../services/messages/message-input.js';
@@ -732,7 +732,7 @@ async function phaseArchiveCost(): Promise<void> {
   const scratch = await createScratchDatabase('a_cost');
   const db = makePgDb({ connectionString: scratch.url, max: 1, applicationName: 'mnemos-bench' });
   onCleanup(() => db.close().catch(() => undefined));
-  const tsvector = `to_tsvector('english', x.fts_en) || to_tsvector('simple', x.fts_cjk)`;
+  const tsvector = ARCHIVE_TSVECTOR_SQL;
   const variants: Array<{ name: string; table: string | null; drop: string[]; tsv: string }> = [
     { name: 'messages (insertArchiveBatch)', table: null, drop: [], tsv: tsvector },
     { name: 'without the GIN index', table: 'm_no_gin', drop: ['search_tsv_idx'], tsv: tsvector },

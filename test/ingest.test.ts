@@ -442,21 +442,43 @@ void describe('ingestion', () => {
   void test('the archive stores a row per message with its byte size and the tsvector', async () => {
     const t = await svc.newTenant();
     await t.api.post('/v1/sessions/tsv/messages?wait=true', {
-      messages: [user('Compacting memories 我們討論了記憶系統')],
+      messages: [
+        user('Compacting memories 我們討論了記憶系統'),
+        // Plain English (its content is the full-text input as is) and a tool call without content.
+        user('Compacting the archive nightly'),
+        {
+          role: 'assistant',
+          content: null,
+          tool_calls: [
+            {
+              id: 'c1',
+              type: 'function',
+              function: { name: 'compacting_tool', arguments: '{"when":"now"}' },
+            },
+          ],
+        },
+      ],
     });
     const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
     try {
-      const r = await db.query<{ bytes: number; hit_en: boolean; hit_cjk: boolean }>(
+      const r = await db.query<{ bytes: number; hit_en: boolean; hit_cjk: boolean; plain: boolean }>(
         `SELECT bytes,
                 search_tsv @@ to_tsquery('english', 'compaction') AS hit_en,
-                search_tsv @@ to_tsquery('simple', '記憶') AS hit_cjk
-         FROM messages WHERE tenant_id = $1 AND session_id = 'tsv'`,
+                search_tsv @@ to_tsquery('simple', '記憶') AS hit_cjk,
+                search_tsv = to_tsvector('english', content) AS plain
+         FROM messages WHERE tenant_id = $1 AND session_id = 'tsv' ORDER BY seq`,
         [t.tenantId],
       );
-      assert.equal(r.rows.length, 1);
+      assert.equal(r.rows.length, 3);
       assert.ok(r.rows[0]!.bytes > 40);
-      assert.equal(r.rows[0]!.hit_en, true, 'English is stemmed (compacting ~ compaction)');
+      assert.deepEqual(
+        r.rows.map((x) => x.hit_en),
+        [true, true, true],
+        'English is stemmed (compacting ~ compaction), tool calls included',
+      );
       assert.equal(r.rows[0]!.hit_cjk, true, 'CJK is indexed as bigrams');
+      assert.equal(r.rows[0]!.plain, false, 'the CJK part is not English text');
+      assert.equal(r.rows[1]!.plain, true, 'plain English: exactly its English tsvector');
     } finally {
       await db.close();
     }

@@ -62,8 +62,10 @@ export function toArchiveRow(seq: number, m: AcceptedMessage): ArchiveInsertRow 
     sent_at_given: m.sent_at_given,
     bytes: m.bytes,
     fingerprint: m.fp,
-    fts_en: fts.en,
-    fts_cjk: fts.cjk,
+    // Most messages are plain text without CJK: their full-text input is the content itself, sent
+    // once instead of twice, and they need no CJK tsvector (insertArchiveBatch).
+    fts_en: fts.en === m.content ? null : fts.en,
+    fts_cjk: fts.cjk === '' ? null : fts.cjk,
   };
 }
 
