@@ -13,12 +13,13 @@ import type { CoreDeps } from '../deps.js';
  * 8,000): a GIN index of their tsvectors, so that their full-text match no longer intersects the
  * table-wide posting lists of common words with their rows, and a pg_trgm index of their content
  * for the substring match over the recent part. Measured in bench/search.ts (docs/search.md): on a
- * session of 20,000 short messages in a 200,000-message archive, keyword p95 69 → ~25 ms.
+ * session of 20,000 short messages in a 200,000-message archive, keyword p95 69 → 22 ms.
  *
  * Every index on `messages` costs planning time in every statement on it (~6 µs each, measured
  * with 100 partial indexes), so at most SEARCH_INDEX_MAX_SESSIONS sessions get each kind, the
- * largest first. Writes into an indexed session also update its GIN indexes; other sessions only
- * test the index predicates.
+ * largest first. Writes into an indexed session also update its GIN indexes (~2.4× the Postgres
+ * CPU per archived row with both, mostly the trigrams; docs/search.md); other sessions only test
+ * the index predicates.
  */
 
 export interface SessionIndexMaintenance {
