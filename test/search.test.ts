@@ -89,19 +89,23 @@ const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
  */
 function recordingDb(db: Db, tamper: (row: Record<string, unknown>) => void = () => undefined) {
   const sent: string[] = [];
+  const calls: Array<{ text: string; params?: unknown[] }> = [];
   const wrapped: Db = {
     ...db,
     async query<R>(text: string, params?: unknown[], opts?: QueryOptions) {
       // Not a search's statement: the process's list of sessions with indexes of their own, read
       // at most every 30 s (services/search/indexed-sessions.ts; here once per wrapper).
-      if (!text.includes('session_search_indexes')) sent.push(text);
+      if (!text.includes('session_search_indexes')) {
+        sent.push(text);
+        calls.push({ text, params });
+      }
       const r = await db.query<R>(text, params, opts);
       const row = r.rows[0] as Record<string, unknown> | undefined;
       if (row && 'kw' in row && 'sem' in row) tamper(row);
       return r;
     },
   };
-  return { db: wrapped, sent };
+  return { db: wrapped, sent, calls };
 }
 
 const params = (p: Partial<SearchParams> & { query: string }): SearchParams => ({
@@ -795,21 +799,14 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
     // The keyword statement can use both: with statistics (as autovacuum keeps them), the planner
     // takes them for a rare term of this session.
     await svc.deps.db.query('ANALYZE messages');
-    let sent: { text: string; params?: unknown[] } | null = null;
-    const rec = {
-      ...svc.deps.db,
-      query: <R>(text: string, params?: unknown[]) => {
-        sent ??= { text, params };
-        return svc.deps.db.query<R>(text, params);
-      },
-    };
-    await searchSession({ ...svc.deps, db: rec }, tenantId, s, {
-      query: 'xylophonist',
-      match: 'keyword',
-      limit: 8,
-      time_range: 'all',
-      exclude_window: false,
-    });
+    const rec = recordingDb(svc.deps.db);
+    await searchSession(
+      { ...svc.deps, db: rec.db },
+      tenantId,
+      s,
+      params({ query: 'xylophonist', match: 'keyword' }),
+    );
+    const [sent] = rec.calls;
     const plan = (
       await svc.deps.db.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${sent!.text}`, sent!.params)
     ).rows
@@ -846,13 +843,7 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
     // One connection, so that pg_prepared_statements (per connection) shows what ran on it.
     const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
     try {
-      const body: SearchParams = {
-        query: 'quokka',
-        match: 'semantic',
-        limit: 3,
-        time_range: 'all',
-        exclude_window: false,
-      };
+      const body = params({ query: 'quokka', match: 'semantic', limit: 3 });
       const hits = async (s: string, prepared: boolean) =>
         (
           await searchSession(
