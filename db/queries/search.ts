@@ -351,7 +351,7 @@ function orderSql(match: SearchArgs['match']): string {
  * that the response would not show, so large messages cost no more than before).
  *
  * `prepared` runs it as a named prepared statement, which Postgres may run on a generic plan after
- * five executions: planning this statement takes longer than running it on a typical session
+ * five executions: planning this statement costs almost as much as running it on a typical session
  * (~0.9 ms of ~2 ms in semantic mode). Only where the plan does not depend on the values: not for
  * a session with partial indexes of its own, whose predicates a generic plan cannot prove, and not
  * with a keyword list, whose plan depends on how common the terms are.
