@@ -866,6 +866,15 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
       assert.deepEqual(await statements(), [8]);
       assert.match(String((await hits(own, true))[0]?.content), /quokka/);
       assert.deepEqual(await statements(), [8], 'a session with its own index is planned with its values');
+      // Exclusions add clauses per term: such texts are not prepared (no statement per query shape).
+      const excluding = await searchSession(
+        { ...svc.deps, db },
+        tenantId,
+        plain,
+        params({ query: 'quokka -habitat', match: 'semantic', limit: 3 }),
+      );
+      assert.ok(excluding.hits.every((h) => !String(h.content).includes('habitat')));
+      assert.deepEqual(await statements(), [8], 'a search with exclusions is not prepared');
     } finally {
       await db.close();
     }

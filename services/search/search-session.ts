@@ -155,11 +155,16 @@ async function run(
 
 /**
  * `searchCandidates`, retried without the semantic list when the vectors have another dimension.
- * A semantic search of a session without indexes of its own runs as a prepared statement.
+ * A semantic search without exclusions, of a session without indexes of its own, runs as a
+ * prepared statement. Exclusions add clauses per excluded term: left unnamed, so that a connection
+ * holds at most four such statements (with or without `time_range`, `exclude_window`), never one
+ * per query shape.
  */
 async function candidates(deps: SearchDeps, args: SearchArgs): Promise<SearchPrefetch> {
   const prepared =
     args.keyword === null &&
+    args.excludeFts.length === 0 &&
+    args.excludeLike.length === 0 &&
     deps.config.pgPreparedStatements &&
     deps.db.kind === 'postgres' &&
     !(await mayHaveOwnIndexes(deps.db, args.tenantId, args.sessionId));
