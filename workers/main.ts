@@ -6,7 +6,7 @@ import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
 import { runIngestSweep } from './ingest-sweep.js';
-import { parsePayload } from './queues.js';
+import { parsePayload, scheduleMaintenance } from './queues.js';
 import type { QueueName } from './queues.js';
 
 export interface WorkerOptions {
@@ -88,11 +88,7 @@ export async function startWorkers(
   // Job schedulers live in Redis: if Redis comes back empty they are gone, so re-assert them
   // periodically (upserts are idempotent).
   const ensureSchedules = async () => {
-    await deps.queues.maintenance.upsertJobScheduler(
-      'ingest-sweep',
-      { every: opts.ingestSweepEveryMs ?? 30_000 },
-      { name: 'ingest-sweep', data: { v: 1, kind: 'ingest-sweep' } },
-    );
+    await scheduleMaintenance(deps.queues, 'ingest-sweep', opts.ingestSweepEveryMs ?? 30_000);
     for (const e of extensions) await e.schedule?.();
   };
   await ensureSchedules();

@@ -58,6 +58,18 @@ export const defaultJobOptions: Record<QueueName, JobsOptions> = {
 
 export type QueueRegistry = { [N in QueueName]: Queue<Payload<N>> } & { close(): Promise<void> };
 
+/**
+ * Runs the maintenance task `kind` every `everyMs` (a BullMQ job scheduler named after it; an
+ * idempotent upsert, re-asserted by the workers in case Redis came back empty).
+ */
+export async function scheduleMaintenance(
+  queues: Pick<QueueRegistry, 'maintenance'>,
+  kind: string,
+  everyMs: number,
+): Promise<void> {
+  await queues.maintenance.upsertJobScheduler(kind, { every: everyMs }, { name: kind, data: { v: 1, kind } });
+}
+
 export function makeQueues(
   connection: ConnectionOptions,
   prefix: string,

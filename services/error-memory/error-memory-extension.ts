@@ -4,6 +4,7 @@ import type { RouteMeta } from '../openapi.js';
 import { errorLookupBody, errorSearchBody, errorWriteBody, makeErrorRoutes } from '../routes/error-routes.js';
 import { openErrorMemory } from './error-store.js';
 import type { ErrorMemory } from './types.js';
+import { scheduleMaintenance } from '../../workers/queues.js';
 
 const meta: Record<string, RouteMeta> = {
   'POST /': {
@@ -64,11 +65,7 @@ export const errorMemoryExtension: ExtensionFactory = async (deps): Promise<Exte
     routes: [{ prefix: '/v1/errors', router: makeErrorRoutes({ errors }), meta }],
     maintenance: { 'error-sweep': () => errors.sweepExpired() },
     async schedule() {
-      await deps.queues.maintenance.upsertJobScheduler(
-        'error-sweep',
-        { every: SWEEP_EVERY_MS },
-        { name: 'error-sweep', data: { v: 1, kind: 'error-sweep' } },
-      );
+      await scheduleMaintenance(deps.queues, 'error-sweep', SWEEP_EVERY_MS);
     },
     purgeTenant: async (tenantId) => {
       await errors.purgeTenant(tenantId);

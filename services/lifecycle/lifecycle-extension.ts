@@ -3,6 +3,7 @@ import { lifecycleRoutesMeta, makeLifecycleRoutes } from '../routes/lifecycle-ro
 import { reconcileGenerations } from './session-lifecycle.js';
 import { TEMP_REAPER_EVERY_MS, reapTempSessions } from './temp-reaper.js';
 import { eraseTenant } from './tenant-erasure.js';
+import { scheduleMaintenance } from '../../workers/queues.js';
 
 const RECONCILE_EVERY_MS = 60_000;
 
@@ -32,16 +33,8 @@ export const lifecycleExtension: ExtensionFactory = async (deps, opened): Promis
       void reconcileGenerations(deps, extensions).catch((err: unknown) =>
         deps.logger.warn({ err: { message: (err as Error).message } }, 'generation reconcile failed'),
       );
-      await deps.queues.maintenance.upsertJobScheduler(
-        'temp-reaper',
-        { every: TEMP_REAPER_EVERY_MS },
-        { name: 'temp-reaper', data: { v: 1, kind: 'temp-reaper' } },
-      );
-      await deps.queues.maintenance.upsertJobScheduler(
-        'lifecycle-reconcile',
-        { every: RECONCILE_EVERY_MS },
-        { name: 'lifecycle-reconcile', data: { v: 1, kind: 'lifecycle-reconcile' } },
-      );
+      await scheduleMaintenance(deps.queues, 'temp-reaper', TEMP_REAPER_EVERY_MS);
+      await scheduleMaintenance(deps.queues, 'lifecycle-reconcile', RECONCILE_EVERY_MS);
     },
     provides: { eraseTenant: (tenantId: string) => eraseTenant(deps, extensions, tenantId) },
   };

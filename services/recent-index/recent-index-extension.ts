@@ -10,6 +10,7 @@ import { shouldEnqueueCompact } from './compaction-plan.js';
 import { makeEmbedder } from './embedder.js';
 import { ensureVectorIndex } from './index-state.js';
 import { enqueueCompact, enqueueEmbed } from './jobs.js';
+import { scheduleMaintenance } from '../../workers/queues.js';
 
 function counter<L extends string>(
   registry: Registry,
@@ -103,16 +104,8 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
       'ann-indexes': () => maintainAnnIndexes(deps),
     },
     async schedule() {
-      await deps.queues.maintenance.upsertJobScheduler(
-        'embed-sweep',
-        { every: EMBED_SWEEP_EVERY_MS },
-        { name: 'embed-sweep', data: { v: 1, kind: 'embed-sweep' } },
-      );
-      await deps.queues.maintenance.upsertJobScheduler(
-        'ann-indexes',
-        { every: ANN_INDEXES_EVERY_MS },
-        { name: 'ann-indexes', data: { v: 1, kind: 'ann-indexes' } },
-      );
+      await scheduleMaintenance(deps.queues, 'embed-sweep', EMBED_SWEEP_EVERY_MS);
+      await scheduleMaintenance(deps.queues, 'ann-indexes', ANN_INDEXES_EVERY_MS);
     },
     async purgeSession(tenantId, sessionId) {
       await deleteOrphanVectors(deps.db, tenantId, sessionId);

@@ -2,6 +2,7 @@ import type { ExtensionFactory } from '../extension.js';
 import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
 import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
+import { scheduleMaintenance } from '../../workers/queues.js';
 
 const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
 
@@ -20,11 +21,7 @@ export const searchExtension: ExtensionFactory = async (deps) => {
       'search-indexes': () => maintainSessionIndexes(deps),
     },
     async schedule() {
-      await deps.queues.maintenance.upsertJobScheduler(
-        'search-indexes',
-        { every: SEARCH_INDEXES_EVERY_MS },
-        { name: 'search-indexes', data: { v: 1, kind: 'search-indexes' } },
-      );
+      await scheduleMaintenance(deps.queues, 'search-indexes', SEARCH_INDEXES_EVERY_MS);
     },
     async purgeSession(tenantId, sessionId) {
       await dropSessionIndexesOf(deps, { tenantId, sessionId });
