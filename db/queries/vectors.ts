@@ -123,10 +123,10 @@ export async function missingVectors(
 }
 
 /**
- * Live sessions with a message archived in the last `withinMs` but not in the last `idleMs`
- * that still have a message awaiting its vector (toEmbedSql, as missingVectors): an embed job that failed for good or was never enqueued (Redis down right
- * after the commit) leaves such a session behind until its next message. Newest first, at most
- * `limit`.
+ * Live sessions with a message archived in the last `withinMs` but not in the last `idleMs` that
+ * still have a message awaiting its vector (toEmbedSql, as missingVectors): an embed job that
+ * failed for good or was never enqueued (Redis down right after the commit) leaves such a session
+ * behind until its next message. Newest first, at most `limit`.
  */
 export async function sessionsMissingVectors(
   q: Queryable,
