@@ -12,10 +12,11 @@ export interface QueryResult<R> {
 
 export interface QueryOptions {
   /**
-   * Run as a named prepared statement (node-postgres prepares it once per connection). Postgres
-   * may then reuse a generic plan, planned without the parameter values: only for statements whose
-   * best plan does not depend on them (db/queries/search.ts says when). The name must identify the
-   * text (a hash of it). Ignored where statements are not prepared by name (PGlite).
+   * Run as a named prepared statement (node-postgres prepares it once per connection), on
+   * connections that plan it once, generically, without the parameter values (makePgDb): only for
+   * statements whose best plan does not depend on them (db/queries/search.ts says when). The name
+   * must identify the text (a hash of it). Ignored in transactions and where statements are not
+   * prepared by name (PGlite).
    */
   name?: string;
 }
@@ -50,37 +51,51 @@ export function makePgDb(opts: {
   logger?: Logger;
   applicationName?: string;
 }): Db {
-  const pool = new pg.Pool({
-    connectionString: opts.connectionString,
-    max: opts.max ?? 10,
-    application_name: opts.applicationName ?? 'mnemos',
-    connectionTimeoutMillis: 5000,
-    idleTimeoutMillis: 30000,
-    // For the per-session HNSW indexes of huge sessions (services/recent-index/ann-indexes.ts): a
-    // wider search than pgvector's default 40, which lost whole clusters about once in 100–300
-    // queries (bench/partial-hnsw.ts), and iterative scans so that a filter (seq >= start_seq)
-    // cannot leave a k-NN short of k rows. Set on each new connection before the pool hands it
-    // out (not as a startup option, which PgBouncer refuses); placeholders until pgvector loads.
-    // A failure only costs recall, so it is logged, never thrown.
-    // eslint-disable-next-line @typescript-eslint/no-misused-promises -- pg-pool awaits onConnect (pg-pool 3.14 index.js); @types/pg says void
-    onConnect: async (client: pg.ClientBase) => {
-      await client
-        .query(`SET hnsw.ef_search = 100; SET hnsw.iterative_scan = 'relaxed_order'`)
-        .catch((err: Error) =>
-          opts.logger?.warn({ err: { message: err.message } }, 'could not set hnsw search options'),
-        );
-    },
-  });
-  // An idle client losing its connection (Postgres restart) must not crash the process.
-  pool.on('error', (err) =>
-    opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error'),
-  );
+  const warn = (what: string) => (err: Error) =>
+    opts.logger?.warn({ err: { message: err.message } }, `could not set ${what}`);
+  const newPool = (max: number, genericPlans: boolean) => {
+    const p = new pg.Pool({
+      connectionString: opts.connectionString,
+      max,
+      application_name: opts.applicationName ?? 'mnemos',
+      connectionTimeoutMillis: 5000,
+      idleTimeoutMillis: 30000,
+      // For the per-session HNSW indexes of huge sessions (services/recent-index/ann-indexes.ts): a
+      // wider search than pgvector's default 40, which lost whole clusters about once in 100–300
+      // queries (bench/partial-hnsw.ts), and iterative scans so that a filter (seq >= start_seq)
+      // cannot leave a k-NN short of k rows. Set on each new connection before the pool hands it
+      // out (not as a startup option, which PgBouncer refuses); placeholders until pgvector loads.
+      // A failure only costs recall or speed, so it is logged, never thrown.
+      // eslint-disable-next-line @typescript-eslint/no-misused-promises -- pg-pool awaits onConnect (pg-pool 3.14 index.js); @types/pg says void
+      onConnect: async (client: pg.ClientBase) => {
+        await client
+          .query(`SET hnsw.ef_search = 100; SET hnsw.iterative_scan = 'relaxed_order'`)
+          .catch(warn('hnsw search options'));
+        if (genericPlans)
+          await client.query('SET plan_cache_mode = force_generic_plan').catch(warn('plan_cache_mode'));
+      },
+    });
+    // An idle client losing its connection (Postgres restart) must not crash the process.
+    p.on('error', (err) =>
+      opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error'),
+    );
+    return p;
+  };
+  const max = opts.max ?? 10;
+  const pool = newPool(max, false);
+  // Named statements run on a few connections of their own, which plan them generically: left to
+  // itself (plan_cache_mode auto), Postgres compared the generic plan's estimate with the custom
+  // ones' and planned the search statement with its values on every run (pg_prepared_statements:
+  // 0 generic, 1,300 custom), so preparing it saved the parsing but not the planning. The setting
+  // cannot go on the main pool: it would also make every unnamed statement generic.
+  let named: pg.Pool | null = null;
+  const namedPool = () => (named ??= newPool(Math.max(1, Math.ceil(max / 4)), true));
   return {
     kind: 'postgres',
     binaryParams: true,
     query: (text, params, o) =>
       (o?.name
-        ? pool.query({ name: o.name, text, values: params as unknown[] })
+        ? namedPool().query({ name: o.name, text, values: params as unknown[] })
         : pool.query(text, params as unknown[])) as never,
     async transaction(fn) {
       const client = await pool.connect();
@@ -99,7 +114,9 @@ export function makePgDb(opts: {
         client.release();
       }
     },
-    close: () => pool.end(),
+    close: async () => {
+      await Promise.all([pool.end(), named?.end()]);
+    },
   };
 }
 
@@ -138,6 +155,22 @@ export function float4ArrayParam(q: Queryable, rows: ReadonlyArray<ArrayLike<num
       offset += 8;
     }
   }
+  return buf;
+}
+
+/**
+ * A pgvector `vector` parameter. Over node-postgres it is a Buffer in pgvector's binary format
+ * (vector_recv: dimensions and a zero as int16, then each element as a big-endian float4), so the
+ * query embedding is neither printed by JavaScript nor parsed by Postgres: at 1,536 dimensions
+ * its text form is about 30 kB of digits. Elsewhere it is the text literal.
+ */
+export function vectorParam(q: Queryable, v: readonly number[]): unknown {
+  if (!q.binaryParams) return `[${v.join(',')}]`;
+  const buf = Buffer.allocUnsafe(4 + v.length * 4);
+  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  view.setInt16(0, v.length);
+  view.setInt16(2, 0);
+  for (let i = 0; i < v.length; i++) view.setFloat32(4 + i * 4, v[i]!);
   return buf;
 }
 

@@ -157,8 +157,8 @@ export interface Config {
   /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
   annMinVectors: number;
   /**
-   * Semantic search runs as a named prepared statement (saves its planning); false behind a
-   * connection pooler that cannot keep them (PgBouncer before 1.21 in transaction mode).
+   * Semantic search runs as a named prepared statement with a generic plan (saves its planning);
+   * false behind a connection pooler in transaction mode (PgBouncer).
    */
   pgPreparedStatements: boolean;
   /** A session with this many messages gets its own full-text and trigram indexes (0 = never). */

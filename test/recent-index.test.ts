@@ -4,6 +4,7 @@ import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
+import { vectorParam } from '../db/pool.js';
 import { nearestInSession } from '../db/queries/vectors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import {
@@ -270,6 +271,18 @@ void describe('recent index with the local embedder', () => {
     await svc.stop();
     await deleteRedisPrefix(svc.config.prefix);
     await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('a query vector travels in binary and arrives as the same float4 values as its text form', async () => {
+    const v = [0.1, -2.5, 1e-7, 123456.789, Math.PI, -0, 3.4e38];
+    const binary = vectorParam(svc.deps.db, v);
+    assert.ok(Buffer.isBuffer(binary), 'node-postgres sends it as a binary parameter');
+    const r = await svc.deps.db.query<{ same: boolean; d: number; text: string }>(
+      `SELECT $1::vector = $2::vector AS same, vector_dims($1::vector) AS d, $1::vector::text AS text`,
+      [binary, `[${v.join(',')}]`],
+    );
+    assert.deepEqual({ same: r.rows[0]!.same, d: r.rows[0]!.d }, { same: true, d: v.length });
+    assert.deepEqual((JSON.parse(r.rows[0]!.text) as number[]).map(Math.fround), v.map(Math.fround));
   });
 
   void test('writes deterministic vectors for EMBED_ROLES text only, and the nearest one is the lexical neighbour', async () => {

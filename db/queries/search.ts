@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { vectorParam } from '../pool.js';
 import type { Queryable } from '../pool.js';
 import type { StoredMessageRow } from './messages.js';
 import type { FtsLeaf } from '../../services/search/parse-query.js';
@@ -305,8 +306,14 @@ function keywordCtes(p: Params, a: SearchFilters, m: NonNullable<SearchArgs['key
  * broken by the caller's ranking, not here. The archive row is joined only when a filter needs
  * it. CTE `sc`.
  */
-function semanticCte(p: Params, a: SearchFilters, embedding: number[], k: () => string): string {
-  const e = p.add(JSON.stringify(embedding));
+function semanticCte(
+  q: Queryable,
+  p: Params,
+  a: SearchFilters,
+  embedding: number[],
+  k: () => string,
+): string {
+  const e = p.add(vectorParam(q, embedding));
   const needsArchive = a.sinceNs !== null || a.excludeFts.length > 0 || a.excludeLike.length > 0;
   // Without the join, the window bound is the only filter left, and it applies to v.seq.
   const where = filterSql(p, a, 'v.seq');
@@ -367,7 +374,7 @@ export async function searchCandidates(
   let kParam: string | null = null;
   const k = () => (kParam ??= p.add(a.k));
   const kw = a.keyword && keywordCtes(p, a, a.keyword, k);
-  const sem = a.embedding && semanticCte(p, a, a.embedding, k);
+  const sem = a.embedding && semanticCte(q, p, a, a.embedding, k);
   // Only the lists the order reads: an unused CTE still costs parse time.
   if (kw || (a.match === 'hybrid' && sem)) ctes.push(kw ?? EMPTY_KC);
   if (sem || (a.match === 'hybrid' && kw)) ctes.push(sem ?? EMPTY_SC);

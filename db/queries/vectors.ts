@@ -1,14 +1,12 @@
-import { float4ArrayParam } from '../pool.js';
+import { float4ArrayParam, vectorParam } from '../pool.js';
 import type { Queryable } from '../pool.js';
 
 /**
  * The recent index (tier 2): `message_vectors` rows for messages at or after a session's cutoff,
  * all made by the model and dimension recorded in `vector_index`. Vectors are written as one flat
  * `float4[]` parameter (binary over node-postgres: see float4ArrayParam) cut into rows in SQL
- * (vectorOfRow); query vectors travel as pgvector text literals (`[0.1,0.2,…]`).
+ * (vectorOfRow); query vectors travel in pgvector's binary format (vectorParam).
  */
-
-export const toVectorLiteral = (v: readonly number[]): string => `[${v.join(',')}]`;
 
 /**
  * The vector of row `x.i` (1-based, from `unnest(…) WITH ORDINALITY`) in the flat `float4[]`
@@ -255,7 +253,7 @@ export async function nearestInSession(
      WHERE tenant_id = $1 AND session_id = $2
      ORDER BY embedding <=> $3::vector, seq
      LIMIT $4`,
-    [a.tenantId, a.sessionId, toVectorLiteral(a.embedding), a.limit],
+    [a.tenantId, a.sessionId, vectorParam(q, a.embedding), a.limit],
   );
   return r.rows.map((x) => ({ seq: Number(x.seq), distance: Number(x.distance) }));
 }
