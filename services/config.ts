@@ -106,6 +106,11 @@ const schema = z.object({
   TZ: optionalText,
   WORKER_CONCURRENCY: int(1, 1000, 'jobs per worker process').default(8),
   EMBED_CONCURRENCY: int(1, 1000, 'embed jobs per worker process').default(2),
+  EMBED_MAX_DEFER_MS: int(
+    0,
+    3_600_000,
+    'how long embedding may wait for an ingest backlog, 0 = never',
+  ).default(10_000),
   PG_POOL_SIZE: int(1, 1000, 'Postgres connections per process').default(16),
   ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
     8000,
@@ -152,6 +157,11 @@ export interface Config {
   workerConcurrency: number;
   /** Embed jobs per worker process: below WORKER_CONCURRENCY so archiving keeps the pool and CPU. */
   embedConcurrency: number;
+  /**
+   * While ingest jobs wait for a worker, an embed job younger than this goes back to the delayed
+   * set instead of running (workers/embed.ts): archiving first, the recent index catches up after.
+   */
+  embedMaxDeferMs: number;
   /** Postgres connections per process (jobs hold one for a whole transaction; requests need some too). */
   pgPoolSize: number;
   /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
@@ -239,6 +249,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     timeZone,
     workerConcurrency: e.WORKER_CONCURRENCY,
     embedConcurrency: e.EMBED_CONCURRENCY,
+    embedMaxDeferMs: e.EMBED_MAX_DEFER_MS,
     pgPoolSize: e.PG_POOL_SIZE,
     annMinVectors: e.ANN_MIN_VECTORS,
     pgPreparedStatements: e.PG_PREPARED_STATEMENTS,

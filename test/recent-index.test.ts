@@ -5,6 +5,7 @@ import { promisify } from 'node:util';
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { vectorParam } from '../db/pool.js';
+import { archivingBehind } from '../services/messages/inbox.js';
 import { nearestInSession } from '../db/queries/vectors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import {
@@ -452,6 +453,64 @@ void describe('recent index with the local embedder', () => {
     assert.ok(r.dropped.includes(name), JSON.stringify(r));
     const left = await svc.deps.db.query('SELECT 1 FROM pg_indexes WHERE indexname = $1', [name]);
     assert.equal(left.rowCount, 0);
+  });
+});
+
+void describe('the recent index yields to archiving during a burst', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService({ env: { EMBED_MAX_DEFER_MS: '8000' } });
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('archiving is behind when a session has waited for its drain longer than the threshold', async () => {
+    const { redis, config } = svc.deps;
+    const armed = `${config.prefix}:armed`;
+    assert.equal(await archivingBehind(redis, config.prefix, 250), false);
+    await redis.zadd(armed, Date.now(), 't-probe fresh');
+    assert.equal(await archivingBehind(redis, config.prefix, 250), false, 'armed just now');
+    await redis.zadd(armed, Date.now() - 1000, 't-probe waiting');
+    assert.equal(await archivingBehind(redis, config.prefix, 250), true, 'armed a second ago');
+    await redis.zrem(armed, 't-probe fresh', 't-probe waiting');
+  });
+
+  void test('embed jobs wait while archiving is behind, at most EMBED_MAX_DEFER_MS, and run once it catches up', async () => {
+    const t = await svc.newTenant();
+    const armed = `${svc.config.prefix}:armed`;
+    const embedQueue = svc.deps.queues?.embed;
+    assert.ok(embedQueue);
+    // A session whose accepted messages have waited a second for their drain, kept that way:
+    // younger than the ingest sweeper's threshold (2 s here), which would re-request its flush.
+    const stuck = `${t.tenantId} stuck`;
+    const keepBehind = () => svc.deps.redis.zadd(armed, Date.now() - 1000, stuck);
+    await keepBehind();
+    const keeper = setInterval(() => void keepBehind(), 200);
+    try {
+      const held = await post(t.api, 'held', [
+        user('first message while archiving is behind'),
+        user('second'),
+      ]);
+      await eventually(
+        async () =>
+          (await embedQueue.getDelayedCount()) >= 1 && (await vectors(svc, t.tenantId, 'held')).size === 0,
+        5000,
+        'the embed job deferred, no vectors written',
+      );
+      // The bound: archiving is still behind, yet the vectors arrive once the job is 8 s old.
+      await vectorsFor(svc, t.tenantId, 'held', held);
+      assert.equal(await archivingBehind(svc.deps.redis, svc.config.prefix, 250), true);
+    } finally {
+      clearInterval(keeper);
+    }
+
+    // Archiving caught up: the next session's vectors follow at once.
+    await svc.deps.redis.zrem(armed, stuck);
+    const free = await post(t.api, 'free', [user('archiving has caught up')]);
+    await vectorsFor(svc, t.tenantId, 'free', free);
   });
 });
 

@@ -1,4 +1,4 @@
-import { UnrecoverableError } from 'bullmq';
+import { DelayedError, UnrecoverableError } from 'bullmq';
 import type { Job } from 'bullmq';
 import { withTransaction } from '../db/pool.js';
 import {
@@ -13,6 +13,7 @@ import { LlmError } from '../services/llm/llm-client.js';
 import { MAX_EMBED_CHARS, embedIsolating, prepareEmbedText } from '../services/recent-index/embedder.js';
 import type { Embedder } from '../services/recent-index/embedder.js';
 import { enqueueEmbed } from '../services/recent-index/jobs.js';
+import { archivingBehind } from '../services/messages/inbox.js';
 import { parsePayload } from './queues.js';
 
 /** Messages per embeddings call (the API takes up to 2,048; smaller calls fail and retry cheaper). */
@@ -105,13 +106,48 @@ export async function embedSession(
   return total;
 }
 
+/** How long a deferred embed job waits before it looks at the ingest backlog again. */
+const DEFER_STEP_MS = 1000;
+/** Archiving is behind when some session's accepted messages have waited this long. */
+const BEHIND_AFTER_MS = 250;
+/** How long one look at the backlog is reused (many embed jobs ask at once). */
+const BEHIND_TTL_MS = 250;
+
+/** `archivingBehind`, asked of Redis at most every BEHIND_TTL_MS; an error counts as not behind. */
+function archivingBehindCached(deps: Pick<CoreDeps, 'redis' | 'config'>): () => Promise<boolean> {
+  let askedAt = -Infinity;
+  let answer = Promise.resolve(false);
+  return () => {
+    if (Date.now() - askedAt >= BEHIND_TTL_MS) {
+      askedAt = Date.now();
+      answer = archivingBehind(deps.redis, deps.config.prefix, BEHIND_AFTER_MS).catch(() => false);
+    }
+    return answer;
+  };
+}
+
+/**
+ * The embed job processor. Archiving goes first: while archiving is behind (some session's
+ * accepted messages have waited more than BEHIND_AFTER_MS for their drain: a burst beyond the
+ * workers' pace), an embed job created less than EMBED_MAX_DEFER_MS ago goes back to the delayed
+ * set for a second instead of taking CPU and connections from the durable write that clients
+ * wait for. The recent index catches up when the backlog is gone, and a vector never waits longer
+ * than that bound for it. The deduplicated job still covers every later batch of its session: it
+ * embeds whatever has no vector when it runs.
+ */
 export function makeEmbedProcessor(
-  deps: Pick<CoreDeps, 'db' | 'config' | 'queues'>,
+  deps: Pick<CoreDeps, 'db' | 'config' | 'queues' | 'redis'>,
   embedder: Embedder,
   onResult?: (r: EmbedSessionResult) => void,
 ) {
-  return async (job: Job): Promise<{ written: number; skipped: number }> => {
+  const behind = archivingBehindCached(deps);
+  return async (job: Job, token?: string): Promise<{ written: number; skipped: number }> => {
     const p = parsePayload('embed', job.data);
+    const maxDefer = deps.config.embedMaxDeferMs;
+    if (token && maxDefer > 0 && Date.now() - job.timestamp < maxDefer && (await behind())) {
+      await job.moveToDelayed(Date.now() + Math.min(DEFER_STEP_MS, maxDefer), token);
+      throw new DelayedError();
+    }
     // p.generation is informational: a deduplicated job may carry an older generation than the
     // session's, so the work always follows the generation read from Postgres.
     let r: EmbedSessionResult;

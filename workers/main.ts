@@ -62,10 +62,10 @@ export async function startWorkers(
   for (const e of extensions) Object.assign(processors, e.processors ?? {});
   const workers: Worker[] = [];
   for (const [name, processor] of Object.entries(processors) as Array<[QueueName, Processor]>) {
-    const timedProcessor: Processor = async (job) => {
+    const timedProcessor: Processor = async (job, token, signal) => {
       const end = deps.metrics.jobDuration.startTimer({ queue: name });
       try {
-        return await processor(job);
+        return await processor(job, token, signal);
       } finally {
         end();
       }

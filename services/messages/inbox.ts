@@ -262,6 +262,14 @@ export async function staleArmedSessions(redis: Redis, prefix: string, olderThan
   });
 }
 
+/**
+ * Whether archiving is behind: some session's accepted messages have waited for their drain for
+ * more than `olderThanMs` (its armed score is when its inbox stopped being empty).
+ */
+export async function archivingBehind(redis: Redis, prefix: string, olderThanMs: number): Promise<boolean> {
+  return (await redis.zcount(`${prefix}:armed`, '-inf', Date.now() - olderThanMs)) > 0;
+}
+
 export async function touchArmed(redis: Redis, prefix: string, member: string): Promise<void> {
   await redis.zadd(`${prefix}:armed`, 'XX', Date.now(), member);
 }
