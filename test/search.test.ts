@@ -333,12 +333,13 @@ void describe('POST /v1/sessions/{sid}/search', () => {
 
   void test('keyword: substring over the recent part finds partial words and ids, wildcards literal', async () => {
     const s = sid('substr');
-    const [compaction, order, percent, under] = await archiveSpaced(api, s, [
+    const [compaction, order, percent, under, , school] = await archiveSpaced(api, s, [
       user('the compaction job ran'),
       user('order req#A1B2C3D4 shipped'),
       user('upload is 100% done'),
       user('variable a_b is set'),
       user('nothing to see axb here 1000 done'),
+      user('rendez-vous devant l’ÉCOLE à 8h'),
     ]);
     const r = await search(api, s, { query: 'compa', match: 'keyword' });
     assert.deepEqual(
@@ -348,6 +349,10 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await hitSeqs(api, s, { query: 'B2C3', match: 'keyword' }), [order]);
     assert.deepEqual(await hitSeqs(api, s, { query: '0%', match: 'keyword' }), [percent]);
     assert.deepEqual(await hitSeqs(api, s, { query: 'a_b', match: 'keyword' }), [under]);
+    // Letters match in any case, accented ones too; patterns without letters match exactly.
+    assert.deepEqual(await hitSeqs(api, s, { query: 'b2c3', match: 'keyword' }), [order]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'écol', match: 'keyword' }), [school]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '0% d', match: 'keyword' }), [percent]);
     // Only stop words: no full-text hits, but the substring still applies.
     const stop = await search(api, s, { query: 'the', match: 'keyword' });
     assert.deepEqual(
