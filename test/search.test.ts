@@ -361,6 +361,38 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     );
   });
 
+  void test('the substring match reads past the newest 500 rows only when they hold too few matches', async () => {
+    const s = sid('deep');
+    const n = 700;
+    // Substrings inside longer words: full text cannot find them, only the substring match can.
+    const text = (i: number) => {
+      const marks = [
+        i % 10 === 0 ? `abcxqzydef${i}` : '',
+        i === 5 || i === 15 ? 'prevwkjpost' : '',
+        i === 100 || i === 650 ? 'preplmopost' : '',
+      ];
+      return `note ${i} ${marks.join(' ')}`.trim();
+    };
+    const seqs = await archive(
+      api,
+      s,
+      Array.from({ length: n }, (_, i) => user(text(i))),
+    );
+    // 70 matches, 50 of them among the newest 500 rows: the newest 8 (ties go to the newest).
+    const common = await hitSeqs(api, s, { query: 'xqzy', match: 'keyword', limit: 8 });
+    assert.deepEqual(
+      common,
+      [690, 680, 670, 660, 650, 640, 630, 620].map((i) => seqs[i]),
+    );
+    // None among the newest 500 rows: found in the older part.
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'vwkj', match: 'keyword' })), [seqs[5], seqs[15]]);
+    // One of each: both.
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'plmo', match: 'keyword' })), [
+      seqs[100],
+      seqs[650],
+    ]);
+  });
+
   void test('a session past the scan threshold is searched through the GIN index, same results', async () => {
     const s = sid('big');
     const n = SESSION_SCAN_MAX_MESSAGES + 10;

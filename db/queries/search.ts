@@ -93,6 +93,12 @@ const MAX_SEQ = '9223372036854775807';
 export const SESSION_SCAN_MAX_MESSAGES = 2000;
 
 /**
+ * The substring match first reads this many of the newest rows (keywordCtes): enough to find the
+ * newest 32 matches of a pattern in 1 row of 16 (~1 ms for the whole window when it is rarer).
+ */
+const SUBSTRING_SCAN_ROWS = 500;
+
+/**
  * CTE `st`: the session's cutoff (`start_seq`) and, when `windowSize` is given, the first seq of
  * its context window (`window_from`), drawn as the context endpoint draws it
  * (db/queries/context.ts): the last `windowSize` messages of the hot history; when that starts
@@ -104,7 +110,8 @@ function stateCte(p: Params, windowSize: number | null): string {
   // Without a window to find, a plain lookup (the window subqueries cost planning time).
   if (windowSize === null) {
     return `st AS (
-      SELECT start_seq, NULL::bigint AS window_from, message_count <= ${SESSION_SCAN_MAX_MESSAGES} AS small
+      SELECT start_seq, NULL::bigint AS window_from, message_count <= ${SESSION_SCAN_MAX_MESSAGES} AS small,
+        greatest(start_seq, next_seq - ${SUBSTRING_SCAN_ROWS}) AS scan_from
       FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL)`;
   }
   const size = p.add(windowSize);
@@ -112,7 +119,8 @@ function stateCte(p: Params, windowSize: number | null): string {
     SELECT s.start_seq,
       CASE WHEN head.role = 'tool' AND prev.role = 'assistant' AND prev.tool_calls IS NOT NULL
         THEN prev.seq ELSE head.seq END AS window_from,
-      s.message_count <= ${SESSION_SCAN_MAX_MESSAGES} AS small
+      s.message_count <= ${SESSION_SCAN_MAX_MESSAGES} AS small,
+      greatest(s.start_seq, s.next_seq - ${SUBSTRING_SCAN_ROWS}) AS scan_from
     FROM sessions s
     LEFT JOIN LATERAL (
       SELECT seq, role FROM (
@@ -297,13 +305,33 @@ function keywordCtes(p: Params, a: SearchFilters, m: NonNullable<SearchArgs['key
   const fts = tsq
     ? `(${branch(true)}) UNION ALL (${branch(false)}) ORDER BY rank DESC, seq DESC LIMIT ${k()}`
     : `SELECT NULL::bigint AS seq, NULL::real AS rank WHERE false`;
+  // The substring list is the newest k matches of the recent part: first looked for among its
+  // newest SUBSTRING_SCAN_ROWS rows, read backwards through the primary key until k match; only
+  // if fewer do and the recent part is longer (one-time filters), over the whole recent part, as
+  // one statement would (through the session's trigram index, if it has one; a two-sided seq
+  // range with unknown bounds would be estimated at 0.5 % of the rows and read backwards through
+  // the primary key instead). The newest rows are matched on
+  // `m.content`, not the trigram index's `coalesce(m.content, '')` (the same rows for a non-empty
+  // pattern), so that the planner cannot send the newest rows through that index: it returns every
+  // match of the session, each rechecked, before the newest k can be picked.
+  const newest = like && substringSql(p, 'm.content', m.like);
   const sub = like
-    ? `SELECT m.seq FROM messages m
-       WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= (SELECT start_seq FROM st)
-         AND ${like}${filters}
-       ORDER BY m.seq DESC LIMIT ${k()}`
-    : `SELECT NULL::bigint AS seq WHERE false`;
-  return `fts AS (${fts}), sub AS (${sub}),
+    ? `newest AS (
+         SELECT m.seq FROM messages m
+         WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= (SELECT scan_from FROM st)
+           AND ${newest}${filters}
+         ORDER BY m.seq DESC LIMIT ${k()}),
+       newest_done AS (
+         SELECT (SELECT count(*) FROM newest) >= ${k()} OR scan_from <= start_seq AS done FROM st),
+       sub AS (
+         SELECT seq FROM newest WHERE (SELECT done FROM newest_done)
+         UNION ALL
+         (SELECT m.seq FROM messages m
+          WHERE m.tenant_id = $1 AND m.session_id = $2 AND NOT (SELECT done FROM newest_done)
+            AND m.seq >= (SELECT start_seq FROM st) AND ${like}${filters}
+          ORDER BY m.seq DESC LIMIT ${k()}))`
+    : `sub AS (SELECT NULL::bigint AS seq WHERE false)`;
+  return `fts AS (${fts}), ${sub},
     kc AS (
       SELECT seq, f.rank, f.seq IS NOT NULL AS by_fts, s.seq IS NOT NULL AS by_substring
       FROM fts f FULL JOIN sub s USING (seq))`;
