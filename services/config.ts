@@ -109,7 +109,7 @@ const schema = z.object({
   EMBED_MAX_DEFER_MS: int(
     0,
     3_600_000,
-    'how long embedding may wait for an ingest backlog, 0 = never',
+    'how long embedding may wait while archiving is behind, 0 = never',
   ).default(10_000),
   PG_POOL_SIZE: int(1, 1000, 'Postgres connections per process').default(16),
   ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
@@ -158,8 +158,9 @@ export interface Config {
   /** Embed jobs per worker process: below WORKER_CONCURRENCY so archiving keeps the pool and CPU. */
   embedConcurrency: number;
   /**
-   * While ingest jobs wait for a worker, an embed job younger than this goes back to the delayed
-   * set instead of running (workers/embed.ts): archiving first, the recent index catches up after.
+   * While archiving is behind (some session's accepted messages have waited over 250 ms for their
+   * drain), an embed job younger than this goes back to the delayed set instead of running
+   * (workers/embed.ts): archiving first, the recent index catches up after.
    */
   embedMaxDeferMs: number;
   /** Postgres connections per process (jobs hold one for a whole transaction; requests need some too). */

@@ -361,7 +361,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     );
   });
 
-  void test('the substring match reads past the newest 500 rows only when they hold too few matches', async () => {
+  void test('with a trigram index of its own, the substring match reads past the newest 500 rows only when needed', async () => {
     const s = sid('deep');
     const n = 700;
     // Substrings inside longer words: full text cannot find them, only the substring match can.
@@ -378,19 +378,51 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       s,
       Array.from({ length: n }, (_, i) => user(text(i))),
     );
-    // 70 matches, 50 of them among the newest 500 rows: the newest 8 (ties go to the newest).
-    const common = await hitSeqs(api, s, { query: 'xqzy', match: 'keyword', limit: 8 });
-    assert.deepEqual(
-      common,
-      [690, 680, 670, 660, 650, 640, 630, 620].map((i) => seqs[i]),
-    );
-    // None among the newest 500 rows: found in the older part.
-    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'vwkj', match: 'keyword' })), [seqs[5], seqs[15]]);
-    // One of each: both.
-    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'plmo', match: 'keyword' })), [
-      seqs[100],
-      seqs[650],
-    ]);
+    const expected = {
+      // 70 matches, 50 of them among the newest 500 rows: the newest 8 (ties go to the newest).
+      xqzy: [690, 680, 670, 660, 650, 640, 630, 620].map((i) => seqs[i]),
+      // None among the newest 500 rows: found in the older part.
+      vwkj: [seqs[15], seqs[5]],
+      // One of each: both.
+      plmo: [seqs[650], seqs[100]],
+    };
+    for (const [query, seqsWanted] of Object.entries(expected))
+      assert.deepEqual(await hitSeqs(api, s, { query, match: 'keyword', limit: 8 }), seqsWanted, query);
+
+    // The same with the session's own trigram index, searched through a fresh process-level view
+    // of which sessions have one (the API process re-reads it every 30 s).
+    await svc.deps.db.query('CREATE EXTENSION IF NOT EXISTS pg_trgm');
+    await buildSessionIndex(svc.deps.db, { tenantId, sessionId: s, kind: 'trgm', messages: n });
+    const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    try {
+      const texts: string[] = [];
+      const recording = {
+        ...db,
+        query: (text: string, values?: unknown[], o?: QueryOptions) => {
+          texts.push(text);
+          return db.query(text, values, o);
+        },
+      } as Db;
+      for (const [query, seqsWanted] of Object.entries(expected)) {
+        const r = await searchSession(
+          { ...svc.deps, db: recording },
+          tenantId,
+          s,
+          params({ query, match: 'keyword', limit: 8 }),
+        );
+        assert.deepEqual(
+          r.hits.map((h) => h.seq),
+          seqsWanted,
+          `${query}, own index`,
+        );
+      }
+      assert.ok(
+        texts.some((t) => t.includes('newest AS')),
+        'the newest rows were read first',
+      );
+    } finally {
+      await db.close();
+    }
   });
 
   void test('a session past the scan threshold is searched through the GIN index, same results', async () => {

@@ -51,7 +51,7 @@ function tsquerySql(p: Params, groups: FtsLeaf[][][]): string | null {
 }
 
 /** Whether case folding can change what `text` matches: some character has another case. */
-export function hasCase(text: string): boolean {
+function hasCase(text: string): boolean {
   return text.toLowerCase() !== text || text.toUpperCase() !== text;
 }
 
@@ -271,6 +271,11 @@ export interface SearchArgs extends SearchFilters {
   limit: number;
   /** Which order the walk follows: each mode's ranking in rank-hits.ts. */
   match: 'keyword' | 'semantic' | 'hybrid';
+  /**
+   * The session may have indexes of its own (services/search/indexed-sessions.ts): its substring
+   * match then looks at the newest rows first (keywordCtes).
+   */
+  ownIndexes?: boolean;
 }
 
 export interface SearchPrefetch {
@@ -293,7 +298,13 @@ export interface SearchPrefetch {
  * are read through its btree and tested; for a big one the indexable form (see
  * SESSION_SCAN_MAX_MESSAGES). CTEs `fts`, `sub`, `kc`; null when no term is usable.
  */
-function keywordCtes(p: Params, a: SearchFilters, m: NonNullable<SearchArgs['keyword']>, k: () => string) {
+function keywordCtes(
+  p: Params,
+  a: SearchFilters,
+  m: NonNullable<SearchArgs['keyword']>,
+  k: () => string,
+  ownIndexes: boolean,
+) {
   const tsq = tsquerySql(p, m.fts);
   const like = substringSql(p, `coalesce(m.content, '')`, m.like);
   if (!tsq && !like) return null;
@@ -305,32 +316,37 @@ function keywordCtes(p: Params, a: SearchFilters, m: NonNullable<SearchArgs['key
   const fts = tsq
     ? `(${branch(true)}) UNION ALL (${branch(false)}) ORDER BY rank DESC, seq DESC LIMIT ${k()}`
     : `SELECT NULL::bigint AS seq, NULL::real AS rank WHERE false`;
-  // The substring list is the newest k matches of the recent part: first looked for among its
-  // newest SUBSTRING_SCAN_ROWS rows, read backwards through the primary key until k match; only
-  // if fewer do and the recent part is longer (one-time filters), over the whole recent part, as
-  // one statement would (through the session's trigram index, if it has one; a two-sided seq
-  // range with unknown bounds would be estimated at 0.5 % of the rows and read backwards through
-  // the primary key instead). The newest rows are matched on
-  // `m.content`, not the trigram index's `coalesce(m.content, '')` (the same rows for a non-empty
-  // pattern), so that the planner cannot send the newest rows through that index: it returns every
-  // match of the session, each rechecked, before the newest k can be picked.
-  const newest = like && substringSql(p, 'm.content', m.like);
-  const sub = like
-    ? `newest AS (
-         SELECT m.seq FROM messages m
-         WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= (SELECT scan_from FROM st)
-           AND ${newest}${filters}
-         ORDER BY m.seq DESC LIMIT ${k()}),
-       newest_done AS (
-         SELECT (SELECT count(*) FROM newest) >= ${k()} OR scan_from <= start_seq AS done FROM st),
-       sub AS (
-         SELECT seq FROM newest WHERE (SELECT done FROM newest_done)
-         UNION ALL
-         (SELECT m.seq FROM messages m
-          WHERE m.tenant_id = $1 AND m.session_id = $2 AND NOT (SELECT done FROM newest_done)
-            AND m.seq >= (SELECT start_seq FROM st) AND ${like}${filters}
-          ORDER BY m.seq DESC LIMIT ${k()}))`
-    : `sub AS (SELECT NULL::bigint AS seq WHERE false)`;
+  // The substring list is the newest k matches of the recent part. One scan backwards through the
+  // primary key finds them and stops at k, unless the session has a trigram index of its own: the
+  // planner then reads them through it, and its bitmap returns every match of the session, each
+  // rechecked, before the newest k can be picked (1,519 rows for a common phrase: 10 ms). So such
+  // a session's newest SUBSTRING_SCAN_ROWS rows are read backwards first; only if fewer than k
+  // match there does the whole recent part run through the index (one-time filters). The newest
+  // rows are matched on `(m.content || '')`: the same rows as the index's `coalesce(m.content,
+  // '')` for a non-empty pattern, but an expression the index cannot serve and without statistics
+  // (on `m.content` itself the planner tested the patterns against its histogram: +3 ms of
+  // planning). A two-sided seq range for the older rows was estimated at 0.5 % of the rows and
+  // scanned backwards through the key instead of the index.
+  const whole = (extra: string) =>
+    `SELECT m.seq FROM messages m
+     WHERE m.tenant_id = $1 AND m.session_id = $2${extra} AND m.seq >= (SELECT start_seq FROM st)
+       AND ${like}${filters}
+     ORDER BY m.seq DESC LIMIT ${k()}`;
+  const sub = !like
+    ? `sub AS (SELECT NULL::bigint AS seq WHERE false)`
+    : !ownIndexes
+      ? `sub AS (${whole('')})`
+      : `newest AS (
+           SELECT m.seq FROM messages m
+           WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= (SELECT scan_from FROM st)
+             AND ${substringSql(p, `(m.content || '')`, m.like)}${filters}
+           ORDER BY m.seq DESC LIMIT ${k()}),
+         newest_done AS (
+           SELECT (SELECT count(*) FROM newest) >= ${k()} OR scan_from <= start_seq AS done FROM st),
+         sub AS (
+           SELECT seq FROM newest WHERE (SELECT done FROM newest_done)
+           UNION ALL
+           (${whole(' AND NOT (SELECT done FROM newest_done)')}))`;
   return `fts AS (${fts}), ${sub},
     kc AS (
       SELECT seq, f.rank, f.seq IS NOT NULL AS by_fts, s.seq IS NOT NULL AS by_substring
@@ -413,7 +429,7 @@ export async function searchCandidates(
   // Added on first use: a parameter that no clause mentions has no type, an error in Postgres.
   let kParam: string | null = null;
   const k = () => (kParam ??= p.add(a.k));
-  const kw = a.keyword && keywordCtes(p, a, a.keyword, k);
+  const kw = a.keyword && keywordCtes(p, a, a.keyword, k, a.ownIndexes ?? false);
   const sem = a.embedding && semanticCte(q, p, a, a.embedding, k);
   // Only the lists the order reads: an unused CTE still costs parse time.
   if (kw || (a.match === 'hybrid' && sem)) ctes.push(kw ?? EMPTY_KC);

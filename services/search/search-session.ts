@@ -160,14 +160,17 @@ async function run(
  * holds at most four such statements (with or without `time_range`, `exclude_window`), never one
  * per query shape.
  */
-async function candidates(deps: SearchDeps, args: SearchArgs): Promise<SearchPrefetch> {
+async function candidates(deps: SearchDeps, search: SearchArgs): Promise<SearchPrefetch> {
+  const ownIndexes =
+    deps.db.kind === 'postgres' && (await mayHaveOwnIndexes(deps.db, search.tenantId, search.sessionId));
+  const args = { ...search, ownIndexes };
   const prepared =
     args.keyword === null &&
     args.excludeFts.length === 0 &&
     args.excludeLike.length === 0 &&
     deps.config.pgPreparedStatements &&
     deps.db.kind === 'postgres' &&
-    !(await mayHaveOwnIndexes(deps.db, args.tenantId, args.sessionId));
+    !ownIndexes;
   try {
     return await searchCandidates(deps.db, args, { prepared });
   } catch (err) {
