@@ -5,7 +5,7 @@ import { promisify } from 'node:util';
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { vectorParam } from '../db/pool.js';
-import { archivingBehind } from '../services/messages/inbox.js';
+import { archivingBehind, defineInboxScripts, finishDrain, inboxKeys } from '../services/messages/inbox.js';
 import { nearestInSession } from '../db/queries/vectors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import {
@@ -476,6 +476,27 @@ void describe('the recent index yields to archiving during a burst', () => {
     await redis.zadd(armed, Date.now() - 1000, 't-probe waiting');
     assert.equal(await archivingBehind(redis, config.prefix, 250), true, 'armed a second ago');
     await redis.zrem(armed, 't-probe fresh', 't-probe waiting');
+  });
+
+  void test('a session whose drains keep taking entries is not behind, however long its inbox stays full', async () => {
+    const { redis, config } = svc.deps;
+    defineInboxScripts(redis);
+    const keys = inboxKeys(config.prefix, 't-probe', 'steady');
+    await redis.hset(keys.sess, 'seq', 3, 'gen', 1, 'armed', '1', 'archived', 0);
+    await redis.rpush(keys.inbox, '1 1 {}', '2 1 {}', '3 1 {}');
+    // Armed a minute ago: its inbox has held entries ever since.
+    await redis.zadd(keys.armed, Date.now() - 60_000, keys.member);
+    assert.equal(await archivingBehind(redis, config.prefix, 250), true);
+    // A drain that takes nothing (it found nothing it could archive) is no progress.
+    assert.equal(await finishDrain(redis, keys, 0), 3);
+    assert.equal(await archivingBehind(redis, config.prefix, 250), true);
+    // A drain takes seq 1 and leaves 2 and 3: waiting is counted from now.
+    assert.equal(await finishDrain(redis, keys, 1), 2);
+    assert.equal(await archivingBehind(redis, config.prefix, 250), false);
+    // The last drain empties the inbox and disarms the session.
+    assert.equal(await finishDrain(redis, keys, 3), 0);
+    assert.equal(await redis.zscore(keys.armed, keys.member), null);
+    await redis.del(keys.sess);
   });
 
   void test('embed jobs wait while archiving is behind, at most EMBED_MAX_DEFER_MS, and run once it catches up', async () => {

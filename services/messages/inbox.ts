@@ -10,7 +10,8 @@ import type { AcceptedMessage } from './message-input.js';
  * Keys (P = MNEMOS_PREFIX): P:sess:<tenant>:<sid> hash {seq, gen, armed, archived};
  * P:inbox:<tenant>:<sid> list of "<seq> <gen> <json>"; P:ids:<tenant>:<sid> hash
  * client id → "<seq> <fp> <sent_ns>" (idempotency of not-yet-archived or recent messages, 24 h);
- * P:armed zset of "<tenant> <sid>" by the time a flush was requested (the ingest sweeper's list).
+ * P:armed zset of "<tenant> <sid>" by the time a flush was requested or a drain last took entries
+ * (the ingest sweeper's list).
  */
 
 export interface InboxKeys {
@@ -102,8 +103,10 @@ return 1
 `;
 
 // After a committed drain: drop the head entries up to the last seq the worker read, record the
-// archived mark, and disarm when the inbox is empty (so the next accept requests a new flush).
-// ARGV: last seq read, armed member.
+// archived mark, and disarm when the inbox is empty (so the next accept requests a new flush);
+// otherwise re-stamp the armed score, so that it says since when the session has waited without
+// progress (archivingBehind, the ingest sweeper), not since when its inbox has been non-empty.
+// ARGV: last seq read, armed member, now (ms).
 const FINISH = `
 local last = tonumber(ARGV[1])
 local entries = redis.call('LRANGE', KEYS[2], 0, 999)
@@ -119,6 +122,8 @@ local left = redis.call('LLEN', KEYS[2])
 if left == 0 then
   if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'armed', '0') end
   redis.call('ZREM', KEYS[3], ARGV[2])
+elseif k > 0 then
+  redis.call('ZADD', KEYS[3], 'XX', tonumber(ARGV[3]), ARGV[2])
 end
 return left
 `;
@@ -215,7 +220,14 @@ export async function readInbox(redis: Redis, keys: InboxKeys, maxEntries: numbe
 /** Returns how many entries are still waiting after the trim. */
 export async function finishDrain(redis: Redis, keys: InboxKeys, lastSeqRead: number): Promise<number> {
   return Number(
-    await (redis as ScriptedRedis).mnemosFinish!(keys.sess, keys.inbox, keys.armed, lastSeqRead, keys.member),
+    await (redis as ScriptedRedis).mnemosFinish!(
+      keys.sess,
+      keys.inbox,
+      keys.armed,
+      lastSeqRead,
+      keys.member,
+      Date.now(),
+    ),
   );
 }
 
@@ -263,8 +275,9 @@ export async function staleArmedSessions(redis: Redis, prefix: string, olderThan
 }
 
 /**
- * Whether archiving is behind: some session's accepted messages have waited for their drain for
- * more than `olderThanMs` (its armed score is when its inbox stopped being empty).
+ * Whether archiving is behind: some session's accepted messages have waited for more than
+ * `olderThanMs` without a drain making progress (its armed score: when its inbox stopped being
+ * empty, or when a drain last took entries from it).
  */
 export async function archivingBehind(redis: Redis, prefix: string, olderThanMs: number): Promise<boolean> {
   return (await redis.zcount(`${prefix}:armed`, '-inf', Date.now() - olderThanMs)) > 0;
