@@ -56,17 +56,22 @@ function hasCase(text: string): boolean {
 }
 
 /**
- * AND of groups, each an OR of LIKE patterns. A pattern without cased characters (CJK, digits,
- * punctuation) is matched with LIKE: ILIKE would give the same rows, but in a UTF-8 database it
- * lowercases every row's text first, which made a 2-character CJK substring over a 20,000-message
- * session cost ~2.5 µs per row (EXPLAIN ANALYZE on the bench corpus).
+ * AND of groups, each an OR of LIKE patterns, as a function of the column to match: the patterns
+ * become parameters once, however many expressions use them; null when there is no pattern. A
+ * pattern without cased characters (CJK, digits, punctuation) is matched with LIKE: ILIKE would
+ * give the same rows, but in a UTF-8 database it lowercases every row's text first, which made a
+ * 2-character CJK substring over a 20,000-message session cost ~2.5 µs per row (EXPLAIN ANALYZE
+ * on the bench corpus).
  */
-function substringSql(p: Params, col: string, groups: string[][]): string | null {
-  const op = (pat: string) => (hasCase(pat) ? 'ILIKE' : 'LIKE');
-  const parts = groups
+function substringSql(p: Params, groups: string[][]): ((col: string) => string) | null {
+  const terms = groups
     .filter((alternatives) => alternatives.length > 0)
-    .map((alternatives) => `(${alternatives.map((pat) => `${col} ${op(pat)} ${p.add(pat)}`).join(' OR ')})`);
-  return parts.length === 0 ? null : parts.join(' AND ');
+    .map((alternatives) =>
+      alternatives.map((pat) => ({ op: hasCase(pat) ? 'ILIKE' : 'LIKE', param: p.add(pat) })),
+    );
+  if (terms.length === 0) return null;
+  return (col) =>
+    terms.map((alts) => `(${alts.map((t) => `${col} ${t.op} ${t.param}`).join(' OR ')})`).join(' AND ');
 }
 
 export interface SearchFilters {
@@ -306,7 +311,8 @@ function keywordCtes(
   ownIndexes: boolean,
 ) {
   const tsq = tsquerySql(p, m.fts);
-  const like = substringSql(p, `coalesce(m.content, '')`, m.like);
+  const likeOn = substringSql(p, m.like);
+  const like = likeOn?.(`coalesce(m.content, '')`);
   if (!tsq && !like) return null;
   const filters = filterSql(p, a);
   const branch = (small: boolean) =>
@@ -332,14 +338,14 @@ function keywordCtes(
      WHERE m.tenant_id = $1 AND m.session_id = $2${extra} AND m.seq >= (SELECT start_seq FROM st)
        AND ${like}${filters}
      ORDER BY m.seq DESC LIMIT ${k()}`;
-  const sub = !like
+  const sub = !likeOn
     ? `sub AS (SELECT NULL::bigint AS seq WHERE false)`
     : !ownIndexes
       ? `sub AS (${whole('')})`
       : `newest AS (
            SELECT m.seq FROM messages m
            WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= (SELECT scan_from FROM st)
-             AND ${substringSql(p, `(m.content || '')`, m.like)}${filters}
+             AND ${likeOn(`(m.content || '')`)}${filters}
            ORDER BY m.seq DESC LIMIT ${k()}),
          newest_done AS (
            SELECT (SELECT count(*) FROM newest) >= ${k()} OR scan_from <= start_seq AS done FROM st),
