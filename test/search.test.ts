@@ -290,6 +290,30 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.ok(sem.includes(my) && !sem.includes(pg), JSON.stringify(sem));
   });
 
+  void test('an excluded term drops a message only when all its parts match', async () => {
+    const s = sid('exclude-parts');
+    const [both, db, err] = await archiveSpaced(api, s, [
+      user('the db 錯誤 again'),
+      user('the db is fine'),
+      user('又一個錯誤'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    // `db錯誤` is an English and a CJK part: only the first message has both.
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'db or 錯誤 -db錯誤', match: 'keyword' })), [
+      db,
+      err,
+    ]);
+    for (const match of ['semantic', 'hybrid'] as const) {
+      const got = await hitSeqs(api, s, { query: 'db or 錯誤 -db錯誤', match, limit: 32 });
+      assert.ok(!got.includes(both) && got.includes(db) && got.includes(err), `${match}: ${got.join()}`);
+    }
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'db or 錯誤', match: 'keyword' })), [
+      both,
+      db,
+      err,
+    ]);
+  });
+
   void test('keyword: CJK queries of 2, 3 and 4 characters match inside longer text', async () => {
     const s = sid('cjk');
     const [sys, weather, mem, log, ja] = await archiveSpaced(api, s, [
@@ -931,7 +955,7 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
             { name: 'test_prepared_statements' },
           )
         ).rows.map((r) => ({ generic: Number(r.generic_plans), custom: Number(r.custom_plans) }));
-      const statements = async () => (await plans()).map((p) => p.generic + p.custom);
+      const statements = async () => (await plans()).map((p) => p.generic + p.custom).sort((a, b) => b - a);
       const unprepared = await hits(plain, false);
       assert.match(String(unprepared[0]?.content), /quokka/);
       for (let i = 0; i < 8; i++) assert.deepEqual(await hits(plain, true), unprepared);
@@ -939,15 +963,36 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
       assert.deepEqual(await plans(), [{ generic: 8, custom: 0 }]);
       assert.match(String((await hits(own, true))[0]?.content), /quokka/);
       assert.deepEqual(await statements(), [8], 'a session with its own index is planned with its values');
-      // Exclusions add clauses per term: such texts are not prepared (no statement per query shape).
-      const excluding = await searchSession(
-        { ...svc.deps, db },
-        tenantId,
-        plain,
-        params({ query: 'quokka -habitat', match: 'semantic', limit: 3 }),
+      // Excluded terms are array parameters: one more statement serves any number and kind of them,
+      // with the results of the unprepared search. [query, a word no hit may contain]; `the` is a
+      // stop word, excluded by substring only.
+      const excluding = [
+        ['quokka -habitat', 'habitat'],
+        ['quokka -"habitat notes" -lunch', 'lunch'],
+        ['quokka -habitat -天氣 -plan', 'plan'],
+        ['quokka -the', 'weather'],
+      ] as const;
+      for (const [query, gone] of excluding) {
+        const body = params({ query, match: 'semantic', limit: 3 });
+        const got = await searchSession({ ...svc.deps, db }, tenantId, plain, body);
+        const want = await searchSession(
+          { ...svc.deps, db, config: { ...svc.deps.config, pgPreparedStatements: false } },
+          tenantId,
+          plain,
+          body,
+        );
+        assert.deepEqual(got, want, query);
+        assert.ok(got.hits.length > 0, query);
+        assert.ok(
+          got.hits.every((h) => !String(h.content).includes(gone)),
+          query,
+        );
+      }
+      assert.deepEqual(
+        await statements(),
+        [8, excluding.length],
+        'searches with exclusions share one statement',
       );
-      assert.ok(excluding.hits.every((h) => !String(h.content).includes('habitat')));
-      assert.deepEqual(await statements(), [8], 'a search with exclusions is not prepared');
     } finally {
       await db.close();
     }

@@ -141,16 +141,53 @@ function stateCte(p: Params, windowSize: number | null): string {
     WHERE s.tenant_id = $1 AND s.id = $2 AND s.deleted_at IS NULL)`;
 }
 
+const hasExclusions = (f: SearchFilters) => f.excludeFts.length > 0 || f.excludeLike.length > 0;
+
+/**
+ * CTE `ex`, present when there are excluded terms: `fts`, one tsquery per excluded term (the AND
+ * of its leaves, built by the functions `leafSql` names), and `likes`, the substring patterns. The
+ * terms travel as three parallel arrays, so the statement's text is the same whatever the number
+ * and kind of excluded terms, and a semantic search with exclusions can be prepared once
+ * (services/search/search-session.ts). A term whose leaves hold no lexeme (stop words only) gives
+ * no tsquery, as `&&` would drop it.
+ */
+function exclusionCte(p: Params, f: SearchFilters): string {
+  const kinds: string[] = [];
+  const texts: string[] = [];
+  const terms: number[] = [];
+  f.excludeFts.forEach((leaves, term) => {
+    for (const leaf of leaves) {
+      kinds.push(leaf.kind);
+      texts.push(leaf.text);
+      terms.push(term);
+    }
+  });
+  const leaf = `CASE l.kind
+      WHEN 'english-words' THEN plainto_tsquery('english', l.text)
+      WHEN 'english-phrase' THEN phraseto_tsquery('english', l.text)
+      WHEN 'cjk-phrase' THEN phraseto_tsquery('simple', l.text)
+      ELSE to_tsquery('simple', l.text) END`;
+  return `ex AS (
+    SELECT coalesce(array_agg(t.q), '{}') AS fts, ${p.add(f.excludeLike)}::text[] AS likes
+    FROM (
+      SELECT string_agg('(' || l.q::text || ')', ' & ')::tsquery AS q
+      FROM (SELECT l.term, ${leaf} AS q
+            FROM unnest(${p.add(kinds)}::text[], ${p.add(texts)}::text[], ${p.add(terms)}::int[])
+              AS l(kind, text, term)) l
+      WHERE numnode(l.q) > 0
+      GROUP BY l.term) t)`;
+}
+
 /** Shared WHERE clauses (time range on `m`, window, exclusions on `m`); `seqCol` is the seq to bound. */
 function filterSql(p: Params, f: SearchFilters, seqCol = 'm.seq'): string {
   const out: string[] = [];
   if (f.sinceNs !== null) out.push(`m.sent_at_ns >= ${p.add(f.sinceNs)}::bigint`);
   // An empty hot history has no window, so nothing is left out.
   if (f.windowSize !== null) out.push(`${seqCol} < coalesce((SELECT window_from FROM st), ${MAX_SEQ})`);
-  const excl = tsquerySql(p, [f.excludeFts]);
-  if (excl) out.push(`NOT (m.search_tsv @@ (${excl}))`);
-  if (f.excludeLike.length > 0)
-    out.push(`NOT (coalesce(m.content, '') ILIKE ANY (${p.add(f.excludeLike)}::text[]))`);
+  if (hasExclusions(f)) {
+    out.push(`NOT (m.search_tsv @@ ANY ((SELECT fts FROM ex)::tsquery[]))`);
+    out.push(`NOT (coalesce(m.content, '') ILIKE ANY ((SELECT likes FROM ex)::text[]))`);
+  }
   return out.map((c) => ` AND ${c}`).join('');
 }
 
@@ -376,7 +413,7 @@ function semanticCte(
   k: () => string,
 ): string {
   const e = p.add(vectorParam(q, embedding));
-  const needsArchive = a.sinceNs !== null || a.excludeFts.length > 0 || a.excludeLike.length > 0;
+  const needsArchive = a.sinceNs !== null || hasExclusions(a);
   // Without the join, the window bound is the only filter left, and it applies to v.seq.
   const where = filterSql(p, a, 'v.seq');
   const join = needsArchive
@@ -432,6 +469,7 @@ export async function searchCandidates(
 ): Promise<SearchPrefetch> {
   const p = paramList([a.tenantId, a.sessionId]);
   const ctes = [stateCte(p, a.windowSize)];
+  if (hasExclusions(a)) ctes.push(exclusionCte(p, a));
   // Added on first use: a parameter that no clause mentions has no type, an error in Postgres.
   let kParam: string | null = null;
   const k = () => (kParam ??= p.add(a.k));

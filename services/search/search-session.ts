@@ -155,22 +155,16 @@ async function run(
 
 /**
  * `searchCandidates`, retried without the semantic list when the vectors have another dimension.
- * A semantic search without exclusions, of a session without indexes of its own, runs as a
- * prepared statement. Exclusions add clauses per excluded term: left unnamed, so that a connection
- * holds at most four such statements (with or without `time_range`, `exclude_window`), never one
- * per query shape.
+ * A semantic search of a session without indexes of its own runs as a prepared statement. Its
+ * text depends only on which filters are present (`time_range`, `exclude_window`, exclusions), the
+ * excluded terms being array parameters, so a connection holds at most eight such statements.
  */
 async function candidates(deps: SearchDeps, search: SearchArgs): Promise<SearchPrefetch> {
   const ownIndexes =
     deps.db.kind === 'postgres' && (await mayHaveOwnIndexes(deps.db, search.tenantId, search.sessionId));
   const args = { ...search, ownIndexes };
   const prepared =
-    args.keyword === null &&
-    args.excludeFts.length === 0 &&
-    args.excludeLike.length === 0 &&
-    deps.config.pgPreparedStatements &&
-    deps.db.kind === 'postgres' &&
-    !ownIndexes;
+    args.keyword === null && deps.config.pgPreparedStatements && deps.db.kind === 'postgres' && !ownIndexes;
   try {
     return await searchCandidates(deps.db, args, { prepared });
   } catch (err) {
