@@ -971,6 +971,7 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
         ['quokka -"habitat notes" -lunch', 'lunch'],
         ['quokka -habitat -天氣 -plan', 'plan'],
         ['quokka -the', 'weather'],
+        ['quokka -天 -lunch', 'lunch'],
       ] as const;
       for (const [query, gone] of excluding) {
         const body = params({ query, match: 'semantic', limit: 3 });
