@@ -148,8 +148,8 @@ const hasExclusions = (f: SearchFilters) => f.excludeFts.length > 0 || f.exclude
  * of its leaves, built by the functions `leafSql` names), and `likes`, the substring patterns. The
  * terms travel as three parallel arrays, so the statement's text is the same whatever the number
  * and kind of excluded terms, and a semantic search with exclusions can be prepared once
- * (services/search/search-session.ts). A term whose leaves hold no lexeme (stop words only) gives
- * no tsquery, as `&&` would drop it.
+ * (services/search/search-session.ts). A leaf without a lexeme (stop words only) is left out, as
+ * `&&` and `||` leave out an empty tsquery; a term with no other leaf excludes nothing.
  */
 function exclusionCte(p: Params, f: SearchFilters): string {
   const kinds: string[] = [];
