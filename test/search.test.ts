@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
-import { SESSION_SCAN_MAX_MESSAGES } from '../db/queries/search.js';
+import { buildAnnIndex } from '../db/queries/ann-indexes.js';
+import { SESSION_SCAN_MAX_MESSAGES, searchCandidates } from '../db/queries/search.js';
 import { buildSessionIndex, sessionIndexName } from '../db/queries/session-indexes.js';
 import { makePgDb } from '../db/pool.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
@@ -921,18 +922,78 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
     assert.equal(rows.rowCount, 0);
   });
 
-  void test('semantic search runs as a prepared statement, except for sessions with indexes of their own', async () => {
+  void test('a filtered k-NN gives the same candidates joined before or after sorting', async () => {
+    const s = sid('filtered');
+    const words = ['habitat', 'migration', 'weather', 'lunch', 'burrow', 'diet'];
+    const texts = Array.from(
+      { length: 60 },
+      (_, i) => `quokka ${words[i % 6]} ${words[(i * 7) % 6]} note ${i}`,
+    );
+    const seqs = await archive(
+      api,
+      s,
+      texts.map((t) => user(t)),
+    );
+    await ensureVectors(svc, tenantId, s);
+    const content = new Map(seqs.map((seq, i) => [seq, texts[i]!]));
+    const parsed = parseSearchQuery('quokka habitat -habitat -lunch');
+    const base = {
+      tenantId,
+      sessionId: s,
+      sinceNs: null,
+      windowSize: null,
+      excludeFts: [] as Array<Array<{ kind: 'english-words'; text: string }>>,
+      excludeLike: [] as string[],
+      keyword: null,
+      embedding: localEmbed(parsed.embedText, svc.config.embedding.dimensions),
+      k: 8,
+      limit: 2,
+      match: 'semantic' as const,
+    };
+    const variants = [
+      { excludeFts: [[{ kind: 'english-words' as const, text: 'habitat' }]], excludeLike: ['%lunch%'] },
+      { sinceNs: '0' },
+      { sinceNs: '0', windowSize: 20, excludeLike: ['%habitat%'] },
+    ];
+    for (const v of variants) {
+      const run = async (ann: boolean) =>
+        (await searchCandidates(svc.deps.db, { ...base, ...v, ownIndexes: { ann, search: false } })).semantic;
+      const [after, before] = [await run(false), await run(true)];
+      // Ties may come in either order: the scores, and what is left out, must agree.
+      assert.deepEqual(
+        after.map((c) => c.score).sort(),
+        before.map((c) => c.score).sort(),
+        JSON.stringify(v),
+      );
+      assert.equal(after.length, 8, JSON.stringify(v));
+      for (const c of after) {
+        const text = content.get(c.seq)!;
+        if (v.excludeFts) assert.ok(!text.includes('habitat') && !text.includes('lunch'), text);
+        if (v.excludeLike?.[0] === '%habitat%') assert.ok(!text.includes('habitat'), text);
+        if (v.windowSize) assert.ok(c.seq < seqs[seqs.length - 20]!, `${c.seq} is in the window`);
+      }
+    }
+  });
+
+  void test('semantic search runs as a prepared statement, except for sessions with an HNSW index of their own', async () => {
     const plain = sid('plain');
-    const own = sid('own');
+    const ann = sid('ann');
+    const fts = sid('fts');
     const texts = ['quokka migration plan', 'weather report', 'quokka habitat notes', 'lunch order'];
-    for (const s of [plain, own])
+    for (const s of [plain, ann, fts])
       await archive(
         api,
         s,
         texts.map((t, i) => (i % 2 ? assistant(t) : user(t))),
       );
-    for (const s of [plain, own]) await ensureVectors(svc, tenantId, s);
-    await buildSessionIndex(svc.deps.db, { tenantId, sessionId: own, kind: 'fts', messages: 4 });
+    for (const s of [plain, ann, fts]) await ensureVectors(svc, tenantId, s);
+    await buildAnnIndex(svc.deps.db, {
+      tenantId,
+      sessionId: ann,
+      dimensions: svc.config.embedding.dimensions,
+      vectors: 4,
+    });
+    await buildSessionIndex(svc.deps.db, { tenantId, sessionId: fts, kind: 'fts', messages: 4 });
     // One connection for named statements, so that pg_prepared_statements (per connection) shows
     // what ran on it; the probe below is itself named, to run on that connection.
     const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
@@ -961,8 +1022,15 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
       for (let i = 0; i < 8; i++) assert.deepEqual(await hits(plain, true), unprepared);
       // Planned once without the values and reused, from the first run on.
       assert.deepEqual(await plans(), [{ generic: 8, custom: 0 }]);
-      assert.match(String((await hits(own, true))[0]?.content), /quokka/);
-      assert.deepEqual(await statements(), [8], 'a session with its own index is planned with its values');
+      assert.match(String((await hits(ann, true))[0]?.content), /quokka/);
+      assert.deepEqual(
+        await statements(),
+        [8],
+        'a session with its own HNSW index is planned with its values',
+      );
+      // Full-text and trigram indexes serve keyword matching only: the same prepared statement.
+      assert.deepEqual(await hits(fts, true), await hits(fts, false));
+      assert.deepEqual(await statements(), [9]);
       // Excluded terms are array parameters: one more statement serves any number and kind of them,
       // with the results of the unprepared search. [query, a word no hit may contain]; `the` is a
       // stop word, excluded by substring only.
@@ -991,7 +1059,7 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
       }
       assert.deepEqual(
         await statements(),
-        [8, excluding.length],
+        [9, excluding.length],
         'searches with exclusions share one statement',
       );
     } finally {

@@ -127,13 +127,16 @@ export async function ensureTrigramExtension(q: Queryable): Promise<boolean> {
   }
 }
 
-/** Every session that has an index of its own: HNSW (vector_ann_indexes) or full text/trigrams. */
+/**
+ * Every session that has an index of its own, by kind: `ann` (HNSW, vector_ann_indexes) or
+ * `search` (full text or trigrams, session_search_indexes).
+ */
 export async function sessionsWithOwnIndexes(
   q: Queryable,
-): Promise<Array<{ tenant_id: string; session_id: string }>> {
-  const r = await q.query<{ tenant_id: string; session_id: string }>(
-    `SELECT tenant_id, session_id FROM vector_ann_indexes
-     UNION SELECT tenant_id, session_id FROM session_search_indexes`,
+): Promise<Array<{ tenant_id: string; session_id: string; kind: 'ann' | 'search' }>> {
+  const r = await q.query<{ tenant_id: string; session_id: string; kind: 'ann' | 'search' }>(
+    `SELECT tenant_id, session_id, 'ann' AS kind FROM vector_ann_indexes
+     UNION SELECT tenant_id, session_id, 'search' FROM session_search_indexes`,
   );
   return r.rows;
 }

@@ -12,7 +12,7 @@ import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
 import { nowNs } from '../time.js';
 import { ftsLeaves, likePattern, parseSearchQuery, usableSubstring } from './parse-query.js';
-import { mayHaveOwnIndexes } from './indexed-sessions.js';
+import { ownIndexes } from './indexed-sessions.js';
 import { embedQuery } from './query-embedding.js';
 import { fuseRrf, rankKeyword, rankSemantic, selectHits } from './rank-hits.js';
 import type { Candidate } from './rank-hits.js';
@@ -155,16 +155,16 @@ async function run(
 
 /**
  * `searchCandidates`, retried without the semantic list when the vectors have another dimension.
- * A semantic search of a session without indexes of its own runs as a prepared statement. Its
- * text depends only on which filters are present (`time_range`, `exclude_window`, exclusions), the
+ * A semantic search of a session without an HNSW index of its own runs as a prepared statement
+ * (its other indexes of its own, full text and trigrams, serve only keyword matching). Its text
+ * depends only on which filters are present (`time_range`, `exclude_window`, exclusions), the
  * excluded terms being array parameters, so a connection holds at most eight such statements.
  */
 async function candidates(deps: SearchDeps, search: SearchArgs): Promise<SearchPrefetch> {
-  const ownIndexes =
-    deps.db.kind === 'postgres' && (await mayHaveOwnIndexes(deps.db, search.tenantId, search.sessionId));
-  const args = { ...search, ownIndexes };
-  const prepared =
-    args.keyword === null && deps.config.pgPreparedStatements && deps.db.kind === 'postgres' && !ownIndexes;
+  const postgres = deps.db.kind === 'postgres';
+  const own = postgres ? await ownIndexes(deps.db, search.tenantId, search.sessionId) : undefined;
+  const args = { ...search, ownIndexes: own };
+  const prepared = args.keyword === null && deps.config.pgPreparedStatements && postgres && !own?.ann;
   try {
     return await searchCandidates(deps.db, args, { prepared });
   } catch (err) {
