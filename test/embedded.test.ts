@@ -165,6 +165,26 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
     assert.ok(!(r.body.hits as Array<{ id: string }>).some((h) => h.id === 'm3'), 'm3 is not a hit');
   });
 
+  void it('serves semantic and hybrid search with exclusions and a time range', async () => {
+    const hitIds = async (query: string, match: string) => {
+      const r = await user.post(`/v1/sessions/${SID}/search`, { query, match, time_range: '1d' });
+      assert.equal(r.status, 200, r.text);
+      return (r.body.hits as Array<{ id: string }>).map((h) => h.id);
+    };
+    // The embed job runs in the same process, shortly after archiving. The shorter m2 is nearest;
+    // its context then shows m1, which is no hit of its own.
+    await eventually(
+      async () => (await hitIds('zeppelin harbour', 'semantic'))[0] === 'm2',
+      15_000,
+      'm2 first',
+    );
+    for (const match of ['semantic', 'hybrid']) {
+      const ids = await hitIds('zeppelin harbour -noted', match);
+      assert.equal(ids[0], 'm1', `${match}: ${ids.join()}`);
+      assert.ok(!ids.includes('m2'), `${match}: ${ids.join()}`);
+    }
+  });
+
   void it('serves the context window from the embedded archive', async (t) => {
     const r = await user.post(`/v1/sessions/${SID}/context`, {});
     if (routeMissing(r)) return t.skip('POST /v1/sessions/:sid/context is not built yet');
