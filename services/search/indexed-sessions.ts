@@ -4,13 +4,13 @@ import { sessionsWithOwnIndexes } from '../../db/queries/session-indexes.js';
 /**
  * Which sessions have partial indexes of their own, known to this process from a list re-read at
  * most every REFRESH_MS: `ann`, an HNSW index over a huge recent index; `search`, full-text and
- * trigram indexes over a huge archive. Search plans a statement that such an index may serve with
- * its parameter values, so that Postgres can prove the index's predicate: a keyword or hybrid
- * search of a session with `search` indexes (which are never prepared anyway), a semantic search
- * of a session with an `ann` index. Any other semantic statement is prepared once and may run on a
- * generic plan (search-session.ts). A stale answer only costs speed: an index built in the last
- * REFRESH_MS is not used yet by this process, one dropped meanwhile leaves a custom plan that does
- * not need it.
+ * trigram indexes over a huge archive. A session with an `ann` index has its semantic statement
+ * planned with its parameter values, so that Postgres can prove the index's predicate, and its
+ * filtered k-NN joined below the index scan; any other semantic statement is prepared once and
+ * may run on a generic plan (search-session.ts). A session with `search` indexes has its substring
+ * match look at the newest rows first (keyword and hybrid statements are never prepared; see
+ * db/queries/search.ts). A stale answer only costs speed: an index built in the last REFRESH_MS is
+ * not used yet by this process, one dropped meanwhile leaves a plan that does not need it.
  */
 export const REFRESH_MS = 30_000;
 
