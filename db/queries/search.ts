@@ -193,55 +193,16 @@ function filterSql(p: Params, f: SearchFilters, seqCol = 'm.seq'): string {
 }
 
 /**
- * The seqs shown around a hit: the 2 archived messages before it and the 1 after it, whatever the
- * cutoff. `seq` is an SQL expression for the hit's seq.
+ * The last step of a search statement: `selectHits` in SQL (migration 009's `mnemos_search_walk`)
+ * over `order`, an SQL array of candidate seqs in rank order. It returns `around`, the hits with
+ * their neighbours, and `rows`, the archived rows of what it shows (hits and contexts), leaving out
+ * `have`, an SQL array of the rows the caller already holds. A function, so that its plan is made
+ * once per connection; planning it inside each keyword or hybrid statement cost 0.23–0.46 ms.
  */
-const aroundSql = (seq: string) => `ARRAY(
-  (SELECT n.seq FROM messages n WHERE n.tenant_id = $1 AND n.session_id = $2 AND n.seq < ${seq}
-   ORDER BY n.seq DESC LIMIT 2)
-  UNION ALL
-  (SELECT n.seq FROM messages n WHERE n.tenant_id = $1 AND n.session_id = $2 AND n.seq > ${seq}
-   ORDER BY n.seq ASC LIMIT 1))`;
+const walkCall = (order: string, limit: string, have = `'{}'::bigint[]`) =>
+  `mnemos_search_walk($1, $2, ${order}, ${limit}::int, ${have})`;
 
-/**
- * CTE `walk`: `selectHits` (services/search/rank-hits.ts) in SQL, over `order` (an SQL array of
- * candidate seqs in rank order, carried along as `ord`). Step i takes candidate i: if it is not
- * shown yet it becomes a hit, and only then are its neighbours looked up (`around`; NULL for a
- * skipped candidate). `shown` and `picked` lag one step behind (they cover the steps before), so
- * that the lookup appears once in the statement without a lateral subquery, which costs planning
- * time. It stops after `limit` hits. The shown seqs, hits and contexts, are the last row's
- * `shown || seq || around` (at most 4 × limit).
- */
-function walkCte(order: string, limit: string): string {
-  const next = `w.ord[w.i + 1]`;
-  const shown = `CASE WHEN w.around IS NULL THEN w.shown ELSE w.shown || w.seq || w.around END`;
-  return `walk AS (
-    SELECT 0 AS i, '{}'::bigint[] AS shown, 0 AS picked, NULL::bigint AS seq, NULL::bigint[] AS around,
-      ${order} AS ord
-    UNION ALL
-    SELECT w.i + 1, ${shown}, w.picked + (w.around IS NOT NULL)::int, ${next},
-      CASE WHEN ${next} <> ALL (${shown}) THEN ${aroundSql(next)} END, w.ord
-    FROM walk w
-    WHERE w.picked + (w.around IS NOT NULL)::int < ${limit} AND w.i < cardinality(w.ord))`;
-}
-
-/**
- * Select-list entries for a statement with a `walk`: `around`, the walk's hits with their
- * neighbours, and `rows`, the archived rows of what it shows (leaving out `have`, rows the caller
- * already holds). JSON keeps it to one result row; `sent_at_ns` goes as text (ns exceed 2^53).
- */
-function walkResult(p: Params, have?: number[]): string {
-  const skip = have && have.length > 0 ? ` AND seq <> ALL (${p.add(have)}::bigint[])` : '';
-  return `(SELECT json_agg(json_build_array(seq, around)) FROM walk WHERE around IS NOT NULL) AS around,
-    (SELECT json_agg(json_build_array(${MSG_COLS.replace('sent_at_ns', 'sent_at_ns::text')}))
-     FROM messages
-     WHERE tenant_id = $1 AND session_id = $2${skip}
-       AND seq = ANY ((SELECT shown || seq || around FROM walk ORDER BY i DESC LIMIT 1)::bigint[])) AS rows`;
-}
-
-const MSG_COLS =
-  'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
-
+/** A row of the walk's `rows`, in the column order of migration 009. */
 type JsonRow = [
   number,
   string,
@@ -504,12 +465,11 @@ export async function searchCandidates(
   if (kw || (a.match === 'hybrid' && sem)) ctes.push(kw ?? EMPTY_KC);
   if (sem || (a.match === 'hybrid' && kw)) ctes.push(sem ?? EMPTY_SC);
   const order = kw || sem ? orderSql(a.match) : `'{}'::bigint[]`;
-  ctes.push(walkCte(order, p.add(a.limit)));
-  const text = `WITH RECURSIVE ${ctes.join(',\n')}
+  const text = `WITH ${ctes.join(',\n')}
      SELECT ${kw ? `(SELECT json_agg(json_build_array(seq, rank, by_fts, by_substring)) FROM kc)` : 'NULL'} AS kw,
        ${sem ? `(SELECT json_agg(json_build_array(seq, score)) FROM sc)` : 'NULL'} AS sem,
-       ${walkResult(p)}
-     FROM st`;
+       w.around, w.rows
+     FROM st, LATERAL ${walkCall(order, p.add(a.limit))} w`;
   const name = opts.prepared
     ? `mnemos_search_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`
     : '';
@@ -543,8 +503,8 @@ export async function walkRows(
   a: { tenantId: string; sessionId: string; order: number[]; limit: number; have: number[] },
 ): Promise<{ around: Map<number, number[]>; rows: StoredMessageRow[] }> {
   const p = paramList([a.tenantId, a.sessionId]);
-  const walk = walkCte(`${p.add(a.order)}::bigint[]`, p.add(a.limit));
-  const r = await q.query<WalkResult>(`WITH RECURSIVE ${walk} SELECT ${walkResult(p, a.have)}`, p.values);
+  const call = walkCall(`${p.add(a.order)}::bigint[]`, p.add(a.limit), `${p.add(a.have)}::bigint[]`);
+  const r = await q.query<WalkResult>(`SELECT w.around, w.rows FROM ${call} w`, p.values);
   return readWalk(r.rows[0] ?? { around: null, rows: null });
 }
 
