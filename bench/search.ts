@@ -31,7 +31,7 @@ import { performance } from 'node:perf_hooks';
 import type { Db, Queryable } from '../db/pool.js';
 import { makePgDb } from '../db/pool.js';
 import { insertArchiveBatch } from '../db/queries/messages.js';
-import { semanticCandidates } from '../db/queries/search.js';
+import { leafQuerySql, semanticCandidates } from '../db/queries/search.js';
 import type { ArchiveInsertRow } from '../db/queries/messages.js';
 import { loadConfig } from '../services/config.js';
 import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
@@ -231,13 +231,7 @@ async function tsqueryText(db: Db, query: string): Promise<string> {
   const params: string[] = [];
   const leaf = (l: FtsLeaf) => {
     params.push(l.text);
-    const fn = {
-      'english-words': "plainto_tsquery('english', ",
-      'english-phrase': "phraseto_tsquery('english', ",
-      'cjk-phrase': "phraseto_tsquery('simple', ",
-      'cjk-prefix': "to_tsquery('simple', ",
-    }[l.kind];
-    return `${fn}$${params.length})`;
+    return leafQuerySql(l.kind, `$${params.length}`);
   };
   const groups = parseSearchQuery(query)
     .groups.map((terms) => terms.map(ftsLeaves).filter((ls) => ls.length > 0))

@@ -25,18 +25,18 @@ function paramList(initial: unknown[]) {
 }
 type Params = ReturnType<typeof paramList>;
 
-function leafSql(p: Params, leaf: FtsLeaf): string {
-  switch (leaf.kind) {
-    case 'english-words':
-      return `plainto_tsquery('english', ${p.add(leaf.text)})`;
-    case 'english-phrase':
-      return `phraseto_tsquery('english', ${p.add(leaf.text)})`;
-    case 'cjk-phrase':
-      return `phraseto_tsquery('simple', ${p.add(leaf.text)})`;
-    case 'cjk-prefix':
-      return `to_tsquery('simple', ${p.add(leaf.text)})`;
-  }
-}
+/** Per leaf kind, its tsquery from the SQL expression of its text. */
+const LEAF_QUERY: Record<FtsLeaf['kind'], (text: string) => string> = {
+  'english-words': (text) => `plainto_tsquery('english', ${text})`,
+  'english-phrase': (text) => `phraseto_tsquery('english', ${text})`,
+  'cjk-phrase': (text) => `phraseto_tsquery('simple', ${text})`,
+  'cjk-prefix': (text) => `to_tsquery('simple', ${text})`,
+};
+
+/** The tsquery of a leaf of kind `kind` whose text is the SQL expression `text`. */
+export const leafQuerySql = (kind: FtsLeaf['kind'], text: string): string => LEAF_QUERY[kind](text);
+
+const leafSql = (p: Params, leaf: FtsLeaf): string => leafQuerySql(leaf.kind, p.add(leaf.text));
 
 /** AND of groups, each an OR of terms, each an AND of leaves. Null when nothing is indexable. */
 function tsquerySql(p: Params, groups: FtsLeaf[][][]): string | null {
@@ -146,7 +146,7 @@ const hasExclusions = (f: SearchFilters) => f.excludeFts.length > 0 || f.exclude
 
 /**
  * CTE `ex`, present when there are excluded terms: `fts`, one tsquery per excluded term (the AND
- * of its leaves, built by the functions `leafSql` names), and `likes`, the substring patterns. The
+ * of its leaves, each built as `leafQuerySql` builds it), and `likes`, the substring patterns. The
  * terms travel as three parallel arrays, so the statement's text is the same whatever the number
  * and kind of excluded terms, and a semantic search with exclusions can be prepared once
  * (services/search/search-session.ts). A leaf without a lexeme (stop words only) is left out, as
@@ -163,11 +163,9 @@ function exclusionCte(p: Params, f: SearchFilters): string {
       terms.push(term);
     }
   });
-  const leaf = `CASE l.kind
-      WHEN 'english-words' THEN plainto_tsquery('english', l.text)
-      WHEN 'english-phrase' THEN phraseto_tsquery('english', l.text)
-      WHEN 'cjk-phrase' THEN phraseto_tsquery('simple', l.text)
-      ELSE to_tsquery('simple', l.text) END`;
+  const leaf = `CASE l.kind ${Object.entries(LEAF_QUERY)
+    .map(([kind, query]) => `WHEN '${kind}' THEN ${query('l.text')}`)
+    .join(' ')} END`;
   return `ex AS (
     SELECT coalesce(array_agg(t.q), '{}') AS fts, ${p.add(f.excludeLike)}::text[] AS likes
     FROM (
@@ -388,15 +386,8 @@ function semanticCte(
   const d = embedding.length;
   const distance = `v.embedding::vector(${d}) <=> ${e}::vector(${d})`;
   const recent = `v.tenant_id = $1 AND v.session_id = $2 AND v.seq >= (SELECT start_seq FROM st)`;
-  if (a.sinceNs === null && !hasExclusions(a)) {
-    // No join: the window bound is the only filter left, and it applies to v.seq.
-    return `sc AS (
-    SELECT v.seq, 1 - (${distance}) AS score
-    FROM message_vectors v
-    WHERE ${recent}${filterSql(p, a, 'v.seq')}
-    ORDER BY ${distance} LIMIT ${k()})`;
-  }
-  if (sortFirst) {
+  const needsArchive = a.sinceNs !== null || hasExclusions(a);
+  if (needsArchive && sortFirst) {
     return `sc AS (
     SELECT c.seq, 1 - c.distance AS score
     FROM (SELECT v.seq, ${distance} AS distance FROM message_vectors v WHERE ${recent}
@@ -405,10 +396,13 @@ function semanticCte(
     WHERE true${filterSql(p, a, 'c.seq')}
     ORDER BY c.distance LIMIT ${k()})`;
   }
+  // Without the join, the window bound is the only filter left, and it applies to v.seq.
+  const join = needsArchive
+    ? `JOIN messages m ON m.tenant_id = v.tenant_id AND m.session_id = v.session_id AND m.seq = v.seq`
+    : '';
   return `sc AS (
     SELECT v.seq, 1 - (${distance}) AS score
-    FROM message_vectors v
-    JOIN messages m ON m.tenant_id = v.tenant_id AND m.session_id = v.session_id AND m.seq = v.seq
+    FROM message_vectors v ${join}
     WHERE ${recent}${filterSql(p, a, 'v.seq')}
     ORDER BY ${distance} LIMIT ${k()})`;
 }
