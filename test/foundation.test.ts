@@ -3,6 +3,7 @@ import { spawnSync } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
+import type { Db } from '../db/pool.js';
 import { loadConfig, ConfigError } from '../services/config.js';
 import { listRoutes } from '../services/openapi.js';
 import {
@@ -265,6 +266,65 @@ void describe('tenants, keys and the admin API', () => {
       }
     }
     assert.ok(listRoutes([]).length === 0);
+  });
+});
+
+void describe('the Postgres pool', () => {
+  const pid = async (db: Db, name?: string) =>
+    (await db.query<{ p: number }>('SELECT pg_backend_pid() AS p', [], name ? { name } : undefined)).rows[0]!
+      .p;
+
+  void test('a statement that fails, named or not, or a transaction that throws keeps its connection', async () => {
+    const db = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    try {
+      const before = await pid(db);
+      await assert.rejects(db.query('SELECT 1 / $1::int', [0]), /division by zero/);
+      await assert.rejects(
+        db.transaction(async (tx) => {
+          await tx.query('SELECT 1');
+          throw new Error('no, thanks');
+        }),
+        /no, thanks/,
+      );
+      assert.equal(await pid(db), before, 'the same backend answers after both errors');
+      const named = await pid(db, 'pid');
+      await assert.rejects(db.query('SELECT 1 / $1::int', [0], { name: 'div' }), /division by zero/);
+      assert.equal(await pid(db, 'pid'), named, 'and on the connections of named statements');
+    } finally {
+      await db.close();
+    }
+  });
+
+  void test('a connection dropped under a transaction or a query fails that call, not the process', async () => {
+    const db = makePgDb({ connectionString: ADMIN_URL, max: 2 });
+    const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    const kill = (p: number) => admin.query('SELECT pg_terminate_backend($1)', [p]);
+    try {
+      let inTx = 0;
+      await assert.rejects(
+        db.transaction(async (tx) => {
+          inTx = (await tx.query<{ p: number }>('SELECT pg_backend_pid() AS p')).rows[0]!.p;
+          setTimeout(() => void kill(inTx), 100);
+          await tx.query('SELECT pg_sleep(5)');
+        }),
+        /terminat/i,
+      );
+      const busy = db.query('SELECT pg_sleep(5)');
+      const busyPid = await eventually(async () => {
+        const r = await admin.query<{ p: number }>(
+          `SELECT pid AS p FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(5)' AND pid <> $1`,
+          [inTx],
+        );
+        return r.rows[0]?.p;
+      });
+      await kill(busyPid);
+      await assert.rejects(busy, /terminat/i);
+      const after = await pid(db);
+      assert.notEqual(after, inTx, 'the broken connection went back as closed, not reused');
+      assert.equal((await db.query<{ x: number }>('SELECT 1 AS x')).rows[0]!.x, 1);
+    } finally {
+      await Promise.all([db.close(), admin.close()]);
+    }
   });
 });
 
