@@ -1,3 +1,5 @@
+import { isPgUnavailable } from '../db/pool.js';
+
 /**
  * The one application error class. Every 4xx/5xx the API sends is an AppError rendered as
  * `{"error":{"code","message","details"?}}`; anything else becomes a generic 500.
@@ -26,3 +28,22 @@ export const unavailable = (dependency: string, retryAfterSeconds = 2) =>
     { dependency },
     { 'retry-after': String(retryAfterSeconds) },
   );
+
+/**
+ * Redis and Postgres faults are 503s with retry-after, never 500s: `err` as that AppError when it
+ * says a dependency cannot be reached, else unchanged. Routes call it where they know the
+ * dependency; the error handler applies it to whatever reaches it (services/http-errors.ts).
+ */
+export function asDependencyError(err: unknown): unknown {
+  if (err instanceof AppError) return err;
+  if (isPgUnavailable(err)) return unavailable('postgres');
+  const msg = err instanceof Error ? err.message : '';
+  if (
+    /Stream isn't writeable|Connection is closed|ECONNREFUSED|Command timed out|MaxRetriesPerRequest|ETIMEDOUT|ECONNRESET/.test(
+      msg,
+    )
+  ) {
+    return unavailable('redis');
+  }
+  return err;
+}

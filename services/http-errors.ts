@@ -1,5 +1,5 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express';
-import { AppError } from './errors.js';
+import { AppError, asDependencyError } from './errors.js';
 import type { Logger } from './logger.js';
 
 /** Body-parser and friends throw errors with `type`/`status`; map them onto the API's error shape. */
@@ -39,7 +39,7 @@ export function sendError(res: Parameters<RequestHandler>[1], err: AppError): vo
 /** The last middleware: every error leaves as `{"error":{"code","message","details"?}}`. */
 export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
   return (err, req, res, _next) => {
-    const mapped = fromExpressError(err);
+    const mapped = fromExpressError(asDependencyError(err));
     if (mapped) {
       if (mapped.status >= 500) logger.warn({ code: mapped.code, path: req.path }, mapped.message);
       sendError(res, mapped);

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
+import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import { createTenant } from '../services/tenants.js';
 import {
@@ -15,6 +16,7 @@ import {
   testPrefix,
 } from './support/harness.js';
 import type { Api, ChildService } from './support/harness.js';
+import { startPrivatePostgres } from './support/private-postgres.js';
 import { startPrivateRedis } from './support/private-redis.js';
 
 const user = (content: string, extra: Record<string, unknown> = {}) => ({ role: 'user', content, ...extra });
@@ -236,6 +238,99 @@ void describe('ingestion under faults and many processes', () => {
       ['one', 'two'],
       'the rejected requests stored nothing',
     );
+  });
+
+  void test('Postgres stopped and started again: 503s meanwhile, the process stays up, every accepted message archived once', async () => {
+    const pg = await startPrivatePostgres();
+    cleanups.push(() => pg.destroy());
+    const admin = makePgDb({ connectionString: pg.adminUrl, max: 1 });
+    await admin.query('CREATE DATABASE mnemos');
+    await admin.close();
+    const url = pg.urlOf('mnemos');
+    const db = makePgDb({ connectionString: url, max: 1 });
+    await migrate(db);
+    const { api_key: key } = await createTenant(db, 'pg-outage');
+    await db.close();
+    const prefix = testPrefix();
+    cleanups.push(() => deleteRedisPrefix(prefix));
+    // A process of its own: were a dropped connection to end it, the test would see it exit.
+    const svc = await spawnService('serve', { DATABASE_URL: url, MNEMOS_PREFIX: prefix, REDIS_URL });
+    cleanups.push(() => svc.stop());
+    const a = api(svc.url!, key);
+    const first = await a.post('/v1/sessions/s/messages?wait=true', {
+      messages: [user('before', { id: 'b0' })],
+    });
+    assert.equal(first.status, 201);
+
+    // One client posts one message at a time throughout, so seq order is the order of acceptance.
+    const accepted: string[] = [];
+    const rejected: string[] = [];
+    let writing = true;
+    const writer = (async () => {
+      for (let n = 0; writing; n++) {
+        const id = `w${n}`;
+        const r = await a.post('/v1/sessions/s/messages', { messages: [user(`message ${id}`, { id })] });
+        if (r.status === 202 || r.status === 201) accepted.push(id);
+        else {
+          assert.equal(r.status, 503, JSON.stringify(r.body));
+          assert.ok(r.headers.get('retry-after'));
+          rejected.push(id);
+        }
+        await new Promise((res) => setTimeout(res, 10));
+      }
+    })();
+    await new Promise((res) => setTimeout(res, 300));
+    await pg.stop();
+    const write = await a.post('/v1/sessions/s/messages', { messages: [user('during', { id: 'd0' })] });
+    assert.equal(write.status, 503);
+    assert.equal(write.body.error.code, 'unavailable');
+    // Every read that needs Postgres is a 503 too, not a 500.
+    for (const [what, r] of [
+      ['messages', await a.get('/v1/sessions/s/messages')],
+      ['session', await a.get('/v1/sessions/s')],
+      ['sessions', await a.get('/v1/sessions')],
+      ['search', await a.post('/v1/sessions/s/search', { query: 'message' })],
+      ['context', await a.post('/v1/sessions/s/context', {})],
+    ] as const) {
+      assert.equal(r.status, 503, `${what}: ${JSON.stringify(r.body)}`);
+      assert.ok(r.headers.get('retry-after'), what);
+    }
+    // Drains fail and are retried meanwhile.
+    await new Promise((res) => setTimeout(res, 1500));
+    assert.equal(svc.child.exitCode, null, 'the service is still running');
+    await pg.start();
+    await eventually(
+      async () =>
+        accepted.length > 0 && rejected.length > 0 && (await a.get('/v1/sessions/s')).status === 200,
+      30_000,
+      'writes and reads again',
+    );
+    const settle = accepted.length;
+    await eventually(
+      async () => accepted.length >= settle + 5,
+      30_000,
+      'more writes accepted after the restart',
+    );
+    writing = false;
+    await writer;
+    const rows = await eventually(
+      async () => {
+        const m = await allMessages(a, 's');
+        return m.length >= accepted.length + 1 ? m : null;
+      },
+      30_000,
+      'everything accepted archived',
+    );
+    assert.deepEqual(
+      rows.map((r) => r.id),
+      ['b0', ...accepted],
+      'each accepted message once, in order; none of the rejected ones',
+    );
+    assert.deepEqual(
+      rows.map((r) => r.seq),
+      rows.map((_, i) => i + 1),
+    );
+    assert.equal(svc.child.exitCode, null);
   });
 
   void test('a flush request lost between accept and enqueue is recovered by the ingest sweeper', async () => {

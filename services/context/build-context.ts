@@ -1,8 +1,8 @@
 import { loadContext, loadToolRunBefore } from '../../db/queries/context.js';
 import type { ContextRow, WindowMessageRow } from '../../db/queries/context.js';
 import type { CoreDeps } from '../deps.js';
-import { notFound } from '../errors.js';
-import { asDependencyError, waitArchived } from '../messages/accept-messages.js';
+import { asDependencyError, notFound } from '../errors.js';
+import { waitArchived } from '../messages/accept-messages.js';
 import { makeRelevanceJudge } from './relevance.js';
 import { isEmptySummary, isRecord, summaryParts } from './summary-parts.js';
 import { SYSTEM_BLOCK, turnContextMessage } from './system-block.js';

@@ -8,8 +8,7 @@ import {
 } from '../../db/queries/lifecycle.js';
 import { lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
-import { AppError, unavailable } from '../errors.js';
-import { asDependencyError } from '../messages/accept-messages.js';
+import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { defineInboxScripts, inboxKeys, seedInbox } from '../messages/inbox.js';
 import type { ImportCursor, ImportInput, ImportMessage } from './import-input.js';
 import { clearToGeneration, deadLetterKey, publishStagedImport } from './lifecycle-redis.js';

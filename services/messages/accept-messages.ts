@@ -1,8 +1,8 @@
-import { isPgUnavailable, withTransaction } from '../../db/pool.js';
+import { withTransaction } from '../../db/pool.js';
 import { findByClientIds } from '../../db/queries/messages.js';
 import { lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
-import { AppError, unavailable } from '../errors.js';
+import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { acceptIntoInbox, archivedMark, defineInboxScripts, inboxKeys, seedInbox } from './inbox.js';
 import type { AcceptedMessage } from './message-input.js';
 
@@ -10,21 +10,6 @@ export interface AcceptOutcome {
   session_id: string;
   accepted: number;
   messages: Array<{ id: string; seq: number }>;
-}
-
-/** Redis and Postgres faults on the write path are 503s with retry-after, never 500s. */
-export function asDependencyError(err: unknown): unknown {
-  if (err instanceof AppError) return err;
-  if (isPgUnavailable(err)) return unavailable('postgres');
-  const msg = err instanceof Error ? err.message : '';
-  if (
-    /Stream isn't writeable|Connection is closed|ECONNREFUSED|Command timed out|MaxRetriesPerRequest|ETIMEDOUT|ECONNRESET/.test(
-      msg,
-    )
-  ) {
-    return unavailable('redis');
-  }
-  return err;
 }
 
 function conflict(indexes: number[], messages: AcceptedMessage[]): AppError {

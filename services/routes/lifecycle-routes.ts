@@ -2,7 +2,7 @@ import { Router } from 'express';
 import type { Response } from 'express';
 import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
-import { AppError, notFound } from '../errors.js';
+import { AppError, asDependencyError, notFound } from '../errors.js';
 import { openSessionExport } from '../lifecycle/export-session.js';
 import {
   MAX_IMPORT_BYTES,
@@ -14,7 +14,7 @@ import type { ImportInput } from '../lifecycle/import-input.js';
 import { importSession } from '../lifecycle/import-session.js';
 import { clearSession } from '../lifecycle/session-lifecycle.js';
 import type { ExtensionList } from '../lifecycle/session-lifecycle.js';
-import { asDependencyError, waitArchived } from '../messages/accept-messages.js';
+import { waitArchived } from '../messages/accept-messages.js';
 import { assertSessionId, messageSchema } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { parseInput } from '../validate.js';
