@@ -225,7 +225,8 @@ const KEYWORD_QUERIES = [
 
 /**
  * The tsquery searchSession builds for a query (same leaves, same && / || composition as
- * db/queries/search.ts), as text, so the keyword baseline runs the very same full-text match.
+ * db/queries/search.ts), as text, so the keyword baseline runs the very same full-text match;
+ * excluded terms become `!!` (NOT) clauses of it, as a plain full-text statement would exclude them.
  */
 async function tsqueryText(db: Db, query: string): Promise<string> {
   const params: string[] = [];
@@ -233,11 +234,15 @@ async function tsqueryText(db: Db, query: string): Promise<string> {
     params.push(l.text);
     return leafQuerySql(l.kind, `$${params.length}`);
   };
-  const groups = parseSearchQuery(query)
-    .groups.map((terms) => terms.map(ftsLeaves).filter((ls) => ls.length > 0))
+  const parsed = parseSearchQuery(query);
+  const groups = parsed.groups
+    .map((terms) => terms.map(ftsLeaves).filter((ls) => ls.length > 0))
     .filter((terms) => terms.length > 0)
     .map((terms) => `(${terms.map((ls) => `(${ls.map(leaf).join(' && ')})`).join(' || ')})`);
   if (groups.length === 0) return '';
+  for (const ls of parsed.exclude.map(ftsLeaves).filter((x) => x.length > 0)) {
+    groups.push(`!!(${ls.map(leaf).join(' && ')})`);
+  }
   const r = await db.query<{ q: string }>(`SELECT (${groups.join(' && ')})::text AS q`, params);
   return r.rows[0]?.q ?? '';
 }
