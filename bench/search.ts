@@ -9,7 +9,7 @@
  *
  *   node --import tsx bench/search.ts [--messages 200000] [--sessions 1000] [--big 20000]
  *     [--hot 50] [--dims 1536] [--iterations 200] [--big-iterations 30] [--keep] [--no-ann]
- *     [--no-search-indexes]
+ *     [--no-search-indexes] [--per-query-runs 10]
  *     [--no-langgraph] [--langgraph-sessions 100] [--langgraph-seconds 60] [--no-langgraph-fill]
  *
  * `--keep` leaves the scratch database in place for inspection (its URL is printed; the next
@@ -80,6 +80,7 @@ const LG_WARM_UP = Math.min(20, Math.ceil(ITERATIONS / 4));
 const LG_SCHEMA = 'lg_store';
 const LIMIT = 8;
 const K = LIMIT * 4;
+const PER_QUERY_RUNS = intArg('per-query-runs', 10);
 const TENANT = 't_bench_search';
 const BIG_SESSION = 'big-session';
 const CLUSTERS = 64;
@@ -325,6 +326,55 @@ async function measure(deps: SearchDeps, c: Case, tsqueries: Map<string, string>
     hitsPerQuery: hitsTotal / iterations,
     iterations,
   };
+}
+
+/**
+ * Keyword search on the big session, query by query (the mix's p50 falls on whichever query the
+ * draw puts in the middle): `runs` interleaved pairs each, after one unmeasured pair.
+ */
+async function measurePerQuery(deps: SearchDeps, tsqueries: Map<string, string>, runs: number) {
+  const rows: string[][] = [];
+  for (const query of KEYWORD_QUERIES) {
+    const ours: number[] = [];
+    const base: number[] = [];
+    for (let i = -1; i < runs; i++) {
+      const runOurs = async () => {
+        const t = performance.now();
+        await searchSession(deps, TENANT, BIG_SESSION, {
+          query,
+          match: 'keyword',
+          limit: LIMIT,
+          time_range: 'all',
+          exclude_window: false,
+        });
+        if (i >= 0) ours.push(performance.now() - t);
+      };
+      const runBase = async () => {
+        const t = performance.now();
+        await deps.db.query(BASELINE_KEYWORD, [TENANT, BIG_SESSION, tsqueries.get(query)]);
+        if (i >= 0) base.push(performance.now() - t);
+      };
+      if (i % 2 === 0) {
+        await runOurs();
+        await runBase();
+      } else {
+        await runBase();
+        await runOurs();
+      }
+    }
+    const o = summarize(ours).p50;
+    const b = summarize(base).p50;
+    // A | ends a table cell even inside a code span.
+    const cell = (text: string) => `\`${text.replaceAll('|', '\\|')}\``;
+    rows.push([
+      cell(query),
+      cell(tsqueries.get(query) || '(empty)'),
+      fmtMs(o),
+      fmtMs(b),
+      fmtRatio(ratio(o, b)),
+    ]);
+  }
+  return rows;
 }
 
 function p95(xs: number[]): number {
@@ -852,6 +902,9 @@ async function main() {
       }
     }
 
+    note('measuring keyword on the big session, query by query');
+    const perQuery = await measurePerQuery(deps, tsqueries, PER_QUERY_RUNS);
+
     const sizes = await db.query<{ name: string; size: string }>(
       `SELECT name, pg_size_pretty(size) AS size FROM (VALUES
          ('messages (table + TOAST + indexes)', pg_total_relation_size('messages')),
@@ -901,6 +954,11 @@ async function main() {
         ],
         out,
       ),
+      '',
+      `Keyword search on the big session, query by query (p50 of ${PER_QUERY_RUNS} interleaved runs each; ` +
+        'the baseline is the plain full-text statement with the same tsquery, exclusions included):',
+      '',
+      markdownTable(['query', 'tsquery', 'searchSession p50', 'baseline SQL p50', 'ratio'], perQuery),
       '',
       markdownTable(
         ['relation', 'size'],
