@@ -309,11 +309,13 @@ void describe('the Postgres pool', () => {
         }),
         /terminat/i,
       );
-      const busy = db.query('SELECT pg_sleep(5)');
+      // A text no other run on the shared server sends, so that only this query's backend is found.
+      const sleep = `SELECT pg_sleep(5) AS ${testPrefix()}`;
+      const busy = db.query(sleep);
       const busyPid = await eventually(async () => {
         const r = await admin.query<{ p: number }>(
-          `SELECT pid AS p FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(5)' AND pid <> $1`,
-          [inTx],
+          'SELECT pid AS p FROM pg_stat_activity WHERE query = $1 AND pid <> $2',
+          [sleep, inTx],
         );
         return r.rows[0]?.p;
       });
