@@ -278,6 +278,17 @@ interface Case {
   target: 'typical' | 'big';
 }
 
+/** Runs both, alternating which goes first from one iteration to the next so caching favours neither. */
+async function pair(i: number, ours: () => Promise<void>, base: () => Promise<void>): Promise<void> {
+  if (i % 2 === 0) {
+    await ours();
+    await base();
+  } else {
+    await base();
+    await ours();
+  }
+}
+
 async function measure(deps: SearchDeps, c: Case, tsqueries: Map<string, string>) {
   const ours: number[] = [];
   const base: number[] = [];
@@ -310,14 +321,7 @@ async function measure(deps: SearchDeps, c: Case, tsqueries: Map<string, string>
       else await deps.db.query(BASELINE_HYBRID, [TENANT, sid, tsq, vector]);
       if (i >= 0) base.push(performance.now() - t);
     };
-    // Alternate which goes first so caching favours neither.
-    if (i % 2 === 0) {
-      await runOurs();
-      await runBase();
-    } else {
-      await runBase();
-      await runOurs();
-    }
+    await pair(i, runOurs, runBase);
   }
   return {
     ours: summarize(ours),
@@ -354,13 +358,7 @@ async function measurePerQuery(deps: SearchDeps, tsqueries: Map<string, string>,
         await deps.db.query(BASELINE_KEYWORD, [TENANT, BIG_SESSION, tsqueries.get(query)]);
         if (i >= 0) base.push(performance.now() - t);
       };
-      if (i % 2 === 0) {
-        await runOurs();
-        await runBase();
-      } else {
-        await runBase();
-        await runOurs();
-      }
+      await pair(i, runOurs, runBase);
     }
     const o = summarize(ours).p50;
     const b = summarize(base).p50;
@@ -540,13 +538,7 @@ async function measureLangGraph(
       if (i >= 0) run.theirs.push(performance.now() - t);
       peer = r.map((x) => Number(x.value.seq));
     };
-    if (i % 2 === 0) {
-      await runOurs();
-      await runTheirs();
-    } else {
-      await runTheirs();
-      await runOurs();
-    }
+    await pair(i, runOurs, runTheirs);
     if (i >= 0) {
       run.oursHits += mine.length;
       run.theirHits += peer.length;
