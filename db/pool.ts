@@ -50,6 +50,14 @@ export function makePgDb(opts: {
   max?: number;
   logger?: Logger;
   applicationName?: string;
+  /**
+   * Postgres ends a session of ours that stays idle inside a transaction this long (0 = never):
+   * a process that stalls or loses its network mid-transaction (a paused VM, a partition, where no
+   * TCP reset comes for hours) would otherwise keep its row locks, and with them a session's
+   * drains, until it came back. mnemos's own transactions never wait on anything slow between
+   * statements (embedding and LLM calls happen outside them).
+   */
+  idleInTransactionTimeoutMs?: number;
 }): Db {
   const warn = (what: string) => (err: Error) =>
     opts.logger?.warn({ err: { message: err.message } }, `could not set ${what}`);
@@ -68,6 +76,10 @@ export function makePgDb(opts: {
       // A failure only costs recall or speed, so it is logged, never thrown.
       // eslint-disable-next-line @typescript-eslint/no-misused-promises -- pg-pool awaits onConnect (pg-pool 3.14 index.js); @types/pg says void
       onConnect: async (client: pg.ClientBase) => {
+        if (opts.idleInTransactionTimeoutMs)
+          await client
+            .query(`SET idle_in_transaction_session_timeout = ${Math.round(opts.idleInTransactionTimeoutMs)}`)
+            .catch(warn('idle_in_transaction_session_timeout'));
         await client
           .query(`SET hnsw.ef_search = 100; SET hnsw.iterative_scan = 'relaxed_order'`)
           .catch(warn('hnsw search options'));

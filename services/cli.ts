@@ -15,7 +15,11 @@ async function withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
   const config = loadConfig(process.env);
   // Embedded mode: open the data dir directly; it fails with a clear message while "mnemos serve" holds it.
   const db = config.databaseUrl
-    ? makePgDb({ connectionString: config.databaseUrl, max: 2 })
+    ? makePgDb({
+        connectionString: config.databaseUrl,
+        max: 2,
+        idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
+      })
     : await openPgliteDb(config.dataDir);
   try {
     await migrate(db);

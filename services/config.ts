@@ -112,6 +112,11 @@ const schema = z.object({
     'how long embedding may wait while archiving is behind, 0 = never',
   ).default(10_000),
   PG_POOL_SIZE: int(1, 1000, 'Postgres connections per process').default(16),
+  PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: int(
+    0,
+    86_400_000,
+    'how long Postgres lets a transaction of ours sit idle before ending it, 0 = never',
+  ).default(60_000),
   ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
     8000,
   ),
@@ -165,6 +170,7 @@ export interface Config {
   embedMaxDeferMs: number;
   /** Postgres connections per process (jobs hold one for a whole transaction; requests need some too). */
   pgPoolSize: number;
+  pgIdleInTransactionTimeoutMs: number;
   /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
   annMinVectors: number;
   /**
@@ -252,6 +258,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     embedConcurrency: e.EMBED_CONCURRENCY,
     embedMaxDeferMs: e.EMBED_MAX_DEFER_MS,
     pgPoolSize: e.PG_POOL_SIZE,
+    pgIdleInTransactionTimeoutMs: e.PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     annMinVectors: e.ANN_MIN_VECTORS,
     pgPreparedStatements: e.PG_PREPARED_STATEMENTS,
     searchIndexMinMessages: e.SEARCH_INDEX_MIN_MESSAGES,

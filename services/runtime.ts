@@ -27,7 +27,12 @@ export async function openDeps(
   const db =
     opts.db ??
     (config.databaseUrl
-      ? makePgDb({ connectionString: config.databaseUrl, logger, max: opts.poolSize ?? config.pgPoolSize })
+      ? makePgDb({
+          connectionString: config.databaseUrl,
+          logger,
+          max: opts.poolSize ?? config.pgPoolSize,
+          idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
+        })
       : await openEmbedded(config, logger));
   const redis = makeRedis(config.redisUrl, 'producer', logger);
   // Queues share the fail-fast producer connection: enqueueing during an outage is a 503, not a hang.

@@ -337,6 +337,62 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(svc.child.exitCode, null);
   });
 
+  void test('a transaction left idle by a stalled process is ended by Postgres, and the session drains again', async () => {
+    const svc = await startTestService({ env: { PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: '1000' } });
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+    });
+    const t = await svc.newTenant();
+    const first = await t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: [user('one', { id: 'one' })],
+    });
+    assert.equal(first.status, 201);
+
+    // A drain of this process that stalls mid-transaction (a paused VM, a network partition): it
+    // holds the session's row lock and sends nothing more.
+    let locked!: () => void;
+    const holding = new Promise<void>((res) => (locked = res));
+    let wake!: () => void;
+    const stall = new Promise<void>((res) => {
+      wake = res;
+      setTimeout(res, 60_000).unref();
+    });
+    const stalled = svc.deps.db
+      .transaction(async (tx) => {
+        await tx.query('SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE', [
+          t.tenantId,
+          's',
+        ]);
+        locked();
+        await stall;
+      })
+      .then(
+        () => null,
+        (err: unknown) => err,
+      );
+    await holding;
+    const second = await t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: [user('two', { id: 'two' })],
+    });
+    assert.equal(second.status, 201, 'archived once Postgres ended the idle transaction and its lock');
+    wake();
+    assert.ok((await stalled) instanceof Error, 'the stalled transaction did not commit');
+    const third = await t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: [user('three', { id: 'three' })],
+    });
+    assert.equal(third.status, 201);
+    const rows = await allMessages(t.api, 's');
+    assert.deepEqual(
+      rows.map((r) => [r.seq, r.id]),
+      [
+        [1, 'one'],
+        [2, 'two'],
+        [3, 'three'],
+      ],
+    );
+  });
+
   void test('a flush request lost between accept and enqueue is recovered by the ingest sweeper', async () => {
     const svc = await startTestService();
     cleanups.push(async () => {
