@@ -170,6 +170,7 @@ export interface Config {
   embedMaxDeferMs: number;
   /** Postgres connections per process (jobs hold one for a whole transaction; requests need some too). */
   pgPoolSize: number;
+  /** Postgres ends a transaction of ours left idle this long (0 = never): a stalled process's locks go. */
   pgIdleInTransactionTimeoutMs: number;
   /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
   annMinVectors: number;

@@ -31,8 +31,9 @@ export const unavailable = (dependency: string, retryAfterSeconds = 2) =>
 
 /**
  * Redis and Postgres faults are 503s with retry-after, never 500s: `err` as that AppError when it
- * says a dependency cannot be reached, else unchanged. Routes call it where they know the
- * dependency; the error handler applies it to whatever reaches it (services/http-errors.ts).
+ * says a dependency cannot be reached, else unchanged. The error handler applies it to whatever
+ * reaches it (services/http-errors.ts), so routes need not; services that other callers use too
+ * (acceptMessages, importSession) apply it themselves.
  */
 export function asDependencyError(err: unknown): unknown {
   if (err instanceof AppError) return err;

@@ -294,6 +294,7 @@ void describe('ingestion under faults and many processes', () => {
       ['sessions', await a.get('/v1/sessions')],
       ['search', await a.post('/v1/sessions/s/search', { query: 'message' })],
       ['context', await a.post('/v1/sessions/s/context', {})],
+      ['export', await a.get('/v1/sessions/s/export')],
     ] as const) {
       assert.equal(r.status, 503, `${what}: ${JSON.stringify(r.body)}`);
       assert.ok(r.headers.get('retry-after'), what);

@@ -1,7 +1,7 @@
 import { loadContext, loadToolRunBefore } from '../../db/queries/context.js';
 import type { ContextRow, WindowMessageRow } from '../../db/queries/context.js';
 import type { CoreDeps } from '../deps.js';
-import { asDependencyError, notFound } from '../errors.js';
+import { notFound } from '../errors.js';
 import { waitArchived } from '../messages/accept-messages.js';
 import { makeRelevanceJudge } from './relevance.js';
 import { isEmptySummary, isRecord, summaryParts } from './summary-parts.js';
@@ -45,9 +45,7 @@ const holds = (row: ContextRow | null, seq: number) =>
 export function makeContextBuilder(deps: CoreDeps): ContextBuilder {
   const judge = makeRelevanceJudge(deps);
   const load = (tenantId: string, sessionId: string, maxMessages: number) =>
-    loadContext(deps.db, { tenantId, sessionId, maxMessages }).catch((err: unknown) => {
-      throw asDependencyError(err);
-    });
+    loadContext(deps.db, { tenantId, sessionId, maxMessages });
 
   return async (tenantId, sessionId, req) => {
     const maxMessages = req.max_messages ?? deps.config.maxHistoryMessages;
@@ -91,8 +89,6 @@ export function makeContextBuilder(deps: CoreDeps): ContextBuilder {
         sessionId,
         beforeSeq: head.seq,
         startSeq: Number(row.start_seq),
-      }).catch((err: unknown) => {
-        throw asDependencyError(err);
       });
       const first = run[0];
       if (first?.role === 'assistant' && first.tool_calls) rows = [...run, ...rows];

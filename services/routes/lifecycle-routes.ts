@@ -2,7 +2,7 @@ import { Router } from 'express';
 import type { Response } from 'express';
 import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
-import { AppError, asDependencyError, notFound } from '../errors.js';
+import { AppError, notFound } from '../errors.js';
 import { openSessionExport } from '../lifecycle/export-session.js';
 import {
   MAX_IMPORT_BYTES,
@@ -64,18 +64,13 @@ async function drained(res: Response): Promise<void> {
 
 export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: ExtensionList }): Router {
   const router = Router();
-  const fail = (e: unknown) => {
-    throw asDependencyError(e);
-  };
 
   router.post('/:sid/reset', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(resetQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
     const keepSummary = q.keep_summary !== 'false';
-    const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'reset', keepSummary }).catch(
-      fail,
-    );
+    const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'reset', keepSummary });
     if (r.kind !== 'done') throw notFound('session');
     res.json({ session_id: sid, reset: true, summary_kept: r.summaryKept });
   });
@@ -83,7 +78,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
   router.delete('/:sid', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const tenantId = res.locals.tenantId as string;
-    const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'delete' }).catch(fail);
+    const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'delete' });
     if (r.kind !== 'done') throw notFound('session');
     res.status(204).end();
   });
@@ -91,7 +86,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
   router.get('/:sid/export', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const tenantId = res.locals.tenantId as string;
-    const lines = await openSessionExport(deps.db, tenantId, sid).catch(fail);
+    const lines = await openSessionExport(deps.db, tenantId, sid);
     if (!lines) throw notFound('session');
     res.status(200);
     res.setHeader('content-type', 'application/x-ndjson; charset=utf-8');

@@ -5,7 +5,7 @@ import type { StoredMessageRow } from '../../db/queries/messages.js';
 import { getSession, listSessions } from '../../db/queries/sessions.js';
 import { getSummaryState } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
-import { asDependencyError, notFound } from '../errors.js';
+import { notFound } from '../errors.js';
 import { acceptMessages, waitArchived } from '../messages/accept-messages.js';
 import { inboxKeys } from '../messages/inbox.js';
 import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
@@ -102,9 +102,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     const tenantId = res.locals.tenantId as string;
     const limit = q.limit ?? 100;
     const desc = q.order === 'desc';
-    const session = await getSession(deps.db, tenantId, sid).catch((e: unknown) => {
-      throw asDependencyError(e);
-    });
+    const session = await getSession(deps.db, tenantId, sid);
     if (!session) throw notFound('session');
     const rows = await pageMessages(deps.db, {
       tenantId,
