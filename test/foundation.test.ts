@@ -311,7 +311,8 @@ void describe('the Postgres pool', () => {
       );
       // A text no other run on the shared server sends, so that only this query's backend is found.
       const sleep = `SELECT pg_sleep(5) AS ${testPrefix()}`;
-      const busy = db.query(sleep);
+      // Its rejection is expected from here on: a handler attached only after the kill races it.
+      const busyFails = assert.rejects(db.query(sleep), /terminat/i);
       const busyPid = await eventually(async () => {
         const r = await admin.query<{ p: number }>(
           'SELECT pid AS p FROM pg_stat_activity WHERE query = $1 AND pid <> $2',
@@ -320,7 +321,7 @@ void describe('the Postgres pool', () => {
         return r.rows[0]?.p;
       });
       await kill(busyPid);
-      await assert.rejects(busy, /terminat/i);
+      await busyFails;
       const after = await pid(db);
       assert.notEqual(after, inTx, 'the broken connection went back as closed, not reused');
       assert.equal((await db.query<{ x: number }>('SELECT 1 AS x')).rows[0]!.x, 1);
