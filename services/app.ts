@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
 import { createBullBoard } from '@bull-board/api';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
@@ -52,6 +53,30 @@ const requireJson: RequestHandler = (req, _res, next) => {
   throw new AppError(415, 'unsupported_media_type', 'send the body as application/json');
 };
 
+const badUtf8 = new WeakSet<object>();
+
+/**
+ * Reads a JSON body. body-parser would turn bytes that are not UTF-8 into U+FFFD and store the
+ * altered text: a body declared (or defaulting to) UTF-8 that is not valid UTF-8 is a 400 instead.
+ */
+const readJsonBody: RequestHandler[] = [
+  requireJson,
+  express.json({
+    limit: MAX_BODY_BYTES,
+    strict: false,
+    type: ['application/json', 'application/*+json'],
+    verify: (req, _res, buf) => {
+      const charset = /;\s*charset="?([^";\s]+)/i.exec(req.headers['content-type'] ?? '')?.[1]?.toLowerCase();
+      if ((charset === undefined || charset === 'utf-8' || charset === 'utf8') && !isUtf8(buf))
+        badUtf8.add(req);
+    },
+  }),
+  (req, _res, next) => {
+    if (badUtf8.has(req)) throw new AppError(400, 'invalid_utf8', 'request body is not valid UTF-8');
+    next();
+  },
+];
+
 export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express {
   const app = express();
   app.disable('x-powered-by');
@@ -68,8 +93,8 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     });
     next();
   });
-  app.use(requireJson);
-  app.use(express.json({ limit: MAX_BODY_BYTES, strict: false }));
+  // Bodies are read only after authentication (below): a caller without a valid key gets a 401,
+  // whatever its body, and never has us parse 8 MiB.
 
   const mounts: Mounted[] = [];
   const openapi = () => buildOpenApi(mounts, VERSION);
@@ -103,10 +128,10 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     onKeysChanged: () => keys.clear(),
     ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
   });
-  app.use('/v1/admin', requireAdmin(deps.config.adminToken), admin);
+  app.use('/v1/admin', requireAdmin(deps.config.adminToken), readJsonBody, admin);
   mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
-  const tenant = [requireTenant(keys), rateLimit(deps)];
+  const tenant = [requireTenant(keys), rateLimit(deps), ...readJsonBody];
   const sessions = makeSessionRoutes(deps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });

@@ -2,7 +2,7 @@ import { isPgUnavailable } from '../db/pool.js';
 
 /**
  * The one application error class. Every 4xx/5xx the API sends is an AppError rendered as
- * `{"error":{"code","message","details"?}}`; anything else becomes a generic 500.
+ * `{"error":{"code","message","details"}}`; anything else becomes a generic 500.
  */
 export class AppError extends Error {
   constructor(

@@ -29,14 +29,13 @@ function fromExpressError(err: unknown): AppError | undefined {
 
 export function sendError(res: Parameters<RequestHandler>[1], err: AppError): void {
   if (err.headers) for (const [k, v] of Object.entries(err.headers)) res.setHeader(k, v);
-  const body: { error: { code: string; message: string; details?: unknown } } = {
-    error: { code: err.code, message: err.message },
-  };
-  if (err.details !== undefined) body.error.details = err.details;
-  res.status(err.status).json(body);
+  // `details` is always present (SPEC §4: the error shape), null when there is nothing to add.
+  res
+    .status(err.status)
+    .json({ error: { code: err.code, message: err.message, details: err.details ?? null } });
 }
 
-/** The last middleware: every error leaves as `{"error":{"code","message","details"?}}`. */
+/** The last middleware: every error leaves as `{"error":{"code","message","details"}}` (details null when none). */
 export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
   return (err, req, res, _next) => {
     const mapped = fromExpressError(asDependencyError(err));

@@ -106,7 +106,7 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
           properties: {
             error: {
               type: 'object',
-              required: ['code', 'message'],
+              required: ['code', 'message', 'details'],
               properties: { code: { type: 'string' }, message: { type: 'string' }, details: {} },
             },
           },

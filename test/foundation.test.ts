@@ -244,6 +244,60 @@ void describe('tenants, keys and the admin API', () => {
     assert.match(unknown.headers.get('x-request-id') ?? '', /.+/);
     // Nothing of those requests was stored.
     assert.equal((await t.api.get('/v1/sessions/s')).status, 404);
+    // `details` is part of the shape even when there is nothing to add.
+    assert.deepEqual(Object.keys(unknown.body.error), ['code', 'message', 'details']);
+    assert.equal(unknown.body.error.details, null);
+    assert.ok(bad.body.error.details === null && text.body.error.details === null);
+  });
+
+  void test('bodies are read after authentication, must be UTF-8, and may use a +json type', async () => {
+    const t = await svc.newTenant();
+    const anonymous = api(svc.base);
+    // Without a valid key the answer is 401 whatever the body: it is never parsed.
+    for (const [headers, body] of [
+      [{ 'content-type': 'application/json' }, '{"messages": ['],
+      [{ 'content-type': 'text/plain' }, 'hello'],
+      [{ 'content-type': 'application/json' }, 'x'.repeat(9 * 1024 * 1024)],
+    ] as const) {
+      for (const authorization of [undefined, `Bearer ${t.apiKey}x`]) {
+        const r = await anonymous.raw('/v1/sessions/s/messages', {
+          method: 'POST',
+          headers: { ...headers, ...(authorization ? { authorization } : {}) },
+          body,
+        });
+        assert.equal(r.status, 401, `${headers['content-type']} ${body.slice(0, 12)}`);
+        assert.equal(r.body.error.code, 'unauthorized');
+      }
+    }
+    // Bytes that are not UTF-8 are a 400, not text silently altered to U+FFFD.
+    const invalid = Buffer.concat([
+      Buffer.from('{"messages":[{"id":"u1","role":"user","content":"bad '),
+      Buffer.from([0xff, 0xfe]),
+      Buffer.from(' utf8"}]}'),
+    ]);
+    for (const contentType of ['application/json', 'application/json; charset=utf-8']) {
+      const r = await t.api.raw('/v1/sessions/s/messages', {
+        method: 'POST',
+        headers: { 'content-type': contentType },
+        body: invalid,
+      });
+      assert.equal(r.status, 400);
+      assert.equal(r.body.error.code, 'invalid_utf8');
+    }
+    // Nothing was accepted: the id is still free (a taken one with other content would be a 409).
+    const fresh = await t.api.post('/v1/sessions/s/messages', {
+      messages: [{ id: 'u1', role: 'user', content: 'fine utf8' }],
+    });
+    assert.equal(fresh.status, 202);
+    assert.equal(fresh.body.accepted, 1);
+    // application/*+json is JSON (requireJson let it through; the parser must read it too).
+    const vnd = await t.api.post(
+      '/v1/sessions/s/messages',
+      { messages: [{ id: 'v1', role: 'user', content: 'über 記憶 ✓' }] },
+      { 'content-type': 'application/vnd.api+json' },
+    );
+    assert.equal(vnd.status, 202);
+    assert.deepEqual(vnd.body.messages, [{ id: 'v1', seq: 2 }]);
   });
 
   void test('OpenAPI documents every mounted route, and every documented route answers', async () => {

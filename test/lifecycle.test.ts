@@ -298,14 +298,20 @@ void describe('delete', () => {
     assert.deepEqual(Object.keys(state).sort(), ['archived', 'armed', 'gen', 'seq']);
     assert.equal(state.gen, '2');
 
-    // Writing again starts a new session after the old seqs (seq is never reused).
+    // Writing again starts a new session after the old seqs (seq is never reused), created now.
     const again = await archive(t.api, s, [user('new life')]);
     assert.ok(again[0]! > Math.max(...seqs));
     assert.deepEqual(
       (await listed(t.api, s))!.map((m) => m.content),
       ['new life'],
     );
-    assert.equal((await t.api.get(`/v1/sessions/${s}`)).body.summary, null);
+    const reborn = (await t.api.get(`/v1/sessions/${s}`)).body;
+    assert.equal(reborn.summary, null);
+    assert.equal(reborn.message_count, 1);
+    assert.ok(
+      new Date(reborn.created_at) >= tomb.deleted_at,
+      `created_at ${reborn.created_at} is the old life's`,
+    );
   });
 
   void test('deleting a deleted session whose new messages still wait removes those too', async () => {
@@ -602,6 +608,19 @@ void describe('export and import', () => {
     );
     assert.equal(badSummary.status, 400);
     assert.match(badSummary.body.error.details.problems[0].path, /^lines\[2\]\.summary/);
+
+    // An export line says its time twice; an edit of one of them is refused, not ignored.
+    const instant = { sent_at: '2026-01-01T00:00:00.000000001Z', sent_at_ns: '1767225600000000001' };
+    const agree = JSON.stringify({ role: 'user', content: 'same instant', ...instant });
+    const disagree = JSON.stringify({
+      role: 'user',
+      content: 'edited',
+      ...instant,
+      sent_at: '2026-01-01T00:00:00Z',
+    });
+    const edited = await t.api.post(`/v1/sessions/${s}/import`, `${agree}\n${disagree}\n`, ndjson);
+    assert.equal(edited.status, 400);
+    assert.equal(edited.body.error.details.problems[0].path, 'lines[2].sent_at');
 
     const dup = await t.api.post(`/v1/sessions/${s}/import`, {
       messages: [user('a', { id: 'x' }), user('b', { id: 'x' })],

@@ -126,7 +126,8 @@ export async function sessionHasMessages(
 
 export async function reviveSession(q: Queryable, tenantId: string, sessionId: string): Promise<void> {
   await q.query(
-    'UPDATE sessions SET deleted_at = NULL WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NOT NULL',
+    `UPDATE sessions SET deleted_at = NULL, created_at = now()
+     WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NOT NULL`,
     [tenantId, sessionId],
   );
 }

@@ -98,7 +98,9 @@ export async function recordArchived(
        hot_bytes = hot_bytes + $5::bigint,
        last_message_at = CASE WHEN $6::bigint IS NULL THEN last_message_at
          ELSE GREATEST(last_message_at, to_timestamp($6::bigint / 1e9)) END,
-       deleted_at = CASE WHEN $4::int > 0 THEN NULL ELSE deleted_at END
+       deleted_at = CASE WHEN $4::int > 0 THEN NULL ELSE deleted_at END,
+       -- A deleted session written to again is a new session: it starts now (SET reads old values).
+       created_at = CASE WHEN $4::int > 0 AND deleted_at IS NOT NULL THEN now() ELSE created_at END
      WHERE tenant_id = $1 AND id = $2
      RETURNING hot_bytes, message_count`,
     [a.tenantId, a.sessionId, a.nextSeq, a.count, a.bytes, a.lastSentNs],

@@ -5,6 +5,7 @@ import type { AcceptedMessage } from '../messages/message-input.js';
 import { MAX_MESSAGES_PER_REQUEST } from '../messages/message-input.js';
 import { summarySchema } from '../summary/summary-shape.js';
 import type { Summary } from '../summary/summary-shape.js';
+import { parseSentAt } from '../time.js';
 import { parseInput } from '../validate.js';
 
 /**
@@ -156,8 +157,21 @@ export async function parseImportLines(
     }
     const extras = parseInput(messageExtras, value, at, [`lines[${line}]`]);
     const { type: _type, seq, sent_at_ns, ...message } = extras;
-    // sent_at_ns is exact; sent_at (RFC 3339 with ns) says the same thing in an export.
-    if (sent_at_ns !== undefined) (message as Record<string, unknown>).sent_at = sent_at_ns;
+    // sent_at_ns is exact; sent_at (RFC 3339 with ns) says the same thing in an export. A line
+    // whose two disagree (one of them edited) is refused rather than one silently winning; a
+    // malformed sent_at is left for the message validation to report.
+    if (sent_at_ns !== undefined) {
+      const given = (message as { sent_at?: unknown }).sent_at;
+      const ns = typeof given === 'string' ? parseSentAt(given, timeZone) : undefined;
+      if (typeof ns === 'bigint' && ns !== BigInt(sent_at_ns)) {
+        const problem = `names another instant than sent_at_ns (${sent_at_ns})`;
+        throw new AppError(400, 'validation_failed', `${at}.sent_at: ${problem}`, {
+          problems: [{ path: `${at}.sent_at`, message: problem }],
+        });
+      }
+      if (given === undefined || typeof ns === 'bigint')
+        (message as Record<string, unknown>).sent_at = sent_at_ns;
+    }
     raw.push(message);
     seqs.push(seq ?? null);
     lineOf.push(line);
