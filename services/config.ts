@@ -1,3 +1,4 @@
+import { CronExpressionParser } from 'cron-parser';
 import { z } from 'zod';
 
 /**
@@ -34,14 +35,24 @@ const urlText = (protocols: string[], hint: string) =>
       `must be a URL starting with ${protocols.map((p) => `${p}//`).join(' or ')} (${hint})`,
     );
 
-// Five fields (minute precision) or six (with seconds, so tests can run the sweep quickly).
+// Five fields (minute precision) or six (with seconds, so tests can run the sweep quickly), read
+// by the parser BullMQ's scheduler uses, so a value it would reject later (`99 * * * *`) stops the
+// start instead of the first schedule.
+const CRON_HINT = 'must be a cron pattern of 5 fields (or 6 with seconds), e.g. "*/15 * * * *"';
 const cronPattern = z
   .string()
   .trim()
-  .refine(
-    (v) => [5, 6].includes(v.split(/\s+/).length) && /^[\d*/,\-\sA-Za-z?LW#]+$/.test(v),
-    'must be a cron pattern of 5 fields (or 6 with seconds), e.g. "*/15 * * * *"',
-  );
+  .superRefine((v, ctx) => {
+    if (![5, 6].includes(v.split(/\s+/).length)) {
+      ctx.addIssue({ code: 'custom', message: CRON_HINT });
+      return;
+    }
+    try {
+      CronExpressionParser.parse(v);
+    } catch (err) {
+      ctx.addIssue({ code: 'custom', message: `${CRON_HINT} (${(err as Error).message})` });
+    }
+  });
 
 const schema = z.object({
   PORT: int(0, 65535, 'TCP port of the HTTP listener').default(8080),

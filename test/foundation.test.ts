@@ -47,6 +47,17 @@ void describe('configuration', () => {
     ])
       assert.match(text, new RegExp(`${name}:`));
     assert.match(text, /redis:\/\//);
+    // A pattern of the right shape with values the scheduler would reject stops the start too.
+    for (const pattern of ['99 * * * *', 'a b c d e', '0 0 32 * *', '0 0 * 13 *']) {
+      assert.throws(
+        () => loadConfig({ SUMMARY_CRON: pattern }),
+        /SUMMARY_CRON: must be a cron pattern/,
+        pattern,
+      );
+    }
+    for (const pattern of ['0 */2 * * MON-FRI', '*/10 * * * * *', '0 0 L * *']) {
+      assert.equal(loadConfig({ SUMMARY_CRON: pattern }).summaryCron, pattern);
+    }
   });
 
   void test('DECISION_MODEL without an LLM is refused, defaults follow SPEC §2', () => {
