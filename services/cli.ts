@@ -73,7 +73,7 @@ tenant
   .option('--json', 'JSON output')
   .action((o: { json?: boolean }) =>
     withDb(async (db) => {
-      const rows = await tenantList(db);
+      const rows = (await tenantList(db)).items;
       if (o.json) print(JSON.stringify(rows));
       else for (const t of rows) print(`${t.tenant_id}\t${t.name}\t${t.created_at}`);
     }),
@@ -96,11 +96,11 @@ key
   );
 key
   .command('list')
-  .option('--tenant <id>', 'only this tenant')
+  .option('--tenant <id|name>', 'only this tenant')
   .option('--json', 'JSON output')
   .action((o: { tenant?: string; json?: boolean }) =>
     withDb(async (db) => {
-      const rows = await keyList(db, o.tenant);
+      const rows = (await keyList(db, o.tenant)).items;
       if (o.json) print(JSON.stringify(rows));
       else
         for (const k of rows)

@@ -84,7 +84,7 @@ export const FIRST_KEY_FILE = 'first-api-key.txt';
 
 /** Creates tenant "default" when the database has no tenant yet; returns the key file's path then. */
 export async function ensureFirstTenant(db: Db, dataDir: string): Promise<string | null> {
-  if ((await tenantList(db)).length > 0) return null;
+  if ((await tenantList(db, { limit: 1 })).items.length > 0) return null;
   const t = await createTenant(db, 'default');
   const file = path.join(dataDir, FIRST_KEY_FILE);
   const tmp = `${file}.${process.pid}.tmp`;

@@ -10,6 +10,7 @@ import {
   revokeApiKey,
   touchApiKey,
 } from '../db/queries/tenants.js';
+import type { PageAfter } from '../db/queries/tenants.js';
 import { AppError } from './errors.js';
 
 /** API keys look like `mn_<key id>_<secret>`; only sha256(secret) is stored. */
@@ -32,6 +33,7 @@ function randomString(alphabet: string, length: number): string {
 const hashSecret = (secret: string) => createHash('sha256').update(secret).digest();
 
 export const newTenantId = () => `t_${randomString(BASE32, 16)}`;
+const TENANT_ID_RE = /^t_[a-z2-7]{16}$/;
 
 export interface TenantView {
   tenant_id: string;
@@ -48,7 +50,25 @@ export interface KeyView {
   revoked_at: string | null;
 }
 
+/** Tenant names are what `--tenant <id|name>` resolves: never blank, never shaped like an id. */
+function assertTenantName(name: string): void {
+  const problem =
+    name.trim() === '' || name !== name.trim()
+      ? 'must not be blank or start or end with spaces'
+      : name.length > 128
+        ? 'must be at most 128 characters'
+        : TENANT_ID_RE.test(name)
+          ? 'must not look like a tenant id (t_ and 16 letters or digits)'
+          : null;
+  if (problem) {
+    throw new AppError(400, 'validation_failed', `name: ${problem}`, {
+      problems: [{ path: 'name', message: problem }],
+    });
+  }
+}
+
 export async function createTenant(db: Db, name: string): Promise<{ tenant_id: string; api_key: string }> {
+  assertTenantName(name);
   return db.transaction(async (tx) => {
     const row = await insertTenant(tx, newTenantId(), name);
     if (!row) throw new AppError(409, 'tenant_exists', `a tenant named "${name}" already exists`);
@@ -75,16 +95,65 @@ export async function createKey(
   return { ...key, tenant_id: tenant.id };
 }
 
-export async function tenantList(db: Db): Promise<TenantView[]> {
-  return (await listTenants(db)).map((t) => ({
+/** A page of a listing: `next` is the opaque cursor of the following page, null after the last. */
+export interface Page<T> {
+  items: T[];
+  next: string | null;
+}
+
+export interface PageRequest {
+  cursor?: string | undefined;
+  limit?: number | undefined;
+}
+
+function pageAfter(cursor: string | undefined): PageAfter | null {
+  if (cursor === undefined) return null;
+  const m = /^(\d{1,19}):([A-Za-z0-9_]{1,64})$/.exec(Buffer.from(cursor, 'base64url').toString());
+  if (!m) {
+    throw new AppError(400, 'validation_failed', 'query.cursor: not a cursor of this list', {
+      problems: [{ path: 'query.cursor', message: 'not a cursor of this list' }],
+    });
+  }
+  return { createdUs: m[1]!, id: m[2]! };
+}
+
+function toPage<R extends { id: string; created_us: string }, T>(
+  rows: R[],
+  limit: number | undefined,
+  view: (row: R) => T,
+): Page<T> {
+  const last = rows[rows.length - 1];
+  const full = limit !== undefined && rows.length === limit && last;
+  return {
+    items: rows.map(view),
+    next: full ? Buffer.from(`${last.created_us}:${last.id}`).toString('base64url') : null,
+  };
+}
+
+/** Tenants in creation order; without `limit`, all of them. */
+export async function tenantList(db: Db, page: PageRequest = {}): Promise<Page<TenantView>> {
+  const rows = await listTenants(db, pageAfter(page.cursor), page.limit ?? null);
+  return toPage(rows, page.limit, (t) => ({
     tenant_id: t.id,
     name: t.name,
     created_at: t.created_at.toISOString(),
   }));
 }
 
-export async function keyList(db: Db, tenantId?: string): Promise<KeyView[]> {
-  return (await listApiKeys(db, tenantId)).map((k) => ({
+/** Keys in creation order, of one tenant (id or name; 404 when unknown) or of all. */
+export async function keyList(
+  db: Db,
+  tenantIdOrName?: string,
+  page: PageRequest = {},
+): Promise<Page<KeyView>> {
+  let tenantId: string | undefined;
+  if (tenantIdOrName !== undefined) {
+    const tenant = await findTenant(db, tenantIdOrName);
+    if (!tenant) throw new AppError(404, 'not_found', 'tenant not found');
+    tenantId = tenant.id;
+  }
+  const rows = await listApiKeys(db, tenantId, pageAfter(page.cursor), page.limit ?? null);
+  return toPage(rows, page.limit, (k) => ({
     key_id: k.id,
     tenant_id: k.tenant_id,
     name: k.name,

@@ -1,4 +1,4 @@
-import type { z } from 'zod';
+import { z } from 'zod';
 import { AppError } from './errors.js';
 
 /** Renders a zod path the way clients write it: `messages[3].role`. */
@@ -32,3 +32,15 @@ export function parseInput<S extends z.ZodType>(
     { problems },
   );
 }
+
+/** `?limit=` of a list: 1–500 (SPEC §4: default 100, max 500). */
+export const limitParam = z
+  .string()
+  .regex(/^\d{1,4}$/, 'must be an integer from 1 to 500')
+  .transform(Number)
+  .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500'));
+
+/** `?cursor=&limit=` of a list that pages by an opaque cursor. */
+export const listQuery = z
+  .object({ cursor: z.string().max(300).optional(), limit: limitParam.optional() })
+  .strict();

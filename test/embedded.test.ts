@@ -210,6 +210,17 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
     assert.equal(r.status, 0, r.stderr);
     const names = (JSON.parse(r.stdout) as Array<{ name: string }>).map((x) => x.name).sort();
     assert.deepEqual(names, ['default', 'embedded-user']);
+    // --tenant takes a name as well as an id; an unknown one or a blank new name is an error.
+    const keys = runCli(['key', 'list', '--tenant', 'default', '--json'], env);
+    assert.equal(keys.status, 0, keys.stderr);
+    assert.deepEqual(
+      (JSON.parse(keys.stdout) as Array<{ name: string }>).map((k) => k.name),
+      ['default'],
+    );
+    assert.notEqual(runCli(['key', 'list', '--tenant', 'nobody'], env).status, 0);
+    const blank = runCli(['tenant', 'create', ' '], env);
+    assert.notEqual(blank.status, 0);
+    assert.match(blank.stderr, /name: must not be blank/);
   });
 
   void it('restarts on the same data dir with every message and key intact', async () => {

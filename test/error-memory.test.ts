@@ -539,6 +539,10 @@ void describe('validation', () => {
       'keywords',
     );
     assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, session_id: '..' })), 'session_id');
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, symptom: 'bad\u0000byte' })), 'symptom');
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, cause: 'half \ud800' })), 'cause');
+    assert.equal(problemPath(await call(tenant, 'POST', '', { ...ok, keywords: ['\udc00'] })), 'keywords[0]');
+    assert.equal(problemPath(await call(tenant, 'POST', '/search', { query: 'a\u0000b' })), 'query');
     assert.equal(problemPath(await call(tenant, 'POST', '/search', { query: 'x', limit: 17 })), 'limit');
     assert.equal(problemPath(await call(tenant, 'POST', '/search', { query: 'x', limit: 0 })), 'limit');
     assert.equal(

@@ -24,8 +24,31 @@ export async function insertTenant(q: Queryable, id: string, name: string): Prom
   return r.rows[0] ?? null;
 }
 
-export async function listTenants(q: Queryable): Promise<TenantRow[]> {
-  const r = await q.query<TenantRow>('SELECT id, name, created_at FROM tenants ORDER BY created_at, id');
+/**
+ * A page of a list in creation order: rows after `after` (the last row of the previous page, by
+ * its creation time in microseconds since the epoch and its id), at most `limit` (all when null).
+ */
+export interface PageAfter {
+  createdUs: string;
+  id: string;
+}
+
+const AFTER_SQL = (ts: string, id: string) =>
+  `($${ts}::bigint IS NULL OR (created_at, id) > ('epoch'::timestamptz + $${ts}::bigint * interval '1 microsecond', $${id}::text))`;
+
+/** The cursor fields of a row: its creation time in whole microseconds, exactly. */
+const CREATED_US = `(extract(epoch from created_at) * 1000000)::bigint::text AS created_us`;
+
+export async function listTenants(
+  q: Queryable,
+  after: PageAfter | null = null,
+  limit: number | null = null,
+): Promise<Array<TenantRow & { created_us: string }>> {
+  const r = await q.query<TenantRow & { created_us: string }>(
+    `SELECT id, name, created_at, ${CREATED_US} FROM tenants
+     WHERE ${AFTER_SQL('1', '2')} ORDER BY created_at, id LIMIT $3`,
+    [after?.createdUs ?? null, after?.id ?? null, limit],
+  );
   return r.rows;
 }
 
@@ -62,11 +85,16 @@ export async function findApiKey(q: Queryable, id: string): Promise<ApiKeyRow | 
   return r.rows[0] ?? null;
 }
 
-export async function listApiKeys(q: Queryable, tenantId?: string): Promise<ApiKeyRow[]> {
-  const r = await q.query<ApiKeyRow>(
-    `SELECT id, tenant_id, name, secret_hash, created_at, last_used_at, revoked_at FROM api_keys
-     WHERE ($1::text IS NULL OR tenant_id = $1) ORDER BY created_at, id`,
-    [tenantId ?? null],
+export async function listApiKeys(
+  q: Queryable,
+  tenantId?: string,
+  after: PageAfter | null = null,
+  limit: number | null = null,
+): Promise<Array<ApiKeyRow & { created_us: string }>> {
+  const r = await q.query<ApiKeyRow & { created_us: string }>(
+    `SELECT id, tenant_id, name, secret_hash, created_at, last_used_at, revoked_at, ${CREATED_US} FROM api_keys
+     WHERE ($1::text IS NULL OR tenant_id = $1) AND ${AFTER_SQL('2', '3')} ORDER BY created_at, id LIMIT $4`,
+    [tenantId ?? null, after?.createdUs ?? null, after?.id ?? null, limit],
   );
   return r.rows;
 }

@@ -1,11 +1,10 @@
 import { Router } from 'express';
 import { z } from 'zod';
 import type { Db } from '../../db/pool.js';
-import { findTenant } from '../../db/queries/tenants.js';
 import { AppError, notFound } from '../errors.js';
 import type { RouteMeta } from '../openapi.js';
 import { createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
-import { parseInput } from '../validate.js';
+import { listQuery, parseInput } from '../validate.js';
 
 const tenantBody = z
   .object({
@@ -18,7 +17,6 @@ const tenantBody = z
   })
   .strict();
 const keyBody = z.object({ name: z.string().max(128).optional() }).strict();
-
 export const adminRoutesMeta: Record<string, RouteMeta> = {
   'POST /tenants': {
     summary: 'Create a tenant and its first API key',
@@ -26,7 +24,7 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
     auth: 'admin',
     success: 201,
   },
-  'GET /tenants': { summary: 'List tenants', auth: 'admin' },
+  'GET /tenants': { summary: 'List tenants, oldest first', query: listQuery, auth: 'admin' },
   'DELETE /tenants/:id': {
     summary: 'Erase a tenant and all its data (Postgres and Redis)',
     auth: 'admin',
@@ -38,7 +36,11 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
     auth: 'admin',
     success: 201,
   },
-  'GET /tenants/:id/keys': { summary: "List a tenant's keys (never the secret)", auth: 'admin' },
+  'GET /tenants/:id/keys': {
+    summary: "List a tenant's keys, oldest first (never the secret)",
+    query: listQuery,
+    auth: 'admin',
+  },
   'DELETE /keys/:key_id': { summary: 'Revoke an API key', auth: 'admin', success: 204 },
 };
 
@@ -55,8 +57,10 @@ export function makeAdminRoutes(deps: {
     res.status(201).json(await createTenant(deps.db, body.name));
   });
 
-  router.get('/tenants', async (_req, res) => {
-    res.json({ tenants: await tenantList(deps.db), next: null });
+  router.get('/tenants', async (req, res) => {
+    const q = parseInput(listQuery, req.query, 'query');
+    const page = await tenantList(deps.db, { cursor: q.cursor, limit: q.limit ?? 100 });
+    res.json({ tenants: page.items, next: page.next });
   });
 
   router.delete('/tenants/:id', async (req, res) => {
@@ -74,9 +78,9 @@ export function makeAdminRoutes(deps: {
   });
 
   router.get('/tenants/:id/keys', async (req, res) => {
-    const t = await findTenant(deps.db, req.params.id!);
-    if (!t) throw notFound('tenant');
-    res.json({ keys: await keyList(deps.db, t.id), next: null });
+    const q = parseInput(listQuery, req.query, 'query');
+    const page = await keyList(deps.db, req.params.id!, { cursor: q.cursor, limit: q.limit ?? 100 });
+    res.json({ keys: page.items, next: page.next });
   });
 
   router.delete('/keys/:key_id', async (req, res) => {

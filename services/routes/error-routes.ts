@@ -2,13 +2,30 @@ import express from 'express';
 import type { Response } from 'express';
 import { z } from 'zod';
 import { notFound } from '../errors.js';
+import { hasBadChars } from '../messages/message-input.js';
 import { parseInput } from '../validate.js';
 import { ERROR_ID_RE, LIST_CURSOR_RE, OUTCOMES } from '../error-memory/types.js';
 import type { ErrorMemory } from '../error-memory/types.js';
 
 /** `/v1/errors`: error memory over HTTP. Mounted after the auth middleware sets `res.locals.tenantId`. */
 
-const text = (max: number) => z.string().trim().min(1, 'must not be blank').max(max);
+// As for messages: NUL and lone surrogates are refused (Redis would get a lone surrogate as U+FFFD).
+const noBadChars = [
+  (s: string) => !hasBadChars(s),
+  'NUL characters and lone surrogates are not allowed',
+] as const;
+const cleanText = (max: number) =>
+  z
+    .string()
+    .max(max)
+    .refine(...noBadChars);
+const text = (max: number) =>
+  z
+    .string()
+    .trim()
+    .min(1, 'must not be blank')
+    .max(max)
+    .refine(...noBadChars);
 
 const toolName = text(128);
 const sessionId = z
@@ -23,8 +40,8 @@ export const errorWriteBody = z
     symptom: text(4000),
     action: text(4000),
     outcome: z.enum(OUTCOMES),
-    cause: z.string().max(4000).nullable().optional(),
-    keywords: z.array(z.string().max(64)).max(32).optional(),
+    cause: cleanText(4000).nullable().optional(),
+    keywords: z.array(cleanText(64)).max(32).optional(),
     session_id: sessionId.optional(),
   })
   .strict();

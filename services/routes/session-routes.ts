@@ -11,7 +11,7 @@ import { inboxKeys } from '../messages/inbox.js';
 import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { nsToRfc3339 } from '../time.js';
-import { parseInput } from '../validate.js';
+import { limitParam, listQuery, parseInput } from '../validate.js';
 
 const WAIT_TIMEOUT_MS = 10_000;
 
@@ -19,12 +19,6 @@ const seqParam = z
   .string()
   .regex(/^\d{1,15}$/, 'must be a non-negative integer')
   .transform(Number);
-const limitParam = z
-  .string()
-  .regex(/^\d{1,4}$/, 'must be an integer from 1 to 500')
-  .transform(Number)
-  .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500'));
-
 const postQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
 const pageQuery = z
   .object({
@@ -34,7 +28,6 @@ const pageQuery = z
     order: z.enum(['asc', 'desc']).optional(),
   })
   .strict();
-const listQuery = z.object({ cursor: z.string().max(300).optional(), limit: limitParam.optional() }).strict();
 
 export interface StoredMessage {
   id: string;
