@@ -165,6 +165,36 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
     assert.ok(!(r.body.hits as Array<{ id: string }>).some((h) => h.id === 'm3'), 'm3 is not a hit');
   });
 
+  void it('answers 10,000-character queries of CJK or many words, and keeps serving', async () => {
+    // PGlite's WASM stack: a 7,000-bigram phrase once returned no rows (a false 404) and the next
+    // statement hung the whole process. Each request gets a deadline so a hang fails, not stalls.
+    const cjk = Array.from({ length: 9_000 }, (_, i) => String.fromCodePoint(0x4e00 + ((i * 7919) % 20_000)));
+    const queries = [
+      '記'.repeat(10_000),
+      cjk.join(''),
+      'x記'.repeat(5_000),
+      Array.from({ length: 1_500 }, (_, i) => `w${i}`).join('-'),
+      `"${Array.from({ length: 1_500 }, (_, i) => `w${i}`).join(' ')}"`,
+      `zeppelin -"${'記'.repeat(9_000)}"`,
+    ];
+    for (const query of queries) {
+      for (const match of ['keyword', 'hybrid']) {
+        const r = await user.raw(`/v1/sessions/${SID}/search`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ query, match }),
+          signal: AbortSignal.timeout(20_000),
+        });
+        assert.equal(r.status, 200, `${match} ${query.slice(0, 12)}…: ${r.text.slice(0, 200)}`);
+      }
+    }
+    const after = await user.post(`/v1/sessions/${SID}/search`, { query: 'zeppelin', match: 'keyword' });
+    assert.ok(
+      after.body.hits.some((h: { id: string }) => h.id === 'm1' || h.id === 'm2'),
+      after.text,
+    );
+  });
+
   void it('serves semantic and hybrid search with exclusions and a time range', async () => {
     const hitIds = async (query: string, match: string) => {
       const r = await user.post(`/v1/sessions/${SID}/search`, { query, match, time_range: '1d' });

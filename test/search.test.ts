@@ -6,7 +6,12 @@ import { SESSION_SCAN_MAX_MESSAGES, searchCandidates } from '../db/queries/searc
 import { buildSessionIndex, sessionIndexName } from '../db/queries/session-indexes.js';
 import { makePgDb } from '../db/pool.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
-import { parseSearchQuery } from '../services/search/parse-query.js';
+import {
+  MAX_LEAF_TOKENS,
+  MAX_LEAVES_PER_TERM,
+  ftsLeaves,
+  parseSearchQuery,
+} from '../services/search/parse-query.js';
 import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
 import type { Db, QueryOptions } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
@@ -175,6 +180,30 @@ async function ensureCompacted(svc: TestService, api: Api, tenantId: string, ses
 }
 
 void describe('query parsing and ranking (pure)', () => {
+  void test('a term reaches its tsquery as at most 8 leaves of at most 32 words or bigrams', () => {
+    const words = (leaf: { text: string }) => leaf.text.match(/[\p{L}\p{N}]+/gu) ?? [];
+    const [cjk] = ftsLeaves({ text: '記憶系統'.repeat(2_500), phrase: false });
+    assert.equal(cjk!.kind, 'cjk-phrase');
+    assert.equal(words(cjk!).length, MAX_LEAF_TOKENS);
+    assert.equal(words(cjk!).slice(0, 3).join(' '), '記憶 憶系 系統');
+    const hyphens = ftsLeaves({
+      text: Array.from({ length: 3_000 }, (_, i) => `w${i}`).join('-'),
+      phrase: true,
+    });
+    assert.deepEqual(
+      hyphens.map((l) => [l.kind, words(l).length]),
+      [['english-phrase', MAX_LEAF_TOKENS]],
+    );
+    assert.ok(hyphens[0]!.text.endsWith(`w${MAX_LEAF_TOKENS - 1}`));
+    const runs = ftsLeaves({ text: 'x記'.repeat(5_000), phrase: false });
+    assert.equal(runs.length, MAX_LEAVES_PER_TERM);
+    // Short terms are untouched.
+    assert.deepEqual(ftsLeaves({ text: 'pool記憶', phrase: false }), [
+      { kind: 'english-words', text: 'pool ' },
+      { kind: 'cjk-phrase', text: '記憶' },
+    ]);
+  });
+
   void test('web-search syntax: words AND, or binds tighter, phrases, exclusions, junk ignored', () => {
     const p = parseSearchQuery('deploy db or database -"hot fix" -legacy "unclosed phrase');
     assert.deepEqual(

@@ -124,12 +124,32 @@ export type FtsLeaf =
   | { kind: 'cjk-phrase'; text: string }
   | { kind: 'cjk-prefix'; text: string };
 
+/**
+ * How much of one term reaches its tsquery: at most 32 words or bigrams per leaf and 8 leaves.
+ * Postgres builds a phrase or an AND of n words as a tree n deep, and the embedded PGlite (WASM,
+ * a small stack) returned no rows for a 7,000-bigram phrase and then hung on the next statement
+ * with the whole process. Dropping the rest only widens the full-text match (fewer conditions
+ * ANDed); the substring match over the recent part still tests the whole term.
+ */
+export const MAX_LEAF_TOKENS = 32;
+export const MAX_LEAVES_PER_TERM = 8;
+
+/** `text` up to the end of its `n`-th word (a run of letters or digits, as the parser splits). */
+function firstWords(text: string, n: number): string {
+  let count = 0;
+  for (const m of text.matchAll(/[\p{L}\p{N}]+/gu)) {
+    if (++count === n) return text.slice(0, m.index + m[0].length);
+  }
+  return text;
+}
+
 /** The leaves of one term, ANDed (empty when the term has no indexable text, e.g. `&|!`). */
 export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
   const leaves: FtsLeaf[] = [];
   const english = term.text.replace(CJK_RUN, ' ');
   if (/[\p{L}\p{N}]/u.test(english)) {
-    leaves.push({ kind: term.phrase ? 'english-phrase' : 'english-words', text: english });
+    const text = firstWords(english, MAX_LEAF_TOKENS);
+    leaves.push({ kind: term.phrase ? 'english-phrase' : 'english-words', text });
   }
   for (const m of term.text.matchAll(CJK_RUN)) {
     const chars = Array.from(m[0]);
@@ -139,8 +159,9 @@ export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
       leaves.push({ kind: 'cjk-prefix', text: `'${lexeme}':*` });
     } else {
       // phraseto_tsquery needs no escaping: the bigrams are plain words separated by spaces.
-      leaves.push({ kind: 'cjk-phrase', text: cjkBigrams(m[0]).join(' ') });
+      leaves.push({ kind: 'cjk-phrase', text: cjkBigrams(m[0]).slice(0, MAX_LEAF_TOKENS).join(' ') });
     }
+    if (leaves.length === MAX_LEAVES_PER_TERM) break;
   }
   return leaves;
 }
