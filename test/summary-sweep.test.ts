@@ -226,6 +226,8 @@ void describe('without an LLM', () => {
     const r = await api.post(`/v1/sessions/${s}/summarize?wait=true`);
     assert.equal(r.status, 409);
     assert.equal(r.body.error.code, 'llm_not_configured');
+    // An unknown session is a 404 first, as on every route.
+    assert.equal((await api.post(`/v1/sessions/${s}-nobody/summarize`)).status, 404);
     assert.deepEqual(await svc.deps.queues.summary.getJobSchedulers(), []);
     assert.equal((await api.get(`/v1/sessions/${s}/summary`)).status, 404);
     const usage = await api.get('/v1/usage?window=7d');

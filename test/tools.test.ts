@@ -128,6 +128,10 @@ void describe('agent tools', () => {
       ['chat_history', { keyword: 'x', time_range: 'forever' }, /time_range/],
       ['chat_history', [1, 2], /send a JSON object/],
       ['chat_history', JSON.stringify('{"keyword": '), /not valid JSON/],
+      ['chat_history', { keyword: 5 }, /keyword must be a string/],
+      ['chat_history', { keyword: { text: 'x' } }, /keyword must be a string/],
+      ['chat_history', { keyword: '記'.repeat(10_001) }, /keyword: .*at most 10000/],
+      ['error_history', { keyword: ['psql'] }, /keyword must be a string/],
       ['error_history', { mode: 'search' }, /needs keyword/],
       ['error_history', { mode: 'read', id: 'nope' }, /needs an id like err_/],
       [

@@ -110,6 +110,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(summarizeQuery, req.query, 'query');
     const tenantId = tenantOf(res);
+    if (!(await getSession(deps.db, tenantId, sid))) throw notFound('session');
     if (!deps.llm) {
       throw new AppError(
         409,
@@ -117,7 +118,6 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
         'no LLM is configured (set OPENAI_API_KEY or OPENAI_BASE_URL): summaries are disabled',
       );
     }
-    if (!(await getSession(deps.db, tenantId, sid))) throw notFound('session');
     const requestId = randomUUID();
     const enqueue = () =>
       enqueueSummarize(deps.queues, tenantId, sid, 'api', requestId).catch(() => {

@@ -111,11 +111,19 @@ function intArg(
   return n;
 }
 
+/** A field that, when given, must be a string (a number or object is not silently ignored). */
+function stringArg(args: Record<string, unknown>, key: string, tool: ToolName, example: string): void {
+  const v = args[key];
+  if (v !== undefined && v !== null && typeof v !== 'string')
+    throw guidance(tool, `${key} must be a string`, example);
+}
+
 async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: Record<string, unknown>) {
   const ex = '{"mode":"search","keyword":"deployment error","limit":5}';
   const allowed = ['mode', 'keyword', 'match', 'time_range', 'limit', 'from_seq', 'to_seq'];
   const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
   if (unknown.length) throw guidance('chat_history', `unknown field(s) ${unknown.join(', ')}`, ex);
+  stringArg(args, 'keyword', 'chat_history', ex);
   const keyword = typeof args.keyword === 'string' ? args.keyword.trim() : undefined;
   const mode = args.mode ?? (keyword ? 'search' : 'list');
   const limit = intArg(args, 'limit', 'chat_history', ex) ?? 8;
@@ -135,7 +143,9 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
     });
     if (!parsed.success) {
       const i = parsed.error.issues[0]!;
-      throw guidance('chat_history', `${i.path.join('.') || 'keyword'}: ${i.message}`, ex);
+      // The search's `query` is this tool's `keyword`.
+      const field = i.path[0] === 'query' || i.path.length === 0 ? 'keyword' : i.path.join('.');
+      throw guidance('chat_history', `${field}: ${i.message}`, ex);
     }
     const { hits } = await searchSession(deps.core, tenantId, sid, parsed.data);
     if (hits.length === 0)
@@ -189,6 +199,7 @@ async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<strin
   const allowed = ['mode', 'keyword', 'tool_name', 'limit', 'id'];
   const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
   if (unknown.length) throw guidance('error_history', `unknown field(s) ${unknown.join(', ')}`, ex);
+  stringArg(args, 'keyword', 'error_history', ex);
   const mode = args.mode ?? (typeof args.id === 'string' && !args.keyword ? 'read' : 'search');
   if (mode === 'read') {
     if (typeof args.id !== 'string' || !ERROR_ID_RE.test(args.id)) {
@@ -222,7 +233,8 @@ async function writeError(deps: ToolDeps, tenantId: string, sid: string, args: R
   const ex =
     '{"tool_name":"shell","symptom":"permission denied: /var/log/app.log","action":"ran with sudo -u app","outcome":"resolved"}';
   if (!deps.errors) return 'Error memory is not available on this server.';
-  const parsed = errorWriteBody.safeParse({ ...args, session_id: args.session_id ?? sid });
+  // The record names the session the call came from, not one the model may have made up.
+  const parsed = errorWriteBody.safeParse({ ...args, session_id: sid });
   if (!parsed.success) {
     const i = parsed.error.issues[0]!;
     throw guidance('write_error', `${i.path.join('.') || 'arguments'}: ${i.message}`, ex);
