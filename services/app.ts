@@ -77,6 +77,25 @@ const readJsonBody: RequestHandler[] = [
   },
 ];
 
+/**
+ * Where a router is mounted, remembered for the metrics label: once an error has left a router,
+ * `req.baseUrl` is its parent's again (a 404 of `/v1/jobs/:id` was labelled `/:id`).
+ */
+const rememberMount: RequestHandler = (req, res, next) => {
+  res.locals.mount = req.baseUrl;
+  next();
+};
+
+/** The matched route pattern, never the raw path (it holds tenant-chosen session ids). */
+function routeLabel(req: express.Request, res: express.Response): string {
+  const path: unknown = req.route?.path;
+  if (path === undefined) return 'unmatched';
+  const mount = typeof res.locals.mount === 'string' ? res.locals.mount : req.baseUrl;
+  // A router's own several-path routes (Bull Board) are labelled by the mount alone.
+  if (typeof path !== 'string') return mount || 'unmatched';
+  return path === '/' ? mount || '/' : `${mount}${path}`;
+}
+
 export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express {
   const app = express();
   app.disable('x-powered-by');
@@ -86,11 +105,9 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.use(requestId);
   app.use((req, res, next) => {
     const end = deps.metrics.httpDuration.startTimer();
-    res.on('finish', () => {
-      // The matched route pattern, never the raw path (it holds tenant-chosen session ids).
-      const route = req.route?.path ? `${req.baseUrl}${req.route.path as string}` : 'unmatched';
-      end({ method: req.method, route, status: String(res.statusCode) });
-    });
+    res.on('finish', () =>
+      end({ method: req.method, route: routeLabel(req, res), status: String(res.statusCode) }),
+    );
     next();
   });
   // Bodies are read only after authentication (below): a caller without a valid key gets a 401,
@@ -100,7 +117,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   const openapi = () => buildOpenApi(mounts, VERSION);
 
   const ops = makeOpsRoutes(deps, openapi);
-  app.use('/', ops);
+  app.use('/', rememberMount, ops);
   mounts.push({ prefix: '', router: ops, meta: opsRoutesMeta });
 
   // Bull Board: behind the admin token (bearer, or Basic for browsers); 404 without a token.
@@ -115,11 +132,12 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     });
     app.use(
       '/admin/queues',
+      rememberMount,
       requireAdmin(deps.config.adminToken, { basicChallenge: true }),
       board.getRouter(),
     );
   } else {
-    app.use('/admin', requireAdmin(undefined));
+    app.use('/admin', rememberMount, requireAdmin(undefined));
   }
 
   const keys = makeKeyAuthenticator(deps.db);
@@ -128,10 +146,10 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     onKeysChanged: () => keys.clear(),
     ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
   });
-  app.use('/v1/admin', requireAdmin(deps.config.adminToken), readJsonBody, admin);
+  app.use('/v1/admin', rememberMount, requireAdmin(deps.config.adminToken), readJsonBody, admin);
   mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
-  const tenant = [requireTenant(keys), rateLimit(deps), ...readJsonBody];
+  const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody];
   const sessions = makeSessionRoutes(deps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });
@@ -141,7 +159,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   mounts.push({ prefix: '/v1/jobs', router: jobs, meta: jobRoutesMeta });
 
   for (const extra of opts.extraRoutes ?? []) {
-    if (extra.auth === 'none') app.use(extra.prefix, extra.router);
+    if (extra.auth === 'none') app.use(extra.prefix, rememberMount, extra.router);
     else app.use(extra.prefix, tenant, extra.router);
     mounts.push({ prefix: extra.prefix, router: extra.router, meta: extra.meta });
   }

@@ -37,8 +37,19 @@ void describe('operations', () => {
       ],
     });
     assert.equal(r.status, 201);
+    // Errors keep the full route pattern (not the router-relative "/:id").
+    assert.equal((await t.api.get('/v1/jobs/ingest.nope')).status, 404);
+    assert.equal((await t.api.get('/v1/sessions/secret-session-name/messages?limit=0')).status, 400);
+    assert.equal((await t.api.get('/v1/sessions?limit=1')).status, 200);
     await sampleQueues(svc.deps);
     const text = await (await fetch(`${svc.base}/metrics`)).text();
+    const labelled = (route: string, status: number) =>
+      new RegExp(
+        `mnemos_http_request_duration_seconds_count\\{method="GET",route="${route}",status="${status}"\\} [1-9]`,
+      );
+    assert.match(text, labelled('/v1/jobs/:id', 404));
+    assert.match(text, labelled('/v1/sessions/:sid/messages', 400));
+    assert.match(text, labelled('/v1/sessions', 200));
     assert.equal(metricValue(text, 'mnemos_messages_accepted_total'), acceptedBefore + 2);
     assert.equal(metricValue(text, 'mnemos_messages_archived_total'), archivedBefore + 2);
     assert.match(
