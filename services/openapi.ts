@@ -11,7 +11,8 @@ export interface RouteMeta {
   body?: z.ZodType;
   query?: z.ZodType;
   auth?: 'tenant' | 'admin' | 'none';
-  success?: number;
+  /** Success status(es); default 200. */
+  success?: number | number[];
 }
 
 export interface Mounted {
@@ -68,7 +69,9 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
         schema: { type: 'string' },
       })),
       responses: {
-        [String(meta?.success ?? 200)]: { description: 'success' },
+        ...Object.fromEntries(
+          [meta?.success ?? 200].flat().map((code) => [String(code), { description: 'success' }]),
+        ),
         default: {
           description: 'error',
           content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } },

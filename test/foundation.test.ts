@@ -363,6 +363,14 @@ void describe('tenants, keys and the admin API', () => {
   void test('OpenAPI documents every mounted route, and every documented route answers', async () => {
     const doc = (await api(svc.base).get('/openapi.json')).body;
     assert.equal(doc.openapi, '3.1.0');
+    const queryParams = (path: string, method: string) =>
+      (doc.paths[path][method].parameters as Array<{ name: string; in: string }>)
+        .filter((p) => p.in === 'query')
+        .map((p) => p.name);
+    assert.deepEqual(queryParams('/v1/errors', 'get'), ['cursor', 'limit']);
+    assert.deepEqual(queryParams('/v1/errors', 'delete'), ['tool_name']);
+    assert.deepEqual(queryParams('/v1/admin/tenants', 'get'), ['cursor', 'limit']);
+    assert.deepEqual(Object.keys(doc.paths['/v1/errors'].post.responses).sort(), ['200', '201', 'default']);
     const t = await svc.newTenant();
     for (const [path, ops] of Object.entries(
       doc.paths as Record<string, Record<string, { summary: string }>>,

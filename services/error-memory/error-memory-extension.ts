@@ -1,7 +1,14 @@
 import type { Extension, ExtensionFactory } from '../extension.js';
 import { localEmbed } from '../llm/local-embedder.js';
 import type { RouteMeta } from '../openapi.js';
-import { errorLookupBody, errorSearchBody, errorWriteBody, makeErrorRoutes } from '../routes/error-routes.js';
+import {
+  errorListQuery,
+  errorLookupBody,
+  errorPurgeQuery,
+  errorSearchBody,
+  errorWriteBody,
+  makeErrorRoutes,
+} from '../routes/error-routes.js';
 import { openErrorMemory } from './error-store.js';
 import type { ErrorMemory } from './types.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
@@ -10,7 +17,7 @@ const meta: Record<string, RouteMeta> = {
   'POST /': {
     summary: 'Record a tool error and its fix (merged into an existing record when the symptom matches)',
     body: errorWriteBody,
-    success: 201,
+    success: [201, 200],
   },
   'POST /search': {
     summary: 'Search error memory by tool and terms (renews TTL of returned records)',
@@ -21,9 +28,9 @@ const meta: Record<string, RouteMeta> = {
     body: errorLookupBody,
   },
   'GET /:id': { summary: 'Read one record (renews TTL)' },
-  'GET /': { summary: 'List records for dashboards (does not renew TTL)' },
+  'GET /': { summary: 'List records for dashboards (does not renew TTL)', query: errorListQuery },
   'DELETE /:id': { summary: 'Delete one record', success: 204 },
-  'DELETE /': { summary: 'Purge records (optionally of one tool_name)' },
+  'DELETE /': { summary: 'Purge records (optionally of one tool_name)', query: errorPurgeQuery },
 };
 
 const SWEEP_EVERY_MS = 15 * 60_000;

@@ -56,14 +56,14 @@ export const errorSearchBody = z
 
 export const errorLookupBody = z.object({ tool_name: toolName, error: text(16_000) }).strict();
 
-const listQuery = z
+export const errorListQuery = z
   .object({
     cursor: z.string().regex(LIST_CURSOR_RE, 'invalid cursor').optional(),
     limit: z.coerce.number().int().min(1).max(500).default(100),
   })
   .strict();
 
-const purgeQuery = z.object({ tool_name: toolName.optional() }).strict();
+export const errorPurgeQuery = z.object({ tool_name: toolName.optional() }).strict();
 
 function tenantOf(res: Response): string {
   const tenantId: unknown = res.locals.tenantId;
@@ -98,7 +98,7 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
   });
 
   router.get('/', async (req, res) => {
-    const query = parseInput(listQuery, req.query, 'query');
+    const query = parseInput(errorListQuery, req.query, 'query');
     res.json(await errors.list(tenantOf(res), query));
   });
 
@@ -109,7 +109,7 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
   });
 
   router.delete('/', async (req, res) => {
-    const query = parseInput(purgeQuery, req.query, 'query');
+    const query = parseInput(errorPurgeQuery, req.query, 'query');
     res.json({ deleted: await errors.purge(tenantOf(res), query) });
   });
 
