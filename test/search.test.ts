@@ -652,6 +652,27 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     );
   });
 
+  void test('semantic and hybrid leave out messages that share nothing with the query (score 0)', async () => {
+    const s = sid('floor');
+    const [notes] = await archive(api, s, [
+      user('pgvector index notes'),
+      assistant('ok thanks'),
+      user('lunch order'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    for (const match of ['semantic', 'hybrid']) {
+      const none = await search(api, s, { query: 'zebra', match });
+      assert.equal(none.status, 200);
+      assert.deepEqual(none.body.hits, [], `${match}: nothing shares a word with "zebra"`);
+      const one = await search(api, s, { query: 'pgvector', match, limit: 3 });
+      assert.deepEqual(
+        one.body.hits.map((h: SearchHit) => h.seq),
+        [notes],
+        `${match}: only the message that shares a word`,
+      );
+    }
+  });
+
   void test('malformed queries never give a 5xx; NUL, lone surrogates, blank and too long give 400', async () => {
     const s = sid('malformed');
     await archive(api, s, [user('some text to search, with "quotes" and 100% of things'), assistant('ok')]);
@@ -1063,14 +1084,16 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
       // Excluded terms are array parameters: one more statement serves any number and kind of them,
       // with the results of the unprepared search. [query, a word no hit may contain]; `the` is a
       // stop word, excluded by substring only.
+      // [query, a word no hit may contain, whether any hit is left]: with both quokka messages
+      // excluded, nothing left shares a word with the query (score 0, no match).
       const excluding = [
-        ['quokka -habitat', 'habitat'],
-        ['quokka -"habitat notes" -lunch', 'lunch'],
-        ['quokka -habitat -天氣 -plan', 'plan'],
-        ['quokka -the', 'weather'],
-        ['quokka -天 -lunch', 'lunch'],
+        ['quokka -habitat', 'habitat', true],
+        ['quokka -"habitat notes" -lunch', 'lunch', true],
+        ['quokka -habitat -天氣 -plan', 'plan', false],
+        ['quokka -the', 'weather', true],
+        ['quokka -天 -lunch', 'lunch', true],
       ] as const;
-      for (const [query, gone] of excluding) {
+      for (const [query, gone, anyLeft] of excluding) {
         const body = params({ query, match: 'semantic', limit: 3 });
         const got = await searchSession({ ...svc.deps, db }, tenantId, plain, body);
         const want = await searchSession(
@@ -1080,7 +1103,7 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
           body,
         );
         assert.deepEqual(got, want, query);
-        assert.ok(got.hits.length > 0, query);
+        assert.equal(got.hits.length > 0, anyLeft, query);
         assert.ok(
           got.hits.every((h) => !String(h.content).includes(gone)),
           query,
@@ -1167,7 +1190,8 @@ void describe('search across compaction and with an LLM embedder', () => {
     const sem = await search(api, s, { query: 'blue whale', match: 'semantic' });
     assert.equal(sem.status, 200);
     assert.equal(sem.body.hits[0]?.seq, exact);
-    assert.ok(sem.body.hits.some((h) => h.seq === other));
+    // "red fox den" shares nothing with the query: no match, however near it ranks.
+    assert.ok(!sem.body.hits.some((h) => h.seq === other));
     assert.ok(fake.embeddingRequests().length > before, 'the query went to the embeddings endpoint');
 
     const keyword = await hitSeqs(api, s, { query: 'whale', match: 'keyword' });

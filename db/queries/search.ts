@@ -265,6 +265,9 @@ type KeywordJson = Array<[number, number | null, boolean, boolean]>;
 type SemanticJson = Array<[number, number | string]>;
 
 const EMPTY_KC = `kc AS (SELECT NULL::bigint AS seq, NULL::real AS rank, false AS by_fts, false AS by_substring WHERE false)`;
+/** Semantic candidates must score above this (cosine similarity). */
+export const MIN_SEMANTIC_SCORE = 0;
+
 const EMPTY_SC = `sc AS (SELECT NULL::bigint AS seq, NULL::float8 AS score WHERE false)`;
 
 export interface KeywordCandidate {
@@ -406,24 +409,29 @@ function semanticCte(
   const distance = `v.embedding::vector(${d}) <=> ${e}::vector(${d})`;
   const recent = `v.tenant_id = $1 AND v.session_id = $2 AND v.seq >= (SELECT start_seq FROM st)`;
   const needsArchive = a.sinceNs !== null || hasExclusions(a);
+  // The nearest k, then only those with a positive cosine similarity: a message that shares
+  // nothing with the query (score 0 with the lexical local embedder) is no match, however near
+  // it ranks. (A NaN score, from a zero vector, compares above every number and stays.)
+  const positive = (nearest: string) =>
+    `sc AS (SELECT seq, score FROM (${nearest}) nearest WHERE score > ${MIN_SEMANTIC_SCORE})`;
   if (needsArchive && sortFirst) {
-    return `sc AS (
+    return positive(`
     SELECT c.seq, 1 - c.distance AS score
     FROM (SELECT v.seq, ${distance} AS distance FROM message_vectors v WHERE ${recent}
           ORDER BY 2) c
     JOIN messages m ON m.tenant_id = $1 AND m.session_id = $2 AND m.seq = c.seq
     WHERE true${filterSql(p, a, 'c.seq')}
-    ORDER BY c.distance LIMIT ${k()})`;
+    ORDER BY c.distance LIMIT ${k()}`);
   }
   // Without the join, the window bound is the only filter left, and it applies to v.seq.
   const join = needsArchive
     ? `JOIN messages m ON m.tenant_id = v.tenant_id AND m.session_id = v.session_id AND m.seq = v.seq`
     : '';
-  return `sc AS (
+  return positive(`
     SELECT v.seq, 1 - (${distance}) AS score
     FROM message_vectors v ${join}
     WHERE ${recent}${filterSql(p, a, 'v.seq')}
-    ORDER BY ${distance} LIMIT ${k()})`;
+    ORDER BY ${distance} LIMIT ${k()}`);
 }
 
 /**
