@@ -87,12 +87,21 @@ const CLUSTERS = 64;
 
 const rand = makeRandom(0x5ea7c4);
 const gauss = () => Math.sqrt(-2 * Math.log(rand() || 1e-12)) * Math.cos(2 * Math.PI * rand());
-const centroids = Array.from({ length: CLUSTERS }, () => {
-  const v = Array.from({ length: DIMS }, gauss);
+const unit = (v: number[]) => {
   const n = Math.hypot(...v);
   return v.map((x) => x / n);
-});
-/** A point of a random cluster: centroid plus noise of half its norm (cos ≈ 0.9 within a cluster). */
+};
+// Text embeddings share a common direction: unrelated texts still score above 0, as the
+// service's similarity floor (> 0) expects. Random centroids alone are orthogonal on average, half
+// of their pairs negative, which would drop candidates no real embedder would drop.
+const common = unit(Array.from({ length: DIMS }, gauss));
+const centroids = Array.from({ length: CLUSTERS }, () =>
+  unit(Array.from({ length: DIMS }, gauss)).map((x, i) => x + 0.8 * common[i]!),
+).map(unit);
+/**
+ * A point of a random cluster: centroid plus noise of half its norm (cos ≈ 0.9 within a cluster,
+ * ≈ 0.4 across clusters).
+ */
 function clusteredVector(): number[] {
   const c = centroids[Math.floor(rand() * CLUSTERS)]!;
   const sigma = 0.5 / Math.sqrt(DIMS);
