@@ -36,7 +36,8 @@ export function requireAdmin(
   opts: { basicChallenge?: boolean } = {},
 ): RequestHandler {
   return (req, res, next) => {
-    if (!adminToken) throw new AppError(404, 'not_found', `no route for ${req.method} ${req.path}`);
+    if (!adminToken)
+      throw new AppError(404, 'not_found', `no route for ${req.method} ${req.baseUrl}${req.path}`);
     const header = req.header('authorization') ?? '';
     let presented = bearer(header);
     const basic = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header);

@@ -11,7 +11,8 @@ import { runFromEnv } from './main.js';
 import { reembedCommand } from './recent-index/reembed.js';
 import { createKey, createTenant, keyList, revokeKey, tenantList } from './tenants.js';
 
-async function withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
+/** Opens the database, applies pending migrations (`applied` names them) and runs `fn`. */
+async function withDb<T>(fn: (db: Db, applied: string[]) => Promise<T>): Promise<T> {
   const config = loadConfig(process.env);
   // Embedded mode: open the data dir directly; it fails with a clear message while "mnemos serve" holds it.
   const db = config.databaseUrl
@@ -22,8 +23,8 @@ async function withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
       })
     : await openPgliteDb(config.dataDir);
   try {
-    await migrate(db);
-    return await fn(db);
+    const applied = await migrate(db);
+    return await fn(db, applied);
   } finally {
     await db.close();
   }
@@ -51,8 +52,7 @@ program
   .command('migrate')
   .description('apply pending database migrations')
   .action(() =>
-    withDb(async (db) => {
-      const applied = await migrate(db);
+    withDb(async (_db, applied) => {
       print(applied.length ? `applied: ${applied.join(', ')}` : 'schema is up to date');
     }),
   );

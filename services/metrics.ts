@@ -33,7 +33,7 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     }),
     messagesDropped: new Counter({
       name: 'mnemos_messages_dropped_total',
-      help: 'Inbox entries dropped because their session was reset or deleted meanwhile',
+      help: 'Inbox entries dropped because their session was reset or deleted, or their tenant erased, meanwhile',
       registers: [registry],
     }),
     ingestDeadLetter: new Counter({

@@ -137,14 +137,29 @@ void describe('migrations', () => {
     await Promise.all(dbs.map((d) => d.close()));
   });
 
-  void test('the CLI migrate command reports an up-to-date schema', () => {
-    const r = spawnSync(process.execPath, ['bin/mnemos.js', 'migrate'], {
-      env: { ...process.env, DATABASE_URL: url },
-      encoding: 'utf8',
-      timeout: 30_000,
-    });
-    assert.equal(r.status, 0, r.stderr);
-    assert.match(r.stdout, /schema is up to date/);
+  void test('the CLI migrate command names what it applied, then reports an up-to-date schema', async () => {
+    const fresh = new URL(url);
+    fresh.pathname = `${fresh.pathname}_cli`;
+    const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    await admin.query(`CREATE DATABASE "${fresh.pathname.slice(1)}"`);
+    await admin.close();
+    try {
+      const run = () =>
+        spawnSync(process.execPath, ['bin/mnemos.js', 'migrate'], {
+          env: { ...process.env, DATABASE_URL: fresh.toString() },
+          encoding: 'utf8',
+          timeout: 30_000,
+        });
+      const first = run();
+      assert.equal(first.status, 0, first.stderr);
+      const names = (await loadMigrations()).map((m) => m.name);
+      assert.equal(first.stdout.trim(), `applied: ${names.join(', ')}`);
+      const second = run();
+      assert.equal(second.status, 0, second.stderr);
+      assert.match(second.stdout, /schema is up to date/);
+    } finally {
+      await dropTestDatabase(fresh.toString());
+    }
   });
 });
 
@@ -273,6 +288,7 @@ void describe('tenants, keys and the admin API', () => {
         const r = await api(bare.base, ADMIN_TOKEN).get(path);
         assert.equal(r.status, 404, path);
         assert.equal(r.body.error.code, 'not_found');
+        assert.equal(r.body.error.message, `no route for GET ${path}`);
       }
     } finally {
       await bare.stop();

@@ -839,6 +839,36 @@ void describe('tenant erasure', () => {
     assert.equal((await bystander.api.post(`/v1/sessions/${tricky}/reset`)).status, 200);
   });
 
+  void test('an inbox whose tenant the database does not know is dropped, counted and logged, and drains stop', async () => {
+    // What a worker sees when a tenant was erased with work still queued, or when another
+    // deployment with another database shares MNEMOS_PREFIX: the session row cannot be created.
+    const t = await svc.newTenant();
+    const s = sid('orphan');
+    const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
+    const before = await dropped();
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    try {
+      const r = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('a'), user('b'), user('c')],
+      });
+      assert.equal(r.status, 202);
+      await q('DELETE FROM tenants WHERE id = $1', [t.tenantId]);
+    } finally {
+      await ingest.resume();
+    }
+    await eventually(
+      async () => (await dropped()) === before + 3,
+      15_000,
+      'three entries counted as dropped',
+    );
+    await settled(t.tenantId, s);
+    assert.equal(
+      (await q('SELECT count(*)::int AS n FROM sessions WHERE tenant_id = $1', [t.tenantId]))[0].n,
+      0,
+    );
+  });
+
   void test('the admin route needs the admin token and answers 404 for an unknown tenant', async () => {
     const t = await svc.newTenant();
     assert.equal((await api(svc.base, ADMIN_TOKEN).del('/v1/admin/tenants/t_aaaaaaaaaaaaaaaa')).status, 404);

@@ -140,10 +140,17 @@ export async function drainSession(
         };
       });
     } catch (err) {
-      // The tenant was erased while work was queued: its inbox has nowhere to go.
+      // The tenant was erased while work was queued: its inbox has nowhere to go. (Or another
+      // deployment, with another database, shares this MNEMOS_PREFIX: say so, and count it.)
       if (pgCode(err) === '23503') {
+        const waiting = await deps.redis.llen(keys.inbox);
         await clearInbox(deps.redis, keys, 0);
-        deps.logger.warn({ tenantId }, 'dropped inbox of an erased tenant');
+        deps.metrics.messagesDropped.inc(waiting);
+        deps.logger.warn(
+          { tenantId, dropped: waiting },
+          'dropped the inbox of a tenant this database does not know: erased meanwhile, or another ' +
+            'deployment (another database) shares this MNEMOS_PREFIX on the same Redis',
+        );
         return { ...total, more: false };
       }
       throw err;
