@@ -226,6 +226,27 @@ void describe('summarize job', () => {
     assert.equal(chunks[2]!.match(/…\[truncated \d+ characters\]/g)?.length, 2);
   });
 
+  void test('several user messages in a row end their chunk with their reply, all shortened to fit', async () => {
+    const s = sid('run');
+    await archive(s, [
+      // The three questions fit together (with their headers), not with the answer.
+      user(sized('[T:r1]', 100)),
+      user(sized('[T:r2]', 100)),
+      user(sized('[T:r3]', 100)),
+      assistant(sized('[T:r4]', 150)),
+      user(sized('[T:r5]', 50)),
+      assistant(sized('[T:r6]', 50)),
+    ]);
+    fake.onChat(echoSummary);
+    await summarize(s);
+    const chunks = summaryCalls().map((c) => transcriptOf(c));
+    assert.deepEqual(chunks.map(tokensIn), [
+      ['[T:r1]', '[T:r2]', '[T:r3]', '[T:r4]'],
+      ['[T:r5]', '[T:r6]'],
+    ]);
+    for (const c of chunks) assert.ok(codePoints(c) <= BUDGET, `chunk of ${codePoints(c)} code points`);
+  });
+
   void test('truncates one huge message for the prompt with a marker counting what was left out', async () => {
     const s = sid('huge');
     const content = sized('[T:h1]', 3000, 'y');

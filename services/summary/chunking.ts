@@ -5,12 +5,13 @@ import type { Block } from './render.js';
  * block is already at most `budget` (long messages were truncated when rendered).
  *
  * A chunk that is not the last never ends on a user message, so a question is summarised with
- * its answer: the chunk ends before the trailing user message(s) instead. When a user message is
- * alone in its chunk (it and its reply do not fit together), the reply joins it and both are
- * shortened to share the budget (`refit` re-renders a block within a smaller size). The one case
- * that still ends on a user message is a run of consecutive user messages without any reply that
- * by itself exceeds the budget: it is cut where it must be, keeping its last message for the
- * reply's chunk.
+ * its answer: the chunk ends before the trailing user message(s) instead. When the user messages
+ * are alone in their chunk (they and their reply do not fit together), the reply joins them and
+ * all are shortened to share the budget (`refit` re-renders a block within a smaller size). The
+ * one case that still ends on a user message is a run of consecutive user messages without any
+ * reply that by itself exceeds the budget (or is so long that shortening every message to share
+ * the budget with the reply would not fit): it is cut where it must be, keeping its last message
+ * for the reply's chunk.
  */
 export function planChunks(
   blocks: Block[],
@@ -35,12 +36,15 @@ export function planChunks(
       i = end;
       continue;
     }
-    // blocks i..j-1 are all user messages and the next one does not fit with them
+    // blocks i..j-1 are all user messages (they fit together) and the next one does not fit
     const next = blocks[j]!;
-    if (j - i === 1 && next.role !== 'user') {
-      chunks.push(fitPair(blocks[i]!, next, budget, refit));
-      i = j + 1;
-      continue;
+    if (next.role !== 'user') {
+      const group = fitWithReply(blocks.slice(i, j), next, budget, refit);
+      if (group) {
+        chunks.push(group);
+        i = j + 1;
+        continue;
+      }
     }
     if (j - i === 1) {
       chunks.push([blocks[i]!]); // a user message followed by another user message
@@ -53,16 +57,31 @@ export function planChunks(
   return chunks;
 }
 
-/** A lone user message and its reply, shortened so both fit: each keeps at least half if needed. */
-function fitPair(
-  user: Block,
+/**
+ * User messages and their reply, shortened so all fit: the reply keeps at least half the budget
+ * if it needs it, the user messages share the rest in proportion to their sizes. Null when
+ * several user messages cannot be shortened that far (each keeps at least its header); a lone
+ * one is always paired.
+ */
+function fitWithReply(
+  users: Block[],
   reply: Block,
   budget: number,
   refit: (b: Block, maxSize: number) => Block,
-): Block[] {
-  if (user.size + reply.size <= budget) return [user, reply];
+): Block[] | null {
+  const usersSize = users.reduce((n, b) => n + b.size, 0);
+  if (usersSize + reply.size <= budget) return [...users, reply];
   const half = Math.floor(budget / 2);
-  if (user.size <= half) return [user, refit(reply, budget - user.size)];
-  if (reply.size <= half) return [refit(user, budget - reply.size), reply];
-  return [refit(user, half), refit(reply, budget - half)];
+  const shrink = (room: number) =>
+    users.length === 1
+      ? [refit(users[0]!, room)]
+      : users.map((b) => refit(b, Math.floor((room * b.size) / usersSize)));
+  const group =
+    usersSize <= half
+      ? [...users, refit(reply, budget - usersSize)]
+      : reply.size <= half
+        ? [...shrink(budget - reply.size), reply]
+        : [...shrink(half), refit(reply, budget - half)];
+  if (users.length > 1 && group.reduce((n, b) => n + b.size, 0) > budget) return null;
+  return group;
 }
