@@ -111,16 +111,23 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
   const svc = await startService(mode, config, { logger, extensions });
   if (svc.url) {
     logger.info({ url: svc.url }, `mnemos ${mode} listening on ${svc.url}`);
-    const lines = [
-      `mnemos ${mode} listening on ${svc.url}`,
-      ...(config.databaseUrl
-        ? [`  API keys:   npx mnemos tenant create <name>   (prints a tenant id and its first key)`]
-        : embeddedBannerLines(config, svc.url)),
-      config.adminToken
-        ? `  Bull Board: ${svc.url}/admin/queues   (user: any, password: MNEMOS_ADMIN_TOKEN)`
-        : '  Bull Board: set MNEMOS_ADMIN_TOKEN to enable /admin/queues',
-      `  Health:     ${svc.url}/readyz   Metrics: ${svc.url}/metrics   OpenAPI: ${svc.url}/openapi.json`,
-    ];
+    // A worker serves health, readiness and metrics only: no keys, Bull Board or OpenAPI to show.
+    const lines =
+      mode === 'worker'
+        ? [
+            `mnemos worker listening on ${svc.url}`,
+            `  Health:     ${svc.url}/readyz   Metrics: ${svc.url}/metrics`,
+          ]
+        : [
+            `mnemos ${mode} listening on ${svc.url}`,
+            ...(config.databaseUrl
+              ? [`  API keys:   npx mnemos tenant create <name>   (prints a tenant id and its first key)`]
+              : embeddedBannerLines(config, svc.url)),
+            config.adminToken
+              ? `  Bull Board: ${svc.url}/admin/queues   (user: any, password: MNEMOS_ADMIN_TOKEN)`
+              : '  Bull Board: set MNEMOS_ADMIN_TOKEN to enable /admin/queues',
+            `  Health:     ${svc.url}/readyz   Metrics: ${svc.url}/metrics   OpenAPI: ${svc.url}/openapi.json`,
+          ];
     process.stdout.write(`${lines.join('\n')}\n`);
   } else {
     logger.info(`mnemos ${mode} started`);

@@ -64,6 +64,19 @@ void describe('operations', () => {
     assert.ok(!text.includes(t.tenantId), 'no tenant ids in metrics');
   });
 
+  void test('a job that fails for good before its last attempt is counted as final', async () => {
+    const failures = async (final: string) =>
+      (await svc.deps.metrics.jobFailures.get()).values.find(
+        (v) => v.labels.queue === 'maintenance' && v.labels.final === final,
+      )?.value ?? 0;
+    const [finalBefore, retryBefore] = [await failures('true'), await failures('false')];
+    // A task this build does not have is a permanent fault (UnrecoverableError), with 2 of 3
+    // attempts left.
+    await svc.deps.queues.maintenance.add('nope', { v: 1, kind: 'no-such-task' });
+    await eventually(async () => (await failures('true')) === finalBefore + 1, 15_000, 'a final failure');
+    assert.equal(await failures('false'), retryBefore);
+  });
+
   void test('rate limiting per API key: 429 with retry-after past the budget, other keys unaffected', async () => {
     const a = await svc.newTenant();
     const b = await svc.newTenant();

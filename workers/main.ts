@@ -76,7 +76,8 @@ export async function startWorkers(
     const w = new Worker(name, timedProcessor, { ...common, concurrency: queueConcurrency });
     w.on('error', (err) => deps.logger.warn({ queue: name, err: { message: err.message } }, 'worker error'));
     w.on('failed', (job, err) => {
-      const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1);
+      // Final: no attempt left, or a permanent fault (UnrecoverableError skips the rest).
+      const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';
       deps.metrics.jobFailures.inc({ queue: name, final: final ? 'true' : 'false' });
       deps.logger.warn(
         { queue: name, jobId: job?.id, attempts: job?.attemptsMade, final, err: { message: err.message } },
