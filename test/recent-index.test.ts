@@ -458,6 +458,8 @@ void describe('recent index with the local embedder', () => {
 
 void describe('the recent index yields to archiving during a burst', () => {
   let svc: TestService;
+  let probes = 0;
+  const probePrefix = () => `${svc.config.prefix}:probe${++probes}`;
   before(async () => {
     svc = await startTestService({ env: { EMBED_MAX_DEFER_MS: '8000' } });
   });
@@ -468,31 +470,35 @@ void describe('the recent index yields to archiving during a burst', () => {
   });
 
   void test('archiving is behind when a session has waited for its drain longer than the threshold', async () => {
-    const { redis, config } = svc.deps;
-    const armed = `${config.prefix}:armed`;
-    assert.equal(await archivingBehind(redis, config.prefix, 250), false);
+    const { redis } = svc.deps;
+    // A prefix of its own: the running service's ingest sweeper re-stamps (and its worker drains)
+    // sessions armed under the service's prefix, which would race these probes.
+    const prefix = probePrefix();
+    const armed = `${prefix}:armed`;
+    assert.equal(await archivingBehind(redis, prefix, 250), false);
     await redis.zadd(armed, Date.now(), 't-probe fresh');
-    assert.equal(await archivingBehind(redis, config.prefix, 250), false, 'armed just now');
+    assert.equal(await archivingBehind(redis, prefix, 250), false, 'armed just now');
     await redis.zadd(armed, Date.now() - 1000, 't-probe waiting');
-    assert.equal(await archivingBehind(redis, config.prefix, 250), true, 'armed a second ago');
+    assert.equal(await archivingBehind(redis, prefix, 250), true, 'armed a second ago');
     await redis.zrem(armed, 't-probe fresh', 't-probe waiting');
   });
 
   void test('a session whose drains keep taking entries is not behind, however long its inbox stays full', async () => {
-    const { redis, config } = svc.deps;
+    const { redis } = svc.deps;
+    const prefix = probePrefix();
     defineInboxScripts(redis);
-    const keys = inboxKeys(config.prefix, 't-probe', 'steady');
+    const keys = inboxKeys(prefix, 't-probe', 'steady');
     await redis.hset(keys.sess, 'seq', 3, 'gen', 1, 'armed', '1', 'archived', 0);
     await redis.rpush(keys.inbox, '1 1 {}', '2 1 {}', '3 1 {}');
     // Armed a minute ago: its inbox has held entries ever since.
     await redis.zadd(keys.armed, Date.now() - 60_000, keys.member);
-    assert.equal(await archivingBehind(redis, config.prefix, 250), true);
+    assert.equal(await archivingBehind(redis, prefix, 250), true);
     // A drain that takes nothing (it found nothing it could archive) is no progress.
     assert.equal(await finishDrain(redis, keys, 0), 3);
-    assert.equal(await archivingBehind(redis, config.prefix, 250), true);
+    assert.equal(await archivingBehind(redis, prefix, 250), true);
     // A drain takes seq 1 and leaves 2 and 3: waiting is counted from now.
     assert.equal(await finishDrain(redis, keys, 1), 2);
-    assert.equal(await archivingBehind(redis, config.prefix, 250), false);
+    assert.equal(await archivingBehind(redis, prefix, 250), false);
     // The last drain empties the inbox and disarms the session.
     assert.equal(await finishDrain(redis, keys, 3), 0);
     assert.equal(await redis.zscore(keys.armed, keys.member), null);
