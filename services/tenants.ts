@@ -122,17 +122,20 @@ function toPage<R extends { id: string; created_us: string }, T>(
   limit: number | undefined,
   view: (row: R) => T,
 ): Page<T> {
-  const last = rows[rows.length - 1];
-  const full = limit !== undefined && rows.length === limit && last;
+  // The query asked for one row more than the page: `next` only when something follows.
+  const more = limit !== undefined && rows.length > limit;
+  const items = more ? rows.slice(0, limit) : rows;
+  const last = items[items.length - 1];
+  const full = more && last;
   return {
-    items: rows.map(view),
+    items: items.map(view),
     next: full ? Buffer.from(`${last.created_us}:${last.id}`).toString('base64url') : null,
   };
 }
 
 /** Tenants in creation order; without `limit`, all of them. */
 export async function tenantList(db: Db, page: PageRequest = {}): Promise<Page<TenantView>> {
-  const rows = await listTenants(db, pageAfter(page.cursor), page.limit ?? null);
+  const rows = await listTenants(db, pageAfter(page.cursor), page.limit === undefined ? null : page.limit + 1);
   return toPage(rows, page.limit, (t) => ({
     tenant_id: t.id,
     name: t.name,
@@ -152,7 +155,7 @@ export async function keyList(
     if (!tenant) throw new AppError(404, 'not_found', 'tenant not found');
     tenantId = tenant.id;
   }
-  const rows = await listApiKeys(db, tenantId, pageAfter(page.cursor), page.limit ?? null);
+  const rows = await listApiKeys(db, tenantId, pageAfter(page.cursor), page.limit === undefined ? null : page.limit + 1);
   return toPage(rows, page.limit, (k) => ({
     key_id: k.id,
     tenant_id: k.tenant_id,

@@ -245,6 +245,9 @@ void describe('tenants, keys and the admin API', () => {
       ['k1'],
     );
     assert.equal(rest.body.next, null);
+    const whole = await admin().get(`/v1/admin/tenants/${made[0]}/keys?limit=3`);
+    assert.equal(whole.body.keys.length, 3);
+    assert.equal(whole.body.next, null, 'a full last page has no next');
     assert.equal((await admin().get('/v1/admin/tenants/nobody/keys')).status, 404);
     // Names are what --tenant <id|name> resolves.
     for (const name of ['', '   ', made[1]]) {

@@ -337,6 +337,16 @@ void describe('ingestion', () => {
       desc2.body.messages.map((m: { seq: number }) => m.seq),
       [4, 3, 2],
     );
+    // A full last page says there is nothing more, both ways: no extra empty round trip.
+    const lastFull = await t.api.get('/v1/sessions/p/messages?limit=3&after_seq=4');
+    assert.deepEqual(
+      lastFull.body.messages.map((m: { seq: number }) => m.seq),
+      [5, 6, 7],
+    );
+    assert.equal(lastFull.body.next, null);
+    const descLast = await t.api.get('/v1/sessions/p/messages?limit=4&order=desc&before_seq=5');
+    assert.equal(descLast.body.messages.length, 4);
+    assert.equal(descLast.body.next, null);
     for (const q of ['limit=0', 'limit=501', 'after_seq=-1', 'order=up', 'bogus=1']) {
       const r = await t.api.get(`/v1/sessions/p/messages?${q}`);
       assert.equal(r.status, 400, q);
@@ -351,6 +361,9 @@ void describe('ingestion', () => {
       ['q'],
     );
     assert.equal(rest.body.next, null);
+    const both = await t.api.get('/v1/sessions?limit=2');
+    assert.equal(both.body.sessions.length, 2);
+    assert.equal(both.body.next, null);
   });
 
   void test('no route reads or changes another tenant’s session or job', async () => {

@@ -102,19 +102,21 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
       sessionId: sid,
       afterSeq: q.after_seq ?? null,
       beforeSeq: q.before_seq ?? null,
-      limit,
+      // One row more than the page: `next` is null when no message follows (as of now).
+      limit: limit + 1,
       desc,
     });
-    const messages = rows.map(toStoredMessage);
+    const messages = rows.slice(0, limit).map(toStoredMessage);
     const last = messages[messages.length - 1];
-    res.json({ messages, next: messages.length === limit && last ? last.seq : null });
+    res.json({ messages, next: rows.length > limit && last ? last.seq : null });
   });
 
   router.get('/', async (req, res) => {
     const q = parseInput(listQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
     const limit = q.limit ?? 100;
-    const rows = await listSessions(deps.db, tenantId, q.cursor ?? null, limit);
+    const more = await listSessions(deps.db, tenantId, q.cursor ?? null, limit + 1);
+    const rows = more.slice(0, limit);
     const last = rows[rows.length - 1];
     res.json({
       sessions: rows.map((s) => ({
@@ -123,7 +125,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
         created_at: s.created_at.toISOString(),
         last_message_at: s.last_message_at?.toISOString() ?? null,
       })),
-      next: rows.length === limit && last ? last.id : null,
+      next: more.length > limit && last ? last.id : null,
     });
   });
 
