@@ -135,7 +135,11 @@ function toPage<R extends { id: string; created_us: string }, T>(
 
 /** Tenants in creation order; without `limit`, all of them. */
 export async function tenantList(db: Db, page: PageRequest = {}): Promise<Page<TenantView>> {
-  const rows = await listTenants(db, pageAfter(page.cursor), page.limit === undefined ? null : page.limit + 1);
+  const rows = await listTenants(
+    db,
+    pageAfter(page.cursor),
+    page.limit === undefined ? null : page.limit + 1,
+  );
   return toPage(rows, page.limit, (t) => ({
     tenant_id: t.id,
     name: t.name,
@@ -155,7 +159,12 @@ export async function keyList(
     if (!tenant) throw new AppError(404, 'not_found', 'tenant not found');
     tenantId = tenant.id;
   }
-  const rows = await listApiKeys(db, tenantId, pageAfter(page.cursor), page.limit === undefined ? null : page.limit + 1);
+  const rows = await listApiKeys(
+    db,
+    tenantId,
+    pageAfter(page.cursor),
+    page.limit === undefined ? null : page.limit + 1,
+  );
   return toPage(rows, page.limit, (k) => ({
     key_id: k.id,
     tenant_id: k.tenant_id,
