@@ -741,22 +741,37 @@ async function phaseArchiveCost(): Promise<void> {
   const db = makePgDb({ connectionString: scratch.url, max: 1, applicationName: 'mnemos-bench' });
   onCleanup(() => db.close().catch(() => undefined));
   const tsvector = ARCHIVE_TSVECTOR_SQL;
-  const variants: Array<{ name: string; table: string | null; drop: string[]; tsv: string }> = [
-    { name: 'messages (insertArchiveBatch)', table: null, drop: [], tsv: tsvector },
-    { name: 'without the GIN index', table: 'm_no_gin', drop: ['search_tsv_idx'], tsv: tsvector },
-    {
-      name: 'without GIN and tsvector (empty)',
-      table: 'm_no_tsv',
-      drop: ['search_tsv_idx'],
-      tsv: `''::tsvector`,
-    },
-    {
-      name: 'also without the client-id and sent_at btrees',
-      table: 'm_bare',
-      drop: ['search_tsv_idx', 'tenant_id_session_id_id_idx', 'tenant_id_session_id_sent_at_ns_idx'],
-      tsv: `''::tsvector`,
-    },
-  ];
+  const variants: Array<{ name: string; table: string | null; drop: string[]; tsv: string; alter?: string }> =
+    [
+      { name: 'messages (insertArchiveBatch)', table: null, drop: [], tsv: tsvector },
+      {
+        name: 'GIN without fastupdate',
+        table: 'm_gin_direct',
+        drop: [],
+        tsv: tsvector,
+        alter: 'ALTER INDEX m_gin_direct_search_tsv_idx SET (fastupdate = off)',
+      },
+      {
+        name: 'GIN with a 32 MB pending list',
+        table: 'm_gin_32mb',
+        drop: [],
+        tsv: tsvector,
+        alter: 'ALTER INDEX m_gin_32mb_search_tsv_idx SET (gin_pending_list_limit = 32768)',
+      },
+      { name: 'without the GIN index', table: 'm_no_gin', drop: ['search_tsv_idx'], tsv: tsvector },
+      {
+        name: 'without GIN and tsvector (empty)',
+        table: 'm_no_tsv',
+        drop: ['search_tsv_idx'],
+        tsv: `''::tsvector`,
+      },
+      {
+        name: 'also without the client-id and sent_at btrees',
+        table: 'm_bare',
+        drop: ['search_tsv_idx', 'tenant_id_session_id_id_idx', 'tenant_id_session_id_sent_at_ns_idx'],
+        tsv: `''::tsvector`,
+      },
+    ];
   try {
     const { tenant_id: tenantId } = await createTenant(db, 'bench');
     const pid = (await db.query<{ p: number }>('SELECT pg_backend_pid() AS p')).rows[0]!.p;
@@ -765,6 +780,7 @@ async function phaseArchiveCost(): Promise<void> {
       if (!v.table) continue;
       await db.query(`CREATE TABLE ${v.table} (LIKE messages INCLUDING ALL)`);
       for (const suffix of v.drop) await db.query(`DROP INDEX ${v.table}_${suffix}`);
+      if (v.alter) await db.query(v.alter);
     }
     const sessions = 20;
     const rounds = Math.max(2, Math.round(60 * SCALE));
