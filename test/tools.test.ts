@@ -128,6 +128,14 @@ void describe('agent tools', () => {
       ['chat_history', { keyword: 'x', time_range: 'forever' }, /time_range/],
       ['chat_history', [1, 2], /send a JSON object/],
       ['chat_history', JSON.stringify('{"keyword": '), /not valid JSON/],
+      // Seqs past 2^53 are not exact and past 2^63 no bigint: guidance, not a 500.
+      [
+        'chat_history',
+        { mode: 'read', from_seq: 1e20, to_seq: 1e21 },
+        /from_seq must be a non-negative integer/,
+      ],
+      ['chat_history', { mode: 'read', from_seq: 1, to_seq: '99999999999999999999' }, /to_seq must be/],
+      ['chat_history', { mode: 'read', from_seq: 0, to_seq: 2 ** 53 }, /to_seq must be/],
       ['chat_history', { keyword: 5 }, /keyword must be a string/],
       ['chat_history', { keyword: { text: 'x' } }, /keyword must be a string/],
       ['chat_history', { keyword: '記'.repeat(10_001) }, /keyword: .*at most 10000/],
@@ -147,6 +155,50 @@ void describe('agent tools', () => {
       assert.match(text, /Example of a valid call|JSON object|valid JSON/, 'says how to fix the call');
     }
     assert.equal((await a.api.post('/v1/sessions/s1/tools/delete_everything', {})).status, 404);
+    assert.equal((await a.api.post('/v1/sessions/s1/tools/delete_everything', '"{oops"')).status, 404);
+    // Unparsable arguments get an example of the tool that was called, which that tool accepts.
+    const bad = await call(a.api, 's1', 'write_error', JSON.stringify('{not json'));
+    const example = /Example of a valid call: (\{.*\})$/.exec(bad)?.[1];
+    assert.ok(example, bad);
+    assert.match(await call(a.api, 's1', 'write_error', JSON.parse(example)), /^Recorded as err_/);
+  });
+
+  void test('list and read of long messages show what fits and say where the rest is', async () => {
+    // 12 messages of ~1,500 characters: together over the 12,000-character answer limit.
+    const long = Array.from({ length: 12 }, (_, i) => user(`note ${i} ${'pelican '.repeat(185)}`));
+    assert.equal((await a.api.post('/v1/sessions/long/messages?wait=true', { messages: long })).status, 201);
+    const seqsOf = (text: string) => [...text.matchAll(/· #(\d+)\]/g)].map((m) => Number(m[1]));
+
+    const list = await call(a.api, 'long', 'chat_history', { mode: 'list', limit: 12 });
+    assert.ok(list.length <= MAX_OUTPUT_CHARS, `list answer ${list.length} chars`);
+    const listed = seqsOf(list);
+    assert.ok(listed.length >= 5 && listed.length < 12, `listed ${listed.length}`);
+    assert.deepEqual(
+      listed,
+      Array.from({ length: listed.length }, (_, i) => 13 - listed.length + i),
+      'the newest, in order',
+    );
+    const hidden = 12 - listed.length;
+    const note = new RegExp(`${hidden} earlier message\\(s\\) not shown.*"from_seq":1,"to_seq":${hidden}\\}`);
+    assert.match(list, note);
+
+    const read = await call(a.api, 'long', 'chat_history', { mode: 'read', from_seq: 1, to_seq: 12 });
+    assert.ok(read.length <= MAX_OUTPUT_CHARS, `read answer ${read.length} chars`);
+    const shown = seqsOf(read);
+    assert.ok(shown.length >= 5 && shown.length < 12, `read ${shown.length}`);
+    assert.deepEqual(
+      shown,
+      Array.from({ length: shown.length }, (_, i) => i + 1),
+      'the first ones, in order',
+    );
+    const next = shown.length + 1;
+    assert.match(
+      read,
+      new RegExp(`${12 - shown.length} more message\\(s\\) not shown.*"from_seq":${next},"to_seq":12\\}`),
+    );
+    // Following the note reads on where the answer stopped.
+    const rest = await call(a.api, 'long', 'chat_history', { mode: 'read', from_seq: next, to_seq: 12 });
+    assert.equal(seqsOf(rest)[0], next);
   });
 
   void test('output stays bounded however many long hits match', async () => {

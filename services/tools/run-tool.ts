@@ -23,6 +23,14 @@ export interface ToolDeps {
   errors: ErrorMemory | null;
 }
 
+/** One valid call of each tool, quoted in the guidance text. */
+const EXAMPLES: Record<ToolName, string> = {
+  chat_history: '{"mode":"search","keyword":"deployment error","limit":5}',
+  error_history: '{"keyword":"ECONNREFUSED 5432","tool_name":"psql"}',
+  write_error:
+    '{"tool_name":"shell","symptom":"permission denied: /var/log/app.log","action":"ran with sudo -u app","outcome":"resolved"}',
+};
+
 /** A problem with the model's arguments: answered as text (HTTP 200) so the model can fix its call. */
 class ToolArgumentError extends Error {}
 
@@ -77,6 +85,35 @@ function bounded(blocks: string[], header: string): string {
   return out;
 }
 
+/**
+ * Message lines under the output budget: as many as fit, from the start (`keep: 'first'`) or from
+ * the end (`keep: 'last'`, for the newest messages), in order, with `more(n, line)` saying how many
+ * were left out and where they are (`line` = the index of the first or last one left out).
+ */
+function boundedLines(
+  lines: string[],
+  header: string,
+  keep: 'first' | 'last',
+  more: (left: number, at: number) => string,
+): string {
+  // Room for the note about what was left out (its numbers are at most 16 digits each).
+  const budget = MAX_OUTPUT_CHARS - header.length - more(0, 0).length - 40;
+  const order = keep === 'first' ? lines.map((_, i) => i) : lines.map((_, i) => lines.length - 1 - i);
+  let used = 0;
+  let shown = 0;
+  for (const i of order) {
+    if (used + lines[i]!.length + 1 > budget) break;
+    used += lines[i]!.length + 1;
+    shown++;
+  }
+  if (shown === lines.length) return `${header}\n\n${lines.join('\n')}`;
+  const left = lines.length - shown;
+  if (keep === 'first') {
+    return `${header}\n\n${lines.slice(0, shown).join('\n')}\n\n${more(left, shown)}`;
+  }
+  return `${header}\n\n${more(left, left - 1)}\n\n${lines.slice(left).join('\n')}`;
+}
+
 function formatHit(h: SearchHit, timeZone: string): string {
   const lines = [...h.context, { ...h, sent_at_ns: '' } as StoredMessage].sort((a, b) => a.seq - b.seq);
   return lines.map((m) => `${m.seq === h.seq ? '> ' : '  '}${formatMessage(m, timeZone)}`).join('\n');
@@ -106,8 +143,13 @@ function intArg(
   const v = args[key];
   if (v === undefined || v === null) return undefined;
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0)
-    throw guidance(tool, `${key} must be a non-negative integer`, example);
+  // Above 2^53 a number is no longer exact (and past 2^63 it is no seq Postgres can compare).
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0)
+    throw guidance(
+      tool,
+      `${key} must be a non-negative integer (at most ${Number.MAX_SAFE_INTEGER})`,
+      example,
+    );
   return n;
 }
 
@@ -119,7 +161,7 @@ function stringArg(args: Record<string, unknown>, key: string, tool: ToolName, e
 }
 
 async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: Record<string, unknown>) {
-  const ex = '{"mode":"search","keyword":"deployment error","limit":5}';
+  const ex = EXAMPLES.chat_history;
   const allowed = ['mode', 'keyword', 'match', 'time_range', 'limit', 'from_seq', 'to_seq'];
   const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
   if (unknown.length) throw guidance('chat_history', `unknown field(s) ${unknown.join(', ')}`, ex);
@@ -173,9 +215,12 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
     if (rows.length === 0) return `No messages between #${from} and #${to}.`;
     const more = rows.length === MAX_READ && Number(rows[rows.length - 1]!.seq) < to;
     const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
-    return bounded(
-      [body.join('\n')],
+    return boundedLines(
+      body,
       `Messages #${from}–#${to}${more ? ` (first ${MAX_READ}; read on from #${Number(rows[rows.length - 1]!.seq) + 1})` : ''}:`,
+      'first',
+      (left, at) =>
+        `…[${left} more message(s) not shown (output limit): read on with {"mode":"read","from_seq":${Number(rows[at]?.seq ?? 0)},"to_seq":${to}}]`,
     );
   }
   if (mode === 'list') {
@@ -187,14 +232,21 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
       limit,
       desc: true,
     });
-    const body = rows.reverse().map((r) => formatMessage(toStoredMessage(r), tz));
-    return bounded([body.join('\n')], `The last ${rows.length} message(s):`);
+    rows.reverse();
+    const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
+    return boundedLines(
+      body,
+      `The last ${rows.length} message(s):`,
+      'last',
+      (left, at) =>
+        `…[${left} earlier message(s) not shown (output limit): read them with {"mode":"read","from_seq":${Number(rows[0]?.seq ?? 0)},"to_seq":${Number(rows[at]?.seq ?? 0)}}]`,
+    );
   }
   throw guidance('chat_history', 'mode must be "search", "read" or "list"', ex);
 }
 
 async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<string, unknown>) {
-  const ex = '{"keyword":"ECONNREFUSED 5432","tool_name":"psql"}';
+  const ex = EXAMPLES.error_history;
   if (!deps.errors) return 'Error memory is not available on this server.';
   const allowed = ['mode', 'keyword', 'tool_name', 'limit', 'id'];
   const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
@@ -230,8 +282,7 @@ async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<strin
 }
 
 async function writeError(deps: ToolDeps, tenantId: string, sid: string, args: Record<string, unknown>) {
-  const ex =
-    '{"tool_name":"shell","symptom":"permission denied: /var/log/app.log","action":"ran with sudo -u app","outcome":"resolved"}';
+  const ex = EXAMPLES.write_error;
   if (!deps.errors) return 'Error memory is not available on this server.';
   // The record names the session the call came from, not one the model may have made up.
   const parsed = errorWriteBody.safeParse({ ...args, session_id: sid });
@@ -257,6 +308,14 @@ export async function runTool(
     throw new AppError(404, 'not_found', `unknown tool "${name}" (tools: ${TOOL_NAMES.join(', ')})`);
   }
   const tool = name as ToolName;
+  if (typeof args === 'string') {
+    // Models sometimes send the arguments as the JSON string they produced.
+    try {
+      args = args.trim() === '' ? {} : (JSON.parse(args) as unknown);
+    } catch {
+      return `Invalid arguments for ${tool}: not valid JSON. Example of a valid call: ${EXAMPLES[tool]}`;
+    }
+  }
   if (!isObject(args)) {
     return `Invalid arguments for ${tool}: send a JSON object of arguments (see the tool's parameters).`;
   }

@@ -32,17 +32,7 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
   const run = Router();
   run.post('/:sid/tools/:name', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
-    let args: unknown = req.body ?? {};
-    if (typeof args === 'string') {
-      try {
-        args = args.trim() === '' ? {} : JSON.parse(args);
-      } catch {
-        res.json({
-          content: `Invalid arguments for ${req.params.name}: not valid JSON. Send an object such as {"keyword":"…"}.`,
-        });
-        return;
-      }
-    }
+    const args: unknown = req.body ?? {};
     const content = await runTool(
       { core: deps, errors },
       res.locals.tenantId as string,
