@@ -84,6 +84,10 @@ export function zonedToUtcMs(
 }
 
 /** Parses a client `sent_at`; returns unix ns, or an error message for the 400. */
+/** Every form ends as int64 nanoseconds (the archive's `sent_at_ns`): later dates do not fit. */
+const inRange = (ns: bigint): bigint | string =>
+  ns <= MAX_NS ? ns : 'dates after 2262-04-11T23:47:16.854775807Z are not supported';
+
 export function parseSentAt(value: string, zone: string): bigint | string {
   const v = value.trim();
   if (UNIX_NS.test(v)) {
@@ -110,7 +114,7 @@ export function parseSentAt(value: string, zone: string): bigint | string {
     }
     const ms = Date.UTC(y, mo - 1, d, h, mi, s) - offsetMin * 60_000;
     if (ms < 0) return 'dates before 1970 are not supported';
-    return BigInt(ms) * 1_000_000n + BigInt(frac);
+    return inRange(BigInt(ms) * 1_000_000n + BigInt(frac));
   }
   m = NAIVE.exec(v);
   if (m) {
@@ -125,7 +129,7 @@ export function parseSentAt(value: string, zone: string): bigint | string {
     if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
     const ms = zonedToUtcMs(zone, y, mo, d, h, mi, s);
     if (ms < 0) return 'dates before 1970 are not supported';
-    return BigInt(ms) * 1_000_000n;
+    return inRange(BigInt(ms) * 1_000_000n);
   }
   return 'must be RFC 3339 (2026-01-02T03:04:05Z), unix nanoseconds as a decimal string, or "YYYY-MM-DD HH:MM:SS"';
 }

@@ -97,6 +97,32 @@ void describe('ingestion', () => {
     assert.equal(call.tool_calls[0].function.name, 'ls');
     assert.equal(tool.tool_call_id, 'call_1');
     assert.equal(tool.name, 'ls');
+
+    // The last representable instant is accepted and read back exactly.
+    const edge = await t.api.post('/v1/sessions/edge/messages?wait=true', {
+      messages: [user('edge', { sent_at: '2262-04-11T23:47:16.854775807Z' })],
+    });
+    assert.equal(edge.status, 201);
+    const [last] = (await archived(t.api, 'edge')) as any[];
+    assert.equal(last.sent_at, '2262-04-11T23:47:16.854775807Z');
+    assert.equal(last.sent_at_ns, '9223372036854775807');
+
+    // Metadata keys are data: an own "__proto__" key is stored, and part of the message's identity.
+    const proto = (v: number) =>
+      JSON.parse(
+        `{"messages":[{"id":"p1","role":"user","content":"x","metadata":{"__proto__":{"v":${v}},"keep":1}}]}`,
+      );
+    assert.equal((await t.api.post('/v1/sessions/proto/messages?wait=true', proto(1))).status, 201);
+    const [stored] = (await archived(t.api, 'proto')) as any[];
+    assert.deepEqual(
+      JSON.parse(JSON.stringify(stored.metadata), (_k, v: unknown) => v),
+      proto(1).messages[0].metadata,
+    );
+    assert.match(JSON.stringify(stored.metadata), /"__proto__":\{"v":1\}/);
+    assert.equal((await t.api.post('/v1/sessions/proto/messages', proto(1))).body.accepted, 0);
+    const other = await t.api.post('/v1/sessions/proto/messages', proto(2));
+    assert.equal(other.status, 409);
+    assert.equal(other.body.error.code, 'id_conflict');
   });
 
   void test('every validation path is a 4xx naming the field, and stores nothing', async () => {
@@ -124,6 +150,19 @@ void describe('ingestion', () => {
       [{ messages: [user('x', { sent_at: 1767323045000000000 })] }, 400, 'validation_failed', /sent_at/],
       [{ messages: [user('x', { sent_at: 'yesterday' })] }, 400, 'validation_failed', /sent_at/],
       [{ messages: [user('x', { sent_at: '2026-02-30T00:00:00Z' })] }, 400, 'validation_failed', /sent_at/],
+      // Past int64 nanoseconds (2262-04-11T23:47:16.854775807Z) in every form: a 400, never an
+      // accepted message that no drain can store (it would hold the session's later ones back).
+      [{ messages: [user('x', { sent_at: '2262-04-12T00:00:00Z' })] }, 400, 'validation_failed', /2262/],
+      [{ messages: [user('x', { sent_at: '9999-12-31T23:59:59Z' })] }, 400, 'validation_failed', /sent_at/],
+      [
+        { messages: [user('x', { sent_at: '2262-04-11T23:47:16-00:01' })] },
+        400,
+        'validation_failed',
+        /sent_at/,
+      ],
+      [{ messages: [user('x', { sent_at: '2262-04-13 00:00:00' })] }, 400, 'validation_failed', /sent_at/],
+      [{ messages: [user('x', { sent_at: '9223372036854775808' })] }, 400, 'validation_failed', /sent_at/],
+      [{ messages: [user('x', { metadata: ['a'] })] }, 400, 'validation_failed', /metadata/],
       [
         { messages: [user('x', { metadata: { big: 'x'.repeat(17 * 1024) } })] },
         400,
@@ -147,6 +186,25 @@ void describe('ingestion', () => {
       assert.equal(r.status, status, JSON.stringify(body).slice(0, 120));
       assert.equal(r.body.error.code, code, JSON.stringify(r.body));
       if (detail) assert.match(JSON.stringify(r.body.error), detail);
+    }
+    // Nesting deep enough to overflow a recursive walk: a 400 naming the path, not a 500.
+    for (const [field, depth] of [
+      ['metadata', 5000],
+      ['metadata', 65],
+      ['colour', 100_000],
+    ] as const) {
+      const nested = `${'['.repeat(depth)}1${']'.repeat(depth)}`;
+      const r = await t.api.raw('/v1/sessions/v/messages', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: `{"messages":[{"role":"user","content":"x","${field}":{"k":${nested}}}]}`,
+      });
+      assert.equal(r.status, 400, `${field} ${depth}: ${r.text.slice(0, 200)}`);
+      assert.equal(r.body.error.code, 'validation_failed');
+      assert.match(
+        r.body.error.message,
+        new RegExp(`^messages\\[0\\]\\.${field}\\.k(\\[0\\])+: nested more than 64`),
+      );
     }
     const tooBig = await t.api.post('/v1/sessions/v/messages', {
       messages: [user('ok'), user('é'.repeat(512 * 1024 + 1))],

@@ -52,7 +52,13 @@ export const messageSchema = z
     sent_at: z
       .string({ error: 'must be a string: RFC 3339, unix ns as a decimal string, or YYYY-MM-DD HH:MM:SS' })
       .optional(),
-    metadata: z.record(z.string(), z.unknown()).optional(),
+    // Checked, not copied: a copy made by assignment would drop an own `__proto__` key.
+    metadata: z
+      .custom<Record<string, unknown>>((v) => typeof v === 'object' && v !== null && !Array.isArray(v), {
+        message: 'must be a JSON object',
+      })
+      .meta({ type: 'object', description: 'free-form JSON object, at most 16 KiB' })
+      .optional(),
   })
   .strict()
   .superRefine((m, ctx) => {
@@ -128,6 +134,40 @@ const BAD_CHARS = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF]
 /** True for text Postgres cannot store (NUL) or that is not valid UTF-8 (a lone surrogate). */
 export const hasBadChars = (s: string) => BAD_CHARS.test(s);
 
+/** Nesting allowed in a message (its free-form `metadata`, and anything rejected after the walk). */
+export const MAX_JSON_DEPTH = 64;
+
+/**
+ * The path of the first value nested deeper than MAX_JSON_DEPTH below `v`, or null. Iterative, so
+ * that a body of 100,000 nested arrays is a 400 here rather than a stack overflow in a recursive
+ * walk (findBadString, stableStringify, JSON.stringify) after it.
+ */
+function tooDeep(v: unknown, path: (string | number)[]): string | null {
+  interface Node {
+    x: object;
+    key: string | number;
+    up: Node | null;
+    depth: number;
+  }
+  if (!v || typeof v !== 'object') return null;
+  const stack: Node[] = [{ x: v, key: '', up: null, depth: 0 }];
+  while (stack.length > 0) {
+    const n = stack.pop()!;
+    if (n.depth >= MAX_JSON_DEPTH) {
+      const keys: (string | number)[] = [];
+      for (let at: Node | null = n; at?.up; at = at.up) keys.unshift(at.key);
+      return fieldPath([...path, ...keys]);
+    }
+    const entries: Array<[string | number, unknown]> = Array.isArray(n.x)
+      ? n.x.map((y, i) => [i, y])
+      : Object.entries(n.x);
+    for (const [key, y] of entries) {
+      if (y && typeof y === 'object') stack.push({ x: y, key, up: n, depth: n.depth + 1 });
+    }
+  }
+  return null;
+}
+
 function findBadString(v: unknown, path: (string | number)[]): string | null {
   if (typeof v === 'string') return BAD_CHARS.test(v) ? fieldPath(path) : null;
   if (Array.isArray(v)) {
@@ -166,6 +206,13 @@ export function parseMessages(body: unknown, timeZone: string): AcceptedMessage[
   const out: AcceptedMessage[] = [];
   const receivedNs = nowNs();
   messages.forEach((raw, i) => {
+    const deep = tooDeep(raw, ['messages', i]);
+    if (deep) {
+      const message = `nested more than ${MAX_JSON_DEPTH} levels deep`;
+      throw new AppError(400, 'validation_failed', `${deep}: ${message}`, {
+        problems: [{ path: deep, message }],
+      });
+    }
     const bad = findBadString(raw, ['messages', i]);
     if (bad) {
       throw new AppError(
