@@ -1,4 +1,5 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express';
+import { pgCode } from '../db/pool.js';
 import { AppError, asDependencyError } from './errors.js';
 import type { Logger } from './logger.js';
 
@@ -38,6 +39,17 @@ export function sendError(res: Parameters<RequestHandler>[1], err: AppError): vo
 /** The last middleware: every error leaves as `{"error":{"code","message","details"}}` (details null when none). */
 export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
   return (err, req, res, _next) => {
+    if (pgCode(err) === '22021' && !res.headersSent) {
+      // Postgres refused a parameter (a NUL character: text cannot hold one) that a route let
+      // through unchecked. It is bad input, and the statement changed nothing; logged as a gap in
+      // that route's validation.
+      logger.warn({ code: '22021', method: req.method, path: req.path }, 'unvalidated NUL reached Postgres');
+      sendError(
+        res,
+        new AppError(400, 'invalid_characters', 'NUL characters and lone surrogates are not allowed'),
+      );
+      return;
+    }
     const mapped = fromExpressError(asDependencyError(err));
     if (mapped) {
       if (mapped.status >= 500) logger.warn({ code: mapped.code, path: req.path }, mapped.message);

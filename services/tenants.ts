@@ -12,6 +12,7 @@ import {
 } from '../db/queries/tenants.js';
 import type { PageAfter } from '../db/queries/tenants.js';
 import { AppError } from './errors.js';
+import { hasBadChars } from './messages/message-input.js';
 
 /** API keys look like `mn_<key id>_<secret>`; only sha256(secret) is stored. */
 const KEY_RE = /^mn_([a-z2-7]{12})_([A-Za-z0-9]{40})$/;
@@ -50,16 +51,23 @@ export interface KeyView {
   revoked_at: string | null;
 }
 
+// eslint-disable-next-line no-control-regex
+const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/;
+
 /** Tenant names are what `--tenant <id|name>` resolves: never blank, never shaped like an id. */
 function assertTenantName(name: string): void {
   const problem =
-    name.trim() === '' || name !== name.trim()
-      ? 'must not be blank or start or end with spaces'
-      : name.length > 128
-        ? 'must be at most 128 characters'
-        : TENANT_ID_RE.test(name)
-          ? 'must not look like a tenant id (t_ and 16 letters or digits)'
-          : null;
+    name.trim() === ''
+      ? 'must not be blank'
+      : name !== name.trim()
+        ? 'must not start or end with spaces'
+        : name.length > 128
+          ? 'must be at most 128 characters'
+          : CONTROL_CHARS.test(name) || hasBadChars(name)
+            ? 'must not contain control characters or lone surrogates'
+            : TENANT_ID_RE.test(name)
+              ? 'must not look like a tenant id (t_ and 16 letters or digits)'
+              : null;
   if (problem) {
     throw new AppError(400, 'validation_failed', `name: ${problem}`, {
       problems: [{ path: 'name', message: problem }],
@@ -89,6 +97,12 @@ export async function createKey(
   tenantIdOrName: string,
   name = '',
 ): Promise<{ key_id: string; tenant_id: string; api_key: string }> {
+  if (CONTROL_CHARS.test(name) || hasBadChars(name)) {
+    const problem = 'must not contain control characters or lone surrogates';
+    throw new AppError(400, 'validation_failed', `name: ${problem}`, {
+      problems: [{ path: 'name', message: problem }],
+    });
+  }
   const tenant = await findTenant(db, tenantIdOrName);
   if (!tenant) throw new AppError(404, 'not_found', 'tenant not found');
   const key = await createKeyIn(db, tenant.id, name);

@@ -254,6 +254,29 @@ void describe('tenants, keys and the admin API', () => {
       const r = await admin().post('/v1/admin/tenants', { name });
       assert.equal(r.status, 400, JSON.stringify(name));
     }
+    // The same rules as the CLI's `tenant create`: nothing altered, nothing stored, never a 500.
+    const before = (await admin().get('/v1/admin/tenants?limit=500')).body.tenants.length;
+    for (const [name, problem] of [
+      ['a\u0000b', /control characters/],
+      ['a\ud800b', /lone surrogates/],
+      ['line\nbreak', /control characters/],
+      [' lead', /start or end with spaces/],
+      ['trail ', /start or end with spaces/],
+    ] as const) {
+      const r = await admin().post('/v1/admin/tenants', { name });
+      assert.equal(r.status, 400, JSON.stringify(name));
+      assert.match(r.body.error.message, problem, JSON.stringify(name));
+    }
+    const bad = await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name: 'k\u0000' });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.code, 'validation_failed');
+    assert.equal((await admin().get(`/v1/admin/tenants/a%00b/keys`)).status, 400);
+    assert.equal((await admin().get('/v1/admin/tenants?limit=500')).body.tenants.length, before);
+    assert.equal((await admin().get(`/v1/admin/tenants/${made[0]}/keys?limit=500`)).body.keys.length, 3);
+    // An empty cursor is the first page, on every list.
+    const firstPage = await admin().get('/v1/admin/tenants?cursor=&limit=1');
+    assert.equal(firstPage.status, 200);
+    assert.deepEqual(firstPage.body, (await admin().get('/v1/admin/tenants?limit=1')).body);
   });
 
   void test('rejects missing, malformed, wrong-secret and unknown keys with 401', async () => {

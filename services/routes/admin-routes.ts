@@ -8,12 +8,8 @@ import { listQuery, parseInput } from '../validate.js';
 
 const tenantBody = z
   .object({
-    name: z
-      .string()
-      .trim()
-      .min(1)
-      .max(128)
-      .regex(/^[^\s].*$/, 'must not be blank'),
+    // Checked by createTenant, with the same rules as the CLI's `tenant create`.
+    name: z.string().min(1).max(128),
   })
   .strict();
 const keyBody = z.object({ name: z.string().max(128).optional() }).strict();
