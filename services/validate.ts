@@ -40,7 +40,13 @@ export const limitParam = z
   .transform(Number)
   .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500'));
 
+/** The query of a route that takes no parameters: an unknown one is a 400, not silently ignored. */
+export const noQuery = z.object({}).strict();
+
+/** An empty `?cursor=` is the first page, as no cursor is, on every list. */
+export const emptyAsAbsent = (v: string | undefined): string | undefined => (v === '' ? undefined : v);
+
 /** `?cursor=&limit=` of a list that pages by an opaque cursor. */
 export const listQuery = z
-  .object({ cursor: z.string().max(300).optional(), limit: limitParam.optional() })
+  .object({ cursor: z.string().max(300).optional().transform(emptyAsAbsent), limit: limitParam.optional() })
   .strict();

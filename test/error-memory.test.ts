@@ -432,6 +432,9 @@ void describe('listing', () => {
     } while (cursor !== null);
     assert.equal(pages, 3);
     assert.deepEqual([...seen].sort(), [...written].sort());
+    const emptyCursor: Reply = await call(tenant, 'GET', '?limit=2&cursor=');
+    assert.equal(emptyCursor.status, 200, 'an empty cursor is the first page');
+    assert.deepEqual(emptyCursor.body, (await call(tenant, 'GET', '?limit=2')).body);
     const created = await Promise.all(
       seen.map(
         async (id) =>

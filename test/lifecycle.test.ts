@@ -210,6 +210,37 @@ void describe('reset', () => {
     assert.equal((await t.api.post(`/v1/sessions/${s}/reset?keep_summary=maybe`)).status, 400);
   });
 
+  void test('options in a body or unknown query parameters are a 400 that changes nothing', async () => {
+    const t = await svc.newTenant();
+    const s = sid('opts');
+    await archive(t.api, s, [user('one'), assistant('two')]);
+    await putSummary(t.tenantId, s, 2);
+    // The option belongs in the query: a body is refused rather than ignored.
+    const r = await t.api.post(`/v1/sessions/${s}/reset`, { keep_summary: false });
+    assert.equal(r.status, 400);
+    assert.match(r.body.error.message, /\?keep_summary=false/);
+    // Every route of a session (and the tenant's tools and jobs) refuses a parameter it does not know.
+    for (const [what, bad] of [
+      ['delete', t.api.del(`/v1/sessions/${s}?foo=1`)],
+      ['export', t.api.get(`/v1/sessions/${s}/export?format=csv`)],
+      ['reset', t.api.post(`/v1/sessions/${s}/reset?foo=1`)],
+      ['session', t.api.get(`/v1/sessions/${s}?foo=1`)],
+      ['summary', t.api.get(`/v1/sessions/${s}/summary?foo=1`)],
+      ['tools', t.api.get('/v1/tools?foo=1')],
+      ['tool call', t.api.post(`/v1/sessions/${s}/tools/chat_history?foo=1`, { keyword: 'one' })],
+      ['job', t.api.get('/v1/jobs/summary.1?foo=1')],
+    ] as const) {
+      const r = await bad;
+      assert.equal(r.status, 400, what);
+      assert.match(JSON.stringify(r.body.error), /foo|format/, what);
+    }
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).body.message_count, 2);
+    assert.equal((await t.api.get(`/v1/sessions/${s}/summary`)).status, 200);
+    // An empty body (what most clients send with a bare POST) is fine.
+    assert.equal((await t.api.post(`/v1/sessions/${s}/reset`, {})).status, 200);
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).body.message_count, 0);
+  });
+
   void test('drops messages still waiting in the inbox (the worker is held back)', async () => {
     const t = await svc.newTenant();
     const s = sid('held');

@@ -3,7 +3,7 @@ import type { Response } from 'express';
 import { z } from 'zod';
 import { notFound } from '../errors.js';
 import { hasBadChars } from '../messages/message-input.js';
-import { parseInput } from '../validate.js';
+import { emptyAsAbsent, parseInput } from '../validate.js';
 import { ERROR_ID_RE, LIST_CURSOR_RE, OUTCOMES } from '../error-memory/types.js';
 import type { ErrorMemory } from '../error-memory/types.js';
 
@@ -58,7 +58,10 @@ export const errorLookupBody = z.object({ tool_name: toolName, error: text(16_00
 
 export const errorListQuery = z
   .object({
-    cursor: z.string().regex(LIST_CURSOR_RE, 'invalid cursor').optional(),
+    cursor: z
+      .union([z.literal(''), z.string().regex(LIST_CURSOR_RE, 'invalid cursor')])
+      .optional()
+      .transform(emptyAsAbsent),
     limit: z.coerce.number().int().min(1).max(500).default(100),
   })
   .strict();

@@ -3,6 +3,7 @@ import { pendingMigrations } from '../../db/migrate.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound } from '../errors.js';
 import type { RouteMeta } from '../openapi.js';
+import { noQuery, parseInput } from '../validate.js';
 import { QUEUE_NAMES } from '../../workers/queues.js';
 import type { QueueName } from '../../workers/queues.js';
 
@@ -73,6 +74,7 @@ export const jobRoutesMeta: Record<string, RouteMeta> = {
 export function makeJobRoutes(deps: CoreDeps): Router {
   const router = Router();
   router.get('/:id', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const m = /^([a-z]+)\.([A-Za-z0-9_-]{1,200})$/.exec(req.params.id!);
     if (!m || !QUEUE_NAMES.includes(m[1] as QueueName)) throw notFound('job');
     const queue = deps.queues[m[1] as QueueName];

@@ -11,7 +11,7 @@ import { inboxKeys } from '../messages/inbox.js';
 import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { nsToRfc3339 } from '../time.js';
-import { limitParam, listQuery, parseInput } from '../validate.js';
+import { limitParam, listQuery, noQuery, parseInput } from '../validate.js';
 
 const WAIT_TIMEOUT_MS = 10_000;
 
@@ -131,6 +131,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
 
   router.get('/:sid', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
+    parseInput(noQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
     const s = await getSession(deps.db, tenantId, sid);
     if (!s) throw notFound('session');

@@ -11,7 +11,7 @@ import { AppError, notFound, unavailable } from '../errors.js';
 import { assertSessionId } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { enqueueSummarize } from '../summary/enqueue-summarize.js';
-import { parseInput } from '../validate.js';
+import { noQuery, parseInput } from '../validate.js';
 
 /** How long `POST …/summarize?wait=true` waits before answering 202 with the job id. */
 export const SUMMARIZE_WAIT_MS = 60_000;
@@ -77,6 +77,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
 
   router.get('/:sid/summary', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
+    parseInput(noQuery, req.query, 'query');
     const tenantId = tenantOf(res);
     if (!(await getSession(deps.db, tenantId, sid))) throw notFound('summary');
     const row = await getSummaryRow(deps.db, tenantId, sid);

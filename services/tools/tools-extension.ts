@@ -4,6 +4,7 @@ import type { ErrorMemory } from '../error-memory/types.js';
 import type { Extension, ExtensionFactory } from '../extension.js';
 import { assertSessionId } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
+import { noQuery, parseInput } from '../validate.js';
 import { runTool } from './run-tool.js';
 import { toolDefinitions } from './tool-definitions.js';
 
@@ -26,12 +27,14 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
   const errors =
     (opened.find((e) => e.name === 'error-memory')?.provides?.errors as ErrorMemory | undefined) ?? null;
   const list = Router();
-  list.get('/', (_req, res) => {
+  list.get('/', (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     res.json({ tools: toolDefinitions });
   });
   const run = Router();
   run.post('/:sid/tools/:name', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
+    parseInput(noQuery, req.query, 'query');
     const args: unknown = req.body ?? {};
     const content = await runTool(
       { core: deps, errors },
