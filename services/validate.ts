@@ -43,6 +43,15 @@ export const limitParam = z
 /** The query of a route that takes no parameters: an unknown one is a 400, not silently ignored. */
 export const noQuery = z.object({}).strict();
 
+/** For a POST that takes no body: absent or `{}` is fine, anything else a 400 saying `message`. */
+export function assertNoBody(body: unknown, message: string): void {
+  const empty =
+    body === undefined ||
+    (typeof body === 'object' && body !== null && !Array.isArray(body) && Object.keys(body).length === 0);
+  if (empty) return;
+  throw new AppError(400, 'validation_failed', `body: ${message}`, { problems: [{ path: 'body', message }] });
+}
+
 /** An empty `?cursor=` is the first page, as no cursor is, on every list. */
 export const emptyAsAbsent = (v: string | undefined): string | undefined => (v === '' ? undefined : v);
 

@@ -397,6 +397,9 @@ void describe('context without a decision model', () => {
       [{ min_seq: -1 }, 'min_seq'],
       [{ input: 42 }, 'input'],
       [{ inputs: 'typo' }, 'inputs'],
+      // As in a posted message: text Postgres or an LLM API could not take is refused, not echoed.
+      [{ input: 'nul \u0000 here' }, 'input'],
+      [{ input: 'lone \ud800' }, 'input'],
     ];
     for (const [body, path] of cases) {
       const r = await context(t.api, s, body);
@@ -405,6 +408,12 @@ void describe('context without a decision model', () => {
     }
     const bad = await t.api.post('/v1/sessions/bad%20id/context', {});
     assert.equal(bad.status, 400);
+    const nullBody = await t.api.post(`/v1/sessions/${s}/context`, null);
+    assert.equal(nullBody.status, 400, 'a JSON null is not an object');
+    const unknownQuery = await t.api.post(`/v1/sessions/${s}/context?inptu=x`, {});
+    assert.equal(unknownQuery.status, 400);
+    assert.match(JSON.stringify(unknownQuery.body.error), /inptu/);
+    assert.equal((await t.api.post(`/v1/sessions/${s}/context`)).status, 200, 'no body at all is fine');
   });
 });
 

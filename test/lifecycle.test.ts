@@ -219,6 +219,9 @@ void describe('reset', () => {
     const r = await t.api.post(`/v1/sessions/${s}/reset`, { keep_summary: false });
     assert.equal(r.status, 400);
     assert.match(r.body.error.message, /\?keep_summary=false/);
+    const summarize = await t.api.post(`/v1/sessions/${s}/summarize`, { wait: true });
+    assert.equal(summarize.status, 400);
+    assert.match(summarize.body.error.message, /\?wait=true/);
     // Every route of a session (and the tenant's tools and jobs) refuses a parameter it does not know.
     for (const [what, bad] of [
       ['delete', t.api.del(`/v1/sessions/${s}?foo=1`)],

@@ -93,6 +93,12 @@ void describe('summary shape', () => {
       b: { c: 2 },
     });
     assert.throws(() => extractJsonObject('no json here'));
+    // A few braces of prose before the object are skipped; a malformed answer of a million
+    // unbalanced braces is given up on after a bounded number of starts (each start scans to the
+    // end: trying them all held the event loop for minutes), not searched to exhaustion.
+    assert.deepEqual(extractJsonObject(`notes {x} {y {z} then ${'{'.repeat(5)} {"a": 1}`), { a: 1 });
+    assert.throws(() => extractJsonObject('{'.repeat(1_000_000)), /no JSON object/);
+    assert.throws(() => extractJsonObject(`${'{"topic": '.repeat(100_000)}`), /no JSON object/);
   });
 
   void test("rejects decisions without the Do:/Don't: marker and more than 8 of them", () => {

@@ -2,16 +2,19 @@ import { Router } from 'express';
 import { z } from 'zod';
 import type { ContextBuilder } from '../context/build-context.js';
 import { AppError } from '../errors.js';
-import { assertSessionId, MAX_CONTENT_BYTES } from '../messages/message-input.js';
+import { assertSessionId, hasBadChars, MAX_CONTENT_BYTES } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
-import { parseInput } from '../validate.js';
+import { noQuery, parseInput } from '../validate.js';
 
 /** Set on a 200 whose `min_seq` was not archived within the wait (the window is what there is). */
 export const MIN_SEQ_HEADER = 'x-mnemos-min-seq';
 
 export const contextBody = z
   .object({
-    input: z.string().optional(),
+    input: z
+      .string()
+      .refine((s) => !hasBadChars(s), 'NUL characters and lone surrogates are not allowed')
+      .optional(),
     max_messages: z.number().int().min(1).max(1000).optional(),
     min_seq: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
   })
@@ -29,7 +32,9 @@ export function makeContextRoutes(build: ContextBuilder): Router {
   const router = Router();
   router.post('/:sid/context', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
-    const body = parseInput(contextBody, req.body ?? {});
+    parseInput(noQuery, req.query, 'query');
+    // No body is `{}`; a JSON `null` is not an object, as on every other route.
+    const body = parseInput(contextBody, req.body === undefined ? {} : req.body);
     if (body.input !== undefined && Buffer.byteLength(body.input, 'utf8') > MAX_CONTENT_BYTES) {
       throw new AppError(
         413,

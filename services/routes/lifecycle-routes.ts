@@ -17,7 +17,7 @@ import type { ExtensionList } from '../lifecycle/session-lifecycle.js';
 import { waitArchived } from '../messages/accept-messages.js';
 import { assertSessionId, messageSchema } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
-import { noQuery, parseInput } from '../validate.js';
+import { assertNoBody, noQuery, parseInput } from '../validate.js';
 
 /** How long an import waits for its messages to be durable before answering 202 instead of 201. */
 const IMPORT_WAIT_MS = 60_000;
@@ -25,18 +25,6 @@ const JSON_LINES = ['application/x-ndjson', 'application/jsonl'];
 
 const resetQuery = z.object({ keep_summary: z.enum(['true', 'false']).optional() }).strict();
 
-/**
- * Reset's option is a query parameter; a body (`{"keep_summary":false}`) would otherwise be
- * ignored and the summary kept against the caller's intent.
- */
-function assertNoBody(body: unknown): void {
-  const empty =
-    body === undefined ||
-    (typeof body === 'object' && body !== null && !Array.isArray(body) && Object.keys(body).length === 0);
-  if (empty) return;
-  const message = 'reset takes no body: pass options in the query (?keep_summary=false)';
-  throw new AppError(400, 'validation_failed', `body: ${message}`, { problems: [{ path: 'body', message }] });
-}
 const importQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
 
 export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
@@ -81,7 +69,9 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
   router.post('/:sid/reset', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(resetQuery, req.query, 'query');
-    assertNoBody(req.body);
+    // Its option is a query parameter: `{"keep_summary":false}` in a body would otherwise be
+    // ignored and the summary kept against the caller's intent.
+    assertNoBody(req.body, 'reset takes no body: pass options in the query (?keep_summary=false)');
     const tenantId = res.locals.tenantId as string;
     const keepSummary = q.keep_summary !== 'false';
     const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'reset', keepSummary });

@@ -11,7 +11,7 @@ import { AppError, notFound, unavailable } from '../errors.js';
 import { assertSessionId } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { enqueueSummarize } from '../summary/enqueue-summarize.js';
-import { noQuery, parseInput } from '../validate.js';
+import { assertNoBody, noQuery, parseInput } from '../validate.js';
 
 /** How long `POST …/summarize?wait=true` waits before answering 202 with the job id. */
 export const SUMMARIZE_WAIT_MS = 60_000;
@@ -110,6 +110,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
   router.post('/:sid/summarize', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(summarizeQuery, req.query, 'query');
+    assertNoBody(req.body, 'summarize takes no body: pass options in the query (?wait=true)');
     const tenantId = tenantOf(res);
     if (!(await getSession(deps.db, tenantId, sid))) throw notFound('session');
     if (!deps.llm) {

@@ -79,8 +79,20 @@ export function extractJsonObject(raw: string): unknown {
   return JSON.parse(found);
 }
 
+/**
+ * At most this many `{` are tried as the object's start. Each try scans to the end of the answer
+ * when it never balances, so without a bound a malformed answer of n braces costs n² steps (120 KB
+ * of `{` held the event loop 22 s); a real answer has its object among its first few braces.
+ */
+const MAX_OBJECT_STARTS = 32;
+
 function firstBalancedObject(s: string): string | null {
-  for (let start = s.indexOf('{'); start !== -1; start = s.indexOf('{', start + 1)) {
+  let tries = 0;
+  for (
+    let start = s.indexOf('{');
+    start !== -1 && tries < MAX_OBJECT_STARTS;
+    start = s.indexOf('{', start + 1), tries++
+  ) {
     let depth = 0;
     let inString = false;
     let escaped = false;
