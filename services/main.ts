@@ -1,3 +1,4 @@
+import { createServer } from 'node:http';
 import type { Server } from 'node:http';
 import { migrate } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
@@ -88,9 +89,31 @@ export async function startService(
                 ((tenantId: string) => Promise<boolean>) | undefined,
             });
       if (mode !== 'worker') stopSampler = startQueueSampler(deps);
-      server = await new Promise<Server>((resolve, reject) => {
-        const s = app.listen(config.port, config.host, () => resolve(s));
-        s.once('error', reject);
+      // Not `app.listen`: Express 5 hands its callback the server's 'error' too, so a port in
+      // use or a bad HOST would be reported as listening while nothing listens.
+      const s = createServer(app);
+      server = s;
+      await new Promise<void>((resolve, reject) => {
+        const failed = (err: NodeJS.ErrnoException) => {
+          s.off('listening', listening);
+          const where = `${config.host}:${config.port}`;
+          reject(
+            new Error(
+              err.code === 'EADDRINUSE'
+                ? `cannot listen on ${where}: the port is in use (PORT)`
+                : err.code === 'ENOTFOUND' || err.code === 'EAI_AGAIN' || err.code === 'EADDRNOTAVAIL'
+                  ? `cannot listen on ${where}: HOST is not an address of this machine (${err.code})`
+                  : `cannot listen on ${where}: ${err.message}`,
+            ),
+          );
+        };
+        const listening = () => {
+          s.off('error', failed);
+          resolve();
+        };
+        s.once('error', failed);
+        s.once('listening', listening);
+        s.listen(config.port, config.host);
       });
       server.keepAliveTimeout = 65_000;
       const addr = server.address();

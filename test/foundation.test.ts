@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
@@ -173,6 +173,38 @@ void describe('tenants, keys and the admin API', () => {
     await deleteRedisPrefix(svc.config.prefix);
   });
   const admin = () => api(svc.base, ADMIN_TOKEN);
+
+  void test('a process that cannot listen says why and exits non-zero, never "listening"', async () => {
+    const run = (env: Record<string, string>) =>
+      new Promise<{ code: number | null; out: string }>((resolve) => {
+        const child = spawn(process.execPath, ['bin/mnemos.js', 'api'], {
+          env: {
+            ...process.env,
+            DATABASE_URL: svc.config.databaseUrl!,
+            MNEMOS_PREFIX: `${svc.config.prefix}-listen`,
+            LOG_LEVEL: 'silent',
+            ...env,
+          },
+        });
+        let out = '';
+        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+        const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+        child.on('exit', (code) => {
+          clearTimeout(timer);
+          resolve({ code, out });
+        });
+      });
+    // This service's own port is taken.
+    const taken = await run({ PORT: new URL(svc.base).port });
+    assert.equal(taken.code, 1, taken.out);
+    assert.match(taken.out, /cannot listen on .*the port is in use \(PORT\)/);
+    assert.doesNotMatch(taken.out, /listening on/);
+    const badHost = await run({ PORT: '0', HOST: 'not a host!!' });
+    assert.equal(badHost.code, 1, badHost.out);
+    assert.match(badHost.out, /cannot listen on not a host!!:0: HOST/);
+    assert.doesNotMatch(badHost.out, /listening on/);
+  });
 
   void test('a tenant created by the admin API gets a working key shown once; keys list without secrets', async () => {
     const created = await admin().post('/v1/admin/tenants', { name: 'acme' });
