@@ -134,6 +134,39 @@ function buildFixture(opts: { dbInside?: boolean } = {}): { root: string; sessio
   write('legacy-sum-5', 'summary.json', { core_discussion: 'x', discussion_log: [] });
 
   write('empty-6', 'summary.json', {});
+
+  // 7. An archive that holds the real send time (finer than the whole-second headers): the
+  // same messages, not twice.
+  write('subsec-7', 'history.json', [
+    { role: 'user', content: header('2025-03-07 10:00:00', 'first question') },
+    { role: 'assistant', content: 'first answer' },
+    { role: 'user', content: header('2025-03-07 10:01:00', 'second question') },
+    { role: 'assistant', content: 'first answer' },
+  ]);
+  const s1 = taipei('2025-03-07 10:00:00');
+  const s2 = taipei('2025-03-07 10:01:00');
+  rows.push(
+    {
+      session: 'subsec-7',
+      sendAt: plus(s1, 123_456_789),
+      role: 'user',
+      content: header('2025-03-07 10:00:00', 'first question'),
+    },
+    { session: 'subsec-7', sendAt: plus(s1, 2_500_000_000), role: 'assistant', content: 'first answer' },
+    {
+      session: 'subsec-7',
+      sendAt: plus(s2, 400_000_000),
+      role: 'user',
+      content: header('2025-03-07 10:01:00', 'second question'),
+    },
+    { session: 'subsec-7', sendAt: plus(s2, 3_000_000_000), role: 'assistant', content: 'first answer' },
+    // A compacted-away message with the same text two hours earlier is another message.
+    { session: 'subsec-7', sendAt: plus(s1, -7_200_000_000_000), role: 'assistant', content: 'first answer' },
+  );
+
+  // 8. A summary and its cursor, no history: restored once; a re-run leaves it alone.
+  write('sumonly-8', 'summary.json', SUMMARY);
+  write('sumonly-8', '.summary_cursor', '2025-03-08 10:00:00');
   mkdirSync(path.join(sessions, 'not a session id'), { recursive: true });
 
   const storeDir = opts.dbInside ? path.join(sessions, '.store') : path.join(root, '.store');
@@ -195,6 +228,8 @@ void describe('agenvoy import', () => {
         'compacted-4': ['imported', 8, 4, 4, 4, 4],
         'legacy-sum-5': ['imported', 1, 1, 0, 0, null],
         'empty-6': ['skipped', 0, 0, 0, 0, null],
+        'subsec-7': ['imported', 5, 4, 1, 4, null],
+        'sumonly-8': ['imported', 0, 0, 0, 0, null],
       },
     );
     assert.equal(by['legacy-sum-5']!.summary, null);
@@ -261,10 +296,26 @@ void describe('agenvoy import', () => {
     assert.equal((await t.api.get('/v1/sessions/compacted-4/summary')).body.cursor_seq, 4);
     assert.equal((await t.api.get('/v1/sessions/empty-6')).status, 404);
 
-    // Re-running skips sessions that already hold messages.
+    await eventually(async () => (await listed(t.api, 'subsec-7')).length === 5, 15_000, 'subsec-7 archived');
+    assert.deepEqual(
+      (await listed(t.api, 'subsec-7')).map((m) => [m.content, m.sent_at]),
+      [
+        ['first answer', '2025-03-07T00:00:00.000000000Z'],
+        ['first question', '2025-03-07T02:00:00.000000000Z'],
+        ['first answer', '2025-03-07T02:00:00.000000001Z'],
+        ['second question', '2025-03-07T02:01:00.000000000Z'],
+        ['first answer', '2025-03-07T02:01:00.000000001Z'],
+      ],
+    );
+    const restored = (await t.api.get('/v1/sessions/sumonly-8/summary')).body;
+    assert.deepEqual(restored.summary, SUMMARY);
+
+    // Re-running skips sessions that already hold messages, or (holding none) a summary.
     const again = await importAgenvoySessions(svc.deps, t.tenantId, fx.sessions, { timeZone: TZ });
     assert.ok(again.sessions.filter((s) => s.session_id !== 'empty-6').every((s) => s.status === 'skipped'));
     assert.equal((await listed(t.api, 'compacted-4')).length, 8);
+    assert.equal((await listed(t.api, 'subsec-7')).length, 5);
+    assert.equal((await t.api.get('/v1/sessions/sumonly-8/summary')).body.version, restored.version);
   });
 
   void test('mnemos import agenvoy (CLI) finds .store inside the sessions dir and is durable when it returns', async () => {
@@ -301,7 +352,7 @@ void describe('agenvoy import', () => {
       env,
     });
     assert.match(text.stdout, /plain-1: skipped/);
-    assert.match(text.stdout, /imported 0 of 6 sessions/);
+    assert.match(text.stdout, /imported 0 of 8 sessions/);
   });
 
   void test('time headers and cursor values', () => {

@@ -215,27 +215,53 @@ export async function readAgenvoySession(
     fillTimes(archived, json[0]?.ns ?? nowNs());
   }
 
-  // Merge without duplicates: history.json wins (it keeps structured content); an archived row
-  // is the same message when role, text and time match, or, for a row Agenvoy could not time,
-  // role and text alone.
-  const key = (d: Draft, withTime: boolean) => `${d.role}\u0000${d.text}${withTime ? `\u0000${d.ns}` : ''}`;
-  const exact = new Map<string, number>();
-  const loose = new Map<string, number>();
+  // Merge without duplicates: history.json wins (it keeps structured content). An archived row is
+  // the same message as one of history.json with its role and text when their times are equal;
+  // failing that (second pass, so an exact pair is never taken by a near one), when its time is
+  // within a minute of it (history.json times come from whole-second headers, plus 1 ns per
+  // reply; an archive may hold the real send time), taking the nearest; or, for a row Agenvoy
+  // could not time, any of them.
+  const key = (d: Draft) => `${d.role}\u0000${d.text}`;
+  const candidates = new Map<string, Array<bigint | null>>();
   for (const d of json) {
-    exact.set(key(d, true), (exact.get(key(d, true)) ?? 0) + 1);
-    loose.set(key(d, false), (loose.get(key(d, false)) ?? 0) + 1);
+    const list = candidates.get(key(d)) ?? [];
+    list.push(d.ns);
+    candidates.set(key(d), list);
   }
-  const take = (m: Map<string, number>, k: string) => {
-    const n = m.get(k) ?? 0;
-    if (n > 0) m.set(k, n - 1);
-    return n > 0;
+  const NEAR_NS = 60_000_000_000n;
+  const distance = (a: bigint | null, b: bigint | null) =>
+    a === null || b === null ? null : a > b ? a - b : b - a;
+  const takeExact = (d: Draft) => {
+    const list = candidates.get(key(d));
+    const at = list ? list.findIndex((ns) => ns === d.ns) : -1;
+    if (at < 0) return false;
+    list!.splice(at, 1);
+    return true;
   };
-  let duplicates = 0;
-  const onlyArchived = archived.filter((d) => {
-    const dup = take(exact, key(d, true)) || (d.untimed && take(loose, key(d, false)));
-    if (dup) duplicates++;
-    return !dup;
+  const takeNear = (d: Draft) => {
+    const list = candidates.get(key(d));
+    if (!list || list.length === 0) return false;
+    let best = -1;
+    let bestDistance: bigint | null = null;
+    list.forEach((ns, i) => {
+      const dist = distance(ns, d.ns);
+      if (d.untimed) {
+        if (best < 0) best = i;
+      } else if (dist !== null && dist <= NEAR_NS && (bestDistance === null || dist < bestDistance)) {
+        best = i;
+        bestDistance = dist;
+      }
+    });
+    if (best < 0) return false;
+    list.splice(best, 1);
+    return true;
+  };
+  const matched = archived.map((d) => !d.untimed && takeExact(d));
+  archived.forEach((d, i) => {
+    if (!matched[i]) matched[i] = takeNear(d);
   });
+  const duplicates = matched.filter(Boolean).length;
+  const onlyArchived = archived.filter((_d, i) => !matched[i]);
 
   const messages: ImportMessage[] = [];
   for (const d of [...onlyArchived, ...json]) {

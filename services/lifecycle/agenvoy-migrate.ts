@@ -1,4 +1,5 @@
 import path from 'node:path';
+import { getSummaryRow } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
 import { findHistoryDb, listAgenvoySessions, readAgenvoySession } from './agenvoy-import.js';
@@ -60,6 +61,15 @@ export async function importAgenvoySessions(
         if (read.input.messages.length === 0 && !read.input.summary) {
           report.status = 'skipped';
           report.notes.push('nothing to import');
+          continue;
+        }
+        // A session that only restores a summary is "not empty" once it has one: a re-run must
+        // not overwrite a summary mnemos has moved on since (messages are guarded by the import).
+        const existing =
+          read.input.messages.length === 0 ? await getSummaryRow(deps.db, tenantId, sid) : null;
+        if (existing && Number(existing.version) > 0) {
+          report.status = 'skipped';
+          report.notes.push('the session already has a summary');
           continue;
         }
         const outcome = await importSession(deps, tenantId, sid, read.input);
