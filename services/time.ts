@@ -78,16 +78,25 @@ export function zonedToUtcMs(
   s: number,
 ): number {
   const naive = Date.UTC(y, mo - 1, d, h, mi, s);
-  let utc = naive - zoneOffsetMs(zone, naive);
-  utc = naive - zoneOffsetMs(zone, utc);
-  return utc;
+  // The zone's offsets a day either side (zones change offset at most once in two days).
+  const before = naive - zoneOffsetMs(zone, naive - DAY_MS);
+  const after = naive - zoneOffsetMs(zone, naive + DAY_MS);
+  const exists = [before, after].filter((u) => u + zoneOffsetMs(zone, u) === naive);
+  // A wall time that exists once, or twice in a fall-back overlap (then the earlier instant).
+  if (exists.length > 0) return Math.min(...exists);
+  // A wall time in a spring-forward gap never happened: read it with the offset from before the
+  // change (02:30 in New York's gap is 03:30 EDT, as Temporal's "compatible" does), so it never
+  // lands before the times written ahead of the gap.
+  return before;
 }
 
-/** Parses a client `sent_at`; returns unix ns, or an error message for the 400. */
+const DAY_MS = 86_400_000;
+
 /** Every form ends as int64 nanoseconds (the archive's `sent_at_ns`): later dates do not fit. */
 const inRange = (ns: bigint): bigint | string =>
   ns <= MAX_NS ? ns : 'dates after 2262-04-11T23:47:16.854775807Z are not supported';
 
+/** Parses a client `sent_at`; returns unix ns, or an error message for the 400. */
 export function parseSentAt(value: string, zone: string): bigint | string {
   const v = value.trim();
   if (UNIX_NS.test(v)) {

@@ -8,6 +8,7 @@ import { promisify } from 'node:util';
 import { parseCursorValue, splitTimeHeader } from '../services/lifecycle/agenvoy-time.js';
 import { importAgenvoySessions } from '../services/lifecycle/agenvoy-migrate.js';
 import { openSqlite } from '../services/lifecycle/sqlite.js';
+import { parseSentAt } from '../services/time.js';
 import { REDIS_URL, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
 
@@ -353,6 +354,25 @@ void describe('agenvoy import', () => {
     });
     assert.match(text.stdout, /plain-1: skipped/);
     assert.match(text.stdout, /imported 0 of 8 sessions/);
+  });
+
+  void test('local times around daylight-saving changes keep their order', () => {
+    const utc = (naive: string, zone: string) => {
+      const ns = parseSentAt(naive, zone);
+      assert.equal(typeof ns, 'bigint', `${naive} ${zone}`);
+      return new Date(Number((ns as bigint) / 1_000_000n)).toISOString();
+    };
+    // Spring forward: 02:00-02:59 never happened; such a time reads as if the clock had not moved
+    // yet (02:30 EST = 03:30 EDT), never before the last time ahead of the gap.
+    assert.equal(utc('2025-03-09 01:59:59', 'America/New_York'), '2025-03-09T06:59:59.000Z');
+    assert.equal(utc('2025-03-09 02:30:00', 'America/New_York'), '2025-03-09T07:30:00.000Z');
+    assert.equal(utc('2025-03-30 02:30:00', 'Europe/Berlin'), '2025-03-30T01:30:00.000Z');
+    assert.equal(utc('2025-10-05 02:30:00', 'Australia/Sydney'), '2025-10-04T16:30:00.000Z');
+    // Fall back: a time that happened twice is the first of the two, on both hemispheres.
+    assert.equal(utc('2025-11-02 01:30:00', 'America/New_York'), '2025-11-02T05:30:00.000Z');
+    assert.equal(utc('2025-10-26 02:30:00', 'Europe/Berlin'), '2025-10-26T00:30:00.000Z');
+    assert.equal(utc('2025-04-06 02:30:00', 'Australia/Sydney'), '2025-04-05T15:30:00.000Z');
+    assert.equal(utc('2026-01-02 11:04:05', TZ), '2026-01-02T03:04:05.000Z');
   });
 
   void test('time headers and cursor values', () => {
