@@ -1,5 +1,6 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
+import { isPgUnavailable, pgCode } from './pool.js';
 import type { Db } from './pool.js';
 
 const MIGRATIONS_DIR = fileURLToPath(new URL('./migrations/', import.meta.url));
@@ -29,6 +30,30 @@ export async function loadMigrations(dir = MIGRATIONS_DIR): Promise<Migration[]>
  */
 export async function migrate(db: Db, migrations?: Migration[]): Promise<string[]> {
   const all = migrations ?? (await loadMigrations());
+  try {
+    return await applyPending(db, all);
+  } catch (err) {
+    // The first statement of every process: say which setting to look at.
+    const code = pgCode(err);
+    if (isPgUnavailable(err) || (code !== undefined && CONNECT_CODES.has(code))) {
+      throw new Error(`cannot reach Postgres (DATABASE_URL): ${(err as Error).message}`, { cause: err });
+    }
+    throw err;
+  }
+}
+
+/** Unknown host, no such database, authentication refused: a connection that cannot be made. */
+const CONNECT_CODES = new Set([
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  '3D000',
+  '28P01',
+  '28000',
+]);
+
+async function applyPending(db: Db, all: Migration[]): Promise<string[]> {
   return db.transaction(async (tx) => {
     await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
     await tx.query(`CREATE TABLE IF NOT EXISTS schema_migrations (

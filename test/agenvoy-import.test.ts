@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -354,6 +354,29 @@ void describe('agenvoy import', () => {
     });
     assert.match(text.stdout, /plain-1: skipped/);
     assert.match(text.stdout, /imported 0 of 8 sessions/);
+
+    // Mistakes are one line on stderr and exit 1, before anything is done.
+    const failing = async (args: string[]) => {
+      const err = (await run(process.execPath, [cli, ...args], { env }).then(
+        () => assert.fail(`${args.join(' ')} succeeded`),
+        (e: unknown) => e,
+      )) as { code: number; stderr: string };
+      assert.equal(err.code, 1);
+      assert.equal(err.stderr.trim().split('\n').length, 1, err.stderr);
+      return err.stderr;
+    };
+    assert.match(
+      await failing(['import', 'agenvoy', fx.sessions, '--tenant', name, '--tz', 'Mars/Olympus']),
+      /^mnemos: --tz: unknown time zone "Mars\/Olympus"/,
+    );
+    const missing = path.join(fx.root, 'no-such-dir', 'out.jsonl');
+    assert.match(
+      await failing(['export', 'plain-1', '--tenant', name, '--out', missing]),
+      /^mnemos: ENOENT: no such file or directory/,
+    );
+    const out = path.join(fx.root, 'plain-1.jsonl');
+    await run(process.execPath, [cli, 'export', 'plain-1', '--tenant', name, '--out', out], { env });
+    assert.equal(readFileSync(out, 'utf8').trim().split('\n').length, 5, 'four messages and the summary');
   });
 
   void test('local times around daylight-saving changes keep their order', () => {

@@ -92,6 +92,16 @@ void describe('configuration', () => {
     assert.notEqual(r.status, 0);
     assert.match(r.stderr, /PORT: must be a whole number/);
     assert.match(r.stderr, /MNEMOS_PREFIX:/);
+    // A Postgres that cannot be reached names the setting to check.
+    for (const url of ['postgres://postgres@127.0.0.1:1/x', 'postgres://postgres@nohost.invalid/x']) {
+      const down = spawnSync(process.execPath, ['bin/mnemos.js', 'tenant', 'list'], {
+        env: { ...process.env, DATABASE_URL: url },
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
+      assert.equal(down.status, 1, down.stderr);
+      assert.match(down.stderr, /^mnemos: cannot reach Postgres \(DATABASE_URL\): /);
+    }
   });
 });
 

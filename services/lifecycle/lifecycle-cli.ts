@@ -1,4 +1,5 @@
-import { createReadStream, createWriteStream } from 'node:fs';
+import { createReadStream } from 'node:fs';
+import { open } from 'node:fs/promises';
 import type { Writable } from 'node:stream';
 import type { Command } from 'commander';
 import { migrate } from '../../db/migrate.js';
@@ -76,6 +77,14 @@ export async function drainNow(
   }
 }
 
+function assertTimeZone(zone: string): void {
+  try {
+    new Intl.DateTimeFormat('en-US', { timeZone: zone });
+  } catch {
+    throw new Error(`--tz: unknown time zone "${zone}" (use an IANA name such as Asia/Taipei or UTC)`);
+  }
+}
+
 async function writeAll(out: Writable, lines: AsyncIterable<string>): Promise<number> {
   let n = 0;
   for await (const line of lines) {
@@ -121,8 +130,9 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
     .option('--tz <zone>', 'time zone of the naive timestamps (default: TZ)')
     .option('--session <id...>', 'only these session directories')
     .option('--json', 'print the report as JSON')
-    .action((dir: string, o: { tenant: string; tz?: string; session?: string[]; json?: boolean }) =>
-      withRuntime(factories, async ({ deps, extensions }) => {
+    .action(async (dir: string, o: { tenant: string; tz?: string; session?: string[]; json?: boolean }) => {
+      if (o.tz !== undefined) assertTimeZone(o.tz);
+      await withRuntime(factories, async ({ deps, extensions }) => {
         const tenantId = await tenantIdOf(deps, o.tenant);
         const report = await importAgenvoySessions(deps, tenantId, dir, {
           ...(o.tz ? { timeZone: o.tz } : {}),
@@ -142,8 +152,8 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
           );
         }
         if (report.sessions.some((s) => s.status === 'failed')) process.exitCode = 1;
-      }),
-    );
+      });
+    });
   imp
     .command('jsonl <file>')
     .description('import a JSON Lines export (message lines, optional summary line) into an empty session')
@@ -176,10 +186,15 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
           await writeAll(process.stdout, lines);
           return;
         }
-        const out = createWriteStream(o.out);
+        // Opened before anything is written, so a missing directory or a read-only file is a
+        // one-line error, not an unhandled stream 'error' event.
+        const file = await open(o.out, 'w');
+        const out = file.createWriteStream();
+        let failed: Error | null = null;
+        out.on('error', (err) => (failed ??= err));
         const n = await writeAll(out, lines);
         await new Promise<void>((resolve, reject) =>
-          out.end((err?: Error | null) => (err ? reject(err) : resolve())),
+          out.end((err?: Error | null) => (err || failed ? reject(err ?? failed) : resolve())),
         );
         process.stderr.write(`wrote ${n} lines to ${o.out}\n`);
       }),
