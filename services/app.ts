@@ -50,7 +50,13 @@ const requireJson: RequestHandler = (req, _res, next) => {
   if (!hasBody || req.method === 'GET' || req.method === 'HEAD') return next();
   if (req.is(['application/json', 'application/*+json', 'application/x-ndjson', 'application/jsonl']))
     return next();
-  throw new AppError(415, 'unsupported_media_type', 'send the body as application/json');
+  throw new AppError(
+    415,
+    'unsupported_media_type',
+    req.path.endsWith('/import')
+      ? 'send the body as application/x-ndjson (JSON Lines, as export writes) or application/json'
+      : 'send the body as application/json',
+  );
 };
 
 const badUtf8 = new WeakSet<object>();

@@ -168,6 +168,16 @@ function buildFixture(opts: { dbInside?: boolean } = {}): { root: string; sessio
   // 8. A summary and its cursor, no history: restored once; a re-run leaves it alone.
   write('sumonly-8', 'summary.json', SUMMARY);
   write('sumonly-8', '.summary_cursor', '2025-03-08 10:00:00');
+
+  // 9-11. Damaged files: a byte-order mark, a broken summary.json (costs the summary, not the
+  // history), a time header that is no date.
+  write('bom-9', 'history.json', `\uFEFF${JSON.stringify([{ role: 'user', content: 'with a BOM' }])}`);
+  write('badsum-10', 'history.json', [{ role: 'user', content: header('2025-03-10 08:00:00', 'kept') }]);
+  write('badsum-10', 'summary.json', '{not json');
+  write('oddtime-11', 'history.json', [
+    { role: 'user', content: header('2025-03-11 08:00:00', 'before') },
+    { role: 'user', content: header('2025-13-45 25:61:61', 'odd') },
+  ]);
   mkdirSync(path.join(sessions, 'not a session id'), { recursive: true });
 
   const storeDir = opts.dbInside ? path.join(sessions, '.store') : path.join(root, '.store');
@@ -231,7 +241,15 @@ void describe('agenvoy import', () => {
         'empty-6': ['skipped', 0, 0, 0, 0, null],
         'subsec-7': ['imported', 5, 4, 1, 4, null],
         'sumonly-8': ['imported', 0, 0, 0, 0, null],
+        'bom-9': ['imported', 1, 1, 0, 0, null],
+        'badsum-10': ['imported', 1, 1, 0, 0, null],
+        'oddtime-11': ['imported', 2, 2, 0, 0, null],
       },
+    );
+    assert.match(by['badsum-10']!.notes.join(' '), /summary.json is not valid JSON: summary skipped/);
+    assert.match(
+      by['oddtime-11']!.notes.join(' '),
+      /1 time header\(s\) could not be read \("2025-13-45 25:61:61"\)/,
     );
     assert.equal(by['legacy-sum-5']!.summary, null);
     assert.match(by['legacy-sum-5']!.notes.join(' '), /not in the current summary shape/);
@@ -353,7 +371,7 @@ void describe('agenvoy import', () => {
       env,
     });
     assert.match(text.stdout, /plain-1: skipped/);
-    assert.match(text.stdout, /imported 0 of 8 sessions/);
+    assert.match(text.stdout, /imported 0 of 11 sessions/);
 
     // Mistakes are one line on stderr and exit 1, before anything is done.
     const failing = async (args: string[]) => {
@@ -369,6 +387,16 @@ void describe('agenvoy import', () => {
       await failing(['import', 'agenvoy', fx.sessions, '--tenant', name, '--tz', 'Mars/Olympus']),
       /^mnemos: --tz: unknown time zone "Mars\/Olympus"/,
     );
+    const nope = await run(
+      process.execPath,
+      [cli, 'import', 'agenvoy', fx.sessions, '--tenant', name, '--session', 'nope-x'],
+      { env },
+    ).then(
+      () => assert.fail('a missing --session succeeded'),
+      (e: { code: number; stdout: string }) => e,
+    );
+    assert.equal(nope.code, 1);
+    assert.match(nope.stdout, /nope-x: failed \(no such session directory/);
     const missing = path.join(fx.root, 'no-such-dir', 'out.jsonl');
     assert.match(
       await failing(['export', 'plain-1', '--tenant', name, '--out', missing]),

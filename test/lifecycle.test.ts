@@ -669,9 +669,12 @@ void describe('export and import', () => {
     assert.equal(unknownField.body.error.details.problems[0].path, 'messages[0].colour');
 
     assert.equal((await t.api.post(`/v1/sessions/${s}/import`, '', ndjson)).status, 400);
-    assert.equal(
-      (await t.api.post(`/v1/sessions/${s}/import`, 'role=user', { 'content-type': 'text/plain' })).status,
-      415,
+    const plain = await t.api.post(`/v1/sessions/${s}/import`, 'role=user', { 'content-type': 'text/plain' });
+    assert.equal(plain.status, 415);
+    assert.match(
+      plain.body.error.message,
+      /application\/x-ndjson/,
+      'names the JSON Lines type export writes',
     );
     assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
     const rows = await sessionRows(t.tenantId, s);

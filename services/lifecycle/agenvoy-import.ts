@@ -35,6 +35,8 @@ interface Draft {
   /** A history.db row whose send_at was 0 (time unknown to Agenvoy). */
   untimed: boolean;
   source: 'json' | 'db';
+  /** Where it came from, for notes: `history.json[3]`, `history.db row 17`. */
+  at: string;
 }
 
 function flatten(content: unknown): string {
@@ -130,7 +132,8 @@ async function mtimeNs(file: string): Promise<bigint> {
 async function readJson(file: string): Promise<unknown> {
   if (!existsSync(file)) return undefined;
   try {
-    return JSON.parse(await readFile(file, 'utf8')) as unknown;
+    // A byte-order mark (editors on Windows write one) is not part of the JSON.
+    return JSON.parse((await readFile(file, 'utf8')).replace(/^\uFEFF/, '')) as unknown;
   } catch {
     throw new AppError(400, 'invalid_file', `${path.basename(file)} is not valid JSON`);
   }
@@ -149,7 +152,7 @@ export function findHistoryDb(sessionsDir: string): string | null {
 
 function dbRows(db: SqliteDb, sessionId: string): Array<Record<string, unknown>> {
   return db
-    .prepare('SELECT * FROM messages WHERE session_id = ? ORDER BY rowid')
+    .prepare('SELECT rowid AS _rowid, * FROM messages WHERE session_id = ? ORDER BY rowid')
     .safeIntegers(true)
     .all(sessionId) as Array<Record<string, unknown>>;
 }
@@ -166,13 +169,15 @@ export async function readAgenvoySession(
   if (!Array.isArray(history)) throw new AppError(400, 'invalid_file', 'history.json is not an array');
 
   const json: Draft[] = [];
+  const unreadTimes: string[] = [];
   let skipped = 0;
-  for (const m of history as Array<Record<string, unknown>>) {
+  for (const [index, m] of (history as Array<Record<string, unknown>>).entries()) {
     if (!m || typeof m !== 'object' || typeof m.role !== 'string' || !ROLES.has(m.role)) {
       skipped++;
       continue;
     }
     const { content, header } = normaliseContent(m.content);
+    if (header?.time && toNs(header.time, timeZone) === null) unreadTimes.push(header.time);
     const raw: Record<string, unknown> = { role: m.role, content };
     const calls = normaliseToolCalls(m.tool_calls);
     if (calls) raw.tool_calls = calls;
@@ -186,9 +191,18 @@ export async function readAgenvoySession(
       ns: toNs(header?.time ?? null, timeZone),
       untimed: false,
       source: 'json',
+      at: `history.json[${index}]`,
     });
   }
   fillTimes(json, await mtimeNs(historyFile));
+  if (unreadTimes.length > 0) {
+    notes.push(
+      `${unreadTimes.length} time header(s) could not be read (${unreadTimes
+        .slice(0, 3)
+        .map((t) => JSON.stringify(t))
+        .join(', ')}${unreadTimes.length > 3 ? ', …' : ''}): those messages follow the previous one`,
+    );
+  }
 
   const archived: Draft[] = [];
   if (db) {
@@ -210,6 +224,7 @@ export async function readAgenvoySession(
         ns: sendAt > 0n ? sendAt : null,
         untimed: sendAt <= 0n,
         source: 'db',
+        at: `history.db row ${String(r._rowid)}`,
       });
     }
     fillTimes(archived, json[0]?.ns ?? nowNs());
@@ -270,12 +285,19 @@ export async function readAgenvoySession(
       messages.push({ message: m!, sourceSeq: null });
     } catch (err) {
       skipped++;
-      if (notes.length < 10) notes.push(`skipped a ${d.source} ${d.role} message: ${(err as Error).message}`);
+      if (notes.length < 10) {
+        const why = (err as Error).message.replace(/^messages\[0\]\.?/, '') || 'invalid';
+        notes.push(`skipped ${d.at} (${d.role}): ${why}`);
+      }
     }
   }
 
   let summary: ImportInput['summary'] = null;
-  const rawSummary = await readJson(path.join(dir, 'summary.json'));
+  // A broken summary costs the summary, not the history (the summary sweep rebuilds one).
+  const rawSummary = await readJson(path.join(dir, 'summary.json')).catch((err: unknown) => {
+    notes.push(`${(err as Error).message}: summary skipped (the summary sweep rebuilds it)`);
+    return undefined;
+  });
   if (rawSummary && typeof rawSummary === 'object' && Object.keys(rawSummary).length > 0) {
     const shaped = summarySchema.safeParse(rawSummary);
     if (shaped.success) {

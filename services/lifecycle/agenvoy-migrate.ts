@@ -27,7 +27,13 @@ export async function importAgenvoySessions(
   tenantId: string,
   sessionsDir: string,
   opts: { timeZone?: string; only?: string[] } = {},
-): Promise<{ historyDb: string | null; invalidDirs: string[]; sessions: AgenvoySessionReport[] }> {
+): Promise<{
+  historyDb: string | null;
+  invalidDirs: string[];
+  /** `only` ids with no session directory. */
+  missing: string[];
+  sessions: AgenvoySessionReport[];
+}> {
   const timeZone = opts.timeZone ?? deps.config.timeZone;
   const dir = path.resolve(sessionsDir);
   const { ids, invalid } = await listAgenvoySessions(dir);
@@ -86,5 +92,6 @@ export async function importAgenvoySessions(
   } finally {
     db?.close();
   }
-  return { historyDb, invalidDirs: invalid, sessions: reports };
+  const missing = (opts.only ?? []).filter((sid) => !ids.includes(sid));
+  return { historyDb, invalidDirs: invalid, missing, sessions: reports };
 }

@@ -1,5 +1,6 @@
-import { createReadStream } from 'node:fs';
+import { createReadStream, existsSync } from 'node:fs';
 import { open } from 'node:fs/promises';
+import path from 'node:path';
 import type { Writable } from 'node:stream';
 import type { Command } from 'commander';
 import { migrate } from '../../db/migrate.js';
@@ -146,12 +147,18 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
           print(`history.db: ${report.historyDb ?? 'not found'}`);
           for (const s of report.sessions) print(describe(s));
           for (const d of report.invalidDirs) print(`${d}: skipped (not a valid session id)`);
+          for (const d of report.missing) print(`${d}: failed (no such session directory in ${dir})`);
+          const nested = path.join(dir, 'sessions');
+          if (!report.sessions.some((s) => s.status === 'imported') && existsSync(nested)) {
+            print(`hint: ${dir} holds a "sessions" directory; Agenvoy's sessions are usually in ${nested}`);
+          }
           const done = report.sessions.filter((s) => s.status === 'imported');
           print(
             `imported ${done.length} of ${report.sessions.length} sessions, ${done.reduce((a, s) => a + s.imported, 0)} messages`,
           );
         }
-        if (report.sessions.some((s) => s.status === 'failed')) process.exitCode = 1;
+        if (report.sessions.some((s) => s.status === 'failed') || report.missing.length > 0)
+          process.exitCode = 1;
       });
     });
   imp
