@@ -24,16 +24,23 @@ const urlText = (protocols: string[], hint: string) =>
   z
     .string()
     .trim()
-    .refine(
-      (v) => {
-        try {
-          return protocols.includes(new URL(v).protocol);
-        } catch {
-          return false;
-        }
-      },
-      `must be a URL starting with ${protocols.map((p) => `${p}//`).join(' or ')} (${hint})`,
-    );
+    .superRefine((v, ctx) => {
+      const starts = protocols.map((p) => `${p}//`);
+      let parsed: URL | null = null;
+      try {
+        parsed = new URL(v);
+      } catch {
+        // Starts right, does not parse: most often a password with / ? # @ or % in it.
+      }
+      if (parsed && protocols.includes(parsed.protocol)) return;
+      ctx.addIssue({
+        code: 'custom',
+        message:
+          !parsed && starts.some((p) => v.startsWith(p))
+            ? `is not a valid URL: percent-encode special characters in the user name and password (/ as %2F, @ as %40, # as %23, ? as %3F, % as %25) (${hint})`
+            : `must be a URL starting with ${starts.join(' or ')} (${hint})`,
+      });
+    });
 
 // Five fields (minute precision) or six (with seconds, so tests can run the sweep quickly), read
 // by the parser BullMQ's scheduler uses, so a value it would reject later (`99 * * * *`) stops the

@@ -92,6 +92,14 @@ void describe('configuration', () => {
     assert.notEqual(r.status, 0);
     assert.match(r.stderr, /PORT: must be a whole number/);
     assert.match(r.stderr, /MNEMOS_PREFIX:/);
+    // A password that breaks the URL says how to write it.
+    const slash = spawnSync(process.execPath, ['bin/mnemos.js', 'migrate'], {
+      env: { ...process.env, DATABASE_URL: 'postgres://mnemos:ab/cd+ef=@postgres:5432/mnemos' },
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    assert.notEqual(slash.status, 0);
+    assert.match(slash.stderr, /DATABASE_URL: is not a valid URL: percent-encode .*\(\/ as %2F/);
     // A Postgres that cannot be reached names the setting to check.
     for (const url of ['postgres://postgres@127.0.0.1:1/x', 'postgres://postgres@nohost.invalid/x']) {
       const down = spawnSync(process.execPath, ['bin/mnemos.js', 'tenant', 'list'], {
