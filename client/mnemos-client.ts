@@ -78,15 +78,21 @@ export function createMnemosClient(options: MnemosClientOptions) {
     ): Promise<PostMessagesResult> {
       const withIds = messages.map((m) => (m.id ? m : { ...m, id: crypto.randomUUID() }));
       const out: PostMessagesResult = { session_id: sid, accepted: 0, messages: [], durable: true };
+      let offset = 0;
       for (const batch of batches(withIds)) {
-        const reply = await http.request({
-          ...callOpts(opts),
-          method: 'POST',
-          path: `${session(sid)}/messages`,
-          query: { wait: opts.wait ? 'true' : undefined },
-          json: { messages: batch },
-          idempotent: true, // every message carries an id
-        });
+        const reply = await http
+          .request({
+            ...callOpts(opts),
+            method: 'POST',
+            path: `${session(sid)}/messages`,
+            query: { wait: opts.wait ? 'true' : undefined },
+            json: { messages: batch },
+            idempotent: true, // every message carries an id
+          })
+          .catch((err: unknown) => {
+            throw offset === 0 ? err : inSplitPost(err, offset, out.messages);
+          });
+        offset += batch.length;
         const body = reply.body as Omit<PostMessagesResult, 'durable'>;
         out.session_id = body.session_id;
         out.accepted += body.accepted;
@@ -191,7 +197,7 @@ export function createMnemosClient(options: MnemosClientOptions) {
         path: `${session(sid)}/export`,
         idempotent: true,
       });
-      yield* readJsonLines<ExportLine>(res);
+      yield* readJsonLines<ExportLine>(res, opts.signal);
     },
 
     /**
@@ -370,14 +376,43 @@ function batches(messages: MessageInput[]): MessageInput[][] {
   return out;
 }
 
+/**
+ * An error of a later request of a `postMessages` call that was split: its paths (`messages[3]`)
+ * and `index` are made relative to the caller's array, and it says what the earlier requests
+ * stored (`details.accepted_before`), since each request is atomic but the call is not.
+ */
+function inSplitPost(err: unknown, offset: number, before: Array<{ id: string; seq: number }>): unknown {
+  if (!(err instanceof MnemosError)) return err;
+  const shift = (text: string) =>
+    text.replace(/messages\[(\d+)\]/g, (_m, n: string) => `messages[${Number(n) + offset}]`);
+  let details: unknown = err.details;
+  if (details && typeof details === 'object') {
+    const moved = JSON.parse(shift(JSON.stringify(details))) as Record<string, unknown>;
+    if (typeof moved.index === 'number') moved.index += offset;
+    details = { ...moved, accepted_before: before };
+  }
+  return new MnemosError({
+    status: err.status,
+    code: err.code,
+    message: `${shift(err.message)} (messages[0]..messages[${offset - 1}] were stored by earlier requests of this call)`,
+    details,
+    requestId: err.requestId,
+    retryAfterMs: err.retryAfterMs,
+    attempts: err.attempts,
+    cause: err,
+  });
+}
+
 /** Parses a JSON Lines body as it streams in; stops reading when the consumer stops. */
-async function* readJsonLines<T>(res: Response): AsyncGenerator<T> {
+async function* readJsonLines<T>(res: Response, signal?: AbortSignal): AsyncGenerator<T> {
   if (!res.body) return;
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = '';
   try {
     for (;;) {
       const { done, value } = await reader.read().catch((err: unknown) => {
+        // The caller's own abort is the caller's reason, as everywhere else.
+        if (signal?.aborted) throw signal.reason;
         // The server cuts the connection when an export fails midway: never a silent short export.
         throw new MnemosError({
           status: res.status,

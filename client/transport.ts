@@ -86,7 +86,8 @@ interface ErrorInit {
 /**
  * Every failure the client reports. `status` 0 means no HTTP answer (network error, timeout);
  * `code` is the API's snake_case error code (`not_found`, `validation_failed`, `id_conflict`,
- * `rate_limited`, …), or `network_error` / `timeout` / `http_<status>` for non-API answers.
+ * `rate_limited`, …), or `network_error` / `timeout` / `http_<status>` for non-API answers, or
+`invalid_argument` (status 0, no attempt) for an empty, "." or ".." id.
  */
 export class MnemosError extends Error {
   readonly status: number;
@@ -114,6 +115,25 @@ export function isMnemosError(err: unknown, code?: string): err is MnemosError {
   return err instanceof MnemosError && (code === undefined || err.code === code);
 }
 
+/**
+ * Ids go into the path encoded, but an empty id, "." or ".." would still change which route is
+ * called (fetch resolves dot segments: `DELETE /v1/errors/.` is `DELETE /v1/errors/`, the purge
+ * of every record). Such a call fails here, before anything is sent.
+ */
+function assertPath(path: string): void {
+  const segments = path.split('?')[0]!.split('/').slice(1);
+  const bad = segments.find((s) => s === '' || s === '.' || s === '..' || /^%2e(%2e)?$/i.test(s));
+  if (bad === undefined) return;
+  throw new MnemosError({
+    status: 0,
+    code: 'invalid_argument',
+    message: `an id in the path ${path} is empty, "." or "..": nothing was sent`,
+    details: { path },
+    requestId: null,
+    attempts: 0,
+  });
+}
+
 export interface Transport {
   request(spec: RequestSpec): Promise<Reply>;
   /** For streamed bodies (export): the Response once a 2xx arrived; the caller reads the body. */
@@ -138,6 +158,7 @@ export function makeTransport(opts: TransportOptions): Transport {
   };
 
   async function send(spec: RequestSpec, streaming: boolean): Promise<{ res: Response; text: string }> {
+    assertPath(spec.path);
     const url = base + spec.path + queryString(spec.query);
     // One id for all attempts of a call, so server logs show the retries together.
     const requestId = crypto.randomUUID();

@@ -377,6 +377,16 @@ void describe('client: error memory and tools', () => {
     assert.equal((await rejects(mnemos.getError(created.id))).code, 'not_found');
 
     await mnemos.writeError({ tool_name: tool, symptom: 'disk full', action: 'prune', outcome: 'resolved' });
+    // An empty or dot id would reach another route (fetch resolves dot segments; `DELETE
+    // /v1/errors/` is the purge): refused before anything is sent, and nothing is deleted.
+    for (const id of ['', '.', '..']) {
+      const err = await rejects(mnemos.deleteError(id));
+      assert.equal(err.code, 'invalid_argument', JSON.stringify(id));
+      assert.equal(err.attempts, 0);
+    }
+    assert.equal((await rejects(mnemos.getSession('.'))).code, 'invalid_argument');
+    assert.equal((await rejects(mnemos.getError(''))).code, 'invalid_argument');
+    assert.equal((await mnemos.searchErrors({ query: 'disk full', toolName: tool })).length, 1);
     await mnemos.writeError({
       tool_name: tool,
       symptom: 'out of memory',
@@ -414,6 +424,45 @@ void describe('client: error memory and tools', () => {
     const records = await mnemos.searchErrors({ query: 'eslint crashed', toolName: tool });
     assert.equal(records[0]?.action, 'pin eslint 9');
     assert.match(await mnemos.runTool(s, 'error_history', '{not json'), /not valid JSON/);
+  });
+});
+
+void describe('client: split posts and aborted exports', () => {
+  void test("an error of a later request of a split post names the caller's index and what was stored", async () => {
+    const s = sid('split');
+    const messages = Array.from({ length: 1500 }, (_, i) => ({
+      role: i === 1200 ? 'robot' : 'user',
+      content: `m${i}`,
+    })) as MessageInput[];
+    const err = await rejects(mnemos.postMessages(s, messages, { wait: true }));
+    assert.equal(err.status, 400);
+    const details = err.details as { problems: Array<{ path: string }>; accepted_before: unknown[] };
+    assert.equal(details.problems[0]!.path, 'messages[1200].role');
+    assert.match(err.message, /messages\[0\]\.\.messages\[999\] were stored/);
+    assert.equal(details.accepted_before.length, 1000);
+    assert.equal((await mnemos.getSession(s)).message_count, 1000);
+  });
+
+  void test("aborting an export midway rejects with the caller's reason", async () => {
+    const s = sid('abort');
+    const big = 'x'.repeat(8000);
+    await mnemos.postMessages(
+      s,
+      Array.from({ length: 1500 }, (_, i) => ({ role: 'user', content: `${i} ${big}` })) as MessageInput[],
+      { wait: true },
+    );
+    const ac = new AbortController();
+    const mine = new Error('the caller stopped');
+    let lines = 0;
+    await assert.rejects(
+      (async () => {
+        for await (const _line of mnemos.exportSession(s, { signal: ac.signal })) {
+          if (++lines === 1) ac.abort(mine);
+        }
+      })(),
+      (e: unknown) => e === mine,
+    );
+    assert.ok(lines < 1500, `stopped early (${lines} lines)`);
   });
 });
 

@@ -504,6 +504,11 @@ void describe('tenant isolation', () => {
       (await call(t, 'POST', '/search', { query: 'dependency tree permission' })).body.records,
       [],
     );
+    // What a client sends for `DELETE /v1/errors/{id}` with an empty or "." id is no purge.
+    for (const path of ['/', '/.', '/?tool_name=yarn']) {
+      assert.equal((await call(t, 'DELETE', path)).status, 404, path);
+    }
+    assert.equal((await call(t, 'GET', '')).body.records.length, 1);
     assert.deepEqual((await call(t, 'DELETE', '')).body, { deleted: 1 });
     assert.deepEqual((await call(t, 'GET', '')).body, { records: [], next: null });
     assert.equal((await errors.sweepExpired()) >= 3, true);

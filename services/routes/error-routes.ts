@@ -112,6 +112,10 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
   });
 
   router.delete('/', async (req, res) => {
+    // `DELETE /v1/errors/` is what a client sends for `DELETE /v1/errors/{id}` with an empty or
+    // "." id (dot segments are resolved before sending): a record that does not exist, never
+    // the purge of every record.
+    if (req.originalUrl.split('?')[0]!.endsWith('/')) throw notFound('error record');
     const query = parseInput(errorPurgeQuery, req.query, 'query');
     res.json({ deleted: await errors.purge(tenantOf(res), query) });
   });
