@@ -39,8 +39,11 @@ export function asDependencyError(err: unknown): unknown {
   if (err instanceof AppError) return err;
   if (isPgUnavailable(err)) return unavailable('postgres');
   const msg = err instanceof Error ? err.message : '';
+  // ioredis's MaxRetriesPerRequestError says "Reached the max retries per request limit": matched
+  // by its name too, since its message does not carry it.
   if (
-    /Stream isn't writeable|Connection is closed|ECONNREFUSED|Command timed out|MaxRetriesPerRequest|ETIMEDOUT|ECONNRESET/.test(
+    (err instanceof Error && err.name === 'MaxRetriesPerRequestError') ||
+    /Stream isn't writeable|Connection is closed|ECONNREFUSED|Command timed out|max retries per request|ETIMEDOUT|ECONNRESET/i.test(
       msg,
     )
   ) {

@@ -605,3 +605,16 @@ void describe('readiness', () => {
     }
   });
 });
+
+void describe('dependency errors', () => {
+  void test("ioredis's MaxRetriesPerRequestError is a 503 with retry-after, not a 500", async () => {
+    const { asDependencyError, AppError } = await import('../services/errors.js');
+    const { MaxRetriesPerRequestError } = await import('ioredis/built/errors/index.js');
+    const mapped = asDependencyError(new MaxRetriesPerRequestError(20));
+    assert.ok(mapped instanceof AppError);
+    assert.equal(mapped.status, 503);
+    assert.equal(mapped.headers?.['retry-after'], '2');
+    const other = new Error('something else');
+    assert.equal(asDependencyError(other), other);
+  });
+});

@@ -15,7 +15,7 @@ import {
   startTestService,
   testPrefix,
 } from './support/harness.js';
-import type { Api, ChildService } from './support/harness.js';
+import type { Api, ChildService, TestService } from './support/harness.js';
 import { startPrivatePostgres } from './support/private-postgres.js';
 import { startPrivateRedis } from './support/private-redis.js';
 
@@ -200,6 +200,59 @@ void describe('ingestion under faults and many processes', () => {
       'write after Redis restart',
     );
     assert.deepEqual(third.body.messages, [{ id: 'r1', seq: 16 }]);
+  });
+
+  void test('a ?wait=true whose messages Redis lost is never a 201, though their seqs get archived by others', async () => {
+    const redis = await startPrivateRedis();
+    const prefix = testPrefix();
+    // The API alone first: accepted messages wait in the inbox, as behind a slow worker.
+    const api = await startTestService({ mode: 'api', env: { REDIS_URL: redis.url }, prefix });
+    let worker: TestService | null = null;
+    cleanups.push(async () => {
+      await worker?.stop();
+      await api.stop();
+      await redis.stop();
+    });
+    const t = await api.newTenant();
+    const waiting = t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: [user('lost 0', { id: 'l0' }), user('lost 1', { id: 'l1' })],
+    });
+    await eventually(
+      async () => ((await api.deps.redis.llen(`${prefix}:inbox:${t.tenantId}:s`)) === 2 ? true : null),
+      10_000,
+      'the waiting request is in the inbox',
+    ).catch(() => undefined);
+    const admin = new Redis(redis.url);
+    await admin.flushall();
+    admin.disconnect();
+    // Redis came back empty: the counter re-seeds from the archive (empty), so these get seqs 1-3,
+    // the seqs the lost messages were acknowledged with.
+    const others = await t.api.post('/v1/sessions/s/messages', {
+      messages: [user('other 0', { id: 'o0' }), user('other 1', { id: 'o1' }), user('other 2', { id: 'o2' })],
+    });
+    assert.deepEqual(
+      others.body.messages.map((m: { seq: number }) => m.seq),
+      [1, 2, 3],
+    );
+    worker = await startTestService({
+      mode: 'worker',
+      env: { REDIS_URL: redis.url },
+      prefix,
+      databaseUrl: api.config.databaseUrl!,
+    });
+    const r = await waiting;
+    assert.equal(r.status, 503, JSON.stringify(r.body));
+    assert.equal(r.body.error.details.lost, true);
+    assert.ok(r.headers.get('retry-after'));
+    // Posting them again (same ids) stores them, now durable.
+    const again = await t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: [user('lost 0', { id: 'l0' }), user('lost 1', { id: 'l1' })],
+    });
+    assert.equal(again.status, 201);
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => m.id),
+      ['o0', 'o1', 'o2', 'l0', 'l1'],
+    );
   });
 
   void test('Redis stopped: writes get 503 with retry-after and nothing is half-written', async () => {

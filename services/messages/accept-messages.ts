@@ -106,6 +106,39 @@ export async function seedSession(deps: CoreDeps, tenantId: string, sessionId: s
 }
 
 /** Polls the archived mark until `seq` is durable in Postgres or the deadline passes. */
+/**
+ * Whether these messages are in the archive at these seqs. The archived mark in Redis says a
+ * seq was reached, not by which message: after Redis comes back empty, a seq handed out for a
+ * message that was lost with it is handed out again, and the mark reaches it with another
+ * message (see README "Durability semantics"). A 201 is only given after this check.
+ */
+export async function archivedAsAcknowledged(
+  deps: Pick<CoreDeps, 'db'>,
+  tenantId: string,
+  sessionId: string,
+  messages: Array<{ id: string; seq: number }>,
+): Promise<boolean> {
+  if (messages.length === 0) return true;
+  const r = await deps.db.query<{ n: number }>(
+    `SELECT count(*)::int AS n
+       FROM messages m
+       JOIN unnest($3::bigint[], $4::text[]) AS x(seq, id) ON m.seq = x.seq AND m.id = x.id
+      WHERE m.tenant_id = $1 AND m.session_id = $2`,
+    [tenantId, sessionId, messages.map((m) => m.seq), messages.map((m) => m.id)],
+  );
+  return r.rows[0]!.n === new Set(messages.map((m) => m.seq)).size;
+}
+
+/** A `?wait=true` whose messages were lost with Redis's data: post them again. */
+export const lostWithRedis = () =>
+  new AppError(
+    503,
+    'unavailable',
+    'the messages were lost before they were archived (Redis lost its data): post them again',
+    { dependency: 'redis', lost: true },
+    { 'retry-after': '1' },
+  );
+
 export async function waitArchived(
   deps: CoreDeps,
   tenantId: string,

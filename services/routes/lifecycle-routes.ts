@@ -11,10 +11,10 @@ import {
   readJsonLines,
 } from '../lifecycle/import-input.js';
 import type { ImportInput } from '../lifecycle/import-input.js';
-import { importSession } from '../lifecycle/import-session.js';
+import { importSession, sortForImport } from '../lifecycle/import-session.js';
 import { clearSession } from '../lifecycle/session-lifecycle.js';
 import type { ExtensionList } from '../lifecycle/session-lifecycle.js';
-import { waitArchived } from '../messages/accept-messages.js';
+import { archivedAsAcknowledged, lostWithRedis, waitArchived } from '../messages/accept-messages.js';
 import { assertSessionId, messageSchema } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { assertNoBody, noQuery, parseInput } from '../validate.js';
@@ -137,6 +137,14 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
         q.wait === 'false'
           ? false
           : await waitArchived(deps, tenantId, sid, outcome.last_seq, IMPORT_WAIT_MS);
+      // The seqs as importSession handed them out (its order), checked against the archive.
+      const first = outcome.first_seq!;
+      const acknowledged = sortForImport(input.messages).map((m, i) => ({
+        id: m.message.id,
+        seq: first + i,
+      }));
+      if (durable && !(await archivedAsAcknowledged(deps, tenantId, sid, acknowledged)))
+        throw lostWithRedis();
     }
     res.status(durable ? 201 : 202).json(outcome);
   });

@@ -6,7 +6,12 @@ import { getSession, listSessions } from '../../db/queries/sessions.js';
 import { getSummaryState } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
 import { notFound } from '../errors.js';
-import { acceptMessages, waitArchived } from '../messages/accept-messages.js';
+import {
+  acceptMessages,
+  archivedAsAcknowledged,
+  lostWithRedis,
+  waitArchived,
+} from '../messages/accept-messages.js';
 import { inboxKeys } from '../messages/inbox.js';
 import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
@@ -83,6 +88,9 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     if (q.wait === 'true') {
       const maxSeq = Math.max(...outcome.messages.map((m) => m.seq));
       const durable = await waitArchived(deps, tenantId, sid, maxSeq, WAIT_TIMEOUT_MS);
+      if (durable && !(await archivedAsAcknowledged(deps, tenantId, sid, outcome.messages))) {
+        throw lostWithRedis();
+      }
       res.status(durable ? 201 : 202).json(outcome);
       return;
     }
