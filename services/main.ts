@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import type { Server } from 'node:http';
+import type { Server, ServerResponse } from 'node:http';
 import { migrate } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
@@ -45,6 +45,7 @@ export async function startService(
   let server: Server | null = null;
   let workers: RunningWorkers | null = null;
   let stopping: Promise<void> | null = null;
+  const inFlight = new Set<ServerResponse>();
   let stopSampler: (() => void) | null = null;
 
   const stop = () =>
@@ -54,6 +55,11 @@ export async function startService(
       stopSampler?.();
       if (server) {
         const s = server;
+        // Answers still being prepared close their connection too.
+        for (const res of inFlight) if (!res.headersSent) res.setHeader('connection', 'close');
+        // Connections whose last answer went out before the flag was seen close as they idle.
+        const idle = setInterval(() => s.closeIdleConnections(), 100);
+        idle.unref();
         await new Promise<void>((resolve) => {
           s.close(() => resolve());
           s.closeIdleConnections();
@@ -61,7 +67,7 @@ export async function startService(
             s.closeAllConnections();
             resolve();
           }, deadline).unref();
-        });
+        }).finally(() => clearInterval(idle));
       }
       if (workers) await workers.close(deadline);
       for (const e of extensions) await e.close?.().catch(() => undefined);
@@ -91,7 +97,16 @@ export async function startService(
       if (mode !== 'worker') stopSampler = startQueueSampler(deps);
       // Not `app.listen`: Express 5 hands its callback the server's 'error' too, so a port in
       // use or a bad HOST would be reported as listening while nothing listens.
-      const s = createServer(app);
+      // Once stopping, every answer closes its connection: a keep-alive client would otherwise go
+      // on sending requests over it until the shutdown deadline cut one off midway.
+      const s = createServer((req, res) => {
+        if (stopping) res.setHeader('connection', 'close');
+        else {
+          inFlight.add(res);
+          res.once('close', () => inFlight.delete(res));
+        }
+        app(req, res);
+      });
       server = s;
       await new Promise<void>((resolve, reject) => {
         const failed = (err: NodeJS.ErrnoException) => {

@@ -160,3 +160,45 @@ void describe('operations', () => {
     }
   });
 });
+
+void describe('graceful shutdown', () => {
+  void test('answers in flight on a keep-alive connection say connection: close, and none is cut off', async () => {
+    const { request, Agent } = await import('node:http');
+    // API only: a ?wait=true stays in flight (no worker drains it) until its 10 s wait ends.
+    const svc = await startTestService({ mode: 'api' });
+    const t = await svc.newTenant();
+    const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+    const post = (path: string, body: unknown) =>
+      new Promise<{ status: number; connection: string | undefined }>((resolve, reject) => {
+        const data = JSON.stringify(body);
+        const req = request(
+          `${svc.base}${path}`,
+          {
+            method: 'POST',
+            agent,
+            headers: { authorization: `Bearer ${t.apiKey}`, 'content-type': 'application/json' },
+          },
+          (res) => {
+            res.resume();
+            res.on('end', () => resolve({ status: res.statusCode!, connection: res.headers.connection }));
+          },
+        );
+        req.on('error', reject);
+        req.end(data);
+      });
+    const warm = await post('/v1/sessions/s/messages', { messages: [{ role: 'user', content: 'warm' }] });
+    assert.equal(warm.status, 202);
+    assert.notEqual(warm.connection, 'close', 'kept alive while serving');
+    const inFlight = post('/v1/sessions/s/messages?wait=true', {
+      messages: [{ role: 'user', content: 'x' }],
+    });
+    await new Promise((r) => setTimeout(r, 200));
+    const stopped = svc.stop();
+    const answer = await inFlight;
+    assert.equal(answer.status, 202, 'answered, not cut off');
+    assert.equal(answer.connection, 'close', 'the client is told to stop reusing the connection');
+    await stopped;
+    agent.destroy();
+    await deleteRedisPrefix(svc.config.prefix);
+  });
+});
