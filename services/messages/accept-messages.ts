@@ -105,7 +105,6 @@ export async function seedSession(deps: CoreDeps, tenantId: string, sessionId: s
   });
 }
 
-/** Polls the archived mark until `seq` is durable in Postgres or the deadline passes. */
 /**
  * Whether these messages are in the archive at these seqs. The archived mark in Redis says a
  * seq was reached, not by which message: after Redis comes back empty, a seq handed out for a
@@ -139,6 +138,7 @@ export const lostWithRedis = () =>
     { 'retry-after': '1' },
   );
 
+/** Polls the archived mark until `seq` is durable in Postgres or the deadline passes. */
 export async function waitArchived(
   deps: CoreDeps,
   tenantId: string,

@@ -24,7 +24,6 @@ const IMPORT_WAIT_MS = 60_000;
 const JSON_LINES = ['application/x-ndjson', 'application/jsonl'];
 
 const resetQuery = z.object({ keep_summary: z.enum(['true', 'false']).optional() }).strict();
-
 const importQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
 
 export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
