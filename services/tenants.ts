@@ -12,6 +12,7 @@ import {
 } from '../db/queries/tenants.js';
 import type { PageAfter } from '../db/queries/tenants.js';
 import { AppError } from './errors.js';
+import { pageOf } from './validate.js';
 import { hasBadChars } from './messages/message-input.js';
 
 /** API keys look like `mn_<key id>_<secret>`; only sha256(secret) is stored. */
@@ -136,9 +137,8 @@ function toPage<R extends { id: string; created_us: string }, T>(
   limit: number | undefined,
   view: (row: R) => T,
 ): Page<T> {
-  // The query asked for one row more than the page: `next` only when something follows.
-  const more = limit !== undefined && rows.length > limit;
-  const items = more ? rows.slice(0, limit) : rows;
+  // The query asked for one row more than the page (none when there is no limit).
+  const { items, more } = limit === undefined ? { items: rows, more: false } : pageOf(rows, limit);
   const last = items[items.length - 1];
   const full = more && last;
   return {

@@ -55,6 +55,14 @@ export function assertNoBody(body: unknown, message: string): void {
 /** An empty `?cursor=` is the first page, as no cursor is, on every list. */
 export const emptyAsAbsent = (v: string | undefined): string | undefined => (v === '' ? undefined : v);
 
+/**
+ * A page out of rows fetched with `limit + 1`: the first `limit`, and whether anything follows
+ * (so `next` is null on a full last page, with no extra empty round trip for the client).
+ */
+export function pageOf<T>(rows: T[], limit: number): { items: T[]; more: boolean } {
+  return { items: rows.slice(0, limit), more: rows.length > limit };
+}
+
 /** `?cursor=&limit=` of a list that pages by an opaque cursor. */
 export const listQuery = z
   .object({ cursor: z.string().max(300).optional().transform(emptyAsAbsent), limit: limitParam.optional() })

@@ -16,7 +16,7 @@ import { inboxKeys } from '../messages/inbox.js';
 import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { nsToRfc3339 } from '../time.js';
-import { limitParam, listQuery, noQuery, parseInput } from '../validate.js';
+import { limitParam, listQuery, noQuery, pageOf, parseInput } from '../validate.js';
 
 const WAIT_TIMEOUT_MS = 10_000;
 
@@ -110,21 +110,21 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
       sessionId: sid,
       afterSeq: q.after_seq ?? null,
       beforeSeq: q.before_seq ?? null,
-      // One row more than the page: `next` is null when no message follows (as of now).
       limit: limit + 1,
       desc,
     });
-    const messages = rows.slice(0, limit).map(toStoredMessage);
+    const page = pageOf(rows, limit);
+    const messages = page.items.map(toStoredMessage);
     const last = messages[messages.length - 1];
-    res.json({ messages, next: rows.length > limit && last ? last.seq : null });
+    res.json({ messages, next: page.more && last ? last.seq : null });
   });
 
   router.get('/', async (req, res) => {
     const q = parseInput(listQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
     const limit = q.limit ?? 100;
-    const more = await listSessions(deps.db, tenantId, q.cursor ?? null, limit + 1);
-    const rows = more.slice(0, limit);
+    const page = pageOf(await listSessions(deps.db, tenantId, q.cursor ?? null, limit + 1), limit);
+    const rows = page.items;
     const last = rows[rows.length - 1];
     res.json({
       sessions: rows.map((s) => ({
@@ -133,7 +133,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
         created_at: s.created_at.toISOString(),
         last_message_at: s.last_message_at?.toISOString() ?? null,
       })),
-      next: more.length > limit && last ? last.id : null,
+      next: page.more && last ? last.id : null,
     });
   });
 
