@@ -54,6 +54,14 @@ export interface KeyView {
 
 // eslint-disable-next-line no-control-regex
 const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/;
+const UNPRINTABLE = 'must not contain control characters or lone surrogates';
+const unprintable = (name: string) => CONTROL_CHARS.test(name) || hasBadChars(name);
+
+function badName(problem: string): AppError {
+  return new AppError(400, 'validation_failed', `name: ${problem}`, {
+    problems: [{ path: 'name', message: problem }],
+  });
+}
 
 /** Tenant names are what `--tenant <id|name>` resolves: never blank, never shaped like an id. */
 function assertTenantName(name: string): void {
@@ -64,16 +72,12 @@ function assertTenantName(name: string): void {
         ? 'must not start or end with spaces'
         : name.length > 128
           ? 'must be at most 128 characters'
-          : CONTROL_CHARS.test(name) || hasBadChars(name)
-            ? 'must not contain control characters or lone surrogates'
+          : unprintable(name)
+            ? UNPRINTABLE
             : TENANT_ID_RE.test(name)
               ? 'must not look like a tenant id (t_ and 16 letters or digits)'
               : null;
-  if (problem) {
-    throw new AppError(400, 'validation_failed', `name: ${problem}`, {
-      problems: [{ path: 'name', message: problem }],
-    });
-  }
+  if (problem) throw badName(problem);
 }
 
 export async function createTenant(db: Db, name: string): Promise<{ tenant_id: string; api_key: string }> {
@@ -98,12 +102,8 @@ export async function createKey(
   tenantIdOrName: string,
   name = '',
 ): Promise<{ key_id: string; tenant_id: string; api_key: string }> {
-  if (CONTROL_CHARS.test(name) || hasBadChars(name)) {
-    const problem = 'must not contain control characters or lone surrogates';
-    throw new AppError(400, 'validation_failed', `name: ${problem}`, {
-      problems: [{ path: 'name', message: problem }],
-    });
-  }
+  // Key names are free text, but printable: the same rule as tenant names.
+  if (unprintable(name)) throw badName(UNPRINTABLE);
   const tenant = await findTenant(db, tenantIdOrName);
   if (!tenant) throw new AppError(404, 'not_found', 'tenant not found');
   const key = await createKeyIn(db, tenant.id, name);
