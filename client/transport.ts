@@ -121,9 +121,12 @@ export function isMnemosError(err: unknown, code?: string): err is MnemosError {
  * of every record). Such a call fails here, before anything is sent.
  */
 function assertPath(path: string): void {
-  const segments = path.split('?')[0]!.split('/').slice(1);
-  const bad = segments.find((s) => s === '' || s === '.' || s === '..' || /^%2e(%2e)?$/i.test(s));
-  if (bad === undefined) return;
+  // Paths are built here with encodeURIComponent, which never writes `%2e`: dots stay dots.
+  const bad = path
+    .split('/')
+    .slice(1)
+    .some((s) => s === '' || s === '.' || s === '..');
+  if (!bad) return;
   throw new MnemosError({
     status: 0,
     code: 'invalid_argument',
