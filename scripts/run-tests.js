@@ -48,9 +48,11 @@ const files = only.length
       .sort()
       .map((f) => `test/${f}`);
 const concurrency = process.env.TEST_CONCURRENCY ?? '4';
+// The timeout bounds each file as a whole, not only each test: the embedded file (PGlite in WASM,
+// a CLI process per step) took 300 s on a machine loaded by other work, 1–2 min when quiet.
 const result = spawnSync(
   process.execPath,
-  ['--import', 'tsx', '--test', `--test-concurrency=${concurrency}`, '--test-timeout=300000', ...files],
+  ['--import', 'tsx', '--test', `--test-concurrency=${concurrency}`, '--test-timeout=600000', ...files],
   { stdio: 'inherit', cwd: root, env },
 );
 

@@ -547,6 +547,7 @@ void describe('embed job coalescing (BullMQ deduplication per session)', () => {
     const producer = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
     const queues = makeQueues(producer, prefix);
     const ran: string[] = [];
+    const done: string[] = [];
     let release = () => {};
     const gate = new Promise<void>((r) => (release = r));
     let first = () => {};
@@ -570,11 +571,14 @@ void describe('embed job coalescing (BullMQ deduplication per session)', () => {
         },
         { connection: workerConnection, prefix, concurrency: 4 },
       );
+      worker.on('completed', (job) => done.push((job.data as { sessionId: string }).sessionId));
       await firstRunning;
       // Action: 50 more requests while the job runs (batches archived after it looked for work).
       for (let i = 0; i < 50; i++) await enqueueEmbed(queues, busy);
       await enqueueEmbed(queues, { ...busy, sessionId: 'another' });
-      await eventually(async () => ran.includes('another'));
+      // The handler records its run when it starts; BullMQ moves the job to completed after it
+      // returns, so wait for that before counting what is active.
+      await eventually(async () => done.includes('another'));
       const during = await queues.embed.getJobCounts('waiting', 'active', 'delayed');
       assert.deepEqual(during, { waiting: 0, active: 1, delayed: 0 }, 'no second job runs beside the first');
       release();
