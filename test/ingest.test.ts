@@ -554,4 +554,27 @@ void describe('ingestion', () => {
       await db.close();
     }
   });
+
+  void test('a message whose full-text cap falls inside an emoji is archived, and so are the messages after it', async () => {
+    const t = await svc.newTenant();
+    // The English full-text input is capped at 65,536 UTF-16 units: here unit 65,536 is the first
+    // half of the emoji. Sent cut there, the drain's INSERT failed on every attempt.
+    const emoji = `${'a '.repeat(32_767)}b😀 tail`;
+    const cjk = `${'字 '.repeat(32_767)}b😀 尾巴`;
+    const r = await t.api.post('/v1/sessions/cap/messages?wait=true', {
+      messages: [user(emoji, { id: 'e' }), user(cjk, { id: 'c' })],
+    });
+    assert.equal(r.status, 201, r.text);
+    const next = await t.api.post('/v1/sessions/cap/messages?wait=true', { messages: [user('after')] });
+    assert.equal(next.status, 201, next.text);
+    assert.deepEqual(
+      (await archived(t.api, 'cap')).map((m) => m.content),
+      [emoji, cjk, 'after'],
+    );
+    const found = await t.api.post('/v1/sessions/cap/search', { query: 'after', match: 'keyword' });
+    assert.deepEqual(
+      found.body.hits.map((h: { content: string }) => h.content),
+      ['after'],
+    );
+  });
 });

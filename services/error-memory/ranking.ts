@@ -1,5 +1,6 @@
 import { classifyError, significantTerms } from './normalise.js';
 import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
+import { cutUnits } from '../text/fts-text.js';
 
 /**
  * Ranking without a search module: a record matches when it shares at least one significant
@@ -172,5 +173,5 @@ export function renderRelated(records: readonly StoredError[]): string {
   }
   // Only text of wide characters gets here: drop records rather than cut one in half.
   while (lines.length > 1 && lines.join('\n').length > RELATED_MAX_CHARS) lines.pop();
-  return lines.join('\n').slice(0, RELATED_MAX_CHARS);
+  return cutUnits(lines.join('\n'), RELATED_MAX_CHARS);
 }

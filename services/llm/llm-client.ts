@@ -8,6 +8,7 @@
  * job) whether trying again later can help.
  */
 import OpenAI, { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
+import { cutUnits } from '../text/fts-text.js';
 
 export type LlmPurpose = 'summary' | 'noise' | 'supersede' | 'relevance' | 'embedding';
 
@@ -550,7 +551,7 @@ function errorSummary(err: unknown): { name: string; message: string } {
 }
 
 function truncate(text: string): string {
-  return text.length > MAX_ERROR_TEXT ? `${text.slice(0, MAX_ERROR_TEXT)}…` : text;
+  return text.length > MAX_ERROR_TEXT ? `${cutUnits(text, MAX_ERROR_TEXT)}…` : text;
 }
 
 function safeJson(value: unknown): string {

@@ -30,9 +30,20 @@ export function cjkBigrams(text: string, capChars = Infinity): string[] {
   return out;
 }
 
+/**
+ * `s` cut to at most `max` UTF-16 code units, never between the two halves of a surrogate pair: a
+ * lone half is not valid JSON for Postgres (`invalid input syntax for type json`), so a cut through
+ * an emoji once made the drain's INSERT fail on every attempt, and the session stop archiving.
+ */
+export function cutUnits(s: string, max: number): string {
+  if (s.length <= max) return s;
+  const last = s.charCodeAt(max - 1);
+  return s.slice(0, last >= 0xd800 && last <= 0xdbff ? max - 1 : max);
+}
+
 /** The two inputs of the stored tsvector: `to_tsvector('english', en) || to_tsvector('simple', cjk)`. */
 export function ftsDocument(text: string): { en: string; cjk: string } {
-  const cap = (s: string) => (s.length > FTS_EN_CAP ? s.slice(0, FTS_EN_CAP) : s);
+  const cap = (s: string) => cutUnits(s, FTS_EN_CAP);
   // Most messages have no CJK: one scan instead of three.
   if (!hasCjk(text)) return { en: cap(text), cjk: '' };
   return { en: cap(text.replace(CJK_RUN, ' ')), cjk: cjkBigrams(text, FTS_CJK_CAP).join(' ') };
