@@ -3,7 +3,9 @@ import { after, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
+import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/inbox.js';
 import { createTenant } from '../services/tenants.js';
+import { DRAIN_BATCH, DRAIN_MAX_BYTES } from '../workers/ingest.js';
 import {
   REDIS_URL,
   api,
@@ -445,6 +447,116 @@ void describe('ingestion under faults and many processes', () => {
         [3, 'three'],
       ],
     );
+  });
+
+  /** An API-only service (accepted messages wait in the inbox), and a worker to start later. */
+  async function apiFirst() {
+    const prefix = testPrefix();
+    const apiSvc = await startTestService({ mode: 'api', prefix });
+    const h = {
+      api: apiSvc,
+      worker: null as TestService | null,
+      inboxLength: (tenantId: string, sid: string) =>
+        apiSvc.deps.redis.llen(`${prefix}:inbox:${tenantId}:${sid}`),
+      startWorker: async () => {
+        h.worker = await startTestService({
+          mode: 'worker',
+          prefix,
+          databaseUrl: apiSvc.config.databaseUrl!,
+        });
+      },
+    };
+    cleanups.push(async () => {
+      await h.worker?.stop();
+      await apiSvc.stop();
+      await deleteRedisPrefix(prefix);
+    });
+    return h;
+  }
+
+  void test('a backlog of large messages drains in transactions of bounded size, all of it, in order', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    // 24 messages of ~1 MB wait in the inbox (a worker outage). One drain used to take up to 500
+    // entries whatever their size, and Postgres refuses a jsonb parameter over 256 MB.
+    const text = (i: number) => `message ${i} ${'x'.repeat(1_000_000)}`;
+    for (let r = 0; r < 4; r++) {
+      const batch = Array.from({ length: 6 }, (_, j) => user(text(r * 6 + j), { id: `b${r * 6 + j}` }));
+      assert.equal((await t.api.post('/v1/sessions/big/messages', { messages: batch })).status, 202);
+    }
+    const keys = inboxKeys(h.api.config.prefix, t.tenantId, 'big');
+    defineInboxScripts(h.api.deps.redis);
+    const head = await readInbox(h.api.deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+    assert.deepEqual(
+      head.map((e) => e.seq),
+      Array.from({ length: 16 }, (_, i) => i + 1),
+      'a drain reads 16 MiB of entries',
+    );
+    assert.equal((await readInbox(h.api.deps.redis, keys, DRAIN_BATCH, 10)).length, 1, 'but at least one');
+    assert.equal(await h.inboxLength(t.tenantId, 'big'), 24, 'reading takes nothing away');
+
+    await h.startWorker();
+    const last = await t.api.post('/v1/sessions/big/messages?wait=true', { messages: [user('small')] });
+    assert.equal(last.status, 201, last.text);
+    const rows = await allMessages(t.api, 'big');
+    assert.deepEqual(
+      rows.map((m) => [m.seq, m.content.length, m.content.slice(0, 12)]),
+      [
+        ...Array.from({ length: 24 }, (_, i) => [i + 1, text(i).length, text(i).slice(0, 12)]),
+        [25, 5, 'small'],
+      ],
+    );
+  });
+
+  void test('a ?wait=true whose messages a reset cleared before their drain is a 409, not a "lost" 503', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    const waiting = t.api.post('/v1/sessions/r/messages?wait=true', {
+      messages: [user('before', { id: 'a' })],
+    });
+    await eventually(async () => (await h.inboxLength(t.tenantId, 'r')) === 1, 10_000, 'accepted');
+    assert.equal((await t.api.post('/v1/sessions/r/reset')).status, 200);
+    assert.equal(
+      (await t.api.post('/v1/sessions/r/messages', { messages: [user('after', { id: 'b' })] })).status,
+      202,
+    );
+    await h.startWorker();
+    const r = await waiting;
+    assert.equal(r.status, 409, r.text);
+    assert.equal(r.body.error.code, 'session_cleared');
+    assert.equal(r.body.error.details.cleared_through_seq, 1);
+    assert.deepEqual(
+      (await allMessages(t.api, 'r')).map((m) => [m.seq, m.id]),
+      [[2, 'b']],
+    );
+  });
+
+  void test('a deleted session posted to again is visible at once, before its first drain', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    assert.equal((await t.api.post('/v1/sessions/d/messages', { messages: [user('old')] })).status, 202);
+    assert.equal((await t.api.del('/v1/sessions/d')).status, 204);
+    assert.equal((await t.api.get('/v1/sessions/d')).status, 404);
+    const again = await t.api.post('/v1/sessions/d/messages', { messages: [user('new', { id: 'n' })] });
+    assert.equal(again.status, 202);
+    const s = await t.api.get('/v1/sessions/d');
+    assert.equal(s.status, 200, 'a session exists from its first accepted message');
+    assert.equal(s.body.message_count, 0);
+    assert.equal(s.body.pending_jobs, 1);
+    const list = await t.api.get('/v1/sessions');
+    assert.deepEqual(
+      list.body.sessions.map((x: { id: string }) => x.id),
+      ['d'],
+    );
+    assert.deepEqual((await t.api.get('/v1/sessions/d/messages')).body.messages, []);
+    // Deleted again before any drain: it stays deleted, and its message never arrives.
+    assert.equal((await t.api.del('/v1/sessions/d')).status, 204);
+    assert.equal((await t.api.get('/v1/sessions/d')).status, 404);
+    await h.startWorker();
+    const w = await t.api.post('/v1/sessions/other/messages?wait=true', { messages: [user('x')] });
+    assert.equal(w.status, 201);
+    assert.equal((await t.api.get('/v1/sessions/d')).status, 404);
+    assert.equal(await h.inboxLength(t.tenantId, 'd'), 0);
   });
 
   void test('a flush request lost between accept and enqueue is recovered by the ingest sweeper', async () => {

@@ -325,12 +325,14 @@ void describe('delete', () => {
     ]);
     assert.deepEqual(usage, [{ session_id: null, calls: 2, input_tokens: '100' }]);
 
-    // Redis: only the counter state remains, without any content.
+    // Redis: only the counter state remains, without any content, marked deleted (the next accept
+    // revives the row at once).
     const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
     assert.deepEqual(await sessionKeys(t.tenantId, s), [keys.sess]);
     const state = await redis.hgetall(keys.sess);
-    assert.deepEqual(Object.keys(state).sort(), ['archived', 'armed', 'gen', 'seq']);
+    assert.deepEqual(Object.keys(state).sort(), ['archived', 'armed', 'deleted', 'gen', 'seq']);
     assert.equal(state.gen, '2');
+    assert.equal(state.deleted, '1');
 
     // Writing again starts a new session after the old seqs (seq is never reused), created now.
     const again = await archive(t.api, s, [user('new life')]);
@@ -360,8 +362,10 @@ void describe('delete', () => {
         (await t.api.post(`/v1/sessions/${s}/messages`, { messages: [user('second life')] })).status,
         202,
       );
-      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+      // A session exists from its first accepted message, before its drain.
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 200);
       assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 204);
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
     } finally {
       await ingest.resume();
     }

@@ -19,6 +19,11 @@ import { parsePayload } from './queues.js';
 
 /** Entries per transaction: big enough to amortise the commit, small enough to keep locks short. */
 export const DRAIN_BATCH = 500;
+/**
+ * Bytes of inbox entries per transaction (at least one entry): the batch goes to Postgres as one
+ * jsonb parameter, which Postgres caps at 256 MB, and 500 messages of 1 MiB would pass it.
+ */
+export const DRAIN_MAX_BYTES = 16 * 1024 * 1024;
 const MAX_ROUNDS_PER_JOB = 40;
 
 export interface DrainResult {
@@ -98,7 +103,7 @@ export async function drainSession(
     try {
       batch = await withTransaction(deps.db, async (tx) => {
         const session = await lockOrCreateSession(tx, tenantId, sessionId);
-        const entries = await readInbox(deps.redis, keys, DRAIN_BATCH);
+        const entries = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
         if (entries.length === 0) return null;
         const nextSeq = Number(session.next_seq);
         // Entries of the current generation, and entries accepted after the last reset/delete

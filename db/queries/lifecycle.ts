@@ -103,9 +103,17 @@ export async function recordRedisCaughtUp(
 export async function sessionsBehindInRedis(
   q: Queryable,
   limit: number,
-): Promise<Array<{ tenant_id: string; id: string; generation: number; cleared_through_seq: string }>> {
-  const r = await q.query<{ tenant_id: string; id: string; generation: number; cleared_through_seq: string }>(
-    `SELECT tenant_id, id, generation, cleared_through_seq FROM sessions
+): Promise<
+  Array<{ tenant_id: string; id: string; generation: number; cleared_through_seq: string; deleted: boolean }>
+> {
+  const r = await q.query<{
+    tenant_id: string;
+    id: string;
+    generation: number;
+    cleared_through_seq: string;
+    deleted: boolean;
+  }>(
+    `SELECT tenant_id, id, generation, cleared_through_seq, deleted_at IS NOT NULL AS deleted FROM sessions
      WHERE redis_generation <> generation LIMIT $1`,
     [limit],
   );
@@ -124,11 +132,22 @@ export async function sessionHasMessages(
   return r.rows.length > 0;
 }
 
-export async function reviveSession(q: Queryable, tenantId: string, sessionId: string): Promise<void> {
+/**
+ * Brings back the row of a deleted session when something is written to it again (an import, or
+ * the first messages accepted since the delete: a new session under the same id exists from its
+ * first accepted message), unless a later reset or delete moved its generation on meanwhile. The
+ * drain does the same when it archives (recordArchived).
+ */
+export async function reviveSession(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+  generation: number,
+): Promise<void> {
   await q.query(
     `UPDATE sessions SET deleted_at = NULL, created_at = now()
-     WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NOT NULL`,
-    [tenantId, sessionId],
+     WHERE tenant_id = $1 AND id = $2 AND generation = $3 AND deleted_at IS NOT NULL`,
+    [tenantId, sessionId, generation],
   );
 }
 

@@ -108,6 +108,7 @@ export async function importSession(
           deadLetterKey(deps.config.prefix, tenantId, sessionId),
           row.generation,
           Number(row.cleared_through_seq),
+          row.deleted_at !== null,
         );
         await recordRedisCaughtUp(tx, {
           tenantId,
@@ -133,7 +134,7 @@ export async function importSession(
         });
         summary = { restored: true, version, cursor_seq: cursorSeq };
       }
-      await reviveSession(tx, tenantId, sessionId);
+      await reviveSession(tx, tenantId, sessionId, row.generation);
 
       if (sorted.length > 0) {
         await deps.redis.del(staged.list, staged.ids);

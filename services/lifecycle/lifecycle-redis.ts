@@ -16,7 +16,10 @@ export const deadLetterKey = (prefix: string, tenantId: string, sessionId: strin
 // armed for a flush (the drain keeps them whatever generation they carry). A compare-and-set, so
 // it is safe to repeat at any time (by a retried request or the reconciler): it never touches a
 // state that already holds the target generation. Returns {cleared, top seq, entries left}.
-// KEYS: sess, inbox, ids, armed, dead. ARGV: target generation, armed member, cleared-through seq.
+// A delete also marks the state `deleted`: the first message accepted after it revives the session
+// row at once (accept-messages.ts), so that the new session is visible before its first drain.
+// KEYS: sess, inbox, ids, armed, dead. ARGV: target generation, armed member, cleared-through seq,
+// deleted ('1' for a delete).
 const CLEAR_TO = `
 local cur = redis.call('HGET', KEYS[1], 'gen')
 if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, '', 0} end
@@ -40,6 +43,9 @@ while true do
   if k < #head then break end
 end
 redis.call('DEL', KEYS[3], KEYS[5])
+if cur then
+  if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'deleted', '1') else redis.call('HDEL', KEYS[1], 'deleted') end
+end
 local left = redis.call('LLEN', KEYS[2])
 if left > 0 then
   if cur then redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '1') end
@@ -113,6 +119,7 @@ export async function clearToGeneration(
   deadKey: string,
   generation: number,
   clearedThroughSeq: number,
+  deleted: boolean,
 ): Promise<ClearResult> {
   const [cleared, top, left] = await scripted(redis).mnemosLifecycleClear(
     keys.sess,
@@ -123,6 +130,7 @@ export async function clearToGeneration(
     generation,
     keys.member,
     clearedThroughSeq,
+    deleted ? '1' : '0',
   );
   const topSeq = top === '' ? null : Number(top);
   return {

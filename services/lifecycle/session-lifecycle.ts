@@ -99,7 +99,14 @@ export async function clearSession(
   });
   if (r.kind === 'not_found' || r.kind === 'skipped') return r;
 
-  await syncRedisGeneration(deps, tenantId, sessionId, r.generation, r.clearedThroughSeq);
+  await syncRedisGeneration(
+    deps,
+    tenantId,
+    sessionId,
+    r.generation,
+    r.clearedThroughSeq,
+    mode.kind === 'delete',
+  );
   if (mode.kind === 'delete' || dropSummary || r.kind === 'tombstone') {
     await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
   }
@@ -131,10 +138,11 @@ export async function syncRedisGeneration(
   sessionId: string,
   generation: number,
   clearedThroughSeq: number,
+  deleted: boolean,
 ): Promise<boolean> {
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   const dead = deadLetterKey(deps.config.prefix, tenantId, sessionId);
-  const c = await clearToGeneration(deps.redis, keys, dead, generation, clearedThroughSeq);
+  const c = await clearToGeneration(deps.redis, keys, dead, generation, clearedThroughSeq, deleted);
   // next_seq already moved past the cleared history in the reset/delete transaction.
   await recordRedisCaughtUp(deps.db, { tenantId, sessionId, generation, nextSeq: null });
   if (c.left > 0) {
@@ -177,7 +185,15 @@ export async function reconcileGenerations(
   for (const s of await sessionsBehindInRedis(deps.db, limit)) {
     try {
       // Only when this run did the clear: otherwise the session may already hold new data.
-      if (await syncRedisGeneration(deps, s.tenant_id, s.id, s.generation, Number(s.cleared_through_seq))) {
+      const cleared = await syncRedisGeneration(
+        deps,
+        s.tenant_id,
+        s.id,
+        s.generation,
+        Number(s.cleared_through_seq),
+        s.deleted,
+      );
+      if (cleared) {
         await purgeSessionEverywhere(deps, extensions, s.tenant_id, s.id);
       }
       reconciled++;

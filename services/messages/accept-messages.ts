@@ -1,5 +1,6 @@
 import { withTransaction } from '../../db/pool.js';
 import { findByClientIds } from '../../db/queries/messages.js';
+import { reviveSession } from '../../db/queries/lifecycle.js';
 import { lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
@@ -71,6 +72,15 @@ export async function acceptMessages(
         results[i] = { id: messages[i]!.id, seq: r.seq };
         if (!r.duplicate) newCount++;
       });
+      if (outcome.revive) {
+        // The messages are accepted either way; if this fails, their drain revives the row.
+        await reviveSession(deps.db, tenantId, sessionId, outcome.generation).catch((err: unknown) =>
+          deps.logger.warn(
+            { err: { message: (err as Error).message } },
+            'could not revive a deleted session',
+          ),
+        );
+      }
       if (outcome.wake) {
         try {
           await deps.queues.ingest.add('flush', { v: 1, tenantId, sessionId });
@@ -106,37 +116,52 @@ export async function seedSession(deps: CoreDeps, tenantId: string, sessionId: s
 }
 
 /**
- * Whether these messages are in the archive at these seqs. The archived mark in Redis says a
- * seq was reached, not by which message: after Redis comes back empty, a seq handed out for a
- * message that was lost with it is handed out again, and the mark reaches it with another
- * message (see README "Durability semantics"). A 201 is only given after this check.
+ * Throws unless these messages are in the archive at these seqs; called before a `?wait=true`
+ * answers 201. The archived mark in Redis says a seq was reached, not by which message, and two
+ * things can reach it without them:
+ * - a reset or delete that cleared them before their drain (their seqs are at or below the
+ *   session's `cleared_through_seq`): 409 `session_cleared`, and posting them again would put
+ *   them into the session after the reset, so the client must decide;
+ * - Redis losing its data: a seq handed out for a message lost with it is handed out again, and
+ *   the mark reaches it with another message (README "Durability semantics"): 503 with
+ *   `details.lost`, post them again.
  */
-export async function archivedAsAcknowledged(
+export async function confirmArchived(
   deps: Pick<CoreDeps, 'db'>,
   tenantId: string,
   sessionId: string,
   messages: Array<{ id: string; seq: number }>,
-): Promise<boolean> {
-  if (messages.length === 0) return true;
-  const r = await deps.db.query<{ n: number }>(
-    `SELECT count(*)::int AS n
-       FROM messages m
-       JOIN unnest($3::bigint[], $4::text[]) AS x(seq, id) ON m.seq = x.seq AND m.id = x.id
-      WHERE m.tenant_id = $1 AND m.session_id = $2`,
+): Promise<void> {
+  if (messages.length === 0) return;
+  const r = await deps.db.query<{ n: number; cleared: string | null }>(
+    `SELECT (SELECT count(*)::int
+               FROM messages m
+               JOIN unnest($3::bigint[], $4::text[]) AS x(seq, id) ON m.seq = x.seq AND m.id = x.id
+              WHERE m.tenant_id = $1 AND m.session_id = $2) AS n,
+            (SELECT cleared_through_seq FROM sessions WHERE tenant_id = $1 AND id = $2) AS cleared`,
     [tenantId, sessionId, messages.map((m) => m.seq), messages.map((m) => m.id)],
   );
-  return r.rows[0]!.n === new Set(messages.map((m) => m.seq)).size;
-}
-
-/** A `?wait=true` whose messages were lost with Redis's data: post them again. */
-export const lostWithRedis = () =>
-  new AppError(
+  const { n, cleared } = r.rows[0]!;
+  if (n === new Set(messages.map((m) => m.seq)).size) return;
+  const through = Number(cleared ?? 0);
+  // One request's seqs are handed out in one atomic step, so a reset clears all of them or none.
+  if (messages.every((m) => m.seq <= through)) {
+    throw new AppError(
+      409,
+      'session_cleared',
+      'the session was reset or deleted after these messages were accepted and before they were ' +
+        'archived: they were cleared with it and are not stored',
+      { cleared_through_seq: through },
+    );
+  }
+  throw new AppError(
     503,
     'unavailable',
     'the messages were lost before they were archived (Redis lost its data): post them again',
     { dependency: 'redis', lost: true },
     { 'retry-after': '1' },
   );
+}
 
 /** Polls the archived mark until `seq` is durable in Postgres or the deadline passes. */
 export async function waitArchived(

@@ -56,7 +56,7 @@ for i = 0, n - 1 do
   end
 end
 if #conflicts > 1 then return conflicts end
-local out = {'OK', 0, gen}
+local out = {'OK', 0, gen, 0}
 local added = 0
 for i = 0, n - 1 do
   local b = 4 + i * 6
@@ -82,6 +82,10 @@ if added > 0 then
     redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
     out[2] = 1
   end
+  if redis.call('HGET', KEYS[1], 'deleted') == '1' then
+    redis.call('HDEL', KEYS[1], 'deleted')
+    out[4] = 1
+  end
 end
 return out
 `;
@@ -106,14 +110,19 @@ return 1
 // archived mark, and disarm when the inbox is empty (so the next accept requests a new flush);
 // otherwise re-stamp the armed score, so that it says since when the session has waited without
 // progress (archivingBehind, the ingest sweeper), not since when its inbox has been non-empty.
+// The head is read 16 entries at a time: entries can be megabytes, and only those read are trimmed.
 // ARGV: last seq read, armed member, now (ms).
 const FINISH = `
 local last = tonumber(ARGV[1])
-local entries = redis.call('LRANGE', KEYS[2], 0, 999)
 local k = 0
-for _, e in ipairs(entries) do
-  local s = tonumber(string.match(e, '^(%d+) '))
-  if s and s <= last then k = k + 1 else break end
+local more = true
+while more do
+  local part = redis.call('LRANGE', KEYS[2], k, k + 15)
+  more = #part == 16
+  for _, e in ipairs(part) do
+    local s = tonumber(string.match(e, '^(%d+) '))
+    if s and s <= last then k = k + 1 else more = false break end
+  end
 end
 if k > 0 then redis.call('LTRIM', KEYS[2], k, -1) end
 local prev = tonumber(redis.call('HGET', KEYS[1], 'archived') or '0')
@@ -126,6 +135,27 @@ elseif k > 0 then
   redis.call('ZADD', KEYS[3], 'XX', tonumber(ARGV[3]), ARGV[2])
 end
 return left
+`;
+
+// The head of the inbox for a drain: at most ARGV[1] entries and ARGV[2] bytes, but at least one
+// entry when there is any. Read 16 at a time, so that a backlog of large messages is never copied
+// whole (one drain once read 266 entries of 1 MiB, and Postgres refused their 280 MB of JSON).
+const READ = `
+local maxn = tonumber(ARGV[1])
+local maxb = tonumber(ARGV[2])
+local out = {}
+local bytes = 0
+while #out < maxn do
+  local from = #out
+  local part = redis.call('LRANGE', KEYS[1], from, math.min(from + 16, maxn) - 1)
+  for _, e in ipairs(part) do
+    if #out > 0 and bytes + #e > maxb then return out end
+    out[#out + 1] = e
+    bytes = bytes + #e
+  end
+  if #part < 16 then return out end
+end
+return out
 `;
 
 // Reset/delete: pending message work goes, the generation moves on, the seq counter stays.
@@ -150,7 +180,14 @@ export interface InboxEntry {
 export type AcceptResult =
   | { kind: 'seed' }
   | { kind: 'conflict'; indexes: number[] }
-  | { kind: 'ok'; wake: boolean; generation: number; results: Array<{ seq: number; duplicate: boolean }> };
+  | {
+      kind: 'ok';
+      wake: boolean;
+      generation: number;
+      /** The first messages since the session was deleted: its row is to be revived. */
+      revive: boolean;
+      results: Array<{ seq: number; duplicate: boolean }>;
+    };
 
 type Script = { name: string; body: string };
 const scripts = {
@@ -158,6 +195,7 @@ const scripts = {
   seed: { name: 'mnemosSeed', body: SEED },
   finish: { name: 'mnemosFinish', body: FINISH },
   clear: { name: 'mnemosClear', body: CLEAR },
+  read: { name: 'mnemosRead', body: READ },
 } satisfies Record<string, Script>;
 
 type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unknown>>;
@@ -166,7 +204,7 @@ type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unkn
 export function defineInboxScripts(redis: Redis): void {
   const r = redis as ScriptedRedis;
   if (typeof r.mnemosAccept === 'function') return;
-  const numberOfKeys = { accept: 4, seed: 2, finish: 3, clear: 4 } as const;
+  const numberOfKeys = { accept: 4, seed: 2, finish: 3, clear: 4, read: 1 } as const;
   for (const [k, s] of Object.entries(scripts)) {
     redis.defineCommand(s.name, { numberOfKeys: numberOfKeys[k as keyof typeof numberOfKeys], lua: s.body });
   }
@@ -192,17 +230,29 @@ export async function acceptIntoInbox(
   if (r[0] === 'SEED') return { kind: 'seed' };
   if (r[0] === 'CONFLICT') return { kind: 'conflict', indexes: r.slice(1).map(Number) };
   const results: Array<{ seq: number; duplicate: boolean }> = [];
-  for (let i = 3; i < r.length; i += 2)
+  for (let i = 4; i < r.length; i += 2)
     results.push({ seq: Number(r[i]), duplicate: Number(r[i + 1]) === 1 });
-  return { kind: 'ok', wake: Number(r[1]) === 1, generation: Number(r[2]), results };
+  return {
+    kind: 'ok',
+    wake: Number(r[1]) === 1,
+    generation: Number(r[2]),
+    revive: Number(r[3]) === 1,
+    results,
+  };
 }
 
 export async function seedInbox(redis: Redis, keys: InboxKeys, lastArchivedSeq: number, generation: number) {
   await (redis as ScriptedRedis).mnemosSeed!(keys.sess, keys.inbox, lastArchivedSeq, generation);
 }
 
-export async function readInbox(redis: Redis, keys: InboxKeys, maxEntries: number): Promise<InboxEntry[]> {
-  const raw = await redis.lrange(keys.inbox, 0, maxEntries - 1);
+/** The head of the inbox: at most `maxEntries` entries and `maxBytes` bytes (but at least one). */
+export async function readInbox(
+  redis: Redis,
+  keys: InboxKeys,
+  maxEntries: number,
+  maxBytes: number,
+): Promise<InboxEntry[]> {
+  const raw = (await (redis as ScriptedRedis).mnemosRead!(keys.inbox, maxEntries, maxBytes)) as string[];
   return raw.map((e) => {
     const a = e.indexOf(' ');
     const b = e.indexOf(' ', a + 1);

@@ -14,7 +14,7 @@ import type { ImportInput } from '../lifecycle/import-input.js';
 import { importSession, sortForImport } from '../lifecycle/import-session.js';
 import { clearSession } from '../lifecycle/session-lifecycle.js';
 import type { ExtensionList } from '../lifecycle/session-lifecycle.js';
-import { archivedAsAcknowledged, lostWithRedis, waitArchived } from '../messages/accept-messages.js';
+import { confirmArchived, waitArchived } from '../messages/accept-messages.js';
 import { assertSessionId, messageSchema } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { assertNoBody, noQuery, parseInput } from '../validate.js';
@@ -142,8 +142,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
         id: m.message.id,
         seq: first + i,
       }));
-      if (durable && !(await archivedAsAcknowledged(deps, tenantId, sid, acknowledged)))
-        throw lostWithRedis();
+      if (durable) await confirmArchived(deps, tenantId, sid, acknowledged);
     }
     res.status(durable ? 201 : 202).json(outcome);
   });

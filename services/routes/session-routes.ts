@@ -6,12 +6,7 @@ import { getSession, listSessions } from '../../db/queries/sessions.js';
 import { getSummaryState } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
 import { notFound } from '../errors.js';
-import {
-  acceptMessages,
-  archivedAsAcknowledged,
-  lostWithRedis,
-  waitArchived,
-} from '../messages/accept-messages.js';
+import { acceptMessages, confirmArchived, waitArchived } from '../messages/accept-messages.js';
 import { inboxKeys } from '../messages/inbox.js';
 import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
@@ -88,9 +83,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     if (q.wait === 'true') {
       const maxSeq = Math.max(...outcome.messages.map((m) => m.seq));
       const durable = await waitArchived(deps, tenantId, sid, maxSeq, WAIT_TIMEOUT_MS);
-      if (durable && !(await archivedAsAcknowledged(deps, tenantId, sid, outcome.messages))) {
-        throw lostWithRedis();
-      }
+      if (durable) await confirmArchived(deps, tenantId, sid, outcome.messages);
       res.status(durable ? 201 : 202).json(outcome);
       return;
     }
@@ -141,12 +134,15 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     const sid = assertSessionId(req.params.sid!);
     parseInput(noQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
-    const s = await getSession(deps.db, tenantId, sid);
-    if (!s) throw notFound('session');
-    const sum = await getSummaryState(deps.db, tenantId, sid);
+    // The inbox first: a drain trims it only after its commit, so when `pending_jobs` reads 0 the
+    // counters read next include every message accepted before this request. (Read the other way
+    // round, a drain committing in between showed 0 pending and 0 archived.)
     const pending = await deps.redis
       .llen(inboxKeys(deps.config.prefix, tenantId, sid).inbox)
       .catch(() => null);
+    const s = await getSession(deps.db, tenantId, sid);
+    if (!s) throw notFound('session');
+    const sum = await getSummaryState(deps.db, tenantId, sid);
     res.json({
       id: s.id,
       message_count: s.message_count,
