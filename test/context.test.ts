@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import { stripPriorSummary, SYSTEM_BLOCK, TURN_CONTEXT_HEADER } from '../services/context/system-block.js';
 import { relevanceCacheKey } from '../services/context/relevance.js';
+import { isGenericRule } from '../services/context/summary-parts.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
 import { startTestService } from './support/harness.js';
@@ -597,4 +598,27 @@ void describe('stripPriorSummary', () => {
     assert.equal(stripPriorSummary(`Text. ${TURN_CONTEXT_HEADER}\n{"never":"closed"`), 'Text.');
     assert.equal(stripPriorSummary('Plain {"json": true} reply.'), 'Plain {"json": true} reply.');
   });
+});
+
+void test('generic rules kept whatever the decision model says include length and brevity', () => {
+  const kept = [
+    'Do: answer concisely',
+    'Do: keep answers short',
+    'Do: be brief',
+    "Don't: write long answers",
+    'Do: reply in English',
+    'Do: use markdown tables',
+    '要簡潔',
+  ];
+  const topical = [
+    'Do: use pnpm for installs',
+    'Do: shorten the CI cache key',
+    "Don't: run long migrations at noon",
+    'Do: keep the retry budget short-lived',
+  ];
+  assert.deepEqual(
+    kept.filter((r) => !isGenericRule(r)),
+    [],
+  );
+  assert.deepEqual(topical.filter(isGenericRule), []);
 });

@@ -66,7 +66,11 @@ const GENERIC_RULE = new RegExp(
   [
     String.raw`\b(?:languages?|english|chinese|traditional|simplified|japanese|korean|spanish|french|german)\b`,
     String.raw`\b(?:reply|replies|respond|answer|write|speak)(?:ing)? in\b`,
-    String.raw`\b(?:markdown|format(?:s|ting|ted)?|bullet(?: points?)?|tables|headings|emojis?|tone|concise|verbose|step[- ]by[- ]step)\b`,
+    String.raw`\b(?:markdown|format(?:s|ting|ted)?|bullet(?: points?)?|tables|headings|emojis?|tone|step[- ]by[- ]step)\b`,
+    // Length and brevity: "answer concisely", "keep answers short", "no long replies", "be brief".
+    String.raw`\b(?:concise(?:ly|ness)?|succinct(?:ly)?|terse(?:ly)?|brief(?:ly)?|verbos(?:e|ity)|wordy|tl;?dr)\b`,
+    String.raw`\b(?:short|long|brief)(?:er)? (?:answers?|replies|reply|responses?|explanations?|messages?)\b`,
+    String.raw`\b(?:answers?|replies|reply|responses?|explanations?|it|them) (?:short|brief)\b`,
     String.raw`\b(?:workflow|code style|coding style|naming conventions?|commit messages?|time ?zones?|units)\b`,
     String.raw`\b(?:ask|check with) (?:me )?(?:first|before)|\bconfirm before\b`,
     '繁體|繁体|簡體|简体|中文|英文|日文|語言|语言|格式|回覆|回复|語氣|语气|風格|风格|簡潔|简洁|流程|步驟|步骤',
