@@ -206,6 +206,8 @@ export interface Config {
   rateLimitPerMin: number;
   shutdownTimeoutMs: number;
   logLevel: string;
+  /** Settings that were given but have no effect, logged once at start. */
+  warnings: string[];
 }
 
 export class ConfigError extends Error {
@@ -245,10 +247,15 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     problems.push(`TZ: unknown time zone "${e.TZ}" (use an IANA name such as Asia/Taipei or UTC)`);
     timeZone = 'UTC';
   }
-  if (e.DECISION_MODEL && !configured) {
-    problems.push('DECISION_MODEL: set OPENAI_API_KEY or OPENAI_BASE_URL too, or unset DECISION_MODEL');
-  }
   if (problems.length > 0) throw new ConfigError(problems);
+  const warnings: string[] = [];
+  // SPEC §1: without an LLM, LLM-dependent work reports itself disabled rather than failing.
+  if (e.DECISION_MODEL && !configured) {
+    warnings.push(
+      'DECISION_MODEL is ignored without OPENAI_API_KEY/OPENAI_BASE_URL: the decision model is disabled ' +
+        '(summaries keep every message, context serves the whole summary)',
+    );
+  }
   return {
     port: e.PORT,
     host: e.HOST,
@@ -265,7 +272,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     },
     embedRoles: e.EMBED_ROLES,
     summaryModel: e.SUMMARY_MODEL,
-    decisionModel: e.DECISION_MODEL,
+    decisionModel: configured ? e.DECISION_MODEL : undefined,
     maxHistoryMessages: e.MAX_HISTORY_MESSAGES,
     maxHistoryBytes: e.MAX_HISTORY_BYTES,
     summaryRunes: e.SUMMARY_RUNES,
@@ -287,5 +294,6 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     rateLimitPerMin: e.RATE_LIMIT_PER_MIN,
     shutdownTimeoutMs: e.SHUTDOWN_TIMEOUT_MS,
     logLevel: e.LOG_LEVEL,
+    warnings,
   };
 }

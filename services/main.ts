@@ -79,7 +79,7 @@ export async function startService(
     if (!(await waitForRedis(deps.redis, 5000))) {
       throw new Error(`cannot reach Redis at ${config.redisUrl} (is it running?)`);
     }
-    for (const w of await redisDurabilityWarnings(deps.redis)) logger.warn(w);
+    for (const w of [...config.warnings, ...(await redisDurabilityWarnings(deps.redis))]) logger.warn(w);
     for (const f of opts.extensions ?? []) extensions.push(await f(deps, extensions));
     if (mode !== 'api') workers = await startWorkers(deps, extensions, opts.worker);
     let url: string | null = null;

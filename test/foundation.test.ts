@@ -60,12 +60,16 @@ void describe('configuration', () => {
     }
   });
 
-  void test('DECISION_MODEL without an LLM is refused, defaults follow SPEC §2', () => {
-    assert.throws(
-      () => loadConfig({ DECISION_MODEL: 'gpt-4o-mini' }),
-      /DECISION_MODEL: set OPENAI_API_KEY or OPENAI_BASE_URL/,
+  void test('DECISION_MODEL without an LLM is disabled with a warning, defaults follow SPEC §2', () => {
+    const ignored = loadConfig({ DECISION_MODEL: 'gpt-4o-mini' });
+    assert.equal(ignored.decisionModel, undefined);
+    assert.match(ignored.warnings.join('\n'), /DECISION_MODEL is ignored without OPENAI_API_KEY/);
+    assert.equal(
+      loadConfig({ DECISION_MODEL: 'm', OPENAI_BASE_URL: 'http://127.0.0.1:1/v1' }).decisionModel,
+      'm',
     );
     const c = loadConfig({});
+    assert.deepEqual(c.warnings, []);
     assert.equal(c.port, 8080);
     assert.equal(c.host, '127.0.0.1');
     assert.equal(c.prefix, 'mnemos');
