@@ -253,6 +253,31 @@ void describe('summarize job', () => {
     for (const c of chunks) assert.ok(codePoints(c) <= BUDGET, `chunk of ${codePoints(c)} code points`);
   });
 
+  void test('a run of questions past the budget: the short ones share a chunk, the last goes with its reply', async () => {
+    const s = sid('longrun');
+    await archive(s, [
+      user(sized('[T:q1]', 100)),
+      assistant(sized('[T:q2]', 100)),
+      user(sized('[T:q3]', 100)),
+      user(sized('[T:q4]', 100)),
+      // Truncated to the budget when rendered: it fits with nothing, so the run is cut before it.
+      user(sized('[T:q5]', 3000)),
+      assistant(sized('[T:q6]', 100)),
+      user(sized('[T:q7]', 50)),
+      assistant(sized('[T:q8]', 50)),
+    ]);
+    fake.onChat(echoSummary);
+    await summarize(s);
+    const chunks = summaryCalls().map((c) => transcriptOf(c));
+    assert.deepEqual(chunks.map(tokensIn), [
+      ['[T:q1]', '[T:q2]'],
+      ['[T:q3]', '[T:q4]'],
+      ['[T:q5]', '[T:q6]'],
+      ['[T:q7]', '[T:q8]'],
+    ]);
+    for (const c of chunks) assert.ok(codePoints(c) <= BUDGET, `chunk of ${codePoints(c)} code points`);
+  });
+
   void test('truncates one huge message for the prompt with a marker counting what was left out', async () => {
     const s = sid('huge');
     const content = sized('[T:h1]', 3000, 'y');

@@ -38,19 +38,22 @@ export function planChunks(
     }
     // blocks i..j-1 are all user messages (they fit together) and the next one does not fit
     const next = blocks[j]!;
-    if (next.role !== 'user') {
-      const group = fitWithReply(blocks.slice(i, j), next, budget, refit);
-      if (group) {
-        chunks.push(group);
-        i = j + 1;
-        continue;
-      }
-    }
-    if (j - i === 1) {
-      chunks.push([blocks[i]!]); // a user message followed by another user message
+    if (next.role === 'user') {
+      // The run of questions goes on past the budget: these share a chunk, and the run's last
+      // question is paired with the reply further on. (Cut one question at a time, a run of short
+      // questions before a long one cost a call each.)
+      chunks.push(blocks.slice(i, j));
       i = j;
       continue;
     }
+    const group = fitWithReply(blocks.slice(i, j), next, budget, refit);
+    if (group) {
+      chunks.push(group);
+      i = j + 1;
+      continue;
+    }
+    // Several questions that cannot all be shortened to share the budget with their reply (a lone
+    // one always can): all but the last, which goes with the reply.
     chunks.push(blocks.slice(i, j - 1));
     i = j - 1;
   }
