@@ -200,7 +200,7 @@ void describe('query parsing and ranking (pure)', () => {
     // Short terms are untouched.
     assert.deepEqual(ftsLeaves({ text: 'pool記憶', phrase: false }), [
       { kind: 'english-words', text: 'pool ' },
-      { kind: 'cjk-phrase', text: '記憶' },
+      { kind: 'cjk-phrase', text: "'記憶'" },
     ]);
   });
 
@@ -369,6 +369,34 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.equal(r.body.hits[0]?.source, 'both');
     assert.deepEqual(await kw('"記憶系統的設計"'), [sys]);
     assert.deepEqual(await kw('記憶 -記憶體'), [sys]);
+  });
+
+  void test('keyword over the archive alone: no phrase across two CJK runs, katakana words with ー', async () => {
+    const s = sid('cjkruns');
+    const [tokyo, taipei, db] = await archiveSpaced(api, s, [
+      user('他去了東京。京都很美'),
+      user('我喜歡台北，北京也不錯'),
+      user('データベースのサーバーでエラーが発生しました'),
+      filler(),
+    ]);
+    // Below the cutoff only full text answers (the substring matcher reads the recent part).
+    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+      tenantId,
+      s,
+      db! + 1,
+    ]);
+    const kw = async (query: string) => {
+      const r = await search(api, s, { query, match: 'keyword' });
+      assert.ok(r.body.hits.every((h) => h.source === 'archive'));
+      return sorted(r.body.hits.map((h) => h.seq));
+    };
+    assert.deepEqual(await kw('東京'), [tokyo]);
+    assert.deepEqual(await kw('京都'), [tokyo]);
+    assert.deepEqual(await kw('東京都'), [], 'the bigrams of 東京 and 京都 are two runs apart');
+    assert.deepEqual(await kw('"台北京"'), []);
+    assert.deepEqual(await kw('北京'), [taipei]);
+    for (const word of ['サーバー', 'ベース', 'データベース', 'エラー'])
+      assert.deepEqual(await kw(word), [db], word);
   });
 
   void test('keyword: mixed CJK and English queries', async () => {

@@ -29,8 +29,9 @@ type Params = ReturnType<typeof paramList>;
 const LEAF_QUERY: Record<FtsLeaf['kind'], (text: string) => string> = {
   'english-words': (text) => `plainto_tsquery('english', ${text})`,
   'english-phrase': (text) => `phraseto_tsquery('english', ${text})`,
-  'cjk-phrase': (text) => `phraseto_tsquery('simple', ${text})`,
-  'cjk-prefix': (text) => `to_tsquery('simple', ${text})`,
+  // tsquery text built by parse-query.ts, as the archive's CJK lexemes are tsvector text.
+  'cjk-phrase': (text) => `(${text})::tsquery`,
+  'cjk-prefix': (text) => `(${text})::tsquery`,
 };
 
 /** The tsquery of a leaf of kind `kind` whose text is the SQL expression `text`. */

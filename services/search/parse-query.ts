@@ -1,4 +1,4 @@
-import { cjkBigrams } from '../text/fts-text.js';
+import { CJK_RUN, cjkBigrams } from '../text/fts-text.js';
 
 /**
  * Web-search syntax for keyword search, parsed here instead of by Postgres's
@@ -109,14 +109,12 @@ export function parseSearchQuery(query: string): ParsedQuery {
   return { groups, exclude, embedText: positive.join(' ') };
 }
 
-// Same character classes as the archive's tsvector (services/text/fts-text.ts).
-const CJK_RUN = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]+/gu;
-
 /**
  * One piece of a term's full-text query. English text goes through the `english` configuration
- * (stemming, stop words); a CJK run becomes the phrase of its overlapping bigrams in the `simple`
- * configuration, exactly as the archive indexed it; a single CJK character becomes a prefix
- * match on the bigrams, since the archive keeps single characters only for one-character runs.
+ * (stemming, stop words); a CJK run becomes the phrase of its overlapping bigrams, as tsquery
+ * text, exactly as the archive indexed them (fts-text.ts: no parser or dictionary on either
+ * side); a single CJK character becomes a prefix match on the bigrams, since the archive keeps
+ * single characters only for one-character runs.
  */
 export type FtsLeaf =
   | { kind: 'english-words'; text: string }
@@ -153,13 +151,12 @@ export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
   }
   for (const m of term.text.matchAll(CJK_RUN)) {
     const chars = Array.from(m[0]);
+    // CJK letters are never a quote or a backslash: the lexemes need no escaping.
     if (chars.length === 1) {
-      // Quoted, with quotes and backslashes doubled/escaped, so to_tsquery reads one lexeme.
-      const lexeme = chars[0]!.replace(/\\/g, '\\\\').replace(/'/g, "''");
-      leaves.push({ kind: 'cjk-prefix', text: `'${lexeme}':*` });
+      leaves.push({ kind: 'cjk-prefix', text: `'${chars[0]}':*` });
     } else {
-      // phraseto_tsquery needs no escaping: the bigrams are plain words separated by spaces.
-      leaves.push({ kind: 'cjk-phrase', text: cjkBigrams(m[0]).slice(0, MAX_LEAF_TOKENS).join(' ') });
+      const bigrams = cjkBigrams(m[0]).slice(0, MAX_LEAF_TOKENS);
+      leaves.push({ kind: 'cjk-phrase', text: bigrams.map((b) => `'${b}'`).join(' <-> ') });
     }
     if (leaves.length === MAX_LEAVES_PER_TERM) break;
   }
