@@ -701,6 +701,41 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     }
   });
 
+  void test('a query of emoji or punctuation: no semantic list, and a symbol term is ANDed in full text too', async () => {
+    const s = sid('symbols');
+    const [thumb, plain, rocket] = await archive(api, s, [
+      user('👍'),
+      user('please deploy the database'),
+      user('deploy 🚀 now'),
+      filler(),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    // "🎉" and "👍" have no word in common: with the local embedder both have the one vector of
+    // featureless texts, which scored 1.
+    for (const query of ['🎉', '???']) {
+      for (const match of ['semantic', 'hybrid']) {
+        const r = await search(api, s, { query, match });
+        assert.equal(r.status, 200);
+        assert.deepEqual(r.body.hits, [], `${match} ${query}`);
+      }
+    }
+    const thumbs = await search(api, s, { query: '👍', match: 'hybrid' });
+    assert.deepEqual(
+      thumbs.body.hits.map((h: SearchHit) => h.seq),
+      [thumb],
+      'the substring matcher still finds it',
+    );
+    // Below the cutoff only full text answers: it must not drop the 🚀 of `deploy 🚀`.
+    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+      tenantId,
+      s,
+      rocket! + 1,
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'deploy 🚀', match: 'keyword' }), [rocket]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'database 🚀', match: 'keyword' }), []);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'database', match: 'keyword' }), [plain]);
+  });
+
   void test('malformed queries never give a 5xx; NUL, lone surrogates, blank and too long give 400', async () => {
     const s = sid('malformed');
     await archive(api, s, [user('some text to search, with "quotes" and 100% of things'), assistant('ok')]);

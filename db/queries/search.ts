@@ -286,8 +286,12 @@ export interface SemanticCandidate {
 }
 
 export interface SearchArgs extends SearchFilters {
-  /** The keyword matchers (full text, substring); null for no keyword list. */
-  keyword: { fts: FtsLeaf[][][]; like: string[][] } | null;
+  /**
+   * The keyword matchers (full text, substring); null for no keyword list. `blind`: the groups
+   * (ORs of LIKE patterns) of terms full text cannot see (no letter or digit: emoji, symbols),
+   * which its matches must contain too, since the words are ANDed.
+   */
+  keyword: { fts: FtsLeaf[][][]; like: string[][]; blind?: string[][] } | null;
   /** The query embedding; null for no semantic list. */
   embedding: number[] | null;
   /** Candidates per list. */
@@ -336,10 +340,12 @@ function keywordCtes(
   const like = likeOn?.(`coalesce(m.content, '')`);
   if (!tsq && !like) return null;
   const filters = filterSql(p, a);
+  const blindOn = tsq && m.blind ? substringSql(p, m.blind) : null;
+  const blind = blindOn ? ` AND ${blindOn(`coalesce(m.content, '')`)}` : '';
   const branch = (small: boolean) =>
     `SELECT m.seq, ts_rank_cd(m.search_tsv, ${tsq}, 32) AS rank FROM messages m
      WHERE m.tenant_id = $1 AND m.session_id = $2 AND ${small ? '' : 'NOT '}(SELECT small FROM st)
-       AND ${small ? `coalesce(m.search_tsv, ''::tsvector)` : 'm.search_tsv'} @@ (${tsq})${filters}`;
+       AND ${small ? `coalesce(m.search_tsv, ''::tsvector)` : 'm.search_tsv'} @@ (${tsq})${blind}${filters}`;
   const fts = tsq
     ? `(${branch(true)}) UNION ALL (${branch(false)}) ORDER BY rank DESC, seq DESC LIMIT ${k()}`
     : `SELECT NULL::bigint AS seq, NULL::real AS rank WHERE false`;

@@ -235,6 +235,16 @@ export function localEmbed(text: string, dimensions: number): number[] {
   return vector;
 }
 
+/**
+ * Whether `text` has a feature (a word or a CJK character). Without one its vector is the fixed
+ * unit vector that all featureless texts share (see localEmbed), which says nothing about it.
+ */
+export function hasLocalFeatures(text: string): boolean {
+  const keys: string[] = [];
+  scanFeatures(text, keys, []);
+  return keys.length > 0;
+}
+
 export function localEmbedMany(texts: readonly string[], dimensions: number): number[][] {
   return texts.map((text) => localEmbed(text, dimensions));
 }

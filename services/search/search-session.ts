@@ -12,6 +12,8 @@ import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
 import { nowNs } from '../time.js';
 import { ftsLeaves, likePattern, parseSearchQuery, usableSubstring } from './parse-query.js';
+import type { QueryTerm } from './parse-query.js';
+import { hasLocalFeatures } from '../llm/local-embedder.js';
 import { ownIndexes } from './indexed-sessions.js';
 import { embedQuery } from './query-embedding.js';
 import { fuseRrf, rankKeyword, rankSemantic, selectHits } from './rank-hits.js';
@@ -111,20 +113,29 @@ async function run(
       .filter(usableSubstring)
       .map(likePattern),
   };
+  const patterns = (terms: QueryTerm[]) =>
+    terms
+      .map((t) => t.text)
+      .filter(usableSubstring)
+      .map(likePattern);
+  const leaves = parsed.groups.map((terms) => terms.map(ftsLeaves));
   const keyword =
     params.match === 'semantic'
       ? null
       : {
-          fts: parsed.groups.map((terms) => terms.map(ftsLeaves)),
-          like: parsed.groups.map((terms) =>
-            terms
-              .map((t) => t.text)
-              .filter(usableSubstring)
-              .map(likePattern),
-          ),
+          fts: leaves,
+          like: parsed.groups.map(patterns),
+          // Groups full text cannot see (`deploy 🚀`: its matches must hold the 🚀 as well).
+          blind: parsed.groups
+            .filter((_, g) => leaves[g]!.every((l) => l.length === 0))
+            .map(patterns)
+            .filter((alternatives) => alternatives.length > 0),
         };
   let embedding: number[] | null = null;
-  if (params.match !== 'keyword' && parsed.embedText.trim() !== '') {
+  // With the local embedder a query without a word or CJK character has the one vector that every
+  // such text shares: "🎉" would find "👍" with a score of 1. It has no semantic list.
+  const featureless = deps.config.embedding.local && !hasLocalFeatures(parsed.embedText);
+  if (params.match !== 'keyword' && parsed.embedText.trim() !== '' && !featureless) {
     // A billed query embedding waits for the session check, so that a 404 costs nothing; the
     // local embedder costs microseconds, and the one statement below checks the session itself.
     if (!deps.config.embedding.local && !(await getSession(deps.db, tenantId, sessionId))) {

@@ -171,8 +171,9 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
   const limit = intArg(args, 'limit', 'chat_history', ex) ?? 8;
   if (limit < 1 || limit > 32) throw guidance('chat_history', 'limit must be between 1 and 32', ex);
   const tz = deps.core.config.timeZone;
+  const empty = 'No messages in this conversation yet.';
   const session = await getSession(deps.core.db, tenantId, sid);
-  if (!session) return 'No messages in this conversation yet.';
+  if (!session) return empty;
 
   if (mode === 'search') {
     if (!keyword) throw guidance('chat_history', 'mode "search" needs a non-empty keyword', ex);
@@ -189,7 +190,14 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
       const field = i.path[0] === 'query' || i.path.length === 0 ? 'keyword' : i.path.join('.');
       throw guidance('chat_history', `${field}: ${i.message}`, ex);
     }
-    const { hits } = await searchSession(deps.core, tenantId, sid, parsed.data);
+    let hits: SearchHit[];
+    try {
+      ({ hits } = await searchSession(deps.core, tenantId, sid, parsed.data));
+    } catch (err) {
+      // Deleted since the check above: the same answer as if it had been gone before.
+      if (err instanceof AppError && err.status === 404) return empty;
+      throw err;
+    }
     if (hits.length === 0)
       return `No earlier messages match "${clip(keyword, 200)}" (the current context window is not searched).`;
     return bounded(
