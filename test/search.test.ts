@@ -16,10 +16,11 @@ import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
 import type { Db, QueryOptions } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
 import { maintainSessionIndexes } from '../services/search/session-indexes.js';
+import { refreshTableStatistics } from '../services/search/table-statistics.js';
 import type { SearchHit, SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
-import { eventually, startTestService } from './support/harness.js';
+import { createTestDatabase, dropTestDatabase, eventually, startTestService } from './support/harness.js';
 import type { Api, Res, TestService } from './support/harness.js';
 
 const sid = (what: string) => `search-${what}-${randomBytes(3).toString('hex')}`;
@@ -1270,4 +1271,41 @@ void describe('search across compaction and with an LLM embedder', () => {
     );
     assert.deepEqual(keyword, [exact]);
   });
+});
+
+void test('planner statistics: tables Postgres never analyzed are analyzed once by the maintenance task', async () => {
+  const url = await createTestDatabase();
+  const db = makePgDb({ connectionString: url, max: 1 });
+  const quiet = { info: () => undefined } as never;
+  try {
+    const analyzedAt = async () =>
+      (
+        await db.query<{ relname: string; at: Date | null }>(
+          `SELECT relname, coalesce(last_analyze, last_autoanalyze) AS at FROM pg_stat_user_tables
+           WHERE relname IN ('messages', 'message_vectors', 'sessions') ORDER BY relname`,
+        )
+      ).rows.map((r) => [r.relname, r.at !== null]);
+    // A new database has no statistics (autovacuum is off on our machines; where it is on, it
+    // would take a minute to get there).
+    assert.deepEqual(await analyzedAt(), [
+      ['message_vectors', false],
+      ['messages', false],
+      ['sessions', false],
+    ]);
+    const first = await refreshTableStatistics({ db, logger: quiet });
+    assert.deepEqual(first.analyzed, ['message_vectors', 'messages', 'sessions']);
+    assert.deepEqual(await analyzedAt(), [
+      ['message_vectors', true],
+      ['messages', true],
+      ['sessions', true],
+    ]);
+    assert.deepEqual(
+      (await refreshTableStatistics({ db, logger: quiet })).analyzed,
+      [],
+      'nothing changed since',
+    );
+  } finally {
+    await db.close();
+    await dropTestDatabase(url);
+  }
 });

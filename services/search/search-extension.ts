@@ -2,14 +2,17 @@ import type { ExtensionFactory } from '../extension.js';
 import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
 import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
+import { refreshTableStatistics } from './table-statistics.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
 
 const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
+const TABLE_STATISTICS_EVERY_MS = 5 * 60_000;
 
 /**
  * Search over the archive and the recent index: `POST /v1/sessions/{sid}/search`, and the
  * `search-indexes` maintenance task that gives huge sessions their own full-text and trigram
- * indexes (session-indexes.ts).
+ * indexes (session-indexes.ts), and `table-statistics`, which analyzes the tables when Postgres
+ * does not (table-statistics.ts).
  */
 export const searchExtension: ExtensionFactory = async (deps) => {
   // Registered up front so /metrics shows the histogram before the first search.
@@ -19,9 +22,11 @@ export const searchExtension: ExtensionFactory = async (deps) => {
     routes: [{ prefix: '/v1/sessions', router: makeSearchRoutes(deps), meta: searchRoutesMeta }],
     maintenance: {
       'search-indexes': () => maintainSessionIndexes(deps),
+      'table-statistics': () => refreshTableStatistics(deps),
     },
     async schedule() {
       await scheduleMaintenance(deps.queues, 'search-indexes', SEARCH_INDEXES_EVERY_MS);
+      await scheduleMaintenance(deps.queues, 'table-statistics', TABLE_STATISTICS_EVERY_MS);
     },
     async purgeSession(tenantId, sessionId) {
       await dropSessionIndexesOf(deps, { tenantId, sessionId });
