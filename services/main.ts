@@ -50,8 +50,12 @@ export async function startService(
 
   const stop = () =>
     (stopping ??= (async () => {
-      // Ordered: stop intake, finish in-flight work, then close queues, Redis and the pool.
-      const deadline = config.shutdownTimeoutMs;
+      // Ordered: stop intake, finish in-flight work, then close queues, Redis and the pool. One
+      // deadline for all of it: requests first (jobs keep running meanwhile, so that a ?wait=true
+      // still sees its drain), then jobs with what is left of it. (Each phase once had the whole
+      // grace period: twice SHUTDOWN_TIMEOUT_MS, past compose's stop_grace_period.)
+      const until = Date.now() + config.shutdownTimeoutMs;
+      const left = () => Math.max(0, until - Date.now());
       stopSampler?.();
       if (server) {
         const s = server;
@@ -66,10 +70,10 @@ export async function startService(
           setTimeout(() => {
             s.closeAllConnections();
             resolve();
-          }, deadline).unref();
+          }, left()).unref();
         }).finally(() => clearInterval(idle));
       }
-      if (workers) await workers.close(deadline);
+      if (workers) await workers.close(left());
       for (const e of extensions) await e.close?.().catch(() => undefined);
       await closeDeps(deps).catch(() => undefined);
     })());

@@ -5,6 +5,7 @@ import { makeErrorHandler } from '../services/http-errors.js';
 import { makeLogger } from '../services/logger.js';
 import { sampleQueues } from '../services/metrics-sampler.js';
 import { rateLimit } from '../services/rate-limit.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
 import { api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import type { TestService } from './support/harness.js';
 
@@ -200,5 +201,35 @@ void describe('graceful shutdown', () => {
     await stopped;
     agent.destroy();
     await deleteRedisPrefix(svc.config.prefix);
+  });
+
+  void test('a job that outlives SHUTDOWN_TIMEOUT_MS is left to be retried, and stop() ends soon after the deadline', async () => {
+    const fake = await startFakeOpenAI();
+    // The summary call answers only after 20 s: the job is still running at the deadline.
+    fake.onChat(() => ({ delayMs: 20_000, then: { content: '{}' } }));
+    const svc = await startTestService({
+      env: { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'test', SHUTDOWN_TIMEOUT_MS: '2000' },
+    });
+    try {
+      const t = await svc.newTenant();
+      const posted = await t.api.post('/v1/sessions/s/messages?wait=true', {
+        messages: [
+          { role: 'user', content: 'hello' },
+          { role: 'assistant', content: 'hi' },
+        ],
+      });
+      assert.equal(posted.status, 201);
+      assert.equal((await t.api.post('/v1/sessions/s/summarize')).status, 202);
+      await eventually(async () => fake.chatRequests().length === 1, 10_000, 'the summary call');
+      const started = Date.now();
+      await svc.stop();
+      const took = Date.now() - started;
+      // The deadline (2 s) plus at most 1 s for the forced close; the old code waited for the
+      // job, 20 s. The bound is loose: this is about not waiting for the job, not about speed.
+      assert.ok(took < 8000, `stop() took ${took} ms`);
+    } finally {
+      await fake.close();
+      await deleteRedisPrefix(svc.config.prefix);
+    }
   });
 });

@@ -106,9 +106,14 @@ export async function startWorkers(
       // Let in-flight jobs finish; past the deadline force-close (their locks expire and another
       // worker re-runs them: every processor is idempotent).
       const graceful = Promise.all(workers.map((w) => w.close()));
-      const timer = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), timeoutMs).unref());
-      if ((await Promise.race([graceful, timer])) === 'timeout') {
-        await Promise.allSettled(workers.map((w) => w.close(true)));
+      const after = (ms: number) => new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), ms).unref());
+      if ((await Promise.race([graceful, after(timeoutMs)])) === 'timeout') {
+        deps.logger.warn(
+          'jobs still running at the shutdown deadline: left to be retried (their locks expire)',
+        );
+        // A forced close still waits for the running processors (an LLM call of 30 s kept the
+        // process past its deadline until the backstop exited 1): give it a moment, then go.
+        await Promise.race([Promise.allSettled(workers.map((w) => w.close(true))), after(1000)]);
       }
       connection.disconnect();
     },
