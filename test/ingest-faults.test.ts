@@ -7,6 +7,7 @@ import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/i
 import { createTenant } from '../services/tenants.js';
 import { DRAIN_BATCH, DRAIN_MAX_BYTES } from '../workers/ingest.js';
 import {
+  ADMIN_TOKEN,
   REDIS_URL,
   api,
   createTestDatabase,
@@ -293,6 +294,34 @@ void describe('ingestion under faults and many processes', () => {
       ['one', 'two'],
       'the rejected requests stored nothing',
     );
+  });
+
+  void test('erasing a tenant while Redis is down is a 503 with retry-after, and the retry erases it', async () => {
+    const redis = await startPrivateRedis();
+    const svc = await startTestService({ env: { REDIS_URL: redis.url } });
+    cleanups.push(async () => {
+      await svc.stop();
+      await redis.stop();
+    });
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('one')] });
+    const admin = api(svc.base, ADMIN_TOKEN);
+    await redis.kill();
+    const down = await admin.del(`/v1/admin/tenants/${t.tenantId}`);
+    assert.equal(down.status, 503, down.text);
+    assert.equal(down.body.error.code, 'unavailable');
+    assert.ok(down.headers.get('retry-after'));
+    await redis.start();
+    await eventually(
+      async () => (await admin.del(`/v1/admin/tenants/${t.tenantId}`)).status === 204,
+      30_000,
+      'the retried erasure',
+    );
+    const left = await svc.deps.db.query<{ n: number }>(
+      'SELECT count(*)::int AS n FROM messages WHERE tenant_id = $1',
+      [t.tenantId],
+    );
+    assert.equal(left.rows[0]!.n, 0);
   });
 
   void test('Postgres stopped and started again: 503s meanwhile, the process stays up, every accepted message archived once', async () => {

@@ -15,6 +15,7 @@ import { lockSession } from '../../db/queries/sessions.js';
 import type { SessionRow } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import type { Extension } from '../extension.js';
+import { AppError, asDependencyError } from '../errors.js';
 import { inboxKeys, topHandedOut } from '../messages/inbox.js';
 import { clearToGeneration, deadLetterKey } from './lifecycle-redis.js';
 import { removeQueuedJobs, sessionJobs } from './queued-jobs.js';
@@ -160,16 +161,28 @@ export async function purgeSessionEverywhere(
   sessionId: string,
 ): Promise<void> {
   const failures: string[] = [];
+  const errors: unknown[] = [];
   for (const e of extensions()) {
     if (!e.purgeSession) continue;
     try {
       await e.purgeSession(tenantId, sessionId);
     } catch (err) {
       failures.push(e.name);
+      errors.push(err);
       deps.logger.warn({ module: e.name, err: { message: (err as Error).message } }, 'purgeSession failed');
     }
   }
-  if (failures.length > 0) throw new Error(`purge failed in: ${failures.join(', ')}`);
+  if (failures.length > 0) throw purgeFailure(`purge failed in: ${failures.join(', ')}`, errors);
+}
+
+/**
+ * The error of a purge that some modules could not finish: a dependency being down (Redis,
+ * Postgres) is a 503 with `retry-after`, which the caller retries (purges are repeatable); anything
+ * else is a server fault.
+ */
+export function purgeFailure(message: string, errors: unknown[]): Error {
+  const down = errors.map(asDependencyError).find((e) => e instanceof AppError && e.status === 503);
+  return down instanceof AppError ? down : new Error(message);
 }
 
 /**

@@ -4,6 +4,7 @@ import { revokeTenantKeys } from '../../db/queries/tenants.js';
 import { KEY_CACHE_MS } from '../tenants.js';
 import type { Redis } from '../redis.js';
 import { removeQueuedJobs, tenantJobs } from './queued-jobs.js';
+import { purgeFailure } from './session-lifecycle.js';
 import type { ExtensionList, LifecycleDeps } from './session-lifecycle.js';
 
 /**
@@ -89,17 +90,19 @@ export async function eraseTenant(
   await new Promise((r) => setTimeout(r, opts.revocationGraceMs ?? KEY_CACHE_MS + 250));
 
   const failures: string[] = [];
+  const errors: unknown[] = [];
   for (const e of extensions()) {
     if (!e.purgeTenant) continue;
     try {
       await e.purgeTenant(tenantId);
     } catch (err) {
       failures.push(e.name);
+      errors.push(err);
       log.warn({ module: e.name, err: { message: (err as Error).message } }, 'purgeTenant failed');
     }
   }
   // The tenants row stays until every module has purged, so a retried erasure can finish.
-  if (failures.length > 0) throw new Error(`tenant purge failed in: ${failures.join(', ')}`);
+  if (failures.length > 0) throw purgeFailure(`tenant purge failed in: ${failures.join(', ')}`, errors);
 
   const jobs = await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
   const keys = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
