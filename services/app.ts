@@ -48,12 +48,15 @@ const requireJson: RequestHandler = (req, _res, next) => {
   const hasBody =
     req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
   if (!hasBody || req.method === 'GET' || req.method === 'HEAD') return next();
-  if (req.is(['application/json', 'application/*+json', 'application/x-ndjson', 'application/jsonl']))
-    return next();
+  // JSON Lines only where a route reads them: elsewhere such a body went unread, and the route
+  // ran as if none had been sent (a reset kept the summary its body asked to drop).
+  const lines = req.method === 'POST' && /^\/v1\/sessions\/[^/?]+\/import(?:\?|$)/.test(req.originalUrl);
+  if (req.is(['application/json', 'application/*+json'])) return next();
+  if (lines && req.is(['application/x-ndjson', 'application/jsonl'])) return next();
   throw new AppError(
     415,
     'unsupported_media_type',
-    req.path.endsWith('/import')
+    lines
       ? 'send the body as application/x-ndjson (JSON Lines, as export writes) or application/json'
       : 'send the body as application/json',
   );

@@ -680,6 +680,16 @@ void describe('export and import', () => {
       /application\/x-ndjson/,
       'names the JSON Lines type export writes',
     );
+    // JSON Lines only where a route reads them: elsewhere the body went unread (a 200 as if none).
+    for (const path of [
+      `/v1/sessions/${s}/messages`,
+      `/v1/sessions/${s}/reset`,
+      `/v1/sessions/${s}/context`,
+    ]) {
+      const r = await t.api.post(path, '{"keep_summary":false}\n', ndjson);
+      assert.equal(r.status, 415, path);
+      assert.equal(r.body.error.code, 'unsupported_media_type');
+    }
     assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
     const rows = await sessionRows(t.tenantId, s);
     assert.equal(rows.messages, 0);
