@@ -75,7 +75,7 @@ function assertTenantName(name: string): void {
           : unprintable(name)
             ? UNPRINTABLE
             : TENANT_ID_RE.test(name)
-              ? 'must not look like a tenant id (t_ and 16 letters or digits)'
+              ? 'must not look like a tenant id (t_ and 16 characters of a-z and 2-7)'
               : null;
   if (problem) throw badName(problem);
 }

@@ -561,6 +561,11 @@ void describe('validation', () => {
     assert.equal(problemPath(await call(tenant, 'GET', '?limit=501')), 'limit');
     assert.equal(problemPath(await call(tenant, 'GET', '?cursor=abc')), 'cursor');
     assert.equal(problemPath(await call(tenant, 'DELETE', '?tool=npm')), 'tool');
+    // Unknown query parameters on routes that take none (a write once stored despite ?dry_run).
+    assert.equal(problemPath(await call(tenant, 'POST', '?dry_run=1', ok)), 'dry_run');
+    assert.equal(problemPath(await call(tenant, 'POST', '/search?limit=3', { query: 'x' })), 'limit');
+    assert.equal(problemPath(await call(tenant, 'POST', '/lookup?x=1', { tool_name: 't', error: 'e' })), 'x');
+    assert.equal(problemPath(await call(tenant, 'GET', '/err_abc?x=1')), 'x');
     const malformed = await fetch(`${baseUrl}/v1/errors`, {
       method: 'POST',
       headers: { 'x-test-tenant': tenant, 'content-type': 'application/json' },

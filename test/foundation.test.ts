@@ -258,6 +258,23 @@ void describe('tenants, keys and the admin API', () => {
     assert.equal((await admin().del(`/v1/admin/keys/${second.body.key_id}`)).status, 404);
   });
 
+  void test('admin routes refuse query parameters they do not know; a tenant is erased by id or name', async () => {
+    const made = await admin().post('/v1/admin/tenants?dry_run=1', { name: 'query-probe' });
+    assert.equal(made.status, 400);
+    assert.equal(made.body.error.details.problems[0].path, 'dry_run');
+    const t = await admin().post('/v1/admin/tenants', { name: 'query-probe' });
+    assert.equal(t.status, 201);
+    assert.equal((await admin().post(`/v1/admin/tenants/${t.body.tenant_id}/keys?x=1`, {})).status, 400);
+    assert.equal((await admin().del(`/v1/admin/tenants/query-probe?force=true`)).status, 400);
+    const listed = async () =>
+      (await admin().get('/v1/admin/tenants?limit=500')).body.tenants.map((x: { name: string }) => x.name);
+    assert.ok((await listed()).includes('query-probe'), 'the refused requests changed nothing');
+    // By name, as the key routes and the CLI take it: then the id is gone too.
+    assert.equal((await admin().del('/v1/admin/tenants/query-probe')).status, 204);
+    assert.equal((await admin().del(`/v1/admin/tenants/${t.body.tenant_id}`)).status, 404);
+    assert.ok(!(await listed()).includes('query-probe'));
+  });
+
   void test('admin lists page with cursor and limit, oldest first; names are never blank or id-shaped', async () => {
     const made: string[] = [];
     for (let i = 0; i < 5; i++)

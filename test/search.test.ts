@@ -740,6 +740,10 @@ void describe('POST /v1/sessions/{sid}/search', () => {
   void test('malformed queries never give a 5xx; NUL, lone surrogates, blank and too long give 400', async () => {
     const s = sid('malformed');
     await archive(api, s, [user('some text to search, with "quotes" and 100% of things'), assistant('ok')]);
+    // The limit goes in the body: in the query string it was silently ignored.
+    const misplaced = await api.post(`/v1/sessions/${s}/search?limit=3`, { query: 'text' });
+    assert.equal(misplaced.status, 400);
+    assert.equal(misplaced.body.error.details.problems[0].path, 'limit');
     await ensureVectors(svc, tenantId, s);
     const fine = [
       '"unclosed',

@@ -4,7 +4,8 @@ import type { Db } from '../../db/pool.js';
 import { AppError, notFound } from '../errors.js';
 import type { RouteMeta } from '../openapi.js';
 import { createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
-import { listQuery, parseInput } from '../validate.js';
+import { listQuery, noQuery, parseInput } from '../validate.js';
+import { findTenant } from '../../db/queries/tenants.js';
 
 const tenantBody = z
   .object({
@@ -49,6 +50,7 @@ export function makeAdminRoutes(deps: {
   const router = Router();
 
   router.post('/tenants', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const body = parseInput(tenantBody, req.body ?? {});
     res.status(201).json(await createTenant(deps.db, body.name));
   });
@@ -60,14 +62,18 @@ export function makeAdminRoutes(deps: {
   });
 
   router.delete('/tenants/:id', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     if (!deps.eraseTenant) throw new AppError(501, 'not_implemented', 'tenant erasure is not available');
-    const erased = await deps.eraseTenant(req.params.id!);
+    // An id or a name, as the key routes and the CLI take.
+    const tenant = await findTenant(deps.db, req.params.id!);
+    const erased = tenant !== null && (await deps.eraseTenant(tenant.id));
     deps.onKeysChanged?.();
     if (!erased) throw notFound('tenant');
     res.status(204).end();
   });
 
   router.post('/tenants/:id/keys', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const body = parseInput(keyBody, req.body ?? {});
     const key = await createKey(deps.db, req.params.id!, body.name ?? '');
     res.status(201).json({ key_id: key.key_id, tenant_id: key.tenant_id, api_key: key.api_key });
@@ -80,6 +86,7 @@ export function makeAdminRoutes(deps: {
   });
 
   router.delete('/keys/:key_id', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const revoked = await revokeKey(deps.db, req.params.key_id!);
     deps.onKeysChanged?.();
     if (!revoked) throw notFound('key');

@@ -3,7 +3,7 @@ import type { Response } from 'express';
 import { z } from 'zod';
 import { notFound } from '../errors.js';
 import { hasBadChars } from '../messages/message-input.js';
-import { emptyAsAbsent, parseInput } from '../validate.js';
+import { emptyAsAbsent, noQuery, parseInput } from '../validate.js';
 import { ERROR_ID_RE, LIST_CURSOR_RE, OUTCOMES } from '../error-memory/types.js';
 import type { ErrorMemory } from '../error-memory/types.js';
 
@@ -85,17 +85,20 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
   const router = express.Router();
 
   router.post('/', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const body = parseInput(errorWriteBody, req.body);
     const result = await errors.write(tenantOf(res), body);
     res.status(result.deduplicated ? 200 : 201).json({ id: result.id, deduplicated: result.deduplicated });
   });
 
   router.post('/search', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const body = parseInput(errorSearchBody, req.body);
     res.json({ records: await errors.search(tenantOf(res), body) });
   });
 
   router.post('/lookup', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const body = parseInput(errorLookupBody, req.body);
     res.json(await errors.lookup(tenantOf(res), body));
   });
@@ -106,6 +109,7 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
   });
 
   router.get('/:id', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     const record = await errors.get(tenantOf(res), idParam(req.params.id));
     if (!record) throw notFound('error record');
     res.json(record);
@@ -121,6 +125,7 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
   });
 
   router.delete('/:id', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
     if (!(await errors.remove(tenantOf(res), idParam(req.params.id)))) throw notFound('error record');
     res.status(204).end();
   });

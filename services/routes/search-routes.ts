@@ -5,7 +5,7 @@ import { assertSessionId } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { hasBadChars } from '../messages/message-input.js';
 import { searchBodySchema, searchSession } from '../search/search-session.js';
-import { parseInput } from '../validate.js';
+import { noQuery, parseInput } from '../validate.js';
 
 /** `/v1/sessions/:sid/search` (mounted with prefix `/v1/sessions`, behind tenant auth). */
 export const searchRoutesMeta: Record<string, RouteMeta> = {
@@ -20,6 +20,7 @@ export function makeSearchRoutes(deps: CoreDeps): Router {
   const router = Router();
   router.post('/:sid/search', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
+    parseInput(noQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
     const body: unknown = req.body;
     // Same error as message bodies for characters Postgres cannot take.
