@@ -156,7 +156,8 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
   });
   app.use('/v1/admin', rememberMount, requireAdmin(deps.config.adminToken), readJsonBody, admin);
-  mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
+  // Without MNEMOS_ADMIN_TOKEN the admin routes answer 404: not documented then either.
+  if (deps.config.adminToken) mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
   const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody];
   const sessions = makeSessionRoutes(deps);

@@ -9,6 +9,8 @@ import { z } from 'zod';
 export interface RouteMeta {
   summary: string;
   body?: z.ZodType;
+  /** Media types the body may come in (default JSON only); the schema is the JSON form's. */
+  bodyTypes?: string[];
   query?: z.ZodType;
   auth?: 'tenant' | 'admin' | 'none';
   /** Success status(es); default 200. */
@@ -79,8 +81,16 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
       },
     };
     if (meta?.auth !== 'none') op.security = [{ [meta?.auth === 'admin' ? 'adminToken' : 'apiKey']: [] }];
-    if (meta?.body)
-      op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(meta.body) } } };
+    if (meta?.body) {
+      const schema = jsonSchema(meta.body);
+      const types = meta.bodyTypes ?? ['application/json'];
+      op.requestBody = {
+        required: true,
+        content: Object.fromEntries(
+          types.map((t) => [t, t === 'application/json' ? { schema } : { schema: { type: 'string' } }]),
+        ),
+      };
+    }
     if (meta?.query) {
       const q = jsonSchema(meta.query) as { properties?: Record<string, unknown> };
       for (const [name, schema] of Object.entries(q.properties ?? {})) {

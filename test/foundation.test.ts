@@ -387,6 +387,12 @@ void describe('tenants, keys and the admin API', () => {
         assert.equal(r.body.error.code, 'not_found');
         assert.equal(r.body.error.message, `no route for GET ${path}`);
       }
+      const doc = (await api(bare.base).get('/openapi.json')).body;
+      assert.deepEqual(
+        Object.keys(doc.paths).filter((p) => p.startsWith('/v1/admin')),
+        [],
+        'not documented either',
+      );
     } finally {
       await bare.stop();
       await deleteRedisPrefix(bare.config.prefix);
@@ -484,6 +490,16 @@ void describe('tenants, keys and the admin API', () => {
     assert.deepEqual(queryParams('/v1/errors', 'delete'), ['tool_name']);
     assert.deepEqual(queryParams('/v1/admin/tenants', 'get'), ['cursor', 'limit']);
     assert.deepEqual(Object.keys(doc.paths['/v1/errors'].post.responses).sort(), ['200', '201', 'default']);
+    // ?wait=true answers: 201 once durable, 200 with the new summary; import also reads JSON Lines.
+    const statuses = (path: string) => Object.keys(doc.paths[path].post.responses).sort();
+    assert.deepEqual(statuses('/v1/sessions/{sid}/messages'), ['201', '202', 'default']);
+    assert.deepEqual(statuses('/v1/sessions/{sid}/summarize'), ['200', '202', 'default']);
+    assert.deepEqual(statuses('/v1/sessions/{sid}/import'), ['201', '202', 'default']);
+    assert.deepEqual(Object.keys(doc.paths['/v1/sessions/{sid}/import'].post.requestBody.content).sort(), [
+      'application/json',
+      'application/jsonl',
+      'application/x-ndjson',
+    ]);
     const t = await svc.newTenant();
     for (const [path, ops] of Object.entries(
       doc.paths as Record<string, Record<string, { summary: string }>>,

@@ -45,8 +45,9 @@ export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
     summary:
       'Import past messages (JSON Lines with an optional summary line, or {"messages":[...]}) into an empty session, archived in sent_at order; 201 once durable (202 with ?wait=false or on timeout)',
     body: z.object({ messages: z.array(messageSchema) }),
+    bodyTypes: ['application/json', 'application/x-ndjson', 'application/jsonl'],
     query: importQuery,
-    success: 201,
+    success: [201, 202],
   },
 };
 

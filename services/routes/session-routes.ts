@@ -64,7 +64,7 @@ export const sessionRoutesMeta: Record<string, RouteMeta> = {
     summary: 'Append messages (202 accepted; 201 durable with ?wait=true)',
     body: z.object({ messages: z.array(messageSchema) }),
     query: postQuery,
-    success: 202,
+    success: [202, 201],
   },
   'GET /:sid/messages': { summary: 'Page through the archive in seq order', query: pageQuery },
   'GET /': { summary: 'List sessions', query: listQuery },

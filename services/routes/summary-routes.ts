@@ -38,7 +38,7 @@ export const summaryRoutesMeta: Record<string, RouteMeta> = {
     summary:
       'Summarise now (202 with the job id; ?wait=true waits for the result). 409 when no LLM is configured',
     query: summarizeQuery,
-    success: 202,
+    success: [202, 200],
   },
 };
 
