@@ -258,13 +258,19 @@ void describe('ingestion under faults and many processes', () => {
     );
   });
 
-  void test('Redis stopped: writes get 503 with retry-after and nothing is half-written', async () => {
+  /** A service on a Redis of the test's own, which the test may stop. */
+  async function onPrivateRedis() {
     const redis = await startPrivateRedis();
     const svc = await startTestService({ env: { REDIS_URL: redis.url } });
     cleanups.push(async () => {
       await svc.stop();
       await redis.stop();
     });
+    return { redis, svc };
+  }
+
+  void test('Redis stopped: writes get 503 with retry-after and nothing is half-written', async () => {
+    const { redis, svc } = await onPrivateRedis();
     const t = await svc.newTenant();
     await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('one', { id: 'one' })] });
     await redis.kill();
@@ -297,12 +303,7 @@ void describe('ingestion under faults and many processes', () => {
   });
 
   void test('erasing a tenant while Redis is down is a 503 with retry-after, and the retry erases it', async () => {
-    const redis = await startPrivateRedis();
-    const svc = await startTestService({ env: { REDIS_URL: redis.url } });
-    cleanups.push(async () => {
-      await svc.stop();
-      await redis.stop();
-    });
+    const { redis, svc } = await onPrivateRedis();
     const t = await svc.newTenant();
     await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('one')] });
     const admin = api(svc.base, ADMIN_TOKEN);

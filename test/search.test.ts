@@ -270,6 +270,13 @@ void describe('POST /v1/sessions/{sid}/search', () => {
   after(async () => {
     await svc?.stop();
   });
+  /** The cutoff moved to `seq` (as compaction would) without waiting for one. */
+  const moveCutoff = (session: string, seq: number) =>
+    svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+      tenantId,
+      session,
+      seq,
+    ]);
 
   void test('keyword: English stemming finds "compaction" for "compacting"', async () => {
     const s = sid('stem');
@@ -381,11 +388,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       filler(),
     ]);
     // Below the cutoff only full text answers (the substring matcher reads the recent part).
-    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
-      tenantId,
-      s,
-      db! + 1,
-    ]);
+    await moveCutoff(s, db! + 1);
     const kw = async (query: string) => {
       const r = await search(api, s, { query, match: 'keyword' });
       assert.ok(r.body.hits.every((h) => h.source === 'archive'));
@@ -727,11 +730,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       'the substring matcher still finds it',
     );
     // Below the cutoff only full text answers: it must not drop the 🚀 of `deploy 🚀`.
-    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
-      tenantId,
-      s,
-      rocket! + 1,
-    ]);
+    await moveCutoff(s, rocket! + 1);
     assert.deepEqual(await hitSeqs(api, s, { query: 'deploy 🚀', match: 'keyword' }), [rocket]);
     assert.deepEqual(await hitSeqs(api, s, { query: 'database 🚀', match: 'keyword' }), []);
     assert.deepEqual(await hitSeqs(api, s, { query: 'database', match: 'keyword' }), [plain]);
