@@ -30,6 +30,21 @@ const MAX_TS_POSITION = 16_383;
 export const hasCjk = (s: string) => CJK_CHAR.test(s);
 
 /**
+ * The lexemes of every CJK run, run by run: overlapping bigrams, or the character itself for a
+ * run of one; at most `capChars` characters in all.
+ */
+function* cjkRunLexemes(text: string, capChars: number): Generator<string[]> {
+  let budget = capChars;
+  for (const m of text.matchAll(CJK_RUN)) {
+    if (budget <= 0) return;
+    const chars = Array.from(m[0]).slice(0, budget);
+    budget -= chars.length;
+    if (chars.length === 1) yield chars;
+    else yield chars.slice(1).map((c, i) => chars[i]! + c);
+  }
+}
+
+/**
  * The CJK half of the stored tsvector, as tsvector text: the bigrams of `cjkBigrams` with their
  * positions, one position left out between two runs, so that a phrase never matches across them
  * (`東京都` matched "東京。京都" when the runs' bigrams were indexed side by side). Its lexemes are
@@ -37,32 +52,17 @@ export const hasCjk = (s: string) => CJK_CHAR.test(s);
  */
 export function cjkTsvector(text: string, capChars: number): string {
   const out: string[] = [];
-  let budget = capChars;
   let pos = 0;
-  const add = (lexeme: string) => out.push(`'${lexeme}':${Math.min(++pos, MAX_TS_POSITION)}`);
-  for (const m of text.matchAll(CJK_RUN)) {
-    if (budget <= 0) break;
-    const chars = Array.from(m[0]).slice(0, budget);
-    budget -= chars.length;
+  for (const lexemes of cjkRunLexemes(text, capChars)) {
     if (out.length > 0) pos++;
-    if (chars.length === 1) add(chars[0]!);
-    for (let i = 0; i + 1 < chars.length; i++) add(chars[i]! + chars[i + 1]!);
+    for (const l of lexemes) out.push(`'${l}':${Math.min(++pos, MAX_TS_POSITION)}`);
   }
   return out.join(' ');
 }
 
 /** Overlapping bigrams of every CJK run; a run of one character is kept as a unigram. */
 export function cjkBigrams(text: string, capChars = Infinity): string[] {
-  const out: string[] = [];
-  let budget = capChars;
-  for (const m of text.matchAll(CJK_RUN)) {
-    if (budget <= 0) break;
-    const chars = Array.from(m[0]).slice(0, budget);
-    budget -= chars.length;
-    if (chars.length === 1) out.push(chars[0]!);
-    for (let i = 0; i + 1 < chars.length; i++) out.push(chars[i]! + chars[i + 1]!);
-  }
-  return out;
+  return [...cjkRunLexemes(text, capChars)].flat();
 }
 
 /**
