@@ -50,7 +50,8 @@ const requireJson: RequestHandler = (req, _res, next) => {
   if (!hasBody || req.method === 'GET' || req.method === 'HEAD') return next();
   // JSON Lines only where a route reads them: elsewhere such a body went unread, and the route
   // ran as if none had been sent (a reset kept the summary its body asked to drop).
-  const lines = req.method === 'POST' && /^\/v1\/sessions\/[^/?]+\/import(?:\?|$)/.test(req.originalUrl);
+  // (Routing ignores case and a trailing slash: so does this.)
+  const lines = req.method === 'POST' && /^\/v1\/sessions\/[^/?]+\/import\/?(?:\?|$)/i.test(req.originalUrl);
   if (req.is(['application/json', 'application/*+json'])) return next();
   if (lines && req.is(['application/x-ndjson', 'application/jsonl'])) return next();
   throw new AppError(

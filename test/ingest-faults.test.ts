@@ -555,10 +555,48 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(r.status, 409, r.text);
     assert.equal(r.body.error.code, 'session_cleared');
     assert.equal(r.body.error.details.cleared_through_seq, 1);
+    // The message posted after the reset is archived; the cleared one never is.
+    const rows = await eventually(
+      async () => {
+        const m = await allMessages(t.api, 'r');
+        return m.length > 0 ? m : null;
+      },
+      20_000,
+      'the later message archived',
+    );
     assert.deepEqual(
-      (await allMessages(t.api, 'r')).map((m) => [m.seq, m.id]),
+      rows.map((m) => [m.seq, m.id]),
       [[2, 'b']],
     );
+  });
+
+  void test('a ?wait=true cleared by a reset with nothing after it is a 409 at once, not a 202 after the wait', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    const started = Date.now();
+    const waiting = t.api.post('/v1/sessions/q/messages?wait=true', {
+      messages: [user('before', { id: 'a' })],
+    });
+    await eventually(async () => (await h.inboxLength(t.tenantId, 'q')) === 1, 10_000, 'accepted');
+    assert.equal((await t.api.post('/v1/sessions/q/reset')).status, 200);
+    // No worker and no later message: the archived mark never moves.
+    const r = await waiting;
+    assert.equal(r.status, 409, r.text);
+    assert.equal(r.body.error.code, 'session_cleared');
+    assert.ok(Date.now() - started < 9_000, 'answered before the 10 s wait ran out');
+  });
+
+  void test('a deleted session whose Redis state was lost is visible at its next post too', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    assert.equal((await t.api.post('/v1/sessions/l/messages', { messages: [user('old')] })).status, 202);
+    assert.equal((await t.api.del('/v1/sessions/l')).status, 204);
+    // Redis lost the session's state (and with it the deleted mark): the accept seeds it again.
+    await h.api.deps.redis.del(inboxKeys(h.api.config.prefix, t.tenantId, 'l').sess);
+    assert.equal((await t.api.post('/v1/sessions/l/messages', { messages: [user('new')] })).status, 202);
+    const s = await t.api.get('/v1/sessions/l');
+    assert.equal(s.status, 200);
+    assert.equal(s.body.pending_jobs, 1);
   });
 
   void test('a deleted session posted to again is visible at once, before its first drain', async () => {

@@ -680,6 +680,10 @@ void describe('export and import', () => {
       /application\/x-ndjson/,
       'names the JSON Lines type export writes',
     );
+    // Routing ignores case and a trailing slash; so does the JSON Lines check.
+    for (const path of [`/v1/sessions/${s}/import/`, `/v1/sessions/${s}/IMPORT`]) {
+      assert.notEqual((await t.api.post(path, 'not json lines', ndjson)).status, 415, path);
+    }
     // JSON Lines only where a route reads them: elsewhere the body went unread (a 200 as if none).
     for (const path of [
       `/v1/sessions/${s}/messages`,

@@ -98,7 +98,7 @@ export async function importSession(
     const outcome = await withTransaction(deps.db, async (tx) => {
       const row = await lockOrCreateSession(tx, tenantId, sessionId);
       if (await sessionHasMessages(tx, tenantId, sessionId)) throw notEmpty('it already holds messages');
-      await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation);
+      await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted_at !== null);
       let [gen, seq] = await deps.redis.hmget(keys.sess, 'gen', 'seq');
       if (gen !== null && Number(gen) < row.generation) {
         // A reset/delete whose Redis step never ran: finish it (the lock makes this safe).

@@ -4,7 +4,7 @@ import { reviveSession } from '../../db/queries/lifecycle.js';
 import { lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
-import { acceptIntoInbox, archivedMark, defineInboxScripts, inboxKeys, seedInbox } from './inbox.js';
+import { acceptIntoInbox, defineInboxScripts, inboxKeys, seedInbox } from './inbox.js';
 import type { AcceptedMessage } from './message-input.js';
 
 export interface AcceptOutcome {
@@ -111,7 +111,7 @@ export async function seedSession(deps: CoreDeps, tenantId: string, sessionId: s
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   await withTransaction(deps.db, async (tx) => {
     const row = await lockOrCreateSession(tx, tenantId, sessionId);
-    await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation);
+    await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted_at !== null);
   });
 }
 
@@ -145,15 +145,7 @@ export async function confirmArchived(
   if (n === new Set(messages.map((m) => m.seq)).size) return;
   const through = Number(cleared ?? 0);
   // One request's seqs are handed out in one atomic step, so a reset clears all of them or none.
-  if (messages.every((m) => m.seq <= through)) {
-    throw new AppError(
-      409,
-      'session_cleared',
-      'the session was reset or deleted after these messages were accepted and before they were ' +
-        'archived: they were cleared with it and are not stored',
-      { cleared_through_seq: through },
-    );
-  }
+  if (messages.every((m) => m.seq <= through)) throw sessionCleared(through);
   throw new AppError(
     503,
     'unavailable',
@@ -163,7 +155,37 @@ export async function confirmArchived(
   );
 }
 
-/** Polls the archived mark until `seq` is durable in Postgres or the deadline passes. */
+const sessionCleared = (through: number) =>
+  new AppError(
+    409,
+    'session_cleared',
+    'the session was reset or deleted after these messages were accepted and before they were ' +
+      'archived: they were cleared with it and are not stored',
+    { cleared_through_seq: through },
+  );
+
+/** Throws `session_cleared` when a reset or delete cleared the session through `seq`. */
+async function assertNotCleared(
+  deps: Pick<CoreDeps, 'db'>,
+  tenantId: string,
+  sessionId: string,
+  seq: number,
+) {
+  const r = await deps.db.query<{ cleared: string }>(
+    'SELECT cleared_through_seq AS cleared FROM sessions WHERE tenant_id = $1 AND id = $2',
+    [tenantId, sessionId],
+  );
+  const through = Number(r.rows[0]?.cleared ?? 0);
+  if (seq <= through) throw sessionCleared(through);
+}
+
+/**
+ * Polls the archived mark until `seq` is durable in Postgres or the deadline passes. A reset or
+ * delete that clears the messages meanwhile moves the session's generation on: then, and once
+ * more at the deadline (for one that came before the first poll), the archive's clear mark is
+ * checked, and messages it cleared are a 409 `session_cleared` at once, not a 202 after the wait
+ * for an archive they will never reach.
+ */
 export async function waitArchived(
   deps: CoreDeps,
   tenantId: string,
@@ -174,10 +196,18 @@ export async function waitArchived(
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   const deadline = Date.now() + timeoutMs;
   let delay = 2;
+  let seenGen: string | null | undefined;
   for (;;) {
-    const mark = await archivedMark(deps.redis, keys).catch(() => null);
-    if (mark !== null && mark >= seq) return true;
-    if (Date.now() >= deadline) return false;
+    const [mark, gen] = await deps.redis
+      .hmget(keys.sess, 'archived', 'gen')
+      .catch((): Array<string | null> => [null, null]);
+    if (mark != null && Number(mark) >= seq) return true;
+    const timedOut = Date.now() >= deadline;
+    if (timedOut || (seenGen !== undefined && gen !== seenGen)) {
+      await assertNotCleared(deps, tenantId, sessionId, seq);
+    }
+    seenGen = gen ?? null;
+    if (timedOut) return false;
     await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(1, deadline - Date.now()))));
     delay = Math.min(delay * 2, 50);
   }

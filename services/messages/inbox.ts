@@ -92,7 +92,9 @@ return out
 
 // Seeds a session's Redis state from Postgres (first use, or Redis came back empty). Never moves
 // the counter backwards: it starts after both the archive and whatever is still in the inbox.
-// ARGV: last archived seq (next_seq - 1), generation.
+// A deleted session (its row's deleted_at) is marked `deleted`, as the delete marks it, so that the
+// first accept revives its row: the mark must survive Redis losing the session's state.
+// ARGV: last archived seq (next_seq - 1), generation, deleted ('1' or '0').
 const SEED = `
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local seq = tonumber(ARGV[1])
@@ -102,6 +104,7 @@ if tail then
   if t and t > seq then seq = t end
 end
 redis.call('HSET', KEYS[1], 'seq', seq, 'gen', ARGV[2], 'archived', ARGV[1])
+if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'deleted', '1') end
 if redis.call('LLEN', KEYS[2]) > 0 then redis.call('HSET', KEYS[1], 'armed', '1') end
 return 1
 `;
@@ -241,8 +244,20 @@ export async function acceptIntoInbox(
   };
 }
 
-export async function seedInbox(redis: Redis, keys: InboxKeys, lastArchivedSeq: number, generation: number) {
-  await (redis as ScriptedRedis).mnemosSeed!(keys.sess, keys.inbox, lastArchivedSeq, generation);
+export async function seedInbox(
+  redis: Redis,
+  keys: InboxKeys,
+  lastArchivedSeq: number,
+  generation: number,
+  deleted: boolean,
+) {
+  await (redis as ScriptedRedis).mnemosSeed!(
+    keys.sess,
+    keys.inbox,
+    lastArchivedSeq,
+    generation,
+    deleted ? '1' : '0',
+  );
 }
 
 /** The head of the inbox: at most `maxEntries` entries and `maxBytes` bytes (but at least one). */
@@ -301,11 +316,6 @@ export async function deadLetter(
   raw: string[],
 ) {
   if (raw.length > 0) await redis.rpush(`${prefix}:dead:${tenantId}:${sessionId}`, ...raw);
-}
-
-export async function archivedMark(redis: Redis, keys: InboxKeys): Promise<number | null> {
-  const v = await redis.hget(keys.sess, 'archived');
-  return v === null ? null : Number(v);
 }
 
 /** Sessions that asked for a flush before `olderThanMs` and still hold work (crash recovery). */
