@@ -17,6 +17,7 @@ import type { Db, QueryOptions } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
 import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import { refreshTableStatistics } from '../services/search/table-statistics.js';
+import { FTS_CJK_PASS, backfillCjkTsvectors } from '../services/search/fts-backfill.js';
 import type { SearchHit, SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -401,6 +402,49 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await kw('北京'), [taipei]);
     for (const word of ['サーバー', 'ベース', 'データベース', 'エラー'])
       assert.deepEqual(await kw(word), [db], word);
+  });
+
+  void test('the backfill re-derives the tsvector of CJK rows archived before the gap and ー, and only theirs', async () => {
+    const s = sid('backfill');
+    const text = 'データベースのサーバーでエラーが発生しました';
+    const [old, english] = await archiveSpaced(api, s, [
+      user(text),
+      user('plain English server note'),
+      filler(),
+    ]);
+    await moveCutoff(s, english! + 2);
+    // What rows archived before 2026-12-01 hold, in effect: a tsvector today's queries miss.
+    const stale = `to_tsvector('english', 'stale')`;
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = ${stale} WHERE tenant_id = $1 AND session_id = $2 AND seq IN ($3, $4)`,
+      [tenantId, s, old, english],
+    );
+    assert.deepEqual(await hitSeqs(api, s, { query: 'サーバー', match: 'keyword' }), []);
+    await svc.deps.db.query(`UPDATE maintenance_state SET state = '{}', done_at = NULL WHERE name = $1`, [
+      FTS_CJK_PASS,
+    ]);
+    const quiet = { info: () => undefined } as never;
+    let runs = 0;
+    for (let done = false; !done; runs++) {
+      ({ done } = await backfillCjkTsvectors(
+        { db: svc.deps.db, logger: quiet },
+        { batch: 3, maxBatches: 2 },
+      ));
+    }
+    assert.ok(runs > 1, 'it resumed where it stopped');
+    assert.deepEqual(await hitSeqs(api, s, { query: 'サーバー', match: 'keyword' }), [old]);
+    const tsv = await svc.deps.db.query<{ seq: string; stale: boolean }>(
+      `SELECT seq, search_tsv = ${stale} AS stale FROM messages
+       WHERE tenant_id = $1 AND session_id = $2 AND seq IN ($3, $4) ORDER BY seq`,
+      [tenantId, s, old, english],
+    );
+    assert.deepEqual(
+      tsv.rows.map((r) => r.stale),
+      [false, true],
+      'a row without CJK text is left as it is',
+    );
+    const after = await backfillCjkTsvectors({ db: svc.deps.db, logger: quiet });
+    assert.deepEqual(after, { scanned: 0, updated: 0, done: true }, 'once through, it is done');
   });
 
   void test('keyword: mixed CJK and English queries', async () => {

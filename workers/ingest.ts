@@ -44,7 +44,8 @@ export type AfterArchive = (a: {
   lastSeq: number;
 }) => Promise<void>;
 
-function searchableText(m: AcceptedMessage): string {
+/** The text the archive's tsvector is derived from: name, content and tool-call names and arguments. */
+export function searchableText(m: Pick<AcceptedMessage, 'name' | 'content' | 'tool_calls'>): string {
   const calls = (m.tool_calls ?? []) as Array<{ function?: { name?: string; arguments?: string } }>;
   const callText = calls.map((c) => `${c.function?.name ?? ''} ${c.function?.arguments ?? ''}`).join('\n');
   return [m.name ?? '', m.content ?? '', callText].filter(Boolean).join('\n');

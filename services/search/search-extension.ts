@@ -3,16 +3,19 @@ import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
 import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
 import { refreshTableStatistics } from './table-statistics.js';
+import { backfillCjkTsvectors } from './fts-backfill.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
 
 const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
 const TABLE_STATISTICS_EVERY_MS = 5 * 60_000;
+const FTS_BACKFILL_EVERY_MS = 60_000;
 
 /**
  * Search over the archive and the recent index: `POST /v1/sessions/{sid}/search`, and the
  * `search-indexes` maintenance task that gives huge sessions their own full-text and trigram
- * indexes (session-indexes.ts), and `table-statistics`, which analyzes the tables when Postgres
- * does not (table-statistics.ts).
+ * indexes (session-indexes.ts), `table-statistics`, which analyzes the tables when Postgres
+ * does not (table-statistics.ts), and `fts-backfill`, which re-derives the tsvector of CJK rows
+ * archived before 2026-12-01 (fts-backfill.ts).
  */
 export const searchExtension: ExtensionFactory = async (deps) => {
   // Registered up front so /metrics shows the histogram before the first search.
@@ -23,10 +26,12 @@ export const searchExtension: ExtensionFactory = async (deps) => {
     maintenance: {
       'search-indexes': () => maintainSessionIndexes(deps),
       'table-statistics': () => refreshTableStatistics(deps),
+      'fts-backfill': () => backfillCjkTsvectors(deps),
     },
     async schedule() {
       await scheduleMaintenance(deps.queues, 'search-indexes', SEARCH_INDEXES_EVERY_MS);
       await scheduleMaintenance(deps.queues, 'table-statistics', TABLE_STATISTICS_EVERY_MS);
+      await scheduleMaintenance(deps.queues, 'fts-backfill', FTS_BACKFILL_EVERY_MS);
     },
     async purgeSession(tenantId, sessionId) {
       await dropSessionIndexesOf(deps, { tenantId, sessionId });
