@@ -420,31 +420,43 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       [tenantId, s, old, english],
     );
     assert.deepEqual(await hitSeqs(api, s, { query: 'サーバー', match: 'keyword' }), []);
-    await svc.deps.db.query(`UPDATE maintenance_state SET state = '{}', done_at = NULL WHERE name = $1`, [
-      FTS_CJK_PASS,
-    ]);
-    const quiet = { info: () => undefined } as never;
-    let runs = 0;
-    for (let done = false; !done; runs++) {
-      ({ done } = await backfillCjkTsvectors(
+    // The service's own scheduled run stays out of the way meanwhile.
+    await svc.deps.queues.maintenance.pause();
+    try {
+      await svc.deps.db.query(`UPDATE maintenance_state SET state = '{}', done_at = NULL WHERE name = $1`, [
+        FTS_CJK_PASS,
+      ]);
+      const quiet = { info: () => undefined } as never;
+      // A byte budget smaller than any message: one message per batch (never none).
+      const first = await backfillCjkTsvectors(
         { db: svc.deps.db, logger: quiet },
-        { batch: 3, maxBatches: 2 },
-      ));
+        { batch: 3, maxBatches: 2, maxBytes: 1 },
+      );
+      assert.deepEqual([first.scanned, first.done], [2, false]);
+      let runs = 0;
+      for (let done = false; !done; runs++) {
+        ({ done } = await backfillCjkTsvectors(
+          { db: svc.deps.db, logger: quiet },
+          { batch: 3, maxBatches: 2 },
+        ));
+      }
+      assert.ok(runs > 1, 'it resumed where it stopped');
+      assert.deepEqual(await hitSeqs(api, s, { query: 'サーバー', match: 'keyword' }), [old]);
+      const tsv = await svc.deps.db.query<{ seq: string; stale: boolean }>(
+        `SELECT seq, search_tsv = ${stale} AS stale FROM messages
+         WHERE tenant_id = $1 AND session_id = $2 AND seq IN ($3, $4) ORDER BY seq`,
+        [tenantId, s, old, english],
+      );
+      assert.deepEqual(
+        tsv.rows.map((r) => r.stale),
+        [false, true],
+        'a row without CJK text is left as it is',
+      );
+      const again = await backfillCjkTsvectors({ db: svc.deps.db, logger: quiet });
+      assert.deepEqual(again, { scanned: 0, updated: 0, done: true }, 'once through, it is done');
+    } finally {
+      await svc.deps.queues.maintenance.resume();
     }
-    assert.ok(runs > 1, 'it resumed where it stopped');
-    assert.deepEqual(await hitSeqs(api, s, { query: 'サーバー', match: 'keyword' }), [old]);
-    const tsv = await svc.deps.db.query<{ seq: string; stale: boolean }>(
-      `SELECT seq, search_tsv = ${stale} AS stale FROM messages
-       WHERE tenant_id = $1 AND session_id = $2 AND seq IN ($3, $4) ORDER BY seq`,
-      [tenantId, s, old, english],
-    );
-    assert.deepEqual(
-      tsv.rows.map((r) => r.stale),
-      [false, true],
-      'a row without CJK text is left as it is',
-    );
-    const after = await backfillCjkTsvectors({ db: svc.deps.db, logger: quiet });
-    assert.deepEqual(after, { scanned: 0, updated: 0, done: true }, 'once through, it is done');
   });
 
   void test('keyword: mixed CJK and English queries', async () => {

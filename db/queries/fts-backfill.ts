@@ -31,25 +31,39 @@ export async function savePass(q: Queryable, name: string, cursor: ArchiveKey | 
   );
 }
 
-/** The next `limit` archive rows after `after` (all tenants), with what their tsvector derives from. */
-export async function archiveRowsAfter(
+/** The keys of the next `limit` archive rows after `after` (all tenants), with their sizes. */
+export async function archiveKeysAfter(
   q: Queryable,
   after: ArchiveKey | null,
   limit: number,
-): Promise<
-  Array<ArchiveKey & { name: string | null; content: string | null; tool_calls: unknown[] | null }>
-> {
+): Promise<Array<ArchiveKey & { bytes: number }>> {
   // Two statements, not one with `$1 IS NULL OR …`: the row comparison alone lets the primary key
   // serve the range, so that each batch reads only its own rows.
-  const cols = 'tenant_id, session_id, seq, name, content, tool_calls';
-  const r = await q.query<
-    ArchiveKey & { name: string | null; content: string | null; tool_calls: unknown[] | null }
-  >(
+  const cols = 'tenant_id, session_id, seq, bytes';
+  const r = await q.query<ArchiveKey & { bytes: number }>(
     after
       ? `SELECT ${cols} FROM messages WHERE (tenant_id, session_id, seq) > ($1, $2, $3::bigint)
          ORDER BY tenant_id, session_id, seq LIMIT $4`
       : `SELECT ${cols} FROM messages ORDER BY tenant_id, session_id, seq LIMIT $1`,
     after ? [after.tenant_id, after.session_id, after.seq, limit] : [limit],
+  );
+  return r.rows;
+}
+
+/** What the tsvector of these rows derives from (rows deleted meanwhile are left out). */
+export async function archiveTexts(
+  q: Queryable,
+  keys: ArchiveKey[],
+): Promise<
+  Array<ArchiveKey & { name: string | null; content: string | null; tool_calls: unknown[] | null }>
+> {
+  const r = await q.query<
+    ArchiveKey & { name: string | null; content: string | null; tool_calls: unknown[] | null }
+  >(
+    `SELECT m.tenant_id, m.session_id, m.seq, m.name, m.content, m.tool_calls
+     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS k(tenant_id, session_id, seq)
+     JOIN messages m ON m.tenant_id = k.tenant_id AND m.session_id = k.session_id AND m.seq = k.seq`,
+    [keys.map((k) => k.tenant_id), keys.map((k) => k.session_id), keys.map((k) => k.seq)],
   );
   return r.rows;
 }
