@@ -171,11 +171,15 @@ async function assertNotCleared(
   sessionId: string,
   seq: number,
 ) {
-  const r = await deps.db.query<{ cleared: string }>(
-    'SELECT cleared_through_seq AS cleared FROM sessions WHERE tenant_id = $1 AND id = $2',
-    [tenantId, sessionId],
-  );
-  const through = Number(r.rows[0]?.cleared ?? 0);
+  // The messages are accepted: if Postgres cannot say, the answer stays what it would have been
+  // (a 503 would claim that nothing was stored).
+  const r = await deps.db
+    .query<{ cleared: string }>(
+      'SELECT cleared_through_seq AS cleared FROM sessions WHERE tenant_id = $1 AND id = $2',
+      [tenantId, sessionId],
+    )
+    .catch(() => null);
+  const through = Number(r?.rows[0]?.cleared ?? 0);
   if (seq <= through) throw sessionCleared(through);
 }
 
