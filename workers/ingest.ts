@@ -51,9 +51,21 @@ export function searchableText(m: Pick<AcceptedMessage, 'name' | 'content' | 'to
   return [m.name ?? '', m.content ?? '', callText].filter(Boolean).join('\n');
 }
 
+/**
+ * The capped full-text inputs of an archive row (insertArchiveBatch) from its searchable text.
+ * Most messages are plain text without CJK: their full-text input is the content itself, sent
+ * once instead of twice, and they need no CJK tsvector.
+ */
+export function ftsColumns(
+  text: string,
+  content: string | null,
+): Pick<ArchiveInsertRow, 'fts_en' | 'fts_cjk'> {
+  const fts = ftsDocument(text);
+  return { fts_en: fts.en === content ? null : fts.en, fts_cjk: fts.cjk === '' ? null : fts.cjk };
+}
+
 /** The archive row of an accepted message at `seq`, with its capped full-text inputs. */
 export function toArchiveRow(seq: number, m: AcceptedMessage): ArchiveInsertRow {
-  const fts = ftsDocument(searchableText(m));
   return {
     seq,
     id: m.id,
@@ -68,10 +80,7 @@ export function toArchiveRow(seq: number, m: AcceptedMessage): ArchiveInsertRow 
     sent_at_given: m.sent_at_given,
     bytes: m.bytes,
     fingerprint: m.fp,
-    // Most messages are plain text without CJK: their full-text input is the content itself, sent
-    // once instead of twice, and they need no CJK tsvector (insertArchiveBatch).
-    fts_en: fts.en === m.content ? null : fts.en,
-    fts_cjk: fts.cjk === '' ? null : fts.cjk,
+    ...ftsColumns(searchableText(m), m.content),
   };
 }
 

@@ -5,13 +5,11 @@ import {
   rederiveTsvectors,
   savePass,
 } from '../../db/queries/fts-backfill.js';
-import { searchableText } from '../../workers/ingest.js';
+import { DRAIN_MAX_BYTES, ftsColumns, searchableText } from '../../workers/ingest.js';
 import type { CoreDeps } from '../deps.js';
-import { ftsDocument, hasCjk } from '../text/fts-text.js';
+import { hasCjk } from '../text/fts-text.js';
 
 export const FTS_CJK_PASS = 'fts-cjk-v2';
-/** Bytes of messages read per batch (at least one message), as a drain bounds its batch. */
-const BATCH_MAX_BYTES = 16 * 1024 * 1024;
 
 /**
  * One run of the `fts-backfill` maintenance task: re-derives the tsvector of archive rows that
@@ -37,24 +35,15 @@ export async function backfillCjkTsvectors(
       deps.logger.info(out, 'full-text backfill of CJK rows done');
       return out;
     }
-    // Messages of up to 1 MiB each: read no more than a drain writes at once.
+    // Messages of up to 1 MiB each: read no more than a drain writes at once (at least one).
     let size = 0;
-    const take = keys.filter((k, j) => (size += k.bytes) <= (opts.maxBytes ?? BATCH_MAX_BYTES) || j === 0);
+    const take = keys.filter((k, j) => (size += k.bytes) <= (opts.maxBytes ?? DRAIN_MAX_BYTES) || j === 0);
     const rows = await archiveTexts(deps.db, take);
     const cjk = rows.flatMap((r) => {
       const text = searchableText(r);
       if (!hasCjk(text)) return [];
-      const fts = ftsDocument(text);
-      return [
-        {
-          tenant_id: r.tenant_id,
-          session_id: r.session_id,
-          seq: r.seq,
-          content: r.content,
-          fts_en: fts.en === r.content ? null : fts.en,
-          fts_cjk: fts.cjk === '' ? null : fts.cjk,
-        },
-      ];
+      const { tenant_id, session_id, seq, content } = r;
+      return [{ tenant_id, session_id, seq, content, ...ftsColumns(text, content) }];
     });
     out.updated += await rederiveTsvectors(deps.db, cjk);
     out.scanned += take.length;
