@@ -7,6 +7,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
+import pg from 'pg';
 import type { Queue } from 'bullmq';
 import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
@@ -270,6 +271,60 @@ void describe('reset', () => {
     assert.deepEqual(
       (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
       [[4, 'after']],
+    );
+  });
+  void test('a message accepted while a reset runs keeps its id: a retry gets its seq, another body 409', async () => {
+    const t = await svc.newTenant();
+    const s = sid('racing');
+    await archive(t.api, s, [user('before the reset', { id: 'old-1' })]);
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    // A lock that the reset's DELETE waits for: the reset has taken its cut (seq 1) and holds the
+    // session row while X is accepted, so X is kept by the reset, still in the inbox.
+    const locker = new pg.Client({ connectionString: svc.config.databaseUrl });
+    await locker.connect();
+    try {
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE messages IN SHARE MODE');
+      const reset = t.api.post(`/v1/sessions/${s}/reset`);
+      await eventually(
+        async () =>
+          (
+            await q<{ n: number }>(
+              `SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted AND relation = 'messages'::regclass
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+            )
+          )[0]!.n > 0,
+        10_000,
+        'the reset waiting for the lock',
+      );
+      const x = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('posted during the reset', { id: 'X' })],
+      });
+      assert.equal(x.status, 202, JSON.stringify(x.body));
+      assert.equal(x.body.messages[0].seq, 2);
+      await locker.query('COMMIT');
+      assert.equal((await reset).status, 200);
+
+      const again = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('posted during the reset', { id: 'X' })],
+      });
+      assert.equal(again.status, 202, JSON.stringify(again.body));
+      assert.equal(again.body.accepted, 0);
+      assert.equal(again.body.messages[0].seq, 2);
+      const other = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('another body under the same id', { id: 'X' })],
+      });
+      assert.equal(other.status, 409, JSON.stringify(other.body));
+      assert.equal(other.body.error.code, 'id_conflict');
+    } finally {
+      await locker.end();
+      await ingest.resume();
+    }
+    await settled(t.tenantId, s);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.id, m.content]),
+      [[2, 'X', 'posted during the reset']],
     );
   });
 });

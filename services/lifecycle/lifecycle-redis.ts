@@ -11,9 +11,11 @@ export const deadLetterKey = (prefix: string, tenantId: string, sessionId: strin
   `${prefix}:dead:${tenantId}:${sessionId}`;
 
 // Moves a session's Redis state to a newer generation: drops the inbox entries of the cleared
-// history (seq <= ARGV[3], the highest seq handed out when the reset/delete committed), the
+// history (seq <= ARGV[3], the highest seq handed out when the reset/delete committed), their
 // idempotency ids and the dead letters. Entries after that seq were accepted later and stay,
-// armed for a flush (the drain keeps them whatever generation they carry). A compare-and-set, so
+// armed for a flush (the drain keeps them whatever generation they carry), and so do their ids:
+// a retry of such a message must get its seq, not a new one (and another body under its id a
+// 409), also before its drain, when the archive cannot tell. A compare-and-set, so
 // it is safe to repeat at any time (by a retried request or the reconciler): it never touches a
 // state that already holds the target generation. Returns {cleared, top seq, entries left}.
 // A delete also marks the state `deleted`: the first message accepted after it revives the session
@@ -42,7 +44,22 @@ while true do
   redis.call('LTRIM', KEYS[2], k, -1)
   if k < #head then break end
 end
-redis.call('DEL', KEYS[3], KEYS[5])
+redis.call('DEL', KEYS[5])
+if redis.call('LLEN', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[3])
+else
+  -- Ids values are "<seq> <fp> <sent ns>"; a field whose seq is not above the cut goes.
+  local cursor = '0'
+  repeat
+    local page = redis.call('HSCAN', KEYS[3], cursor, 'COUNT', 500)
+    cursor = page[1]
+    local kv = page[2]
+    for i = 1, #kv, 2 do
+      local s = tonumber(string.match(kv[i + 1], '^(%d+) '))
+      if not s or s <= through then redis.call('HDEL', KEYS[3], kv[i]) end
+    end
+  until cursor == '0'
+end
 if cur then
   if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'deleted', '1') else redis.call('HDEL', KEYS[1], 'deleted') end
 end
