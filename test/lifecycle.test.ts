@@ -12,6 +12,7 @@ import type { Queue } from 'bullmq';
 import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
 import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
+import { openSessionExport, SessionChangedError } from '../services/lifecycle/export-session.js';
 import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
 import { buildSessionIndex, dropSessionIndex } from '../db/queries/session-indexes.js';
 import { inboxKeys } from '../services/messages/inbox.js';
@@ -781,6 +782,41 @@ void describe('export and import', () => {
       Array.from({ length: 1203 }, (_, i) => i + 1),
     );
     assert.equal(out[1202].content, 'message 1202');
+  });
+  void test('an export racing a reset or delete fails, never a short body that looks complete', async () => {
+    for (const clear of ['reset', 'delete'] as const) {
+      const t = await svc.newTenant();
+      const s = sid(`cut-${clear}`);
+      await archive(t.api, s, [
+        user('one'),
+        assistant('two'),
+        user('three'),
+        assistant('four'),
+        user('five'),
+      ]);
+      // Pages of two, as the route's pages of 500: the clear lands between two pages.
+      const lines = (await openSessionExport(svc.deps.db, t.tenantId, s, 2))!;
+      const first = await lines.next();
+      assert.equal(JSON.parse(first.value as string).content, 'one');
+      const cleared =
+        clear === 'reset'
+          ? await t.api.post(`/v1/sessions/${s}/reset`)
+          : await t.api.del(`/v1/sessions/${s}`);
+      assert.equal(cleared.status, clear === 'reset' ? 200 : 204);
+      const rest: string[] = [];
+      await assert.rejects(
+        (async () => {
+          for (let n = await lines.next(); !n.done; n = await lines.next()) rest.push(n.value);
+        })(),
+        SessionChangedError,
+        clear,
+      );
+      // The page already read may still be sent; nothing after the clear, and no normal end.
+      assert.deepEqual(
+        rest.map((l) => JSON.parse(l).content),
+        ['two'],
+      );
+    }
   });
 });
 

@@ -9,9 +9,14 @@ import { toStoredMessage } from '../routes/session-routes.js';
  * archived message in seq order, then one `{"type":"summary", ...}` line when the session has a
  * summary. Pages through the archive by seq (keyset), so memory stays flat for any session size.
  * The export covers what was archived when it started; messages archived meanwhile are left out.
+ * A reset or delete of the session while it runs removes rows not yet read: the pages would just
+ * end early, and the body look complete. So the generation is checked after every page and after
+ * the summary, and a change throws (the route then cuts the connection).
  */
 
 export const EXPORT_PAGE = 500;
+
+export class SessionChangedError extends Error {}
 
 export interface SummaryLine {
   type: 'summary';
@@ -32,6 +37,12 @@ export async function openSessionExport(
   const session = await getSession(db, tenantId, sessionId);
   if (!session) return null;
   const bound = Number(session.next_seq);
+  const unchanged = async () => {
+    const now = await getSession(db, tenantId, sessionId);
+    if (now?.generation !== session.generation) {
+      throw new SessionChangedError('the session was reset or deleted during the export');
+    }
+  };
   return (async function* lines() {
     let after: number | null = null;
     for (;;) {
@@ -43,11 +54,13 @@ export async function openSessionExport(
         limit: pageSize,
         desc: false,
       });
+      await unchanged();
       for (const r of rows) yield `${JSON.stringify({ type: 'message', ...toStoredMessage(r) })}\n`;
       if (rows.length < pageSize) break;
       after = Number(rows[rows.length - 1]!.seq);
     }
     const s = await getSummaryRow(db, tenantId, sessionId);
+    await unchanged();
     // A version-0 row is a placeholder (cursor and failures, no summary yet): nothing to export.
     if (s && s.summary !== null && s.version > 0) {
       const line: SummaryLine = {
