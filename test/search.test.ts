@@ -137,7 +137,9 @@ async function ensureVectors(svc: TestService, tenantId: string, session: string
          WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= s.start_seq AND m.role = ANY($3::text[])
            AND m.content ~ '[^[:space:]]'
            AND NOT EXISTS (SELECT 1 FROM message_vectors v
-                           WHERE v.tenant_id = m.tenant_id AND v.session_id = m.session_id AND v.seq = m.seq)`,
+                           WHERE v.tenant_id = m.tenant_id AND v.session_id = m.session_id AND v.seq = m.seq)
+           AND NOT EXISTS (SELECT 1 FROM message_vector_skips k
+                           WHERE k.tenant_id = m.tenant_id AND k.session_id = m.session_id AND k.seq = m.seq)`,
         [tenantId, session, svc.config.embedRoles],
       )
     ).rows;
@@ -1145,6 +1147,120 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
         if (v.excludeLike?.[0] === '%habitat%') assert.ok(!text.includes('habitat'), text);
         if (v.windowSize) assert.ok(c.seq < seqs[seqs.length - 20]!, `${c.seq} is in the window`);
       }
+    }
+  });
+
+  void test('a session with its own HNSW index finds the few vectors that share a rare word with the query', async () => {
+    // With the lexical local embedder almost every vector is at distance 1 from a one-word query:
+    // the graph walk used to return k of those, and the score filter after it left 0–2 hits.
+    const s = sid('rare');
+    const d = svc.config.embedding.dimensions;
+    const query = localEmbed('zyzzyva', d);
+    const dim = query.findIndex((x) => x !== 0);
+    // Filler words that share no dimension with the query: every other message scores exactly 0.
+    const vocabulary: string[] = [];
+    for (let i = 0; vocabulary.length < 2000; i++) {
+      if (localEmbed(`w${i}`, d)[dim] === 0) vocabulary.push(`w${i}`);
+    }
+    const words = (i: number) =>
+      Array.from({ length: 8 }, (_, j) => vocabulary[(i * 131 + j * 977) % vocabulary.length]).join(' ');
+    const texts = Array.from({ length: 3000 }, (_, i) =>
+      i % 300 === 150 ? `zyzzyva ${words(i)}` : words(i),
+    );
+    for (let b = 0; b < texts.length; b += 1000) {
+      await archive(
+        api,
+        s,
+        texts.slice(b, b + 1000).map((t) => user(t)),
+      );
+    }
+    await ensureVectors(svc, tenantId, s);
+    await buildAnnIndex(svc.deps.db, {
+      tenantId,
+      sessionId: s,
+      dimensions: svc.config.embedding.dimensions,
+      vectors: texts.length,
+    });
+    const rare = texts.map((t, i) => (t.startsWith('zyzzyva') ? i + 1 : 0)).filter((seq) => seq > 0);
+    assert.equal(rare.length, 10);
+    const args = {
+      tenantId,
+      sessionId: s,
+      sinceNs: null,
+      windowSize: null,
+      excludeFts: [],
+      excludeLike: [],
+      keyword: null,
+      embedding: query,
+      k: 32,
+      limit: 8,
+      match: 'semantic' as const,
+    };
+    for (const ann of [false, true]) {
+      const found = (await searchCandidates(svc.deps.db, { ...args, ownIndexes: { ann, search: false } }))
+        .semantic;
+      const seqs = new Set(found.map((c) => c.seq));
+      assert.deepEqual(
+        rare.filter((seq) => !seqs.has(seq)),
+        [],
+        `messages with the word missed (${ann ? 'HNSW' : 'exact'})`,
+      );
+      assert.ok(
+        found.every((c) => c.score > 0),
+        'only positive scores',
+      );
+    }
+    const hits = (await searchSession(svc.deps, tenantId, s, params({ query: 'zyzzyva', match: 'semantic' })))
+      .hits;
+    assert.equal(hits.length, 8);
+    for (const h of hits) assert.match(String(h.content), /^zyzzyva /);
+  });
+
+  void test('messages without a word or CJK character are not in the semantic index (local embedder)', async () => {
+    const d = svc.config.embedding.dimensions;
+    // A word whose one feature lands where the local embedder puts every featureless text: such
+    // messages used to come first, with a score of 1, for this word.
+    let word = '';
+    for (let i = 0; !word; i++) if (localEmbed(`win${i}`, d)[0] === 1) word = `win${i}`;
+    const s = sid('featureless');
+    const seqs = await archive(api, s, [
+      user(`did we ${word} the contract with the customer?`),
+      assistant('👍'),
+      user('...'),
+      assistant('🎉🎉'),
+      user('?!'),
+      assistant('the weather is fine'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    const vectors = await svc.deps.db.query<{ seq: string }>(
+      'SELECT seq FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 ORDER BY seq',
+      [tenantId, s],
+    );
+    assert.deepEqual(
+      vectors.rows.map((r) => Number(r.seq)),
+      [seqs[0], seqs[5]],
+    );
+    const hits = (await searchSession(svc.deps, tenantId, s, params({ query: word, match: 'semantic' })))
+      .hits;
+    assert.deepEqual(
+      hits.map((h) => h.seq),
+      [seqs[0]],
+    );
+  });
+
+  void test('equal semantic scores go to the newer message, whatever the limit', async () => {
+    const s = sid('ties');
+    const seqs = await archive(
+      api,
+      s,
+      Array.from({ length: 12 }, () => user('the same words again')),
+    );
+    await ensureVectors(svc, tenantId, s);
+    for (const limit of [1, 2, 3]) {
+      const hits = (
+        await searchSession(svc.deps, tenantId, s, params({ query: 'same words', match: 'semantic', limit }))
+      ).hits;
+      assert.equal(hits[0]!.seq, seqs[11], `limit ${limit}`);
     }
   });
 

@@ -391,8 +391,8 @@ function keywordCtes(
  * are found through the primary key (tenant_id, session_id, seq) and sorted by distance. A huge
  * session may have its own partial HNSW index (services/recent-index/ann-indexes.ts), which the
  * planner takes only if the ORDER BY is that index's expression, `embedding::vector(D)`, and
- * nothing else: so the distance is computed on the cast (free for the exact path) and ties are
- * broken by the caller's ranking, not here. The archive row is joined only when a filter needs
+ * nothing else: so the distance is computed on the cast (free for the exact path), and only the
+ * exact path breaks ties here (newer first). The archive row is joined only when a filter needs
  * it (`time_range`, exclusions). CTE `sc`.
  *
  * With such a filter, the exact path sorts first and joins after (`sortFirst`, for sessions
@@ -425,20 +425,27 @@ function semanticCte(
     return positive(`
     SELECT c.seq, 1 - c.distance AS score
     FROM (SELECT v.seq, ${distance} AS distance FROM message_vectors v WHERE ${recent}
-          ORDER BY 2) c
+          ORDER BY 2, 1 DESC) c
     JOIN messages m ON m.tenant_id = $1 AND m.session_id = $2 AND m.seq = c.seq
     WHERE true${filterSql(p, a, 'c.seq')}
-    ORDER BY c.distance LIMIT ${k()}`);
+    ORDER BY c.distance, c.seq DESC LIMIT ${k()}`);
   }
   // Without the join, the window bound is the only filter left, and it applies to v.seq.
   const join = needsArchive
     ? `JOIN messages m ON m.tenant_id = v.tenant_id AND m.session_id = v.session_id AND m.seq = v.seq`
     : '';
+  // Exact: ties go to the newer message, as everywhere in ranking. Through an HNSW index the
+  // ORDER BY must be its expression alone, and the scan is approximate: among vectors that share
+  // nothing with the query (all at distance 1 with the lexical local embedder) the graph walk
+  // found its k rows before the few real matches, and the filter after the LIMIT then dropped
+  // them all (a rare word's search lost a third of its hits). So there the condition is a filter
+  // of the scan, which iterative scans (db/pool.ts) continue past until k rows pass it.
+  const ann = !sortFirst;
   return positive(`
     SELECT v.seq, 1 - (${distance}) AS score
     FROM message_vectors v ${join}
-    WHERE ${recent}${filterSql(p, a, 'v.seq')}
-    ORDER BY ${distance} LIMIT ${k()}`);
+    WHERE ${recent}${filterSql(p, a, 'v.seq')}${ann ? ` AND ${distance} < ${1 - MIN_SEMANTIC_SCORE}` : ''}
+    ORDER BY ${distance}${ann ? '' : ', v.seq DESC'} LIMIT ${k()}`);
 }
 
 /**

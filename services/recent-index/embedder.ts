@@ -1,7 +1,7 @@
 import type { Config } from '../config.js';
 import { LlmError } from '../llm/llm-client.js';
 import type { LlmClient } from '../llm/llm-client.js';
-import { LOCAL_EMBEDDING_MODEL, localEmbed } from '../llm/local-embedder.js';
+import { LOCAL_EMBEDDING_MODEL, hasLocalFeatures, localEmbed } from '../llm/local-embedder.js';
 
 /**
  * The embedder of the recent index: the configured OpenAI-compatible model through the LLM
@@ -162,6 +162,7 @@ export async function embedIsolating(
   texts: string[],
   ctx: EmbedContext,
 ): Promise<EmbedOutcome> {
+  if (embedder.local) return withoutFeatureless(texts, await embedder.embed(texts, ctx));
   try {
     return { vectors: await embedder.embed(texts, ctx), skipped: [] };
   } catch (err) {
@@ -181,4 +182,21 @@ export async function embedIsolating(
     if (skipped.length === texts.length) throw err;
     return { vectors, skipped };
   }
+}
+
+/**
+ * The local embedder gives every text without a word or CJK character ("👍", "...", "?!") one
+ * fixed vector, the first unit vector. Stored, such messages all matched a query whose features
+ * land on that dimension with a plus sign ("win") with a score of 1, ahead of the message that
+ * holds the word. They are skipped (reason `no_features`), as texts without characters are. Only
+ * a vector equal to that one is looked at: a text whose features all land there has it too.
+ */
+function withoutFeatureless(texts: string[], vectors: number[][]): EmbedOutcome {
+  const skipped: EmbedOutcome['skipped'] = [];
+  const out = vectors.map((v, index) => {
+    if (v[0] !== 1 || hasLocalFeatures(texts[index]!)) return v;
+    skipped.push({ index, reason: 'no_features' });
+    return null;
+  });
+  return { vectors: out, skipped };
 }
