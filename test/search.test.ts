@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { buildAnnIndex } from '../db/queries/ann-indexes.js';
 import { SESSION_SCAN_MAX_MESSAGES, searchCandidates } from '../db/queries/search.js';
@@ -17,7 +17,12 @@ import type { Db, QueryOptions } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
 import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import { refreshTableStatistics } from '../services/search/table-statistics.js';
-import { FTS_CJK_PASS, backfillCjkTsvectors } from '../services/search/fts-backfill.js';
+import {
+  FTS_CJK_PASS,
+  FTS_LONG_PASS,
+  backfillCjkTsvectors,
+  backfillLongTsvectors,
+} from '../services/search/fts-backfill.js';
 import type { SearchHit, SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -456,6 +461,68 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       );
       const again = await backfillCjkTsvectors({ db: svc.deps.db, logger: quiet });
       assert.deepEqual(again, { scanned: 0, updated: 0, done: true }, 'once through, it is done');
+    } finally {
+      await svc.deps.queues.maintenance.resume();
+    }
+  });
+
+  void test('full text covers a long message whole, and a megabyte of distinct tokens up to where it fits', async () => {
+    const s = sid('long');
+    const long = `lorem ipsum ${'dolor sit amet consectetur '.repeat(3000)}zebrafinish`;
+    assert.ok(long.length > 70_000);
+    // 27,000 UUIDs: a hyphenated token is indexed whole and in parts, ~2 MB of lexemes, over
+    // Postgres's 1 MB per tsvector: the first 65,536 characters are indexed (and it is archived).
+    const uuids = Array.from({ length: 27_000 }, () => randomUUID()).join(' ');
+    const tokens = `startmarker ${uuids} endmarker`;
+    const [whole, capped] = await archiveSpaced(api, s, [user(long), user(tokens)]);
+    await moveCutoff(s, capped! + 4);
+    const kw = async (query: string) => {
+      const r = await search(api, s, { query, match: 'keyword' });
+      assert.ok(r.body.hits.every((h) => h.source === 'archive'));
+      return r.body.hits.map((h) => h.seq);
+    };
+    assert.deepEqual(await kw('zebrafinish'), [whole], 'a word after the first 65,536 characters');
+    assert.deepEqual(await kw('lorem'), [whole]);
+    assert.deepEqual(await kw('startmarker'), [capped]);
+    assert.deepEqual(await kw('endmarker'), [], 'past the part that fits');
+  });
+
+  void test('the backfill indexes long rows archived before whole-text indexing, and only theirs', async () => {
+    const s = sid('backfill-long');
+    const long = `lorem ipsum ${'dolor sit amet consectetur '.repeat(3000)}zebrafinish`;
+    const [old, short] = await archiveSpaced(api, s, [user(long), user('a short note')]);
+    await moveCutoff(s, short! + 4);
+    // What rows archived before 2026-12-01 hold: the first 65,536 characters only.
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = to_tsvector('english', left(content, 65536))
+       WHERE tenant_id = $1 AND session_id = $2 AND seq = $3`,
+      [tenantId, s, old],
+    );
+    const stale = `to_tsvector('english', 'stale')`;
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = ${stale} WHERE tenant_id = $1 AND session_id = $2 AND seq = $3`,
+      [tenantId, s, short],
+    );
+    assert.deepEqual(await hitSeqs(api, s, { query: 'zebrafinish', match: 'keyword' }), []);
+    await svc.deps.queues.maintenance.pause();
+    try {
+      await svc.deps.db.query(`UPDATE maintenance_state SET state = '{}', done_at = NULL WHERE name = $1`, [
+        FTS_LONG_PASS,
+      ]);
+      const quiet = { info: () => undefined } as never;
+      let runs = 0;
+      for (let done = false; !done; runs++) {
+        ({ done } = await backfillLongTsvectors(
+          { db: svc.deps.db, logger: quiet },
+          { batch: 3, maxBatches: 2 },
+        ));
+      }
+      assert.deepEqual(await hitSeqs(api, s, { query: 'zebrafinish', match: 'keyword' }), [old]);
+      const tsv = await svc.deps.db.query<{ stale: boolean }>(
+        `SELECT search_tsv = ${stale} AS stale FROM messages WHERE tenant_id = $1 AND session_id = $2 AND seq = $3`,
+        [tenantId, s, short],
+      );
+      assert.equal(tsv.rows[0]!.stale, true, 'a short row is left as it is');
     } finally {
       await svc.deps.queues.maintenance.resume();
     }

@@ -1,4 +1,5 @@
 import type { Queryable } from '../pool.js';
+import { FTS_EN_SAFE } from '../../services/text/fts-text.js';
 
 export interface ArchiveInsertRow {
   seq: number;
@@ -20,8 +21,16 @@ export interface ArchiveInsertRow {
   fts_cjk: string | null;
 }
 
-/** The stored tsvector of a row `x` of insertArchiveBatch's input (see there). */
-export const ARCHIVE_TSVECTOR_SQL = `CASE WHEN x.fts_cjk IS NULL THEN to_tsvector('english', coalesce(x.fts_en, x.content))
+/**
+ * The stored tsvector of a row `x` of insertArchiveBatch's input (see there). An English input of
+ * more than FTS_EN_SAFE bytes goes through `mnemos_archive_tsvector` (migration 011), which indexes
+ * the first FTS_EN_SAFE characters instead when the whole would exceed Postgres's 1 MB of lexemes;
+ * `octet_length` is known without reading the text, and bytes bound characters.
+ */
+export const ARCHIVE_TSVECTOR_SQL = `CASE
+         WHEN octet_length(coalesce(x.fts_en, x.content)) > ${FTS_EN_SAFE}
+           THEN mnemos_archive_tsvector(coalesce(x.fts_en, x.content), x.fts_cjk)
+         WHEN x.fts_cjk IS NULL THEN to_tsvector('english', coalesce(x.fts_en, x.content))
          ELSE to_tsvector('english', coalesce(x.fts_en, x.content)) || x.fts_cjk::tsvector END`;
 
 /**

@@ -7,49 +7,88 @@ import {
 } from '../../db/queries/fts-backfill.js';
 import { DRAIN_MAX_BYTES, ftsColumns, searchableText } from '../../workers/ingest.js';
 import type { CoreDeps } from '../deps.js';
-import { hasCjk } from '../text/fts-text.js';
+import { FTS_EN_SAFE, hasCjk } from '../text/fts-text.js';
 
 export const FTS_CJK_PASS = 'fts-cjk-v2';
+export const FTS_LONG_PASS = 'fts-long-v3';
+
+interface BackfillOptions {
+  batch?: number;
+  maxBatches?: number;
+  maxBytes?: number;
+}
+
+type BackfillResult = { scanned: number; updated: number; done: boolean };
 
 /**
- * One run of the `fts-backfill` maintenance task: re-derives the tsvector of archive rows that
- * hold CJK text, which rows archived before 2026-12-01 got without the position gap between CJK
- * runs and with the katakana prolonged sound mark (ー) as a word break, so that today's queries
- * would miss `サーバー` in them. Walks the archive in primary-key order, `batch` rows (and at most
- * 16 MiB of messages) at a time, at most `maxBatches` per run, and records where it stopped
- * (migration 010); once through, it is done and every later run is one SELECT. Rows archived
- * since are derived the same way already: re-deriving them changes nothing.
+ * One run of the first pass of the `fts-backfill` maintenance task: re-derives the tsvector of
+ * archive rows that hold CJK text, which rows archived before 2026-12-01 got without the position
+ * gap between CJK runs and with the katakana prolonged sound mark (ー) as a word break, so that
+ * today's queries would miss `サーバー` in them.
  */
-export async function backfillCjkTsvectors(
+export function backfillCjkTsvectors(
   deps: Pick<CoreDeps, 'db' | 'logger'>,
-  opts: { batch?: number; maxBatches?: number; maxBytes?: number } = {},
-): Promise<{ scanned: number; updated: number; done: boolean }> {
+  opts: BackfillOptions = {},
+): Promise<BackfillResult> {
+  return backfillPass(deps, opts, { name: FTS_CJK_PASS, what: 'CJK rows', minBytes: 0, wants: hasCjk });
+}
+
+/**
+ * The second pass: rows whose searchable text is longer than FTS_EN_SAFE, whose English part was
+ * cut there before 2026-12-01 (services/text/fts-text.ts), get their whole text indexed. A row's
+ * `bytes` (its stored JSON) is at least its searchable text's length, so only rows above that
+ * size are read.
+ */
+export function backfillLongTsvectors(
+  deps: Pick<CoreDeps, 'db' | 'logger'>,
+  opts: BackfillOptions = {},
+): Promise<BackfillResult> {
+  return backfillPass(deps, opts, {
+    name: FTS_LONG_PASS,
+    what: 'long rows',
+    minBytes: FTS_EN_SAFE + 1,
+    wants: (text) => text.length > FTS_EN_SAFE,
+  });
+}
+
+/**
+ * A pass walks the archive in primary-key order, `batch` rows (and at most 16 MiB of messages) at
+ * a time, at most `maxBatches` per run, and records where it stopped (maintenance_state,
+ * migrations 010 and 011); once through, it is done and every later run is one SELECT. Rows
+ * archived since are derived the same way already: re-deriving them changes nothing.
+ */
+async function backfillPass(
+  deps: Pick<CoreDeps, 'db' | 'logger'>,
+  opts: BackfillOptions,
+  p: { name: string; what: string; minBytes: number; wants: (text: string) => boolean },
+): Promise<BackfillResult> {
   const out = { scanned: 0, updated: 0, done: true };
-  const pass = await loadPass(deps.db, FTS_CJK_PASS);
+  const pass = await loadPass(deps.db, p.name);
   if (!pass || pass.done) return out;
   let cursor = pass.cursor;
   for (let i = 0; i < (opts.maxBatches ?? 50); i++) {
     const keys = await archiveKeysAfter(deps.db, cursor, opts.batch ?? 1000);
     if (keys.length === 0) {
-      await savePass(deps.db, FTS_CJK_PASS, cursor, true);
-      deps.logger.info(out, 'full-text backfill of CJK rows done');
+      await savePass(deps.db, p.name, cursor, true);
+      deps.logger.info(out, `full-text backfill of ${p.what} done`);
       return out;
     }
     // Messages of up to 1 MiB each: read no more than a drain writes at once (at least one).
     let size = 0;
     const take = keys.filter((k, j) => (size += k.bytes) <= (opts.maxBytes ?? DRAIN_MAX_BYTES) || j === 0);
-    const rows = await archiveTexts(deps.db, take);
-    const cjk = rows.flatMap((r) => {
+    const candidates = take.filter((k) => k.bytes >= p.minBytes);
+    const rows = candidates.length > 0 ? await archiveTexts(deps.db, candidates) : [];
+    const wanted = rows.flatMap((r) => {
       const text = searchableText(r);
-      if (!hasCjk(text)) return [];
+      if (!p.wants(text)) return [];
       const { tenant_id, session_id, seq, content } = r;
       return [{ tenant_id, session_id, seq, content, ...ftsColumns(text, content) }];
     });
-    out.updated += await rederiveTsvectors(deps.db, cjk);
+    out.updated += await rederiveTsvectors(deps.db, wanted);
     out.scanned += take.length;
     const last = take[take.length - 1]!;
     cursor = { tenant_id: last.tenant_id, session_id: last.session_id, seq: last.seq };
-    await savePass(deps.db, FTS_CJK_PASS, cursor, false);
+    await savePass(deps.db, p.name, cursor, false);
   }
   return { ...out, done: false };
 }

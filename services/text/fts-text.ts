@@ -5,12 +5,17 @@
  * (no parser or dictionary involved), and searches build their CJK tsqueries the same way
  * (services/search/parse-query.ts), so the two cannot disagree.
  *
- * Both parts are capped so that no accepted message (content ≤ 1 MiB) can produce a tsvector
- * over Postgres's 1 MB limit: 64k characters of non-CJK text make at most ~32k lexemes (~400 KB
- * worst case), 32k CJK characters at most 32k bigrams (~390 KB).
+ * No accepted message may produce a tsvector over Postgres's 1 MB of lexemes (the drain's INSERT
+ * would fail on every attempt). The CJK part is capped here: 32k CJK characters make at most 32k
+ * bigrams (~390 KB worst case). The English part is the whole text (up to FTS_EN_MAX UTF-16
+ * units, a bound on work: content is at most 1 MiB): the database indexes the first FTS_EN_SAFE
+ * characters instead when the whole would not fit (migration 011), and 64k characters of
+ * non-CJK text make at most ~32k lexemes (~400 KB worst case). Until 2026-12-01 the English part
+ * was always cut at FTS_EN_SAFE, and the end of a long message was never found by full text.
  */
 
-export const FTS_EN_CAP = 65_536;
+export const FTS_EN_MAX = 1_048_576;
+export const FTS_EN_SAFE = 65_536;
 export const FTS_CJK_CAP = 32_768;
 
 /**
@@ -78,7 +83,7 @@ export function cutUnits(s: string, max: number): string {
 
 /** The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`. */
 export function ftsDocument(text: string): { en: string; cjk: string } {
-  const cap = (s: string) => cutUnits(s, FTS_EN_CAP);
+  const cap = (s: string) => cutUnits(s, FTS_EN_MAX);
   // Most messages have no CJK: one scan instead of three.
   if (!hasCjk(text)) return { en: cap(text), cjk: '' };
   return { en: cap(text.replace(CJK_RUN, ' ')), cjk: cjkTsvector(text, FTS_CJK_CAP) };

@@ -1,0 +1,22 @@
+-- The archive's tsvector of a message whose English input is longer than 65,536 bytes
+-- (db/queries/messages.ts, ARCHIVE_TSVECTOR_SQL). Until 2026-12-01 that input was cut at 65,536
+-- characters, so that no message could exceed Postgres's 1 MB of lexemes per tsvector, and the
+-- words of a long tool output past that point were never found once it left the recent part. Now
+-- the whole text is indexed; only when its lexemes would exceed the limit (about a megabyte of
+-- distinct tokens: hashes, ids, base64) is the first 65,536 characters indexed instead, which fits
+-- by construction (services/text/fts-text.ts). The exception block costs a subtransaction, so
+-- only such long rows come here.
+CREATE FUNCTION mnemos_archive_tsvector(en text, cjk text)
+RETURNS tsvector
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  BEGIN
+    RETURN to_tsvector('english', en) || coalesce(cjk, '')::tsvector;
+  EXCEPTION WHEN program_limit_exceeded THEN
+    RETURN to_tsvector('english', left(en, 65536)) || coalesce(cjk, '')::tsvector;
+  END;
+END $$;
+
+-- A second pass of the fts-backfill task (services/search/fts-backfill.ts): archive rows whose
+-- searchable text is longer than the old cut get their whole text indexed.
+INSERT INTO maintenance_state (name) VALUES ('fts-long-v3');
