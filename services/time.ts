@@ -119,7 +119,10 @@ export function parseSentAt(value: string, zone: string): bigint | string {
     let offsetMin = 0;
     if (tz !== 'Z' && tz !== 'z') {
       const sign = tz[0] === '-' ? -1 : 1;
-      offsetMin = sign * (Number(tz.slice(1, 3)) * 60 + Number(tz.slice(4, 6)));
+      const [oh, om] = [Number(tz.slice(1, 3)), Number(tz.slice(4, 6))];
+      // RFC 3339's offset is a time of day: +24:00 or +05:60 is no offset.
+      if (oh > 23 || om > 59) return 'not a valid UTC offset';
+      offsetMin = sign * (oh * 60 + om);
     }
     const ms = Date.UTC(y, mo - 1, d, h, mi, s) - offsetMin * 60_000;
     if (ms < 0) return 'dates before 1970 are not supported';

@@ -150,6 +150,18 @@ void describe('ingestion', () => {
       [{ messages: [user('x', { sent_at: 1767323045000000000 })] }, 400, 'validation_failed', /sent_at/],
       [{ messages: [user('x', { sent_at: 'yesterday' })] }, 400, 'validation_failed', /sent_at/],
       [{ messages: [user('x', { sent_at: '2026-02-30T00:00:00Z' })] }, 400, 'validation_failed', /sent_at/],
+      [
+        { messages: [user('x', { sent_at: '2026-01-02T03:04:05+24:00' })] },
+        400,
+        'validation_failed',
+        /offset/,
+      ],
+      [
+        { messages: [user('x', { sent_at: '2026-01-02T03:04:05-05:60' })] },
+        400,
+        'validation_failed',
+        /offset/,
+      ],
       // Past int64 nanoseconds (2262-04-11T23:47:16.854775807Z) in every form: a 400, never an
       // accepted message that no drain can store (it would hold the session's later ones back).
       [{ messages: [user('x', { sent_at: '2262-04-12T00:00:00Z' })] }, 400, 'validation_failed', /2262/],
