@@ -12,7 +12,17 @@ import { EmbeddedLockedError, EmbeddedReentryError, openPgliteDb } from '../db/e
 import type { EmbeddedDb } from '../db/embedded.js';
 import { migrate } from '../db/migrate.js';
 import { initVectorIndex, insertSessionVectors } from '../db/queries/vectors.js';
-import { ADMIN_TOKEN, REDIS_URL, api, deleteRedisPrefix, eventually, testPrefix } from './support/harness.js';
+import { ReembedBusyError, reembed, reembedCommand } from '../services/recent-index/reembed.js';
+import { makeEmbedder } from '../services/recent-index/embedder.js';
+import {
+  ADMIN_TOKEN,
+  REDIS_URL,
+  api,
+  deleteRedisPrefix,
+  eventually,
+  testConfig,
+  testPrefix,
+} from './support/harness.js';
 import type { Api, Res } from './support/harness.js';
 import { freePort } from './support/private-redis.js';
 
@@ -460,6 +470,27 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     await writeFile(lock, JSON.stringify({ pid: dead, host: hostname() }));
     db = await openPgliteDb(dir);
     assert.equal((JSON.parse(await readFile(lock, 'utf8')) as { pid: number }).pid, process.pid);
+  });
+
+  void it('mnemos reembed resumes a run killed mid-way without --force: the lock proves it is gone', async () => {
+    // What a reembed killed with -9 leaves: its lease, taken a moment ago.
+    await db.query('DELETE FROM vector_index');
+    await initVectorIndex(db, 'local-hash', 256);
+    await db.query(
+      `UPDATE vector_index SET state = 'reembedding', target_model = 'local-hash', target_dimensions = 384,
+         reembed_id = 'killed', reembed_started_at = now(), updated_at = now()`,
+    );
+    const config = testConfig({ MNEMOS_DATA_DIR: dir });
+    const embedder = makeEmbedder(config, null);
+    // Against Postgres the same lease means another process may be at work.
+    await assert.rejects(reembed(db, config, embedder), ReembedBusyError);
+    const lines: string[] = [];
+    const result = await reembedCommand(db, config, { print: (l) => lines.push(l) });
+    assert.equal(result.status, 'rebuilt', lines.join('\n'));
+    const index = await db.query<{ model: string; dimensions: number; state: string }>(
+      'SELECT model, dimensions, state FROM vector_index',
+    );
+    assert.deepEqual(index.rows, [{ model: 'local-hash', dimensions: 384, state: 'ready' }]);
   });
 
   void it('persists across close and reopen', async () => {

@@ -85,7 +85,13 @@ export async function reembed(
   db: Db,
   config: Pick<Config, 'embedRoles'>,
   embedder: Embedder,
-  opts: { batchSize?: number; force?: boolean; onProgress?: (p: ReembedProgress) => void } = {},
+  opts: {
+    batchSize?: number;
+    force?: boolean;
+    /** No other process can hold the database (embedded mode's data-directory lock): a lease is stale. */
+    exclusive?: boolean;
+    onProgress?: (p: ReembedProgress) => void;
+  } = {},
 ): Promise<ReembedResult> {
   const target = { model: embedder.model, dimensions: embedder.dimensions };
   const batchSize = opts.batchSize ?? 128;
@@ -113,7 +119,7 @@ export async function reembed(
       index.state === 'reembedding' &&
       index.reembed_id !== null &&
       Date.now() - index.updated_at.getTime() < REEMBED_LEASE_MS;
-    if (alive && !opts.force) {
+    if (alive && !opts.force && !opts.exclusive) {
       throw new ReembedBusyError(
         `another reembed to ${index.target_model}/${index.target_dimensions} is running (last progress ` +
           `${index.updated_at.toISOString()}); wait for it, or pass --force if that process is gone`,
@@ -235,6 +241,9 @@ export async function reembedCommand(
   const result = await reembed(db, config, embedder, {
     ...(opts.batchSize !== undefined ? { batchSize: opts.batchSize } : {}),
     ...(opts.force !== undefined ? { force: opts.force } : {}),
+    // Embedded mode: this process holds the data directory's lock, so a reembed that left its
+    // lease behind (killed) is gone, and the rerun resumes it without --force.
+    exclusive: db.kind !== 'postgres',
     onProgress: (p) => {
       if (Date.now() - lastPrint < 2000) return;
       lastPrint = Date.now();
