@@ -141,6 +141,13 @@ void describe('ingestion', () => {
       [{ messages: [user('nul \u0000 here')] }, 400, 'invalid_characters', /messages\[0\]\.content/],
       [{ messages: [user('lone \ud800 surrogate')] }, 400, 'invalid_characters'],
       [{ messages: [user('x', { metadata: { k: 'a\u0000b' } })] }, 400, 'invalid_characters', /metadata\.k/],
+      // A number JSON.parse reads as Infinity would have been stored as null.
+      [
+        '{"messages":[{"role":"user","content":"x","metadata":{"n":[1,-1e400]}}]}',
+        400,
+        'validation_failed',
+        /metadata\.n\[1\].*range of a double/,
+      ],
       [
         { messages: [user('x', { id: 'a' }), user('y', { id: 'a' })] },
         400,

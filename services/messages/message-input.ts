@@ -140,7 +140,7 @@ export const MAX_JSON_DEPTH = 64;
 /**
  * The path of the first value nested deeper than MAX_JSON_DEPTH below `v`, or null. Iterative, so
  * that a body of 100,000 nested arrays is a 400 here rather than a stack overflow in a recursive
- * walk (findBadString, stableStringify, JSON.stringify) after it.
+ * walk (findBadValue, stableStringify, JSON.stringify) after it.
  */
 function tooDeep(v: unknown, path: (string | number)[]): string | null {
   interface Node {
@@ -168,17 +168,27 @@ function tooDeep(v: unknown, path: (string | number)[]): string | null {
   return null;
 }
 
-function findBadString(v: unknown, path: (string | number)[]): string | null {
-  if (typeof v === 'string') return BAD_CHARS.test(v) ? fieldPath(path) : null;
+interface BadValue {
+  path: string;
+  kind: 'chars' | 'number';
+}
+
+/**
+ * The first string (or key) with a NUL or a lone surrogate, or the first number JSON.parse could
+ * not hold (`1e400` reads as Infinity, which would be stored as null).
+ */
+function findBadValue(v: unknown, path: (string | number)[]): BadValue | null {
+  if (typeof v === 'string') return BAD_CHARS.test(v) ? { path: fieldPath(path), kind: 'chars' } : null;
+  if (typeof v === 'number') return Number.isFinite(v) ? null : { path: fieldPath(path), kind: 'number' };
   if (Array.isArray(v)) {
     for (let i = 0; i < v.length; i++) {
-      const r = findBadString(v[i], [...path, i]);
+      const r = findBadValue(v[i], [...path, i]);
       if (r) return r;
     }
   } else if (v && typeof v === 'object') {
     for (const [k, x] of Object.entries(v)) {
-      if (BAD_CHARS.test(k)) return fieldPath([...path, k]);
-      const r = findBadString(x, [...path, k]);
+      if (BAD_CHARS.test(k)) return { path: fieldPath([...path, k]), kind: 'chars' };
+      const r = findBadValue(x, [...path, k]);
       if (r) return r;
     }
   }
@@ -213,16 +223,22 @@ export function parseMessages(body: unknown, timeZone: string): AcceptedMessage[
         problems: [{ path: deep, message }],
       });
     }
-    const bad = findBadString(raw, ['messages', i]);
-    if (bad) {
+    const bad = findBadValue(raw, ['messages', i]);
+    if (bad?.kind === 'chars') {
       throw new AppError(
         400,
         'invalid_characters',
-        `${bad}: NUL characters and lone surrogates are not allowed`,
+        `${bad.path}: NUL characters and lone surrogates are not allowed`,
         {
-          problems: [{ path: bad, message: 'NUL characters and lone surrogates are not allowed' }],
+          problems: [{ path: bad.path, message: 'NUL characters and lone surrogates are not allowed' }],
         },
       );
+    }
+    if (bad) {
+      const message = 'a number beyond the range of a double (it would be stored as null)';
+      throw new AppError(400, 'validation_failed', `${bad.path}: ${message}`, {
+        problems: [{ path: bad.path, message }],
+      });
     }
     const m = parseInput(messageSchema, raw, `messages[${i}]`, ['messages', i]);
     const text = flattenText(m.content);
