@@ -441,6 +441,12 @@ void describe('ingestion', () => {
     const both = await t.api.get('/v1/sessions?limit=2');
     assert.equal(both.body.sessions.length, 2);
     assert.equal(both.body.next, null);
+    // A cursor is the id of the previous page's last session; anything else is a 400.
+    for (const cursor of ['a%20b', '%FF', 'x'.repeat(257), '..%2F']) {
+      const r = await t.api.get(`/v1/sessions?cursor=${cursor}`);
+      assert.equal(r.status, 400, cursor);
+      assert.match(JSON.stringify(r.body.error), /cursor/);
+    }
   });
 
   void test('no route reads or changes another tenant’s session or job', async () => {

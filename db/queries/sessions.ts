@@ -63,7 +63,7 @@ export async function getSession(
   return r.rows[0] ?? null;
 }
 
-/** Keyset page over live sessions, newest activity first (cursor = last id of the previous page). */
+/** Keyset page over live sessions in id order (cursor = last id of the previous page). */
 export async function listSessions(
   q: Queryable,
   tenantId: string,

@@ -8,7 +8,7 @@ export const MAX_MESSAGES_PER_REQUEST = 1000;
 export const MAX_CONTENT_BYTES = 1024 * 1024;
 export const MAX_METADATA_BYTES = 16 * 1024;
 
-const SESSION_ID_RE = /^[A-Za-z0-9._:@-]{1,256}$/;
+export const SESSION_ID_RE = /^[A-Za-z0-9._:@-]{1,256}$/;
 
 export function assertSessionId(sid: string): string {
   if (!SESSION_ID_RE.test(sid) || sid === '.' || sid === '..') {

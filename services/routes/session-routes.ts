@@ -8,10 +8,16 @@ import type { CoreDeps } from '../deps.js';
 import { notFound } from '../errors.js';
 import { acceptMessages, confirmArchived, waitArchived } from '../messages/accept-messages.js';
 import { inboxKeys } from '../messages/inbox.js';
-import { assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
+import { SESSION_ID_RE, assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { nsToRfc3339 } from '../time.js';
 import { limitParam, listQuery, noQuery, pageOf, parseInput } from '../validate.js';
+
+/** The sessions list's cursor is the id of the previous page's last session (ids sort as text). */
+const sessionListQuery = listQuery.refine((q) => q.cursor === undefined || SESSION_ID_RE.test(q.cursor), {
+  message: 'cursor must be a session id (the `next` of the previous page)',
+  path: ['cursor'],
+});
 
 const WAIT_TIMEOUT_MS = 10_000;
 
@@ -67,7 +73,7 @@ export const sessionRoutesMeta: Record<string, RouteMeta> = {
     success: [202, 201],
   },
   'GET /:sid/messages': { summary: 'Page through the archive in seq order', query: pageQuery },
-  'GET /': { summary: 'List sessions', query: listQuery },
+  'GET /': { summary: 'List sessions', query: sessionListQuery },
   'GET /:sid': { summary: 'Session counters, cutoff and summary state' },
 };
 
@@ -113,7 +119,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
   });
 
   router.get('/', async (req, res) => {
-    const q = parseInput(listQuery, req.query, 'query');
+    const q = parseInput(sessionListQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
     const limit = q.limit ?? 100;
     const page = pageOf(await listSessions(deps.db, tenantId, q.cursor ?? null, limit + 1), limit);
