@@ -208,8 +208,54 @@ void describe('agent tools', () => {
       messages: Array.from({ length: 16 }, (_, i) => user(`filler ${i}`)),
     });
     const text = await call(a.api, 'big', 'chat_history', { keyword: 'zebra', match: 'keyword', limit: 32 });
-    assert.ok(text.length <= MAX_OUTPUT_CHARS + 200, `output ${text.length} chars`);
+    assert.ok(text.length <= MAX_OUTPUT_CHARS, `output ${text.length} chars`);
     assert.match(text, /more not shown|clipped/);
+  });
+
+  void test('a matched line shows the message whole: its tool calls and its name', async () => {
+    const messages: unknown[] = [
+      user('list the files'),
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [
+          { id: 'c1', type: 'function', function: { name: 'shell', arguments: '{"cmd":"ls zebraquux"}' } },
+        ],
+      },
+      { role: 'tool', tool_call_id: 'c1', name: 'shell', content: 'a.txt b.txt' },
+      { role: 'user', name: 'alice', content: 'what about narwhalquux?' },
+      ...Array.from({ length: 20 }, (_, i) => user(`filler ${i}`)),
+    ];
+    await a.api.post('/v1/sessions/whole/messages?wait=true', { messages });
+    const calls = await call(a.api, 'whole', 'chat_history', { keyword: 'zebraquux', match: 'keyword' });
+    assert.match(calls, /^> \[.* · assistant · #2\] \[calls: shell\(\{"cmd":"ls zebraquux"\}\)\]$/m);
+    const named = await call(a.api, 'whole', 'chat_history', { keyword: 'narwhalquux', match: 'keyword' });
+    assert.match(named, /^> \[.* · user:alice · #4\] what about narwhalquux\?$/m);
+    assert.match(named, /^ {2}\[.* · tool:shell · #3\] a\.txt b\.txt$/m);
+  });
+
+  void test('the note about hits left out fits in the bound too', async () => {
+    // Six hits of four ~930-character messages; the first run measures, the second pads one filler
+    // so that the hits shown end right under the bound, where the note used to push it over.
+    const build = async (sid: string, pad: number) => {
+      const messages = [];
+      for (let h = 0; h < 6; h++) {
+        messages.push(user(`filler a${h} ${'p'.repeat(h === 5 ? 930 + pad : 930)}`));
+        messages.push(user(`filler b${h} ${'q'.repeat(930)}`));
+        messages.push(user(`zzalpha hit ${h} ${'r'.repeat(930)}`));
+        messages.push(user(`filler c${h} ${'s'.repeat(930)}`));
+      }
+      for (let i = 0; i < 16; i++) messages.push(user(`tail ${i}`));
+      await a.api.post(`/v1/sessions/${sid}/messages?wait=true`, { messages });
+      return call(a.api, sid, 'chat_history', { keyword: 'zzalpha', match: 'keyword', limit: 6 });
+    };
+    const first = await build('bound-1', 0);
+    const note = first.slice(first.lastIndexOf('\n\n…['));
+    assert.match(note, /more not shown/);
+    for (const target of [MAX_OUTPUT_CHARS - 2, MAX_OUTPUT_CHARS - 110]) {
+      const text = await build(`bound-${target}`, target - (first.length - note.length));
+      assert.ok(text.length <= MAX_OUTPUT_CHARS, `output ${text.length} chars`);
+    }
   });
 
   void test('write_error then error_history finds and reads it; tenants never see each other', async () => {

@@ -58,6 +58,11 @@ export interface SearchHit {
   context: StoredMessage[];
 }
 
+/** A hit with the whole message as `GET …/messages` shows it (name, tool calls: the agent tools show them). */
+export interface DetailedHit extends SearchHit {
+  message: StoredMessage;
+}
+
 export type SearchDeps = Pick<CoreDeps, 'db' | 'config' | 'llm' | 'logger' | 'metrics'>;
 
 const DURATION_METRIC = 'mnemos_search_duration_seconds';
@@ -86,6 +91,17 @@ export async function searchSession(
   sessionId: string,
   params: SearchParams,
 ): Promise<{ hits: SearchHit[] }> {
+  const { hits } = await searchSessionDetailed(deps, tenantId, sessionId, params);
+  return { hits: hits.map(({ message: _message, ...hit }) => hit) };
+}
+
+/** searchSession, each hit with its whole message. */
+export async function searchSessionDetailed(
+  deps: SearchDeps,
+  tenantId: string,
+  sessionId: string,
+  params: SearchParams,
+): Promise<{ hits: DetailedHit[] }> {
   const end = searchDuration(deps.metrics.registry).startTimer({ match: params.match });
   try {
     return await run(deps, tenantId, sessionId, params);
@@ -99,7 +115,7 @@ async function run(
   tenantId: string,
   sessionId: string,
   params: SearchParams,
-): Promise<{ hits: SearchHit[] }> {
+): Promise<{ hits: DetailedHit[] }> {
   const parsed = parseSearchQuery(params.query);
   const days = params.time_range === 'all' ? null : TIME_RANGE_DAYS[params.time_range];
   const filters: SearchFilters = {
@@ -203,7 +219,7 @@ async function expand(
   ranked: Candidate[],
   fetched: Pick<SearchPrefetch, 'around' | 'rows'>,
   limit: number,
-): Promise<SearchHit[]> {
+): Promise<DetailedHit[]> {
   if (ranked.length === 0) return [];
   let neighbours = fetched.around;
   for (const list of neighbours.values()) list.sort((a, b) => a - b);
@@ -230,7 +246,7 @@ async function expand(
     const r = bySeq.get(seq);
     return r && toStoredMessage(r);
   };
-  const hits: SearchHit[] = [];
+  const hits: DetailedHit[] = [];
   for (const { hit, context } of chosen) {
     const m = stored(hit.seq);
     // Gone since it was ranked (reset or delete between the two statements): leave it out.
@@ -244,6 +260,7 @@ async function expand(
       score: hit.score,
       source: hit.archive && hit.recent ? 'both' : hit.archive ? 'archive' : 'recent',
       context: context.flatMap((s) => stored(s) ?? []),
+      message: m,
     });
   }
   return hits;

@@ -8,8 +8,8 @@ import { ERROR_ID_RE } from '../error-memory/types.js';
 import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
 import { errorWriteBody } from '../routes/error-routes.js';
-import { searchBodySchema, searchSession } from '../search/search-session.js';
-import type { SearchHit } from '../search/search-session.js';
+import { searchBodySchema, searchSessionDetailed } from '../search/search-session.js';
+import type { DetailedHit } from '../search/search-session.js';
 import { TOOL_NAMES } from './tool-definitions.js';
 import type { ToolName } from './tool-definitions.js';
 
@@ -75,8 +75,10 @@ export function formatMessage(m: StoredMessage, timeZone: string): string {
 function bounded(blocks: string[], header: string): string {
   let out = header;
   let shown = 0;
+  // Room for the note about what was left out (at most 100 characters with its count).
+  const budget = MAX_OUTPUT_CHARS - 100;
   for (const b of blocks) {
-    if (out.length + b.length + 2 > MAX_OUTPUT_CHARS) break;
+    if (out.length + b.length + 2 > budget) break;
     out += `\n\n${b}`;
     shown++;
   }
@@ -114,8 +116,8 @@ function boundedLines(
   return `${header}\n\n${more(left, left - 1)}\n\n${lines.slice(left).join('\n')}`;
 }
 
-function formatHit(h: SearchHit, timeZone: string): string {
-  const lines = [...h.context, { ...h, sent_at_ns: '' } as StoredMessage].sort((a, b) => a.seq - b.seq);
+function formatHit(h: DetailedHit, timeZone: string): string {
+  const lines = [...h.context, h.message].sort((a, b) => a.seq - b.seq);
   return lines.map((m) => `${m.seq === h.seq ? '> ' : '  '}${formatMessage(m, timeZone)}`).join('\n');
 }
 
@@ -190,9 +192,9 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
       const field = i.path[0] === 'query' || i.path.length === 0 ? 'keyword' : i.path.join('.');
       throw guidance('chat_history', `${field}: ${i.message}`, ex);
     }
-    let hits: SearchHit[];
+    let hits: DetailedHit[];
     try {
-      ({ hits } = await searchSession(deps.core, tenantId, sid, parsed.data));
+      ({ hits } = await searchSessionDetailed(deps.core, tenantId, sid, parsed.data));
     } catch (err) {
       // Deleted since the check above: the same answer as if it had been gone before.
       if (err instanceof AppError && err.status === 404) return empty;
