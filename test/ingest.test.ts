@@ -125,6 +125,23 @@ void describe('ingestion', () => {
     assert.equal(other.body.error.code, 'id_conflict');
   });
 
+  void test('last_message_at is the newest sent_at cut to microseconds, never after it', async () => {
+    const t = await svc.newTenant();
+    for (const [sid, sentAt, want] of [
+      ['lm1', '2026-03-04T05:06:07.123999999Z', '2026-03-04T05:06:07.123Z'],
+      ['lm2', '2026-01-02T03:04:05.999999999Z', '2026-01-02T03:04:05.999Z'],
+    ] as const) {
+      const r = await t.api.post(`/v1/sessions/${sid}/messages?wait=true`, {
+        messages: [user('x', { sent_at: sentAt })],
+      });
+      assert.equal(r.status, 201);
+      const at = (await t.api.get(`/v1/sessions/${sid}`)).body.last_message_at as string;
+      // JSON dates have milliseconds: .123999 shows as .123 (it was rounded up to .124, and
+      // .999999999 to the next second).
+      assert.equal(at, want, sid);
+    }
+  });
+
   void test('every validation path is a 4xx naming the field, and stores nothing', async () => {
     const t = await svc.newTenant();
     const cases: Array<[unknown, number, string, RegExp?]> = [

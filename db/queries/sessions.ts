@@ -97,7 +97,8 @@ export async function recordArchived(
        message_count = message_count + $4::int,
        hot_bytes = hot_bytes + $5::bigint,
        last_message_at = CASE WHEN $6::bigint IS NULL THEN last_message_at
-         ELSE GREATEST(last_message_at, to_timestamp($6::bigint / 1e9)) END,
+         ELSE GREATEST(last_message_at, to_timestamp($6::bigint / 1000000000)
+           + ($6::bigint % 1000000000 / 1000) * interval '1 microsecond') END,
        deleted_at = CASE WHEN $4::int > 0 THEN NULL ELSE deleted_at END,
        -- A deleted session written to again is a new session: it starts now (SET reads old values).
        created_at = CASE WHEN $4::int > 0 AND deleted_at IS NOT NULL THEN now() ELSE created_at END
