@@ -262,8 +262,12 @@ void describe('reset', () => {
         [2, 3],
       );
       assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 2);
+      const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
+      const before = await dropped();
       assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 200);
       assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 0);
+      // Accepted and never archived: counted, so that accepted = archived + dropped.
+      assert.equal((await dropped()) - before, 2);
     } finally {
       await ingest.resume();
     }

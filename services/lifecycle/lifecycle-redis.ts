@@ -17,7 +17,8 @@ export const deadLetterKey = (prefix: string, tenantId: string, sessionId: strin
 // a retry of such a message must get its seq, not a new one (and another body under its id a
 // 409), also before its drain, when the archive cannot tell. A compare-and-set, so
 // it is safe to repeat at any time (by a retried request or the reconciler): it never touches a
-// state that already holds the target generation. Returns {cleared, top seq, entries left}.
+// state that already holds the target generation. Returns {cleared, top seq, entries left,
+// entries removed}.
 // A delete also marks the state `deleted`: the first message accepted after it revives the session
 // row at once (accept-messages.ts), so that the new session is visible before its first drain.
 // KEYS: sess, inbox, ids, armed, dead. ARGV: target generation, armed member, cleared-through seq,
@@ -32,6 +33,7 @@ if tail then
   if t and t > top then top = t end
 end
 local through = tonumber(ARGV[3])
+local removed = 0
 while true do
   local head = redis.call('LRANGE', KEYS[2], 0, 499)
   if #head == 0 then break end
@@ -42,6 +44,7 @@ while true do
   end
   if k == 0 then break end
   redis.call('LTRIM', KEYS[2], k, -1)
+  removed = removed + k
   if k < #head then break end
 end
 redis.call('DEL', KEYS[5])
@@ -71,7 +74,7 @@ else
   if cur then redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '0') end
   redis.call('ZREM', KEYS[4], ARGV[2])
 end
-return {1, tostring(top), left}
+return {1, tostring(top), left, removed}
 `;
 
 // Publishes a staged import as the session's inbox in one step, but only into an empty inbox of
@@ -109,7 +112,7 @@ return {'OK', wake}
 `;
 
 type Scripted = Redis & {
-  mnemosLifecycleClear?: (...args: Array<string | number>) => Promise<[number, string, number]>;
+  mnemosLifecycleClear?: (...args: Array<string | number>) => Promise<[number, string, number, number?]>;
   mnemosLifecyclePublish?: (...args: Array<string | number>) => Promise<Array<string | number>>;
 };
 
@@ -128,6 +131,8 @@ export interface ClearResult {
   topSeq: number | null;
   /** Inbox entries accepted after the cleared history (kept, armed for a flush). */
   left: number;
+  /** Inbox entries of the cleared history removed before they were archived. */
+  removed: number;
 }
 
 export async function clearToGeneration(
@@ -138,7 +143,7 @@ export async function clearToGeneration(
   clearedThroughSeq: number,
   deleted: boolean,
 ): Promise<ClearResult> {
-  const [cleared, top, left] = await scripted(redis).mnemosLifecycleClear(
+  const [cleared, top, left, removed] = await scripted(redis).mnemosLifecycleClear(
     keys.sess,
     keys.inbox,
     keys.ids,
@@ -153,6 +158,7 @@ export async function clearToGeneration(
   return {
     cleared: Number(cleared) === 1,
     left: Number(left),
+    removed: Number(removed ?? 0),
     topSeq: topSeq !== null && Number.isFinite(topSeq) && topSeq > 0 ? topSeq : null,
   };
 }

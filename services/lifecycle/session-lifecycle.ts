@@ -29,7 +29,8 @@ import { removeQueuedJobs, sessionJobs } from './queued-jobs.js';
  * repeated by the reconciler if the process dies in between.
  */
 
-export type LifecycleDeps = Pick<CoreDeps, 'db' | 'redis' | 'config' | 'queues' | 'logger'>;
+export type LifecycleDeps = Pick<CoreDeps, 'db' | 'redis' | 'config' | 'queues' | 'logger'> &
+  Partial<Pick<CoreDeps, 'metrics'>>;
 /** The process's extensions, read when needed (their purge hooks). */
 export type ExtensionList = () => readonly Extension[];
 
@@ -134,7 +135,7 @@ export async function clearSession(
  * numbers it had handed out from ever being reused, and records that Redis caught up.
  */
 export async function syncRedisGeneration(
-  deps: Pick<LifecycleDeps, 'db' | 'redis' | 'config' | 'queues'>,
+  deps: Pick<LifecycleDeps, 'db' | 'redis' | 'config' | 'queues' | 'metrics'>,
   tenantId: string,
   sessionId: string,
   generation: number,
@@ -144,6 +145,8 @@ export async function syncRedisGeneration(
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   const dead = deadLetterKey(deps.config.prefix, tenantId, sessionId);
   const c = await clearToGeneration(deps.redis, keys, dead, generation, clearedThroughSeq, deleted);
+  // Accepted, never archived, now never will be: counted as the drain counts the stale entries it drops.
+  if (c.removed > 0) deps.metrics?.messagesDropped.inc(c.removed);
   // next_seq already moved past the cleared history in the reset/delete transaction.
   await recordRedisCaughtUp(deps.db, { tenantId, sessionId, generation, nextSeq: null });
   if (c.left > 0) {
