@@ -6,19 +6,35 @@ const STATES = ['waiting', 'active', 'delayed', 'failed', 'prioritized'] as cons
 
 /**
  * Queue depth and the age of the oldest waiting job, sampled on a timer rather than per scrape
- * (a scrape must stay cheap however many processes Prometheus polls).
+ * (a scrape must stay cheap however many processes Prometheus polls). For `ingest` the age is
+ * also that of the session that has waited longest without its drain taking anything (the oldest
+ * score of the armed set, inbox.ts): a drain that keeps failing retries from BullMQ's delayed set,
+ * where no waiting job shows it, and accepted messages then wait with no job at all in sight.
  */
-export async function sampleQueues(deps: Pick<CoreDeps, 'queues' | 'metrics'>): Promise<void> {
+export async function sampleQueues(
+  deps: Pick<CoreDeps, 'queues' | 'metrics'> & Partial<Pick<CoreDeps, 'redis' | 'config'>>,
+): Promise<void> {
   const now = Date.now();
   for (const name of QUEUE_NAMES) {
     const q = deps.queues[name];
     const counts = await q.getJobCounts(...STATES);
     for (const s of STATES) deps.metrics.queueJobs.set({ queue: name, state: s }, counts[s] ?? 0);
     const [oldest] = await q.getJobs(['waiting', 'prioritized'], 0, 0, true);
-    deps.metrics.queueOldestAge.set(
-      { queue: name },
-      oldest ? Math.max(0, (now - oldest.timestamp) / 1000) : 0,
-    );
+    let since = oldest?.timestamp ?? now;
+    if (name === 'ingest' && deps.redis && deps.config) {
+      // Score 0 marks a session a reset left armed for an immediate flush: no waiting time.
+      const [, score] = await deps.redis.zrangebyscore(
+        `${deps.config.prefix}:armed`,
+        '(0',
+        '+inf',
+        'WITHSCORES',
+        'LIMIT',
+        0,
+        1,
+      );
+      if (score !== undefined) since = Math.min(since, Number(score));
+    }
+    deps.metrics.queueOldestAge.set({ queue: name }, Math.max(0, (now - since) / 1000));
   }
 }
 
@@ -28,7 +44,7 @@ export async function sampleSummaryLag(deps: Pick<CoreDeps, 'db' | 'llm' | 'metr
 }
 
 export function startQueueSampler(
-  deps: Pick<CoreDeps, 'queues' | 'metrics' | 'logger' | 'db' | 'llm'>,
+  deps: Pick<CoreDeps, 'queues' | 'metrics' | 'logger' | 'db' | 'llm' | 'redis' | 'config'>,
   everyMs = 15_000,
 ) {
   let running = false;

@@ -65,6 +65,27 @@ void describe('operations', () => {
     assert.ok(!text.includes(t.tenantId), 'no tenant ids in metrics');
   });
 
+  void test('the ingest queue’s oldest age covers accepted messages whose drain has no waiting job', async () => {
+    const t = await svc.newTenant();
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    try {
+      const r = await t.api.post('/v1/sessions/stuck/messages', {
+        messages: [{ role: 'user', content: 'x' }],
+      });
+      assert.equal(r.status, 202);
+      // As when its drain keeps failing: the job retries from the delayed set, none waits.
+      await svc.deps.queues.ingest.drain();
+      await new Promise((resolve) => setTimeout(resolve, 1100));
+      await sampleQueues(svc.deps);
+      const text = await (await fetch(`${svc.base}/metrics`)).text();
+      assert.ok(metricValue(text, 'mnemos_queue_oldest_job_age_seconds', 'queue="ingest"') >= 1, text);
+    } finally {
+      await ingest.resume();
+    }
+    await eventually(async () => (await t.api.get('/v1/sessions/stuck')).body.message_count === 1, 20_000);
+  });
+
   void test('a job that fails for good before its last attempt is counted as final', async () => {
     const failures = async (final: string) =>
       (await svc.deps.metrics.jobFailures.get()).values.find(
