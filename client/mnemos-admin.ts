@@ -18,6 +18,23 @@ export function createMnemosAdmin(options: MnemosAdminOptions) {
   const { adminToken, ...rest } = options;
   const http = makeTransport({ ...rest, token: adminToken });
   const call = <T>(spec: RequestSpec): Promise<T> => requestJson<T>(http, spec);
+  /** A list route's items, every page (the server pages at most 500 at a time). */
+  const all = async <K extends string, T>(path: string, items: K, opts: CallOptions): Promise<T[]> => {
+    const out: T[] = [];
+    let cursor: string | undefined;
+    for (;;) {
+      const page = await call<Record<K, T[]> & { next: string | null }>({
+        ...callOpts(opts),
+        method: 'GET',
+        path,
+        query: { cursor, limit: 500 },
+        idempotent: true,
+      });
+      out.push(...page[items]);
+      if (page.next === null) return out;
+      cursor = page.next;
+    }
+  };
 
   return {
     /** Not repeated after a network error: a repeat would answer 409 `tenant_exists`. */
@@ -31,14 +48,9 @@ export function createMnemosAdmin(options: MnemosAdminOptions) {
       });
     },
 
-    async listTenants(opts: CallOptions = {}): Promise<TenantView[]> {
-      const body = await call<{ tenants: TenantView[] }>({
-        ...callOpts(opts),
-        method: 'GET',
-        path: '/v1/admin/tenants',
-        idempotent: true,
-      });
-      return body.tenants;
+    /** Every tenant, oldest first (pages of 500 followed to the end). */
+    listTenants(opts: CallOptions = {}): Promise<TenantView[]> {
+      return all('/v1/admin/tenants', 'tenants', opts);
     },
 
     /** Erases the tenant and all its data; false when there was no such tenant. */
@@ -64,14 +76,9 @@ export function createMnemosAdmin(options: MnemosAdminOptions) {
       });
     },
 
-    async listKeys(tenantId: string, opts: CallOptions = {}): Promise<KeyView[]> {
-      const body = await call<{ keys: KeyView[] }>({
-        ...callOpts(opts),
-        method: 'GET',
-        path: `/v1/admin/tenants/${enc(tenantId)}/keys`,
-        idempotent: true,
-      });
-      return body.keys;
+    /** Every key of the tenant (pages of 500 followed to the end; it used to return the first 100 only). */
+    listKeys(tenantId: string, opts: CallOptions = {}): Promise<KeyView[]> {
+      return all(`/v1/admin/tenants/${enc(tenantId)}/keys`, 'keys', opts);
     },
 
     /** False when there was no such key. */

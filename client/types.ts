@@ -93,6 +93,14 @@ export interface Summary {
   current_discussion: { topic: string; description: string; perspectives: string; direction: string };
 }
 
+/**
+ * The summary a context call sent: with DECISION_MODEL, only the entries relevant to the turn, and
+ * `current_discussion` left out when it is not (docs/context.md).
+ */
+export type ContextSummary = Omit<Summary, 'current_discussion'> & {
+  current_discussion?: Summary['current_discussion'];
+};
+
 export interface SummaryView {
   summary: Summary | null;
   version: number;
@@ -122,7 +130,7 @@ export interface ContextResult {
   messages: ChatMessage[];
   /** Append to your own system prompt (empty when there is no summary). */
   system_block: string;
-  summary: Summary | null;
+  summary: ContextSummary | null;
   summary_version: number;
   window: { from_seq: number | null; to_seq: number | null };
   relevance: 'filtered' | 'all' | 'none';

@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
 import { MnemosError, createMnemosAdmin, createMnemosClient } from '../client/mnemos-client.js';
-import type { MessageInput, MnemosClient, RetryInfo } from '../client/mnemos-client.js';
+import type { ContextResult, MessageInput, MnemosClient, RetryInfo } from '../client/mnemos-client.js';
 import { runTurn } from '../examples/agent-loop.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -180,6 +180,13 @@ void describe('client: messages', () => {
     assert.deepEqual(ctx.window, { from_seq: posted.messages[0]!.seq, to_seq: lastSeq });
     assert.equal(ctx.summary_version, 0);
     assert.equal(ctx.system_block, '');
+    // With DECISION_MODEL an irrelevant current_discussion is left out: the type says so (this
+    // assignment did not compile when the type required it).
+    const trimmed: ContextResult['summary'] = {
+      key_decisions: ['Do: reply in English'],
+      past_discussions: [],
+    };
+    assert.equal(trimmed?.current_discussion?.topic, undefined);
   });
 
   void test('search finds an archived message by keyword', async () => {
@@ -551,6 +558,9 @@ void describe('client: lifecycle and admin', () => {
     assert.equal(key.tenant_id, tenant.tenant_id);
     const keys = await admin.listKeys(tenant.tenant_id);
     assert.deepEqual(keys.map((k) => k.name).sort(), ['default', 'second']);
+    // Lists follow the pages: 101 more keys make 103, past the server's default page of 100.
+    for (let i = 0; i < 101; i++) await admin.createKey(tenant.tenant_id, { name: `bulk-${i}` });
+    assert.equal((await admin.listKeys(tenant.tenant_id)).length, 103);
     const second = createMnemosClient({ baseUrl: svc.base, apiKey: key.api_key });
     assert.deepEqual((await second.listSessions()).sessions, []);
     assert.equal(await admin.revokeKey(key.key_id), true);
