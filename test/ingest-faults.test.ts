@@ -3,6 +3,7 @@ import { after, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
+import { confirmArchived } from '../services/messages/accept-messages.js';
 import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/inbox.js';
 import { createTenant } from '../services/tenants.js';
 import { DRAIN_BATCH, DRAIN_MAX_BYTES } from '../workers/ingest.js';
@@ -203,6 +204,40 @@ void describe('ingestion under faults and many processes', () => {
       'write after Redis restart',
     );
     assert.deepEqual(third.body.messages, [{ id: 'r1', seq: 16 }]);
+  });
+
+  void test('after Redis lost its state, a ?wait=true re-post of archived ids is a 201 at once', async () => {
+    const redis = await startPrivateRedis();
+    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix: testPrefix() });
+    cleanups.push(async () => {
+      await svc.stop();
+      await redis.stop();
+    });
+    const t = await svc.newTenant();
+    const batch = { messages: [user('kept', { id: 'k1' }), user('kept too', { id: 'k2' })] };
+    assert.equal((await t.api.post('/v1/sessions/s/messages?wait=true', batch)).status, 201);
+    const admin = new Redis(redis.url);
+    await admin.flushall();
+    admin.disconnect();
+    // The README's recovery step: post again with the same ids. Nothing reaches the inbox (both are
+    // archived), so no archived mark ever would: it waited 10 s for a 202.
+    const started = Date.now();
+    const again = await t.api.post('/v1/sessions/s/messages?wait=true', batch);
+    assert.equal(again.status, 201, JSON.stringify(again.body));
+    assert.deepEqual(again.body, {
+      session_id: 's',
+      accepted: 0,
+      messages: [
+        { id: 'k1', seq: 1 },
+        { id: 'k2', seq: 2 },
+      ],
+    });
+    assert.ok(Date.now() - started < 5_000, 'answered without waiting for a mark');
+  });
+
+  void test('a ?wait=true whose confirmation Postgres cannot give is a 202, never a 503 claiming nothing was stored', async () => {
+    const failing = { query: () => Promise.reject(new Error('Connection terminated unexpectedly')) };
+    assert.equal(await confirmArchived({ db: failing as never }, 't', 's', [{ id: 'a', seq: 1 }]), false);
   });
 
   void test('a ?wait=true whose messages Redis lost is never a 201, though their seqs get archived by others', async () => {

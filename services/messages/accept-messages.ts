@@ -13,6 +13,13 @@ export interface AcceptOutcome {
   messages: Array<{ id: string; seq: number }>;
 }
 
+export interface Accepted {
+  /** The response body. */
+  outcome: AcceptOutcome;
+  /** Every message was found in the archive already (a re-post of archived ids): durable now. */
+  archived: boolean;
+}
+
 function conflict(indexes: number[], messages: AcceptedMessage[]): AppError {
   return new AppError(
     409,
@@ -32,7 +39,7 @@ export async function acceptMessages(
   tenantId: string,
   sessionId: string,
   messages: AcceptedMessage[],
-): Promise<AcceptOutcome> {
+): Promise<Accepted> {
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   defineInboxScripts(deps.redis);
   const results: Array<{ id: string; seq: number } | null> = messages.map(() => null);
@@ -96,7 +103,10 @@ export async function acceptMessages(
     }
     deps.metrics.messagesAccepted.inc(newCount);
     deps.metrics.messagesDuplicate.inc(messages.length - newCount);
-    return { session_id: sessionId, accepted: newCount, messages: results.map((r) => r!) };
+    return {
+      outcome: { session_id: sessionId, accepted: newCount, messages: results.map((r) => r!) },
+      archived: pending.length === 0,
+    };
   } catch (err) {
     throw asDependencyError(err);
   }
@@ -131,18 +141,24 @@ export async function confirmArchived(
   tenantId: string,
   sessionId: string,
   messages: Array<{ id: string; seq: number }>,
-): Promise<void> {
-  if (messages.length === 0) return;
-  const r = await deps.db.query<{ n: number; cleared: string | null }>(
-    `SELECT (SELECT count(*)::int
-               FROM messages m
-               JOIN unnest($3::bigint[], $4::text[]) AS x(seq, id) ON m.seq = x.seq AND m.id = x.id
-              WHERE m.tenant_id = $1 AND m.session_id = $2) AS n,
-            (SELECT cleared_through_seq FROM sessions WHERE tenant_id = $1 AND id = $2) AS cleared`,
-    [tenantId, sessionId, messages.map((m) => m.seq), messages.map((m) => m.id)],
-  );
+): Promise<boolean> {
+  if (messages.length === 0) return true;
+  // Postgres gone right after the drain committed: the messages may well be stored, so this is
+  // no 503 (which says nothing was, and brings a re-post without ids twice); false = the 202 of
+  // a wait that could not confirm.
+  const r = await deps.db
+    .query<{ n: number; cleared: string | null }>(
+      `SELECT (SELECT count(*)::int
+                 FROM messages m
+                 JOIN unnest($3::bigint[], $4::text[]) AS x(seq, id) ON m.seq = x.seq AND m.id = x.id
+                WHERE m.tenant_id = $1 AND m.session_id = $2) AS n,
+              (SELECT cleared_through_seq FROM sessions WHERE tenant_id = $1 AND id = $2) AS cleared`,
+      [tenantId, sessionId, messages.map((m) => m.seq), messages.map((m) => m.id)],
+    )
+    .catch(() => null);
+  if (!r) return false;
   const { n, cleared } = r.rows[0]!;
-  if (n === new Set(messages.map((m) => m.seq)).size) return;
+  if (n === new Set(messages.map((m) => m.seq)).size) return true;
   const through = Number(cleared ?? 0);
   // One request's seqs are handed out in one atomic step, so a reset clears all of them or none.
   if (messages.every((m) => m.seq <= through)) throw sessionCleared(through);

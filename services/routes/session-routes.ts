@@ -85,11 +85,16 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     const q = parseInput(postQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
     const messages = parseMessages(req.body, deps.config.timeZone);
-    const outcome = await acceptMessages(deps, tenantId, sid, messages);
+    const { outcome, archived } = await acceptMessages(deps, tenantId, sid, messages);
     if (q.wait === 'true') {
+      // A re-post of archived ids is durable already: after Redis lost its state no archived mark
+      // would ever reach them (nothing seeds it for a request that never touches the inbox), and
+      // the recovery re-post the README recommends waited 10 s for a 202.
       const maxSeq = Math.max(...outcome.messages.map((m) => m.seq));
-      const durable = await waitArchived(deps, tenantId, sid, maxSeq, WAIT_TIMEOUT_MS);
-      if (durable) await confirmArchived(deps, tenantId, sid, outcome.messages);
+      const durable =
+        archived ||
+        ((await waitArchived(deps, tenantId, sid, maxSeq, WAIT_TIMEOUT_MS)) &&
+          (await confirmArchived(deps, tenantId, sid, outcome.messages)));
       res.status(durable ? 201 : 202).json(outcome);
       return;
     }
