@@ -75,7 +75,13 @@ export async function startService(
       }
       if (workers) await workers.close(left());
       for (const e of extensions) await e.close?.().catch(() => undefined);
-      await closeDeps(deps).catch(() => undefined);
+      // A job left running at the deadline may hold a pool connection (a drain waiting on a lock):
+      // ending the pool waits for it, and the backstop then exited 1 five seconds later. Exiting
+      // closes the socket and Postgres rolls that transaction back; the job is retried elsewhere.
+      await Promise.race([
+        closeDeps(deps).catch(() => undefined),
+        new Promise((r) => setTimeout(r, Math.max(1000, left())).unref()),
+      ]);
     })());
 
   try {

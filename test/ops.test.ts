@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
+import pg from 'pg';
 import { makeErrorHandler } from '../services/http-errors.js';
 import { makeLogger } from '../services/logger.js';
 import { sampleQueues } from '../services/metrics-sampler.js';
@@ -250,6 +251,48 @@ void describe('graceful shutdown', () => {
       assert.ok(took < 8000, `stop() took ${took} ms`);
     } finally {
       await fake.close();
+      await deleteRedisPrefix(svc.config.prefix);
+    }
+  });
+
+  void test('a drain blocked in Postgres at the deadline does not hold stop() past it', async () => {
+    const svc = await startTestService({ env: { SHUTDOWN_TIMEOUT_MS: '2000' } });
+    const locker = new pg.Client({ connectionString: svc.config.databaseUrl });
+    await locker.connect();
+    try {
+      const t = await svc.newTenant();
+      const first = await t.api.post('/v1/sessions/s/messages?wait=true', {
+        messages: [{ role: 'user', content: 'a' }],
+      });
+      assert.equal(first.status, 201);
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
+      const second = await t.api.post('/v1/sessions/s/messages', {
+        messages: [{ role: 'user', content: 'b' }],
+      });
+      assert.equal(second.status, 202);
+      await eventually(
+        async () =>
+          (
+            await locker.query<{ n: number }>(
+              `SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+            )
+          ).rows[0]!.n > 0,
+        10_000,
+        'the drain waiting for the lock',
+      );
+      // The lock goes after 15 s at the latest, so that a stop() waiting for the drain ends too.
+      const release = setTimeout(() => void locker.query('COMMIT').catch(() => undefined), 15_000);
+      const started = Date.now();
+      await svc.stop();
+      const took = Date.now() - started;
+      clearTimeout(release);
+      // The deadline (2 s) plus about a second; ending the pool waited for the blocked drain.
+      assert.ok(took < 8000, `stop() took ${took} ms`);
+    } finally {
+      await locker.query('COMMIT').catch(() => undefined);
+      await locker.end();
       await deleteRedisPrefix(svc.config.prefix);
     }
   });
