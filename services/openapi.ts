@@ -9,6 +9,8 @@ import { z } from 'zod';
 export interface RouteMeta {
   summary: string;
   body?: z.ZodType;
+  /** The body may be left out (context: every field has a default). */
+  bodyOptional?: boolean;
   /** Media types the body may come in (default JSON only); the schema is the JSON form's. */
   bodyTypes?: string[];
   query?: z.ZodType;
@@ -85,7 +87,7 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
       const schema = jsonSchema(meta.body);
       const types = meta.bodyTypes ?? ['application/json'];
       op.requestBody = {
-        required: true,
+        required: !meta.bodyOptional,
         content: Object.fromEntries(
           types.map((t) => [t, t === 'application/json' ? { schema } : { schema: { type: 'string' } }]),
         ),

@@ -500,6 +500,9 @@ void describe('tenants, keys and the admin API', () => {
       'application/jsonl',
       'application/x-ndjson',
     ]);
+    // A context call without a body is valid (the docs' minimal request): the schema says so.
+    assert.equal(doc.paths['/v1/sessions/{sid}/context'].post.requestBody.required, false);
+    assert.equal(doc.paths['/v1/sessions/{sid}/messages'].post.requestBody.required, true);
     const t = await svc.newTenant();
     for (const [path, ops] of Object.entries(
       doc.paths as Record<string, Record<string, { summary: string }>>,

@@ -24,6 +24,7 @@ export const contextRoutesMeta: Record<string, RouteMeta> = {
   'POST /:sid/context': {
     summary: 'The next turn: hot window, relevant summary as turn context, input; system block to append',
     body: contextBody,
+    bodyOptional: true,
   },
 };
 
