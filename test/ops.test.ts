@@ -84,6 +84,8 @@ void describe('operations', () => {
     } finally {
       await ingest.resume();
     }
+    // The job was removed: a flush request (what the ingest sweeper sends within a minute or two).
+    await svc.deps.queues.ingest.add('flush', { v: 1, tenantId: t.tenantId, sessionId: 'stuck' });
     await eventually(async () => (await t.api.get('/v1/sessions/stuck')).body.message_count === 1, 20_000);
   });
 
