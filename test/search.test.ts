@@ -474,8 +474,11 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     // Postgres's 1 MB per tsvector: the first 65,536 characters are indexed (and it is archived).
     const uuids = Array.from({ length: 27_000 }, () => randomUUID()).join(' ');
     const tokens = `startmarker ${uuids} endmarker`;
-    const [whole, capped] = await archiveSpaced(api, s, [user(long), user(tokens)]);
-    await moveCutoff(s, capped! + 4);
+    // CJK beside a long English text: its bigrams used to land after the English positions, all
+    // at Postgres's last position, 16,383, where no phrase of bigrams matches.
+    const mixed = `開頭標記測試 ${'quux corge grault garply waldo '.repeat(4000)} endmarkerkiwi 終點標記`;
+    const [whole, capped, both] = await archiveSpaced(api, s, [user(long), user(tokens), user(mixed)]);
+    await moveCutoff(s, both! + 4);
     const kw = async (query: string) => {
       const r = await search(api, s, { query, match: 'keyword' });
       assert.ok(r.body.hits.every((h) => h.source === 'archive'));
@@ -485,6 +488,9 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await kw('lorem'), [whole]);
     assert.deepEqual(await kw('startmarker'), [capped]);
     assert.deepEqual(await kw('endmarker'), [], 'past the part that fits');
+    assert.deepEqual(await kw('endmarkerkiwi'), [both]);
+    assert.deepEqual(await kw('開頭標記'), [both]);
+    assert.deepEqual(await kw('終點標記'), [both]);
   });
 
   void test('the backfill indexes long rows archived before whole-text indexing, and only theirs', async () => {

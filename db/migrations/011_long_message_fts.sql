@@ -6,14 +6,20 @@
 -- distinct tokens: hashes, ids, base64) is the first 65,536 characters indexed instead, which fits
 -- by construction (services/text/fts-text.ts). The exception block costs a subtransaction, so
 -- only such long rows come here.
+--
+-- The CJK half goes first here: `a || b` shifts b's positions past a's, and Postgres records no
+-- position above 16,383, so after the words of a long English text every CJK bigram sat at 16,383
+-- and no CJK phrase (a word of 3+ characters) matched. The CJK half is at most 32,768 characters
+-- (fts-text.ts); queries never relate positions across the two halves, so the order changes no
+-- match.
 CREATE FUNCTION mnemos_archive_tsvector(en text, cjk text)
 RETURNS tsvector
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
   BEGIN
-    RETURN to_tsvector('english', en) || coalesce(cjk, '')::tsvector;
+    RETURN coalesce(cjk, '')::tsvector || to_tsvector('english', en);
   EXCEPTION WHEN program_limit_exceeded THEN
-    RETURN to_tsvector('english', left(en, 65536)) || coalesce(cjk, '')::tsvector;
+    RETURN coalesce(cjk, '')::tsvector || to_tsvector('english', left(en, 65536));
   END;
 END $$;
 
