@@ -9,6 +9,7 @@ import {
   deadLetter,
   defineInboxScripts,
   finishDrain,
+  finishDrainCounted,
   inboxKeys,
   readInbox,
 } from '../services/messages/inbox.js';
@@ -106,6 +107,8 @@ export async function drainSession(
       unreadable: string[];
       archived: number;
       dropped: number;
+      /** Inbox entries read (trimmed after the commit). */
+      read: number;
       hotBytes: number;
       generation: number;
       firstSeq: number;
@@ -149,6 +152,7 @@ export async function drainSession(
           unreadable,
           archived: inserted.length,
           dropped: stale,
+          read: entries.length,
           hotBytes: Number(counters.hot_bytes),
           generation: session.generation,
           firstSeq: entries[0]!.seq,
@@ -182,7 +186,10 @@ export async function drainSession(
         'unreadable inbox entries dead-lettered',
       );
     }
-    const left = await finishDrain(deps.redis, keys, batch.lastRead);
+    const { left, trimmed } = await finishDrainCounted(deps.redis, keys, batch.lastRead);
+    // Stale entries a reset's Redis step removed before this trim were counted by the reset
+    // (syncRedisGeneration): the entries this drain read but did not trim are those.
+    if (Number.isFinite(trimmed)) batch.dropped = Math.max(0, batch.dropped - (batch.read - trimmed));
     total.archived += batch.archived;
     total.dropped += batch.dropped;
     total.hotBytes = batch.hotBytes;

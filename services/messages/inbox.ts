@@ -137,7 +137,7 @@ if left == 0 then
 elseif k > 0 then
   redis.call('ZADD', KEYS[3], 'XX', tonumber(ARGV[3]), ARGV[2])
 end
-return left
+return {left, k}
 `;
 
 // The head of the inbox for a drain: at most ARGV[1] entries and ARGV[2] bytes, but at least one
@@ -284,16 +284,30 @@ export async function readInbox(
 
 /** Returns how many entries are still waiting after the trim. */
 export async function finishDrain(redis: Redis, keys: InboxKeys, lastSeqRead: number): Promise<number> {
-  return Number(
-    await (redis as ScriptedRedis).mnemosFinish!(
-      keys.sess,
-      keys.inbox,
-      keys.armed,
-      lastSeqRead,
-      keys.member,
-      Date.now(),
-    ),
-  );
+  return (await finishDrainCounted(redis, keys, lastSeqRead)).left;
+}
+
+/**
+ * finishDrain, also saying how many entries this trim removed: fewer than the drain read when a
+ * reset's Redis step (or another drain's trim) removed some first, and counted them itself.
+ */
+export async function finishDrainCounted(
+  redis: Redis,
+  keys: InboxKeys,
+  lastSeqRead: number,
+): Promise<{ left: number; trimmed: number }> {
+  const r = (await (redis as ScriptedRedis).mnemosFinish!(
+    keys.sess,
+    keys.inbox,
+    keys.armed,
+    lastSeqRead,
+    keys.member,
+    Date.now(),
+  )) as unknown;
+  // A script of an older version (a rolling upgrade) answers the count left alone.
+  return Array.isArray(r)
+    ? { left: Number(r[0]), trimmed: Number(r[1]) }
+    : { left: Number(r), trimmed: Number.NaN };
 }
 
 export async function clearInbox(redis: Redis, keys: InboxKeys, newGeneration: number): Promise<void> {
