@@ -5,6 +5,7 @@ import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
 import { makeApp, makeOpsApp } from './app.js';
 import { startQueueSampler } from './metrics-sampler.js';
+import { endWaits } from './messages/accept-messages.js';
 import { loadConfig } from './config.js';
 import type { Config } from './config.js';
 import type { CoreDeps } from './deps.js';
@@ -56,6 +57,10 @@ export async function startService(
       // grace period: twice SHUTDOWN_TIMEOUT_MS, past compose's stop_grace_period.)
       const until = Date.now() + config.shutdownTimeoutMs;
       const left = () => Math.max(0, until - Date.now());
+      // A ?wait=true still waiting a second before the deadline answers its 202 then, rather
+      // than have its connection cut with it.
+      const waits = setTimeout(() => endWaits(inFlight), Math.max(0, left() - 1000));
+      waits.unref();
       stopSampler?.();
       if (server) {
         const s = server;

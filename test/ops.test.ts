@@ -257,7 +257,7 @@ void describe('graceful shutdown', () => {
     }
   });
 
-  void test('a drain blocked in Postgres at the deadline does not hold stop() past it', async () => {
+  void test('a drain blocked in Postgres at the deadline holds neither stop() nor the ?wait=true waiting for it', async () => {
     const svc = await startTestService({ env: { SHUTDOWN_TIMEOUT_MS: '2000' } });
     const locker = new pg.Client({ connectionString: svc.config.databaseUrl });
     await locker.connect();
@@ -269,10 +269,10 @@ void describe('graceful shutdown', () => {
       assert.equal(first.status, 201);
       await locker.query('BEGIN');
       await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
-      const second = await t.api.post('/v1/sessions/s/messages', {
+      // A ?wait=true in flight: its drain cannot finish, the deadline is shorter than its 10 s wait.
+      const second = t.api.post('/v1/sessions/s/messages?wait=true', {
         messages: [{ role: 'user', content: 'b' }],
       });
-      assert.equal(second.status, 202);
       await eventually(
         async () =>
           (
@@ -292,6 +292,10 @@ void describe('graceful shutdown', () => {
       clearTimeout(release);
       // The deadline (2 s) plus about a second; ending the pool waited for the blocked drain.
       assert.ok(took < 8000, `stop() took ${took} ms`);
+      // It got its answer (accepted, not yet durable) instead of a cut connection.
+      const answered = await second;
+      assert.equal(answered.status, 202);
+      assert.equal(answered.body.messages[0].seq, 2);
     } finally {
       await locker.query('COMMIT').catch(() => undefined);
       await locker.end();

@@ -206,12 +206,31 @@ async function assertNotCleared(
  * checked, and messages it cleared are a 409 `session_cleared` at once, not a 202 after the wait
  * for an archive they will never reach.
  */
+const waits = new WeakMap<object, AbortController>();
+
+/**
+ * A signal for the wait of the request answered by `res`, fired by `endWaits` when the process
+ * shuts down: the wait then answers its 202 before the shutdown deadline cuts the connection (a
+ * drain held up by a lock, with SHUTDOWN_TIMEOUT_MS under the 10 s wait, left the client with a
+ * cut connection for messages that were accepted).
+ */
+export function waitSignal(res: object): AbortSignal {
+  let c = waits.get(res);
+  if (!c) waits.set(res, (c = new AbortController()));
+  return c.signal;
+}
+
+export function endWaits(responses: Iterable<object>): void {
+  for (const res of responses) waits.get(res)?.abort();
+}
+
 export async function waitArchived(
   deps: CoreDeps,
   tenantId: string,
   sessionId: string,
   seq: number,
   timeoutMs: number,
+  signal?: AbortSignal,
 ): Promise<boolean> {
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   const deadline = Date.now() + timeoutMs;
@@ -227,7 +246,7 @@ export async function waitArchived(
       await assertNotCleared(deps, tenantId, sessionId, seq);
     }
     seenGen = gen ?? null;
-    if (timedOut) return false;
+    if (timedOut || signal?.aborted) return false;
     await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(1, deadline - Date.now()))));
     delay = Math.min(delay * 2, 50);
   }

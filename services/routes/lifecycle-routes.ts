@@ -14,7 +14,7 @@ import type { ImportInput } from '../lifecycle/import-input.js';
 import { importSession, sortForImport } from '../lifecycle/import-session.js';
 import { clearSession } from '../lifecycle/session-lifecycle.js';
 import type { ExtensionList } from '../lifecycle/session-lifecycle.js';
-import { confirmArchived, waitArchived } from '../messages/accept-messages.js';
+import { confirmArchived, waitArchived, waitSignal } from '../messages/accept-messages.js';
 import { assertSessionId, messageSchema } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { assertNoBody, noQuery, parseInput } from '../validate.js';
@@ -136,7 +136,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
       durable =
         q.wait === 'false'
           ? false
-          : await waitArchived(deps, tenantId, sid, outcome.last_seq, IMPORT_WAIT_MS);
+          : await waitArchived(deps, tenantId, sid, outcome.last_seq, IMPORT_WAIT_MS, waitSignal(res));
       // The seqs as importSession handed them out (its order), checked against the archive.
       const first = outcome.first_seq!;
       const acknowledged = sortForImport(input.messages).map((m, i) => ({

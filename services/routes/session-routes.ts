@@ -6,7 +6,7 @@ import { getSession, listSessions } from '../../db/queries/sessions.js';
 import { getSummaryState } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
 import { notFound } from '../errors.js';
-import { acceptMessages, confirmArchived, waitArchived } from '../messages/accept-messages.js';
+import { acceptMessages, confirmArchived, waitArchived, waitSignal } from '../messages/accept-messages.js';
 import { inboxKeys } from '../messages/inbox.js';
 import { SESSION_ID_RE, assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
@@ -93,7 +93,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
       const maxSeq = Math.max(...outcome.messages.map((m) => m.seq));
       const durable =
         archived ||
-        ((await waitArchived(deps, tenantId, sid, maxSeq, WAIT_TIMEOUT_MS)) &&
+        ((await waitArchived(deps, tenantId, sid, maxSeq, WAIT_TIMEOUT_MS, waitSignal(res))) &&
           (await confirmArchived(deps, tenantId, sid, outcome.messages)));
       res.status(durable ? 201 : 202).json(outcome);
       return;
