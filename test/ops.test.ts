@@ -4,6 +4,7 @@ import express from 'express';
 import pg from 'pg';
 import { makeErrorHandler } from '../services/http-errors.js';
 import { makeLogger } from '../services/logger.js';
+import { inboxKeys } from '../services/messages/inbox.js';
 import { sampleQueues } from '../services/metrics-sampler.js';
 import { rateLimit } from '../services/rate-limit.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -273,8 +274,13 @@ void describe('graceful shutdown', () => {
       const second = t.api.post('/v1/sessions/s/messages?wait=true', {
         messages: [{ role: 'user', content: 'b' }],
       });
+      // Accepted (in the inbox: the request now waits for its drain), and something waits for the
+      // lock. (Without the first condition, an embed job waiting for the lock let stop() begin
+      // before the request had even arrived, and its new connection was closed as idle.)
+      const inbox = inboxKeys(svc.config.prefix, t.tenantId, 's').inbox;
       await eventually(
         async () =>
+          (await svc.deps.redis.llen(inbox)) > 0 &&
           (
             await locker.query<{ n: number }>(
               `SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted
@@ -282,7 +288,7 @@ void describe('graceful shutdown', () => {
             )
           ).rows[0]!.n > 0,
         10_000,
-        'the drain waiting for the lock',
+        'the message accepted and the drain waiting for the lock',
       );
       // The lock goes after 15 s at the latest, so that a stop() waiting for the drain ends too.
       const release = setTimeout(() => void locker.query('COMMIT').catch(() => undefined), 15_000);
