@@ -199,13 +199,6 @@ async function assertNotCleared(
   if (seq <= through) throw sessionCleared(through);
 }
 
-/**
- * Polls the archived mark until `seq` is durable in Postgres or the deadline passes. A reset or
- * delete that clears the messages meanwhile moves the session's generation on: then, and once
- * more at the deadline (for one that came before the first poll), the archive's clear mark is
- * checked, and messages it cleared are a 409 `session_cleared` at once, not a 202 after the wait
- * for an archive they will never reach.
- */
 const waits = new WeakMap<object, AbortController>();
 
 /**
@@ -224,6 +217,13 @@ export function endWaits(responses: Iterable<object>): void {
   for (const res of responses) waits.get(res)?.abort();
 }
 
+/**
+ * Polls the archived mark until `seq` is durable in Postgres or the deadline passes. A reset or
+ * delete that clears the messages meanwhile moves the session's generation on: then, and once
+ * more at the deadline (for one that came before the first poll), the archive's clear mark is
+ * checked, and messages it cleared are a 409 `session_cleared` at once, not a 202 after the wait
+ * for an archive they will never reach.
+ */
 export async function waitArchived(
   deps: CoreDeps,
   tenantId: string,
