@@ -1,6 +1,7 @@
 import type { CoreDeps } from './deps.js';
 import { oldestUnsummarisedAgeSeconds } from '../db/queries/summaries.js';
 import { QUEUE_NAMES } from '../workers/queues.js';
+import { oldestArmedAt } from './messages/inbox.js';
 
 const STATES = ['waiting', 'active', 'delayed', 'failed', 'prioritized'] as const;
 
@@ -22,17 +23,8 @@ export async function sampleQueues(
     const [oldest] = await q.getJobs(['waiting', 'prioritized'], 0, 0, true);
     let since = oldest?.timestamp ?? now;
     if (name === 'ingest' && deps.redis && deps.config) {
-      // Score 0 marks a session a reset left armed for an immediate flush: no waiting time.
-      const [, score] = await deps.redis.zrangebyscore(
-        `${deps.config.prefix}:armed`,
-        '(0',
-        '+inf',
-        'WITHSCORES',
-        'LIMIT',
-        0,
-        1,
-      );
-      if (score !== undefined) since = Math.min(since, Number(score));
+      const armedAt = await oldestArmedAt(deps.redis, deps.config.prefix);
+      if (armedAt !== null) since = Math.min(since, armedAt);
     }
     deps.metrics.queueOldestAge.set({ queue: name }, Math.max(0, (now - since) / 1000));
   }

@@ -357,6 +357,16 @@ export async function archivingBehind(redis: Redis, prefix: string, olderThanMs:
   return (await redis.zcount(`${prefix}:armed`, '-inf', Date.now() - olderThanMs)) > 0;
 }
 
+/**
+ * Since when (ms) the longest-waiting session's accepted messages have waited without a drain
+ * taking any (the lowest armed score), or null when none waits. A score of 0 marks a session a
+ * reset left armed for an immediate flush (lifecycle-redis.ts): no waiting time, left out.
+ */
+export async function oldestArmedAt(redis: Redis, prefix: string): Promise<number | null> {
+  const [, score] = await redis.zrangebyscore(`${prefix}:armed`, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1);
+  return score === undefined ? null : Number(score);
+}
+
 export async function touchArmed(redis: Redis, prefix: string, member: string): Promise<void> {
   await redis.zadd(`${prefix}:armed`, 'XX', Date.now(), member);
 }
