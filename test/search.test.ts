@@ -286,6 +286,25 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       seq,
     ]);
 
+  /**
+   * Runs `fn` with the backfill pass `name` set back to its start and the service's own scheduled
+   * maintenance paused, so that only `fn` moves the pass; `deps` logs nothing.
+   */
+  const withPassRestarted = async (
+    name: string,
+    fn: (deps: { db: Db; logger: never }) => Promise<void>,
+  ): Promise<void> => {
+    await svc.deps.queues.maintenance.pause();
+    try {
+      await svc.deps.db.query(`UPDATE maintenance_state SET state = '{}', done_at = NULL WHERE name = $1`, [
+        name,
+      ]);
+      await fn({ db: svc.deps.db, logger: { info: () => undefined } as never });
+    } finally {
+      await svc.deps.queues.maintenance.resume();
+    }
+  };
+
   void test('keyword: English stemming finds "compaction" for "compacting"', async () => {
     const s = sid('stem');
     const [a, , c] = await archiveSpaced(api, s, [
@@ -427,25 +446,13 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       [tenantId, s, old, english],
     );
     assert.deepEqual(await hitSeqs(api, s, { query: 'サーバー', match: 'keyword' }), []);
-    // The service's own scheduled run stays out of the way meanwhile.
-    await svc.deps.queues.maintenance.pause();
-    try {
-      await svc.deps.db.query(`UPDATE maintenance_state SET state = '{}', done_at = NULL WHERE name = $1`, [
-        FTS_CJK_PASS,
-      ]);
-      const quiet = { info: () => undefined } as never;
+    await withPassRestarted(FTS_CJK_PASS, async (deps) => {
       // A byte budget smaller than any message: one message per batch (never none).
-      const first = await backfillCjkTsvectors(
-        { db: svc.deps.db, logger: quiet },
-        { batch: 3, maxBatches: 2, maxBytes: 1 },
-      );
+      const first = await backfillCjkTsvectors(deps, { batch: 3, maxBatches: 2, maxBytes: 1 });
       assert.deepEqual([first.scanned, first.done], [2, false]);
       let runs = 0;
       for (let done = false; !done; runs++) {
-        ({ done } = await backfillCjkTsvectors(
-          { db: svc.deps.db, logger: quiet },
-          { batch: 3, maxBatches: 2 },
-        ));
+        ({ done } = await backfillCjkTsvectors(deps, { batch: 3, maxBatches: 2 }));
       }
       assert.ok(runs > 1, 'it resumed where it stopped');
       assert.deepEqual(await hitSeqs(api, s, { query: 'サーバー', match: 'keyword' }), [old]);
@@ -459,11 +466,9 @@ void describe('POST /v1/sessions/{sid}/search', () => {
         [false, true],
         'a row without CJK text is left as it is',
       );
-      const again = await backfillCjkTsvectors({ db: svc.deps.db, logger: quiet });
+      const again = await backfillCjkTsvectors(deps);
       assert.deepEqual(again, { scanned: 0, updated: 0, done: true }, 'once through, it is done');
-    } finally {
-      await svc.deps.queues.maintenance.resume();
-    }
+    });
   });
 
   void test('full text covers a long message whole, and a megabyte of distinct tokens up to where it fits', async () => {
@@ -510,18 +515,9 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       [tenantId, s, short],
     );
     assert.deepEqual(await hitSeqs(api, s, { query: 'zebrafinish', match: 'keyword' }), []);
-    await svc.deps.queues.maintenance.pause();
-    try {
-      await svc.deps.db.query(`UPDATE maintenance_state SET state = '{}', done_at = NULL WHERE name = $1`, [
-        FTS_LONG_PASS,
-      ]);
-      const quiet = { info: () => undefined } as never;
-      let runs = 0;
-      for (let done = false; !done; runs++) {
-        ({ done } = await backfillLongTsvectors(
-          { db: svc.deps.db, logger: quiet },
-          { batch: 3, maxBatches: 2 },
-        ));
+    await withPassRestarted(FTS_LONG_PASS, async (deps) => {
+      for (let done = false; !done;) {
+        ({ done } = await backfillLongTsvectors(deps, { batch: 3, maxBatches: 2 }));
       }
       assert.deepEqual(await hitSeqs(api, s, { query: 'zebrafinish', match: 'keyword' }), [old]);
       const tsv = await svc.deps.db.query<{ stale: boolean }>(
@@ -529,9 +525,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
         [tenantId, s, short],
       );
       assert.equal(tsv.rows[0]!.stale, true, 'a short row is left as it is');
-    } finally {
-      await svc.deps.queues.maintenance.resume();
-    }
+    });
   });
 
   void test('keyword: mixed CJK and English queries', async () => {
