@@ -81,7 +81,10 @@ export function cutUnits(s: string, max: number): string {
   return s.slice(0, last >= 0xd800 && last <= 0xdbff ? max - 1 : max);
 }
 
-/** The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`. */
+/**
+ * The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`, the CJK
+ * half first for an English input over FTS_EN_SAFE bytes (ARCHIVE_TSVECTOR_SQL, migration 011).
+ */
 export function ftsDocument(text: string): { en: string; cjk: string } {
   const cap = (s: string) => cutUnits(s, FTS_EN_MAX);
   // Most messages have no CJK: one scan instead of three.
