@@ -12,6 +12,7 @@ import {
   MAX_EMBED_CHARS,
   MAX_EMBED_TOKENS,
   estimateTokens,
+  makeEmbedder,
   prepareEmbedText,
 } from '../services/recent-index/embedder.js';
 import { enqueueEmbed } from '../services/recent-index/jobs.js';
@@ -19,6 +20,8 @@ import { sweepMissingVectors } from '../services/recent-index/recent-index-exten
 import { annIndexName } from '../db/queries/ann-indexes.js';
 import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
 import { searchSession } from '../services/search/search-session.js';
+import { reembed } from '../services/recent-index/reembed.js';
+import { compactSession } from '../workers/compact.js';
 import { makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -453,6 +456,67 @@ void describe('recent index with the local embedder', () => {
     assert.ok(r.dropped.includes(name), JSON.stringify(r));
     const left = await svc.deps.db.query('SELECT 1 FROM pg_indexes WHERE indexname = $1', [name]);
     assert.equal(left.rowCount, 0);
+  });
+
+  void test('reembed does not bring back vectors that a delete, a reset or a compaction removed while it ran', async () => {
+    const t = await svc.newTenant();
+    const turns = (p: string) =>
+      Array.from({ length: 6 }, (_, i) =>
+        i % 2 ? assistant(`${p} answer ${i}`) : user(`${p} question ${i}`),
+      );
+    const cut = await post(t.api, 'cut', turns('cut'));
+    const gone = await post(t.api, 'gone', turns('gone'));
+    const wiped = await post(t.api, 'wiped', turns('wiped'));
+    for (const [sid, seqs] of [
+      ['cut', cut],
+      ['gone', gone],
+      ['wiped', wiped],
+    ] as const)
+      await vectorsFor(svc, t.tenantId, sid, seqs);
+
+    // The shadow table is built in primary-key order: when the last message of `wiped` is embedded,
+    // the other 17 already have their new vectors. Then the three purges run, as they could while
+    // an operator's reembed is at work.
+    const local = makeEmbedder(svc.config, null);
+    let purged = false;
+    const embedder = {
+      ...local,
+      async embed(texts: string[], ctx: Parameters<typeof local.embed>[1]) {
+        if (!purged && texts.includes('wiped answer 5')) {
+          purged = true;
+          assert.equal((await t.api.del('/v1/sessions/gone')).status, 204);
+          assert.equal((await t.api.post('/v1/sessions/wiped/reset')).status, 200);
+          const hot = await svc.deps.db.query<{ hot_bytes: string }>(
+            `SELECT hot_bytes FROM sessions WHERE tenant_id = $1 AND id = 'cut'`,
+            [t.tenantId],
+          );
+          const maxHistoryBytes = Math.floor(Number(hot.rows[0]!.hot_bytes) * 0.7);
+          const compacted = await compactSession(
+            { db: svc.deps.db, config: { ...svc.config, maxHistoryBytes } },
+            t.tenantId,
+            'cut',
+          );
+          assert.equal(compacted.outcome, 'cut');
+        }
+        return local.embed(texts, ctx);
+      },
+    };
+    const result = await reembed(svc.deps.db, svc.config, embedder, { force: true, batchSize: 1 });
+    assert.equal(result.status, 'rebuilt');
+    assert.ok(purged, 'the purges ran during the rebuild');
+
+    const start = await svc.deps.db.query<{ start_seq: string }>(
+      `SELECT start_seq FROM sessions WHERE tenant_id = $1 AND id = 'cut'`,
+      [t.tenantId],
+    );
+    const startSeq = Number(start.rows[0]!.start_seq);
+    assert.ok(startSeq > cut[0]!, 'the cutoff moved');
+    assert.deepEqual([...(await vectors(svc, t.tenantId, 'gone')).keys()], []);
+    assert.deepEqual([...(await vectors(svc, t.tenantId, 'wiped')).keys()], []);
+    assert.deepEqual(
+      [...(await vectors(svc, t.tenantId, 'cut')).keys()],
+      cut.filter((s) => s >= startSeq),
+    );
   });
 });
 

@@ -396,9 +396,23 @@ export async function touchReembed(q: Queryable, id: string): Promise<boolean> {
 /**
  * The swap (caller holds lockVectorIndex in the same transaction): the shadow table replaces the
  * live one, skip marks of other models go, and the index records the new embedder.
+ *
+ * Deletes, resets and compactions purge the live table only, so the shadow table can hold vectors
+ * built before one of them ran: of a deleted session, of a reset history, below a moved cutoff.
+ * They go here, after the DROP: it waits for every transaction that purged the live table to
+ * commit, so this statement sees what they removed; one that purges later finds the renamed table
+ * under the live name.
  */
 export async function swapShadowTable(q: Queryable, a: { model: string; dimensions: number }): Promise<void> {
   await q.query('DROP TABLE message_vectors');
+  await q.query(
+    `DELETE FROM ${SHADOW_TABLE} v
+     WHERE NOT EXISTS (
+       SELECT 1 FROM sessions s
+       JOIN messages m ON m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.seq = v.seq
+       WHERE s.tenant_id = v.tenant_id AND s.id = v.session_id AND s.deleted_at IS NULL
+         AND v.seq >= s.start_seq)`,
+  );
   await q.query(`ALTER TABLE ${SHADOW_TABLE} RENAME TO message_vectors`);
   await q.query(`ALTER TABLE message_vectors RENAME CONSTRAINT ${SHADOW_TABLE}_pkey TO message_vectors_pkey`);
   await q.query('DELETE FROM message_vector_skips WHERE model <> $1', [a.model]);
