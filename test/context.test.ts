@@ -317,6 +317,58 @@ void describe('context without a decision model', () => {
     ]);
   });
 
+  void test('names, tool names, non-user images and repeated call ids OpenAI refuses are made sendable', async () => {
+    const s = sid('sendable');
+    const image = { type: 'image_url', image_url: { url: 'https://example.com/chart.png' } };
+    await archive(t.api, s, [
+      { role: 'user', content: [{ type: 'text', text: 'see' }, image], name: 'John Smith' },
+      { role: 'user', content: 'hi', name: '小明' },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [
+          { id: 'call_1', type: 'function', function: { name: 'my tool/v2', arguments: '{}' } },
+          { id: 'call_1', type: 'function', function: { name: 'other', arguments: '{}' } },
+        ],
+      },
+      { role: 'tool', tool_call_id: 'call_1', content: [{ type: 'text', text: 'plot:' }, image] },
+      { role: 'assistant', content: [{ type: 'text', text: 'here it is' }, image], name: 'agent.v2' },
+    ]);
+
+    const r = await context(t.api, s);
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.messages, [
+      { role: 'user', content: [{ type: 'text', text: 'see' }, image], name: 'John_Smith' },
+      { role: 'user', content: 'hi' },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'my_tool_v2', arguments: '{}' } }],
+      },
+      {
+        role: 'tool',
+        tool_call_id: 'call_1',
+        content: [
+          { type: 'text', text: 'plot:' },
+          { type: 'text', text: '[image]' },
+        ],
+      },
+      {
+        role: 'assistant',
+        content: [
+          { type: 'text', text: 'here it is' },
+          { type: 'text', text: '[image]' },
+        ],
+        name: 'agent_v2',
+      },
+    ]);
+    // The archive keeps what was posted.
+    const stored = await t.api.get(`/v1/sessions/${s}/messages`);
+    assert.equal(stored.body.messages[0].name, 'John Smith');
+    assert.equal(stored.body.messages[2].tool_calls.length, 2);
+  });
+
   void test('min_seq waits until a message answered with 202 is archived (read your writes)', async () => {
     const s = sid('ryw');
     await archive(t.api, s, [user('start')]);

@@ -20,12 +20,46 @@ export interface HotWindow {
 const callId = (c: unknown): string | undefined =>
   typeof c === 'object' && c !== null && 'id' in c && typeof c.id === 'string' ? c.id : undefined;
 
+const OPENAI_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
+
+/**
+ * A name OpenAI accepts (`^[a-zA-Z0-9_-]+$`, at most 64 characters, for a message's `name` and a
+ * tool call's function name): each run of other characters becomes `_`. The archive keeps the name
+ * as posted; only the context, which promises messages ready to send, is rewritten. Null when
+ * nothing of the name survives (`小明`): a message then goes without its name.
+ */
+export function sendableName(name: string): string | null {
+  if (OPENAI_NAME.test(name)) return name;
+  const s = name.replace(/[^a-zA-Z0-9_-]+/g, '_').slice(0, 64);
+  return /[a-zA-Z0-9]/.test(s) ? s : null;
+}
+
+function sendableCall(c: unknown): unknown {
+  if (typeof c !== 'object' || c === null || !('function' in c)) return c;
+  const fn = c.function as { name?: unknown };
+  if (typeof fn?.name !== 'string' || OPENAI_NAME.test(fn.name)) return c;
+  return { ...c, function: { ...fn, name: sendableName(fn.name) ?? '_' } };
+}
+
+/**
+ * Content parts OpenAI accepts for the role: images only on user messages. Another role's image
+ * part becomes the text part `[image]`, so the model still sees that one was there.
+ */
+function sendableContent(role: string, content: unknown): unknown {
+  if (role === 'user' || !Array.isArray(content)) return content;
+  if (!content.some((p) => (p as { type?: unknown })?.type === 'image_url')) return content;
+  return content.map((p) =>
+    (p as { type?: unknown })?.type === 'image_url' ? { type: 'text', text: '[image]' } : p,
+  );
+}
+
 /**
  * Makes the stored window sendable: OpenAI rejects a tool result that does not directly follow
  * (within the run of tool results) the assistant message whose tool_calls it answers, and an
  * assistant message with a tool call that gets no result. Orphan tool results are dropped; tool
  * calls without a result lose that call (a message left with neither content nor calls is
- * dropped). A well-formed history passes through unchanged.
+ * dropped), and so does a repeated call id. Names and content parts OpenAI refuses are rewritten
+ * (sendableName, sendableContent). A well-formed history passes through unchanged.
  */
 export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
   type Slot = { row: WindowMessageRow; calls: unknown[] | null };
@@ -63,7 +97,18 @@ export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
     const slot: Slot = { row, calls: row.tool_calls };
     out.push(slot);
     if (row.role === 'assistant' && row.tool_calls && row.tool_calls.length > 0) {
-      const ids = new Set(row.tool_calls.map(callId).filter((x): x is string => x !== undefined));
+      // A repeated call id can be answered only once: the first call with it stays.
+      const ids = new Set<string>();
+      const calls = row.tool_calls.filter((c) => {
+        const id = callId(c);
+        if (id === undefined || ids.has(id)) return false;
+        ids.add(id);
+        return true;
+      });
+      if (calls.length !== row.tool_calls.length) {
+        repaired++;
+        slot.calls = calls;
+      }
       open = { slot, ids, answered: new Set() };
     }
   }
@@ -77,9 +122,10 @@ export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
       // Every call of this message went unanswered and it says nothing else.
       continue;
     }
-    const m: ContextMessage = { role: row.role, content: row.content };
-    if (row.name !== null) m.name = row.name;
-    if (calls) m.tool_calls = calls;
+    const m: ContextMessage = { role: row.role, content: sendableContent(row.role, row.content) };
+    const name = row.name === null ? null : sendableName(row.name);
+    if (name !== null) m.name = name;
+    if (calls) m.tool_calls = calls.map(sendableCall);
     if (row.tool_call_id !== null) m.tool_call_id = row.tool_call_id;
     messages.push(m);
     seqs.push(row.seq);
