@@ -69,16 +69,20 @@ void describe('llm client: chat', () => {
     }).chat(chatReq());
 
     assert.deepEqual(result, { content: 'a summary', inputTokens: 12, outputTokens: 3 });
-    assert.deepEqual(usages, [
-      {
-        purpose: 'summary',
-        model: 'gpt-4o-mini',
-        inputTokens: 12,
-        outputTokens: 3,
-        tenantId: 't1',
-        sessionId: 's1',
-      },
-    ]);
+    assert.ok(usages[0]?.startedAt instanceof Date && usages[0].startedAt.getTime() <= Date.now());
+    assert.deepEqual(
+      usages.map(({ startedAt: _, ...u }) => u),
+      [
+        {
+          purpose: 'summary',
+          model: 'gpt-4o-mini',
+          inputTokens: 12,
+          outputTokens: 3,
+          tenantId: 't1',
+          sessionId: 's1',
+        },
+      ],
+    );
     assert.equal(calls.length, 1);
     assert.equal(calls[0]?.outcome, 'ok');
     const [req] = fake.chatRequests();

@@ -84,6 +84,9 @@ function validSummary(tokens: string[], keyDecisions: string[] = ['Do: answer br
 const echoSummary = (body: any): ChatScript => ({
   content: validSummary(tokensIn(String(body.messages?.[1]?.content ?? ''))),
 });
+const slowEcho =
+  (ms: number) =>
+  (body: any): ChatScript => ({ delayMs: ms, then: echoSummary(body) });
 
 void describe('summary shape', () => {
   void test('finds the first balanced JSON object in prose or code fences', () => {
@@ -444,6 +447,40 @@ void describe('summarize job', () => {
     );
   });
 
+  void test('a call still running when its session is deleted is billed neither to it nor to a session re-created under its id', async () => {
+    const detached = async () => {
+      const r = await svc.deps.db.query<{ n: number }>(
+        `SELECT coalesce(sum(calls), 0)::int AS n FROM llm_usage
+         WHERE tenant_id = $1 AND session_id IS NULL AND purpose = 'summary'`,
+        [tenantId],
+      );
+      return r.rows[0]!.n;
+    };
+    const before = await detached();
+    const gone = sid('usagegone');
+    const again = sid('usageagain');
+    await archive(gone, [user('[T:ug1] q'), assistant('[T:ug2] a')]);
+    await archive(again, [user('[T:ua1] q'), assistant('[T:ua2] a')]);
+    fake.onChat(slowEcho(1500));
+    const runs = [gone, again].map((s) => summarizeSession(svc.deps, { tenantId, sessionId: s }));
+    await eventually(async () => summaryCalls().length === 2, 5000, 'both chunk calls');
+    assert.equal((await api.del(`/v1/sessions/${gone}`)).status, 204);
+    assert.equal((await api.del(`/v1/sessions/${again}`)).status, 204);
+    await archive(again, [user('[T:ua3] a new conversation under the same id')]);
+    for (const r of await Promise.all(runs)) assert.equal(r.outcome, 'lost_race');
+
+    for (const s of [gone, again]) {
+      const r = await api.get(`/v1/usage?session_id=${s}`);
+      assert.deepEqual(
+        r.body.rows.filter((x: any) => x.purpose === 'summary'),
+        [],
+        `no summary call billed to ${s}`,
+      );
+    }
+    // The tenant's total keeps both calls, without a session id.
+    assert.equal((await detached()) - before, 2);
+  });
+
   void test("another tenant's session summary is a 404, for reading and for summarizing", async () => {
     const s = sid('mine');
     await archive(s, [user('[T:o1] q')]);
@@ -603,10 +640,6 @@ void describe('decision model', () => {
 });
 
 void describe('once per session', () => {
-  const slowEcho =
-    (ms: number) =>
-    (body: any): ChatScript => ({ delayMs: ms, then: echoSummary(body) });
-
   void test('a second run while the first holds the lease ends as busy, without an LLM call', async () => {
     const s = sid('busy');
     await archive(s, [user('[T:b1] q'), assistant('[T:b2] a')]);

@@ -9,12 +9,24 @@ export async function insertUsage(
     model: string;
     inputTokens: number;
     outputTokens: number;
+    startedAt: Date;
   },
 ): Promise<void> {
+  // A call that outlived its session's delete (or the session's re-creation under the same id)
+  // keeps its counts without the id, like the rows the delete detached: it is not billed to a
+  // session that no longer exists, nor to a new one that did not make it. FOR SHARE waits for a
+  // delete in progress (it holds the row) and then sees its outcome.
   await q.query(
     `INSERT INTO llm_usage (tenant_id, session_id, purpose, model, calls, input_tokens, output_tokens)
-     SELECT $1, $2, $3, $4, 1, $5, $6 WHERE EXISTS (SELECT 1 FROM tenants WHERE id = $1)`,
-    [u.tenantId, u.sessionId, u.purpose, u.model, u.inputTokens, u.outputTokens],
+     SELECT $1,
+            CASE WHEN EXISTS (SELECT 1 FROM sessions s
+                              WHERE s.tenant_id = $1 AND s.id = $2 AND s.deleted_at IS NULL
+                                AND s.created_at <= $7::timestamptz
+                              FOR SHARE)
+                 THEN $2 END,
+            $3, $4, 1, $5, $6
+     WHERE EXISTS (SELECT 1 FROM tenants WHERE id = $1)`,
+    [u.tenantId, u.sessionId, u.purpose, u.model, u.inputTokens, u.outputTokens, u.startedAt],
   );
 }
 

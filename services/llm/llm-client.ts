@@ -19,6 +19,8 @@ export interface LlmUsage {
   outputTokens: number;
   tenantId: string;
   sessionId: string | null;
+  /** When the call began (before its first attempt): a session deleted or re-created since does not get it. */
+  startedAt: Date;
 }
 
 export interface LlmCallContext {
@@ -248,6 +250,7 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
   }
 
   async function chat(req: ChatRequest): Promise<ChatResult> {
+    const startedAt = new Date();
     const compat = compatFor(req.model);
     const result = await withRetries(req, req.model, async (signal, timeoutMs) => {
       // Each compatibility fallback stops sending one parameter for good, so this loop makes
@@ -286,6 +289,7 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
       outputTokens: result.outputTokens,
       tenantId: req.tenantId,
       sessionId: req.sessionId ?? null,
+      startedAt,
     });
     return result;
   }
@@ -293,6 +297,7 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
   async function embed(req: EmbedRequest): Promise<number[][]> {
     // The API rejects an empty input list; nothing to embed is not an error for our callers.
     if (req.input.length === 0) return [];
+    const startedAt = new Date();
     const response = await withRetries(req, req.model, async (signal, timeoutMs) => {
       // Explicit floats: without encoding_format the SDK asks for base64 and decodes it itself,
       // which some compatible servers do not implement.
@@ -313,6 +318,7 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
       outputTokens: 0,
       tenantId: req.tenantId,
       sessionId: req.sessionId ?? null,
+      startedAt,
     });
     return response.vectors;
   }
