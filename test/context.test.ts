@@ -576,6 +576,20 @@ void describe('context with a decision model', () => {
     assert.ok(turnContextOf(r.body.messages));
   });
 
+  void test('a failing decision model is asked once per turn: no retries on the request path', async () => {
+    const s = await sessionWithSummary();
+    const input = 'any news on the retry policy?';
+    // retry-after 0: a client that retries would ask again at once and get the answer.
+    fake.queueChat({ status: 500, headers: { 'retry-after': '0' } }, { content: answer([], [], false) });
+
+    const r = await context(t.api, s, { input });
+
+    assert.equal(r.status, 200);
+    assert.equal(r.body.relevance, 'all');
+    assert.deepEqual(r.body.summary, SUMMARY);
+    assert.equal(relevanceCalls().filter((c) => JSON.stringify(c.body).includes(input)).length, 1);
+  });
+
   void test('an invalid judgement keeps the whole summary and is not cached', async () => {
     const s = await sessionWithSummary();
     fake.queueChat({ content: answer([7], [], true) }); // index 7 does not exist

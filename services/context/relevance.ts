@@ -180,7 +180,9 @@ async function askModel(
       tenantId: a.tenantId,
       sessionId: a.sessionId,
       timeoutMs,
-      // The per-attempt timeout alone would let retries multiply the wait on the request path.
+      // One attempt: on the request path a failure keeps the whole summary, which is safe, and a
+      // retry after a refused connection or a 5xx would only add its backoff to the turn.
+      maxAttempts: 1,
       signal: AbortSignal.timeout(timeoutMs),
     });
     const j = parseJudgement(r.content, a.parts);

@@ -30,6 +30,8 @@ export interface LlmCallContext {
   signal?: AbortSignal;
   /** Per attempt; defaults to the client's timeoutMs. */
   timeoutMs?: number;
+  /** Attempts for this call; defaults to the client's maxAttempts. */
+  maxAttempts?: number;
 }
 
 export interface ChatMessage {
@@ -191,6 +193,7 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
   ): Promise<T> {
     const timeoutMs = ctx.timeoutMs ?? opts.timeoutMs;
     assertPositive('timeoutMs', timeoutMs);
+    const attempts = Math.max(1, Math.floor(ctx.maxAttempts ?? maxAttempts));
     const external = ctx.signal;
 
     for (let n = 1; ; n++) {
@@ -231,7 +234,7 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
         external?.removeEventListener('abort', onExternalAbort);
       }
 
-      if (!failure.retryable || n >= maxAttempts) throw failure;
+      if (!failure.retryable || n >= attempts) throw failure;
       const delayMs = failure.retryAfterMs ?? fullJitter(n, baseDelayMs, maxDelayMs);
       logger?.warn(
         {
@@ -240,7 +243,7 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
           kind: failure.kind,
           status: failure.status,
           attempt: n,
-          maxAttempts,
+          maxAttempts: attempts,
           delayMs,
         },
         'llm call failed, retrying',
