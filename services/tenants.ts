@@ -63,6 +63,14 @@ function badName(problem: string): AppError {
   });
 }
 
+/** Tenant and key names: at most this many characters (code points, not UTF-16 units). */
+export const MAX_NAME_CHARS = 128;
+const codePoints = (s: string) => {
+  let n = 0;
+  for (const _ of s) n++;
+  return n;
+};
+
 /** Tenant names are what `--tenant <id|name>` resolves: never blank, never shaped like an id. */
 function assertTenantName(name: string): void {
   const problem =
@@ -70,8 +78,8 @@ function assertTenantName(name: string): void {
       ? 'must not be blank'
       : name !== name.trim()
         ? 'must not start or end with spaces'
-        : name.length > 128
-          ? 'must be at most 128 characters'
+        : codePoints(name) > MAX_NAME_CHARS
+          ? `must be at most ${MAX_NAME_CHARS} characters`
           : unprintable(name)
             ? UNPRINTABLE
             : TENANT_ID_RE.test(name)
@@ -104,6 +112,7 @@ export async function createKey(
 ): Promise<{ key_id: string; tenant_id: string; api_key: string }> {
   // Key names are free text, but printable: the same rule as tenant names.
   if (unprintable(name)) throw badName(UNPRINTABLE);
+  if (codePoints(name) > MAX_NAME_CHARS) throw badName(`must be at most ${MAX_NAME_CHARS} characters`);
   const tenant = await findTenant(db, tenantIdOrName);
   if (!tenant) throw new AppError(404, 'not_found', 'tenant not found');
   const key = await createKeyIn(db, tenant.id, name);
@@ -123,7 +132,8 @@ export interface PageRequest {
 
 function pageAfter(cursor: string | undefined): PageAfter | null {
   if (cursor === undefined) return null;
-  const m = /^(\d{1,19}):([A-Za-z0-9_]{1,64})$/.exec(Buffer.from(cursor, 'base64url').toString());
+  // 16 digits of microseconds reach the year 2286; more would overflow Postgres's bigint and interval.
+  const m = /^(\d{1,16}):([A-Za-z0-9_]{1,64})$/.exec(Buffer.from(cursor, 'base64url').toString());
   if (!m) {
     throw new AppError(400, 'validation_failed', 'query.cursor: not a cursor of this list', {
       problems: [{ path: 'query.cursor', message: 'not a cursor of this list' }],

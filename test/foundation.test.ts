@@ -298,7 +298,9 @@ void describe('tenants, keys and the admin API', () => {
       made,
       'oldest first',
     );
-    for (const bad of ['limit=0', 'limit=501', 'limit=x', 'cursor=bm9wZQ', 'colour=red']) {
+    // A cursor's time past what Postgres's bigint and interval hold is bad input too, not a 500.
+    const huge = Buffer.from('9999999999999999999:x').toString('base64url');
+    for (const bad of ['limit=0', 'limit=501', 'limit=x', 'cursor=bm9wZQ', `cursor=${huge}`, 'colour=red']) {
       const r = await admin().get(`/v1/admin/tenants?${bad}`);
       assert.equal(r.status, 400, bad);
       assert.equal(r.body.error.code, 'validation_failed');
@@ -333,16 +335,20 @@ void describe('tenants, keys and the admin API', () => {
       ['line\nbreak', /control characters/],
       [' lead', /start or end with spaces/],
       ['trail ', /start or end with spaces/],
+      ['x'.repeat(129), /at most 128 characters/],
     ] as const) {
       const r = await admin().post('/v1/admin/tenants', { name });
       assert.equal(r.status, 400, JSON.stringify(name));
       assert.match(r.body.error.message, problem, JSON.stringify(name));
     }
+    // 128 characters are code points: 128 emoji (256 UTF-16 units) are a valid name.
+    const emoji = await admin().post('/v1/admin/tenants', { name: '😀'.repeat(128) });
+    assert.equal(emoji.status, 201, emoji.text);
     const bad = await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name: 'k\u0000' });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.code, 'validation_failed');
     assert.equal((await admin().get(`/v1/admin/tenants/a%00b/keys`)).status, 400);
-    assert.equal((await admin().get('/v1/admin/tenants?limit=500')).body.tenants.length, before);
+    assert.equal((await admin().get('/v1/admin/tenants?limit=500')).body.tenants.length, before + 1);
     assert.equal((await admin().get(`/v1/admin/tenants/${made[0]}/keys?limit=500`)).body.keys.length, 3);
     // An empty cursor is the first page, on every list.
     const firstPage = await admin().get('/v1/admin/tenants?cursor=&limit=1');

@@ -3,17 +3,15 @@ import { z } from 'zod';
 import type { Db } from '../../db/pool.js';
 import { AppError, notFound } from '../errors.js';
 import type { RouteMeta } from '../openapi.js';
-import { createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
+import { MAX_NAME_CHARS, createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
 import { listQuery, noQuery, parseInput } from '../validate.js';
 import { findTenant } from '../../db/queries/tenants.js';
 
-const tenantBody = z
-  .object({
-    // Checked by createTenant, with the same rules as the CLI's `tenant create`.
-    name: z.string().min(1).max(128),
-  })
-  .strict();
-const keyBody = z.object({ name: z.string().max(128).optional() }).strict();
+// Names are checked by createTenant/createKey, with the CLI's rules: at most 128 characters counted
+// in code points, as JSON Schema's maxLength counts them (zod's max counts UTF-16 units).
+const name = () => z.string().meta({ maxLength: MAX_NAME_CHARS });
+const tenantBody = z.object({ name: name().min(1) }).strict();
+const keyBody = z.object({ name: name().optional() }).strict();
 export const adminRoutesMeta: Record<string, RouteMeta> = {
   'POST /tenants': {
     summary: 'Create a tenant and its first API key',
@@ -30,6 +28,7 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
   'POST /tenants/:id/keys': {
     summary: 'Create an API key (shown once)',
     body: keyBody,
+    bodyOptional: true,
     auth: 'admin',
     success: 201,
   },
