@@ -458,6 +458,48 @@ void describe('recent index with the local embedder', () => {
     assert.equal(left.rowCount, 0);
   });
 
+  void test('an invalid index a failed build left behind is dropped and rebuilt, registered or not', async () => {
+    const t = await svc.newTenant();
+    const seqs = await post(
+      t.api,
+      'crashed',
+      Array.from({ length: 24 }, (_, i) => user(`note ${i} about crashed builds`)),
+    );
+    await vectorsFor(svc, t.tenantId, 'crashed', seqs);
+    const name = annIndexName(t.tenantId, 'crashed', 384);
+    const stray = `mv_ann_stray_${t.tenantId.slice(2)}`;
+    // What a CREATE INDEX CONCURRENTLY leaves when Postgres restarts under it: an INVALID index. A
+    // unique build over duplicates fails the same way. One was registered by a pass that took the
+    // leftover for its own index (IF NOT EXISTS), the other never was.
+    for (const index of [name, stray]) {
+      await assert.rejects(
+        svc.deps.db.query(
+          `CREATE UNIQUE INDEX CONCURRENTLY ${index} ON message_vectors (tenant_id) WHERE session_id = 'crashed'`,
+        ),
+        /could not create unique index/,
+      );
+    }
+    await svc.deps.db.query(
+      `INSERT INTO vector_ann_indexes (index_name, tenant_id, session_id, dimensions, vectors)
+       VALUES ($1, $2, 'crashed', 384, 24)`,
+      [name, t.tenantId],
+    );
+
+    const r = await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 });
+
+    assert.ok(r.dropped.includes(name) && r.dropped.includes(stray), JSON.stringify(r));
+    assert.ok(r.built.includes(name), JSON.stringify(r));
+    const left = await svc.deps.db.query<{ name: string; valid: boolean; def: string }>(
+      `SELECT c.relname AS name, i.indisvalid AS valid, pg_get_indexdef(i.indexrelid) AS def
+       FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = ANY($1)`,
+      [[name, stray]],
+    );
+    assert.equal(left.rows.length, 1);
+    assert.equal(left.rows[0]!.name, name);
+    assert.equal(left.rows[0]!.valid, true);
+    assert.match(left.rows[0]!.def, /USING hnsw/);
+  });
+
   void test('reembed does not bring back vectors that a delete, a reset or a compaction removed while it ran', async () => {
     const t = await svc.newTenant();
     const turns = (p: string) =>

@@ -1,5 +1,10 @@
 import type { Queryable } from '../pool.js';
-import { buildIndexConcurrently, dropIndexConcurrently, partialIndexName } from './partial-indexes.js';
+import {
+  VALID_INDEX_SQL,
+  buildIndexConcurrently,
+  dropIndexConcurrently,
+  partialIndexName,
+} from './partial-indexes.js';
 
 /**
  * Per-session partial HNSW indexes on `message_vectors` (migration 007): an index over one huge
@@ -19,8 +24,10 @@ export interface AnnIndexRow {
 }
 
 /** The index of a session at a dimension: a stable name Postgres accepts (≤ 63 bytes). */
+export const ANN_INDEX_PREFIX = 'mv_ann_';
+
 export function annIndexName(tenantId: string, sessionId: string, dimensions: number): string {
-  return partialIndexName('mv_ann_', tenantId, sessionId, dimensions);
+  return partialIndexName(ANN_INDEX_PREFIX, tenantId, sessionId, dimensions);
 }
 
 export async function listAnnIndexes(
@@ -29,7 +36,7 @@ export async function listAnnIndexes(
 ): Promise<Array<AnnIndexRow & { exists: boolean; live: boolean; current_vectors: number }>> {
   const r = await q.query<AnnIndexRow & { exists: boolean; live: boolean; current_vectors: number }>(
     `SELECT a.index_name, a.tenant_id, a.session_id, a.dimensions, a.vectors,
-       to_regclass(a.index_name) IS NOT NULL AS exists,
+       ${VALID_INDEX_SQL('a.index_name')} AS exists,
        EXISTS (SELECT 1 FROM sessions s
                WHERE s.tenant_id = a.tenant_id AND s.id = a.session_id AND s.deleted_at IS NULL) AS live,
        (SELECT count(*)::int FROM message_vectors v

@@ -15,8 +15,39 @@ export function partialIndexName(prefix: string, ...parts: Array<string | number
 }
 
 /**
- * Runs `SELECT format(template, ...args)` and executes the result: a CREATE INDEX CONCURRENTLY.
- * A build that fails leaves an INVALID index behind, which is dropped before the error is thrown.
+ * SQL: true when the index named by the text expression exists and is valid. A CREATE INDEX
+ * CONCURRENTLY that failed, or whose backend died (a Postgres restart, a killed worker), leaves an
+ * INVALID index: never used by the planner, yet maintained by every write.
+ */
+export const VALID_INDEX_SQL = (nameExpr: string) =>
+  `EXISTS (SELECT 1 FROM pg_index i WHERE i.indexrelid = to_regclass(${nameExpr}) AND i.indisvalid)`;
+
+// An invalid index is only a leftover when no CREATE INDEX CONCURRENTLY is still building it.
+const LEFTOVER_SQL = `NOT i.indisvalid
+  AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)`;
+
+/**
+ * Drops the INVALID indexes whose names start with one of `prefixes` and that no build is working
+ * on: what a build left when its drop could not run either (Postgres was down), registered or
+ * not, of a live session or of one deleted since. Returns their names.
+ */
+export async function dropInvalidLeftovers(q: Queryable, prefixes: string[]): Promise<string[]> {
+  const r = await q.query<{ name: string }>(
+    `SELECT c.relname AS name FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+     WHERE ${LEFTOVER_SQL}
+       AND EXISTS (SELECT 1 FROM unnest($1::text[]) p WHERE starts_with(c.relname, p))
+     ORDER BY 1`,
+    [prefixes],
+  );
+  for (const { name } of r.rows) await dropIndexConcurrently(q, name);
+  return r.rows.map((x) => x.name);
+}
+
+/**
+ * Runs `SELECT format(template, ...args)` and executes the result: a CREATE INDEX CONCURRENTLY
+ * ... IF NOT EXISTS. An invalid leftover of the same name is dropped first (IF NOT EXISTS would
+ * keep it), and a build that fails leaves an INVALID index behind, which is dropped before the
+ * error is thrown (or by dropInvalidLeftovers, when that drop fails too).
  */
 export async function buildIndexConcurrently(
   q: Queryable,
@@ -24,6 +55,11 @@ export async function buildIndexConcurrently(
   template: string,
   args: unknown[],
 ): Promise<void> {
+  const leftover = await q.query(
+    `SELECT 1 FROM pg_index i WHERE i.indexrelid = to_regclass($1) AND ${LEFTOVER_SQL}`,
+    [name],
+  );
+  if ((leftover.rowCount ?? 0) > 0) await dropIndexConcurrently(q, name);
   const ddl = await q.query<{ ddl: string }>(`SELECT format(${template}) AS ddl`, args);
   try {
     await q.query(ddl.rows[0]!.ddl);

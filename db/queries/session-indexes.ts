@@ -1,5 +1,10 @@
 import type { Queryable } from '../pool.js';
-import { buildIndexConcurrently, dropIndexConcurrently, partialIndexName } from './partial-indexes.js';
+import {
+  VALID_INDEX_SQL,
+  buildIndexConcurrently,
+  dropIndexConcurrently,
+  partialIndexName,
+} from './partial-indexes.js';
 
 /**
  * Per-session partial indexes on `messages` for huge sessions (migration 008), built by the
@@ -39,18 +44,20 @@ const KINDS: Record<SessionIndexKind, { prefix: string; using: string; size: str
   },
 };
 
+export const SESSION_INDEX_PREFIXES = Object.values(KINDS).map((k) => k.prefix);
+
 export function sessionIndexName(tenantId: string, sessionId: string, kind: SessionIndexKind): string {
   return partialIndexName(KINDS[kind].prefix, tenantId, sessionId);
 }
 
-/** The recorded indexes, whether each still exists, whether its session is live, and its size now. */
+/** The recorded indexes, whether each still exists and is valid, whether its session is live, and its size now. */
 export async function listSessionIndexes(
   q: Queryable,
   filter: { tenantId?: string; sessionId?: string } = {},
 ): Promise<Array<SessionIndexRow & { exists: boolean; live: boolean; current_messages: number }>> {
   const r = await q.query<SessionIndexRow & { exists: boolean; live: boolean; current_messages: number }>(
     `SELECT x.index_name, x.tenant_id, x.session_id, x.kind, x.messages,
-       to_regclass(x.index_name) IS NOT NULL AS exists,
+       ${VALID_INDEX_SQL('x.index_name')} AS exists,
        s.id IS NOT NULL AS live,
        coalesce(CASE x.kind WHEN 'fts' THEN ${KINDS.fts.size} ELSE ${KINDS.trgm.size} END, 0)::int
          AS current_messages

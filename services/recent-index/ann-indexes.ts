@@ -1,9 +1,11 @@
 import {
+  ANN_INDEX_PREFIX,
   buildAnnIndex,
   dropAnnIndex,
   listAnnIndexes,
   sessionsNeedingAnnIndex,
 } from '../../db/queries/ann-indexes.js';
+import { dropInvalidLeftovers } from '../../db/queries/partial-indexes.js';
 import { getVectorIndex } from '../../db/queries/vectors.js';
 import type { CoreDeps } from '../deps.js';
 
@@ -24,7 +26,8 @@ export interface AnnMaintenanceResult {
 }
 
 /**
- * One pass of the `ann-indexes` maintenance task: drops the indexes of sessions that were deleted,
+ * One pass of the `ann-indexes` maintenance task: drops invalid leftovers of failed builds (a build
+ * whose Postgres restarted under it), and the indexes of sessions that were deleted,
  * shrank below half the threshold (reset, compaction) or hold another dimension than the recent
  * index (reembed), forgets indexes that vanished (a reembed swaps the table), then builds at most
  * `maxBuilds` missing ones, largest session first. Postgres only: PGlite is one connection, where
@@ -37,6 +40,7 @@ export async function maintainAnnIndexes(
   const out: AnnMaintenanceResult = { built: [], dropped: [] };
   const minVectors = opts.minVectors ?? deps.config.annMinVectors;
   if (deps.db.kind !== 'postgres') return out;
+  out.dropped.push(...(await dropInvalidLeftovers(deps.db, [ANN_INDEX_PREFIX])));
   const index = await getVectorIndex(deps.db);
   for (const a of await listAnnIndexes(deps.db)) {
     const keep =
@@ -48,7 +52,7 @@ export async function maintainAnnIndexes(
       a.dimensions === index.dimensions;
     if (keep) continue;
     await dropAnnIndex(deps.db, a.index_name);
-    out.dropped.push(a.index_name);
+    if (!out.dropped.includes(a.index_name)) out.dropped.push(a.index_name);
   }
   if (minVectors <= 0 || !index || index.state !== 'ready') return out;
   const todo = await sessionsNeedingAnnIndex(deps.db, { minVectors, limit: opts.maxBuilds ?? 1 });

@@ -1,4 +1,6 @@
+import { dropInvalidLeftovers } from '../../db/queries/partial-indexes.js';
 import {
+  SESSION_INDEX_PREFIXES,
   buildSessionIndex,
   dropSessionIndex,
   ensureTrigramExtension,
@@ -32,7 +34,8 @@ export interface SessionIndexMaintenance {
 const KINDS: SessionIndexKind[] = ['fts', 'trgm'];
 
 /**
- * One pass of the `search-indexes` maintenance task: drops the indexes of sessions that were
+ * One pass of the `search-indexes` maintenance task: drops invalid leftovers of failed builds, and
+ * the indexes of sessions that were
  * deleted or shrank below half the threshold (reset; compaction for the recent part's trigram
  * index), forgets indexes that vanished, then builds at most `maxBuilds` missing ones of each kind
  * while fewer than `maxSessions` sessions have that kind. Postgres only: on PGlite (one
@@ -46,11 +49,12 @@ export async function maintainSessionIndexes(
   if (deps.db.kind !== 'postgres') return out;
   const minMessages = opts.minMessages ?? deps.config.searchIndexMinMessages;
   const maxSessions = opts.maxSessions ?? deps.config.searchIndexMaxSessions;
+  out.dropped.push(...(await dropInvalidLeftovers(deps.db, SESSION_INDEX_PREFIXES)));
   const existing = await listSessionIndexes(deps.db);
   for (const x of existing) {
     if (minMessages > 0 && x.exists && x.live && x.current_messages >= minMessages / 2) continue;
     await dropSessionIndex(deps.db, x.index_name);
-    out.dropped.push(x.index_name);
+    if (!out.dropped.includes(x.index_name)) out.dropped.push(x.index_name);
   }
   if (minMessages <= 0) return out;
   for (const kind of KINDS) {
