@@ -101,7 +101,10 @@ export async function createTenant(db: Db, name: string): Promise<{ tenant_id: s
 async function createKeyIn(tx: Parameters<typeof insertApiKey>[0], tenantId: string, name: string) {
   const id = randomString(BASE32, 12);
   const secret = randomString(BASE62, 40);
-  await insertApiKey(tx, { id, tenantId, name, secretHash: hashSecret(secret) });
+  if (!(await insertApiKey(tx, { id, tenantId, name, secretHash: hashSecret(secret) }))) {
+    // Erased meanwhile, or being erased: the erasure revoked every key and no new one may outlive it.
+    throw new AppError(404, 'not_found', 'tenant not found (it is being erased)');
+  }
   return { key_id: id, api_key: `mn_${id}_${secret}` };
 }
 

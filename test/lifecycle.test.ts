@@ -15,6 +15,7 @@ import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
 import { openSessionExport, SessionChangedError } from '../services/lifecycle/export-session.js';
 import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
 import { buildSessionIndex, dropSessionIndex } from '../db/queries/session-indexes.js';
+import { pageSummaryCandidates } from '../db/queries/summaries.js';
 import { inboxKeys } from '../services/messages/inbox.js';
 import { QUEUE_NAMES } from '../workers/queues.js';
 import {
@@ -987,6 +988,32 @@ void describe('tenant erasure', () => {
     );
     assert.ok((await sessionKeys(bystander.tenantId, tricky)).length > 0);
     assert.equal((await bystander.api.post(`/v1/sessions/${tricky}/reset`)).status, 200);
+  });
+
+  void test('no key can be created for a tenant under erasure, and the summary sweep leaves its sessions alone', async () => {
+    const admin = api(svc.base, ADMIN_TOKEN);
+    const victim = await svc.newTenant();
+    await archive(victim.api, 'chat', [user('hello'), assistant('hi')]);
+    const unsummarised = async () =>
+      (
+        await pageSummaryCandidates(svc.deps.db, { afterTenantId: '', afterSessionId: '', limit: 100_000 })
+      ).some((c) => c.tenant_id === victim.tenantId);
+    assert.ok(await unsummarised(), 'a candidate before the erasure');
+
+    const erasing = admin.del(`/v1/admin/tenants/${victim.tenantId}`);
+    // The erasure marks the tenant, then waits out the API processes' key cache (5 s).
+    await eventually(
+      async () =>
+        (await q('SELECT 1 FROM tenants WHERE id = $1 AND erasing_at IS NOT NULL', [victim.tenantId]))
+          .length === 1,
+      5000,
+      'the erasure mark',
+    );
+    const late = await admin.post(`/v1/admin/tenants/${victim.tenantId}/keys`, { name: 'late' });
+    assert.equal(late.status, 404, late.text);
+    assert.equal(await unsummarised(), false, 'no candidate while it is erased');
+    assert.equal((await erasing).status, 204);
+    assert.equal((await q('SELECT 1 FROM api_keys WHERE tenant_id = $1', [victim.tenantId])).length, 0);
   });
 
   void test('an inbox whose tenant the database does not know is dropped, counted and logged, and drains stop', async () => {

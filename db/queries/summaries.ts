@@ -269,7 +269,8 @@ export interface SummaryCandidate {
 }
 
 /**
- * One keyset page of sessions the sweep should summarise: live, not `temp-`, with an archived
+ * One keyset page of sessions the sweep should summarise: live, of a tenant not under erasure, not
+ * `temp-`, with an archived
  * message past the summary cursor (or no summary yet), and not stalled in back-off. The cheap
  * `next_seq` test filters first; the EXISTS probe on the primary key makes it exact (a reset
  * removes archive rows without lowering next_seq).
@@ -284,6 +285,7 @@ export async function pageSummaryCandidates(
      LEFT JOIN summaries m ON m.tenant_id = s.tenant_id AND m.session_id = s.id
      WHERE (s.tenant_id, s.id) > ($1, $2)
        AND s.deleted_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = s.tenant_id AND t.erasing_at IS NOT NULL)
        AND left(s.id, 5) <> 'temp-'
        AND s.next_seq - 1 > coalesce(m.cursor_seq, 0)
        AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())

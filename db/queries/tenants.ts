@@ -65,16 +65,34 @@ export async function deleteTenantRow(q: Queryable, id: string): Promise<boolean
   return (r.rowCount ?? 0) > 0;
 }
 
+/**
+ * Null when the tenant is gone or under erasure. FOR SHARE orders this against the erasure's mark
+ * (markTenantErasing): a key inserted first is revoked by it, one inserted after sees the mark.
+ */
 export async function insertApiKey(
   q: Queryable,
   key: { id: string; tenantId: string; name: string; secretHash: Buffer },
-): Promise<ApiKeyRow> {
+): Promise<ApiKeyRow | null> {
   const r = await q.query<ApiKeyRow>(
-    `INSERT INTO api_keys (id, tenant_id, name, secret_hash) VALUES ($1, $2, $3, $4)
+    `INSERT INTO api_keys (id, tenant_id, name, secret_hash)
+     SELECT $1, $2, $3, $4
+     WHERE EXISTS (SELECT 1 FROM tenants WHERE id = $2 AND erasing_at IS NULL FOR SHARE)
      RETURNING id, tenant_id, name, secret_hash, created_at, last_used_at, revoked_at`,
     [key.id, key.tenantId, key.name, key.secretHash],
   );
-  return r.rows[0]!;
+  return r.rows[0] ?? null;
+}
+
+/**
+ * Marks the tenant as under erasure (caller's transaction); then revokeTenantKeys, as a statement
+ * of its own: the mark waits for a key insert holding the tenant row, and only a later statement's
+ * snapshot sees that key.
+ */
+export async function markTenantErasing(q: Queryable, tenantId: string): Promise<boolean> {
+  const r = await q.query('UPDATE tenants SET erasing_at = coalesce(erasing_at, now()) WHERE id = $1', [
+    tenantId,
+  ]);
+  return (r.rowCount ?? 0) > 0;
 }
 
 export async function findApiKey(q: Queryable, id: string): Promise<ApiKeyRow | null> {

@@ -1,6 +1,6 @@
 import { withTransaction } from '../../db/pool.js';
 import { deleteTenant, deleteTenantBatch, getTenantById } from '../../db/queries/lifecycle.js';
-import { revokeTenantKeys } from '../../db/queries/tenants.js';
+import { markTenantErasing, revokeTenantKeys } from '../../db/queries/tenants.js';
 import { KEY_CACHE_MS } from '../tenants.js';
 import type { Redis } from '../redis.js';
 import { removeQueuedJobs, tenantJobs } from './queued-jobs.js';
@@ -10,13 +10,15 @@ import type { ExtensionList, LifecycleDeps } from './session-lifecycle.js';
 /**
  * Tenant erasure (DELETE /v1/admin/tenants/{id}, `mnemos tenant delete`): everything of the tenant,
  * in an order that can be re-run after any failure, because the tenants row goes last:
- *   1. revoke every key and wait out the API processes' key cache (KEY_CACHE_MS, 5 s), so no new
- *      request of the tenant is authenticated;
+ *   1. mark the tenant as erasing (no new key, no summary sweep), revoke every key and wait out
+ *      the API processes' key cache (KEY_CACHE_MS, 5 s), so no new request of the tenant is
+ *      authenticated;
  *   2. each module's purgeTenant (error memory, caches);
  *   3. queued jobs whose payload names the tenant;
  *   4. every Redis key in the tenant's namespace, and its members of shared sets;
  *   5. Postgres: bulk tables in batches, then the tenants row (the rest cascades);
- *   6. the Redis sweep again, for anything an in-flight request wrote meanwhile.
+ *   6. the Redis sweep and the queued jobs again, for anything an in-flight request or job wrote
+ *      meanwhile.
  */
 
 const DELETE_BATCH = 5000;
@@ -84,7 +86,12 @@ export async function eraseTenant(
   const tenant = await getTenantById(deps.db, tenantId);
   if (!tenant) return false;
   const log = deps.logger.child({ tenantId });
-  await revokeTenantKeys(deps.db, tenantId);
+  // The mark first: no key can be created for the tenant from here on, and the summary sweep
+  // leaves its sessions alone. Then every key it has is revoked.
+  await withTransaction(deps.db, async (tx) => {
+    await markTenantErasing(tx, tenantId);
+    await revokeTenantKeys(tx, tenantId);
+  });
   // API processes trust a verified key for KEY_CACHE_MS: wait that out, so no request of the
   // tenant can start writing after the purge below.
   await new Promise((r) => setTimeout(r, opts.revocationGraceMs ?? KEY_CACHE_MS + 250));
@@ -117,6 +124,9 @@ export async function eraseTenant(
   }
   await withTransaction(deps.db, (tx) => deleteTenant(tx, tenantId));
   const late = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
-  log.info({ jobs, redisKeys: keys + late, bulkRows: rows }, 'tenant erased');
+  // Jobs that were running during the steps above (a summary the sweep queued just before the
+  // mark) finish against the deleted tenant and leave their completed or failed job records.
+  const lateJobs = await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
+  log.info({ jobs: jobs + lateJobs, redisKeys: keys + late, bulkRows: rows }, 'tenant erased');
   return true;
 }
