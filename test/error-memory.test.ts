@@ -1,11 +1,11 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { connect, createServer } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import { Redis } from 'ioredis';
-import { openErrorMemory } from '../services/error-memory/error-store.js';
+import { CANDIDATES_PER_TERM, openErrorMemory } from '../services/error-memory/error-store.js';
 import type { ErrorMemory, ErrorRecord } from '../services/error-memory/types.js';
 import { makeErrorHandler, notFoundHandler } from '../services/http-errors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
@@ -19,26 +19,161 @@ const TTL_MS = 90 * DAY_MS;
 
 let redis: Redis;
 let errors: ErrorMemory;
-let server: Server;
+let server: { base: string; close: () => Promise<void> };
 let baseUrl: string;
 const extraStores: ErrorMemory[] = [];
 
 const newTenant = () => `t-${randomBytes(5).toString('hex')}`;
 const recKey = (tenant: string, id: string) => `${PREFIX}:err:${tenant}:rec:${id}`;
 
-type Reply = { status: number; body: any };
+type Reply = { status: number; body: any; headers?: Headers };
 
-async function call(tenant: string, method: string, path: string, body?: unknown): Promise<Reply> {
-  const res = await fetch(`${baseUrl}/v1/errors${path}`, {
+async function call(
+  tenant: string,
+  method: string,
+  path: string,
+  body?: unknown,
+  opts: { base?: string; timeoutMs?: number } = {},
+): Promise<Reply> {
+  const res = await fetch(`${opts.base ?? baseUrl}/v1/errors${path}`, {
     method,
     headers: {
       'x-test-tenant': tenant,
       ...(body === undefined ? {} : { 'content-type': 'application/json' }),
     },
     body: body === undefined ? undefined : JSON.stringify(body),
+    signal: AbortSignal.timeout(opts.timeoutMs ?? 60_000),
   });
   const raw = await res.text();
-  return { status: res.status, body: raw === '' ? null : JSON.parse(raw) };
+  return { status: res.status, body: raw === '' ? null : JSON.parse(raw), headers: res.headers };
+}
+
+/** The error routes over one store, as the service mounts them (the tenant comes from a header). */
+async function serveStore(store: ErrorMemory): Promise<{ base: string; close: () => Promise<void> }> {
+  const app = express();
+  app.use(express.json());
+  app.use((req, res, next) => {
+    res.locals.tenantId = req.header('x-test-tenant');
+    next();
+  });
+  app.use('/v1/errors', makeErrorRoutes({ errors: store }));
+  app.use(notFoundHandler);
+  app.use(makeErrorHandler(makeLogger('silent')));
+  const srv = app.listen(0, '127.0.0.1');
+  await new Promise<void>((resolve) => srv.once('listening', resolve));
+  return {
+    base: `http://127.0.0.1:${(srv.address() as AddressInfo).port}`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        srv.closeAllConnections();
+        srv.close(() => resolve());
+      }),
+  };
+}
+
+/**
+ * A TCP proxy in front of the shared Redis that can stop forwarding (a hung Redis: connections
+ * stay open, nothing answers), delay traffic, or cut the connection when the client sends a
+ * command matching a pattern (a connection lost between two steps of a write).
+ */
+async function startRedisProxy() {
+  const sockets = new Set<Socket>();
+  /** What each client sent since the cut was armed (a command may span two reads). */
+  const sent = new Map<Socket, string>();
+  let blackhole = false;
+  let delayMs = 0;
+  let cutOn: RegExp | null = null;
+  const forward = (to: Socket, data: Buffer) => {
+    if (blackhole) return;
+    if (delayMs === 0) to.write(data);
+    else setTimeout(() => to.writable && to.write(data), delayMs);
+  };
+  const server = createServer((client) => {
+    const upstream = connect(6379, '127.0.0.1');
+    sockets.add(client).add(upstream);
+    client.on('data', (data) => {
+      const recent = ((sent.get(client) ?? '') + data.toString('latin1')).slice(-4096);
+      sent.set(client, recent);
+      if (cutOn?.test(recent)) {
+        cutOn = null;
+        client.destroy();
+        upstream.destroy();
+        return;
+      }
+      forward(upstream, data);
+    });
+    upstream.on('data', (data) => forward(client, data));
+    for (const [a, b] of [
+      [client, upstream],
+      [upstream, client],
+    ] as const) {
+      a.on('error', () => b.destroy());
+      a.on('close', () => {
+        b.destroy();
+        sockets.delete(a);
+        sent.delete(a);
+      });
+    }
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `redis://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    blackhole: () => {
+      blackhole = true;
+    },
+    delay: (ms: number) => {
+      delayMs = ms;
+    },
+    /** Cuts the connection (once) when what the client sent so far matches. */
+    cutWhen: (pattern: RegExp) => {
+      sent.clear();
+      cutOn = pattern;
+    },
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const socket of sockets) socket.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+/** Closes a store whose proxy is gone (a hung client would wait forever for QUIT). */
+async function closeBehindProxy(store: ErrorMemory, proxy: { close: () => Promise<void> }) {
+  await proxy.close();
+  await waitFor('the client to see its connection closed', async () => !(await store.ping()));
+  await store.close();
+}
+
+/** Distinct words of letters only (no digit runs to mask, no stop words): zqa, zqb, … */
+const word = (i: number) => {
+  let s = '';
+  do {
+    s += String.fromCharCode(97 + (i % 26));
+    i = Math.floor(i / 26);
+  } while (i > 0);
+  return `zq${s}`;
+};
+
+/** Writes through the store, a few at a time. */
+async function writeMany(tenant: string, inputs: Array<Record<string, unknown>>): Promise<string[]> {
+  const ids: string[] = [];
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      while (next < inputs.length) {
+        const i = next++;
+        const input = {
+          action: 'retry',
+          outcome: 'resolved' as const,
+          tool_name: 'x',
+          symptom: 'x',
+          ...inputs[i],
+        };
+        ids[i] = (await errors.write(tenant, input as Parameters<ErrorMemory['write']>[1])).id;
+      }
+    }),
+  );
+  return ids;
 }
 
 const write = (tenant: string, input: Record<string, unknown>) =>
@@ -82,22 +217,12 @@ const near = (actual: number, expected: number, slack = 60_000) =>
 before(async () => {
   redis = new Redis(REDIS_URL);
   errors = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 90 });
-  const app = express();
-  app.use(express.json());
-  app.use((req, res, next) => {
-    res.locals.tenantId = req.header('x-test-tenant');
-    next();
-  });
-  app.use('/v1/errors', makeErrorRoutes({ errors }));
-  app.use(notFoundHandler);
-  app.use(makeErrorHandler(makeLogger('silent')));
-  server = app.listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', resolve));
-  baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  server = await serveStore(errors);
+  baseUrl = server.base;
 });
 
 after(async () => {
-  await new Promise<void>((resolve) => server.close(() => resolve()));
+  await server.close();
   for (const store of [errors, ...extraStores]) await store.close();
   const leftovers = await scanKeys(`${PREFIX}:*`);
   if (leftovers.length > 0) await redis.del(...leftovers);
@@ -256,7 +381,112 @@ void describe('dedupe', () => {
       tool_name: 'run_tests',
       symptom: "timeout after 5s on 'some file'",
     });
-    assert.equal(quoted.status, 201, 'a quoted value is not a path');
+    assert.equal(quoted.status, 201, 'quoted text with spaces is a message, not a path');
+  });
+
+  void test('symptoms differing in a status or exit code, a quoted message or a numbered word stay apart', async () => {
+    const tenant = newTenant();
+    const pairs = [
+      ['{"error":"rate limited","code":429}', '{"error":"invalid api key","code":401}'],
+      ['{"error":"rate limited","code":429}', '{"error":"rate limited","code":503}'],
+      ['request failed with status 404', 'request failed with status 503'],
+      ['HTTP/1.1 502 Bad Gateway', 'HTTP/1.1 504 Bad Gateway'],
+      ['process exited with exit code 127', 'process exited with exit code 1'],
+      ['python3: command not found', 'python2: command not found'],
+    ];
+    for (const [n, [a, b]] of pairs.entries()) {
+      const tool_name = `tool_${n}`;
+      const first = await write(tenant, { tool_name, symptom: a, action: 'fix the first' });
+      const second = await write(tenant, { tool_name, symptom: b, action: 'fix the second' });
+      assert.equal(first.status, 201, a);
+      assert.equal(second.status, 201, `${b} is not ${a}`);
+      const kept = await call(tenant, 'GET', `/${first.body.id}`);
+      assert.deepEqual([kept.body.symptom, kept.body.action, kept.body.hits], [a, 'fix the first', 1]);
+      const lookup = await call(tenant, 'POST', '/lookup', { tool_name, error: b });
+      const own = lookup.body.records.find((r: ErrorRecord) => r.symptom === b);
+      assert.equal(own?.action, 'fix the second', `the fix of ${b} is its own`);
+    }
+  });
+
+  void test('ports, addresses, line numbers, durations, uuids, hex ids, URLs and quoted values still merge', async () => {
+    const tenant = newTenant();
+    const pairs = [
+      ['connect ECONNREFUSED 10.0.0.1:8080', 'connect ECONNREFUSED 127.0.0.1:5432'],
+      ['SyntaxError at line 42 column 7 after 1500ms', 'SyntaxError at line 7 column 1 after 20ms'],
+      [
+        'job 123e4567-e89b-12d3-a456-426614174000 failed at commit deadbeef12',
+        'job 00000000-0000-0000-0000-000000000001 failed at commit 0a1b2c3d4e',
+      ],
+      ['GET https://api.example.com/v1/users/42 failed', 'GET https://api.example.com/v1/users/77 failed'],
+      ["KeyError: 'user_id'", "KeyError: 'session'"],
+      [
+        '{"error":"rate limited","code":429,"retry_in":30}',
+        '{"error":"rate limited","code":429,"retry_in":7}',
+      ],
+    ];
+    for (const [n, [a, b]] of pairs.entries()) {
+      const first = await write(tenant, { tool_name: `tool_${n}`, symptom: a });
+      const second = await write(tenant, { tool_name: `tool_${n}`, symptom: b });
+      assert.equal(first.status, 201, a);
+      assert.deepEqual(second.body, { id: first.body.id, deduplicated: true }, `${b} is ${a}`);
+    }
+  });
+
+  void test('a record merged with ever new actions stays indexed under its current terms only', async () => {
+    const tenant = newTenant();
+    const symptom = 'pod crashlooping after rollout';
+    const { body } = await write(tenant, { tool_name: 'kubectl', symptom, action: 'deleted pod zqfirst' });
+    for (let i = 0; i < 30; i++) {
+      const res = await write(tenant, { tool_name: 'kubectl', symptom, action: `deleted pod ${word(i)}` });
+      assert.equal(res.status, 200);
+    }
+    const id: string = body.id;
+    const termsIn = (kind: string, keys: string[]) =>
+      keys
+        .filter((key) => key.includes(`:${kind}:`))
+        .map((key) => decodeURIComponent(key.slice(key.lastIndexOf(':') + 1)))
+        .sort();
+    const current = ['crashlooping', 'deleted', 'pod', 'rollout', word(29)].sort();
+    const naming = await keysNaming(tenant, id);
+    assert.deepEqual(termsIn('term', naming), current);
+    assert.deepEqual(termsIn('tterm', naming), current);
+    const registered = await redis.smembers(`${PREFIX}:err:${tenant}:ikeys`);
+    assert.equal(registered.length, 1 + 2 * current.length, 'emptied term keys leave the registry');
+    assert.equal(await redis.exists(`${PREFIX}:err:${tenant}:term:zqfirst`), 0);
+    assert.deepEqual(
+      (await call(tenant, 'POST', '/search', { query: word(29) })).body.records.map((r: ErrorRecord) => r.id),
+      [id],
+    );
+  });
+
+  void test('a failed attempt merged into a resolved record keeps the fix; a newer fix replaces it', async () => {
+    const tenant = newTenant();
+    const fixed = await write(tenant, {
+      tool_name: 'psql',
+      symptom: 'connection refused on 127.0.0.1:5432',
+      action: 'pg_ctlcluster 15 main start',
+      cause: 'postgres stopped',
+    });
+    const failed = await write(tenant, {
+      tool_name: 'psql',
+      symptom: 'connection refused on 127.0.0.1:5433',
+      action: 'restart the container',
+      outcome: 'failed',
+      cause: 'unknown',
+    });
+    assert.deepEqual(failed.body, { id: fixed.body.id, deduplicated: true });
+    let rec = (await call(tenant, 'GET', `/${fixed.body.id}`)).body;
+    assert.deepEqual(
+      [rec.action, rec.outcome, rec.cause, rec.hits],
+      ['pg_ctlcluster 15 main start', 'resolved', 'postgres stopped', 2],
+    );
+    await write(tenant, {
+      tool_name: 'psql',
+      symptom: 'connection refused on 127.0.0.1:5432',
+      action: 'systemctl start postgresql',
+    });
+    rec = (await call(tenant, 'GET', `/${fixed.body.id}`)).body;
+    assert.deepEqual([rec.action, rec.outcome, rec.hits], ['systemctl start postgresql', 'resolved', 3]);
   });
 
   void test('8 concurrent identical writes create exactly one record', async () => {
@@ -387,6 +617,73 @@ void describe('search and lookup', () => {
     assert.match(text, /^- \[resolved\] render: template overflow variant/);
   });
 
+  void test('lookup text of emoji and CJK records shows all four, within 1,500 code points', async () => {
+    const wide = newTenant();
+    for (let i = 0; i < 6; i++) {
+      const res = await write(wide, {
+        tool_name: 'render',
+        symptom: `模板溢出 ${'界🎉'.repeat(150)} ${'q'.repeat(i + 1)}`,
+        action: '修正🎉'.repeat(200),
+        cause: '原因😀'.repeat(200),
+      });
+      assert.equal(res.status, 201);
+    }
+    const res = await call(wide, 'POST', '/lookup', { tool_name: 'render', error: '模板溢出' });
+    assert.equal(res.body.records.length, 4);
+    const text: string = res.body.related_errors;
+    assert.ok(Array.from(text).length <= 1500, `${Array.from(text).length} code points`);
+    assert.equal(text.split('\n').length, 4, 'one line per record');
+  });
+
+  void test('a lookup with a long Python traceback matches the message on its last line', async () => {
+    const t = newTenant();
+    const { body } = await write(t, {
+      tool_name: 'python',
+      symptom: "KeyError: 'user_id'",
+      action: 'read the id with .get and a default',
+    });
+    const frames = Array.from(
+      { length: 20 },
+      (_, i) =>
+        `  File "/srv/app/${word(i)}.py", line ${i + 10}, in handler_${word(i)}\n    result = step_${word(i)}(request)`,
+    );
+    const traceback = ['Traceback (most recent call last):', ...frames, "KeyError: 'user_id'"].join('\n');
+    const found = await call(t, 'POST', '/lookup', { tool_name: 'python', error: traceback });
+    assert.deepEqual(
+      found.body.records.map((r: ErrorRecord) => r.id),
+      [body.id],
+    );
+    const messageFirst = [`KeyError: 'user_id'`, ...frames].join('\n');
+    const alsoFound = await call(t, 'POST', '/lookup', { tool_name: 'python', error: messageFirst });
+    assert.deepEqual(
+      alsoFound.body.records.map((r: ErrorRecord) => r.id),
+      [body.id],
+    );
+  });
+
+  void test('keywords, cause and action stay searchable beside a 600-word symptom', async () => {
+    const t = newTenant();
+    const words = Array.from({ length: 600 }, (_, i) => `${word(i + 26 * 27)}`);
+    const symptom = words.join(' ');
+    assert.ok(symptom.length > 3000 && symptom.length <= 4000);
+    const { body } = await write(t, {
+      tool_name: 'node',
+      symptom,
+      keywords: ['heapdump'],
+      cause: 'the worker leaks sockets',
+      action: 'restart with a larger heap',
+    });
+    assert.equal(body.deduplicated, false);
+    for (const query of ['heapdump', 'sockets', 'larger heap', words[0], words[599]]) {
+      const res = await call(t, 'POST', '/search', { query });
+      assert.deepEqual(
+        res.body.records.map((r: ErrorRecord) => r.id),
+        [body.id],
+        query,
+      );
+    }
+  });
+
   void test('an embedder, when given, is stored with the record and used', async () => {
     const embedded = await openErrorMemory({
       redisUrl: REDIS_URL,
@@ -408,6 +705,71 @@ void describe('search and lookup', () => {
       (await embedded.search(t, { query: 'matching distribution', limit: 4 })).map((r) => r.id),
       [id],
     );
+  });
+});
+
+void test('a record indexed before per-tool term keys existed is still found by a lookup with its tool', async () => {
+  const tenant = newTenant();
+  const written = await write(tenant, {
+    tool_name: 'kubectl',
+    symptom: 'ImagePullBackOff for the api deployment',
+    action: 'fix the registry secret',
+  });
+  assert.equal(written.status, 201);
+  // What an older version wrote: only the tenant-wide term keys.
+  const perTool = await scanKeys(`${PREFIX}:err:${tenant}:tterm:*`);
+  assert.ok(perTool.length > 0);
+  await redis.del(...perTool);
+  const res = await call(tenant, 'POST', '/lookup', {
+    tool_name: 'kubectl',
+    error: 'ImagePullBackOff again',
+  });
+  assert.deepEqual(
+    res.body.records.map((r: ErrorRecord) => r.id),
+    [written.body.id],
+  );
+  const other = await call(tenant, 'POST', '/lookup', { tool_name: 'helm', error: 'ImagePullBackOff again' });
+  assert.equal(other.body.related_errors, 'NONE');
+});
+
+void describe('crowded terms', () => {
+  // One psql record and one old http record, then more than CANDIDATES_PER_TERM newer http
+  // records sharing their terms.
+  const tenant = newTenant();
+  let ids: string[] = [];
+  before(async () => {
+    ids = await writeMany(tenant, [
+      { tool_name: 'psql', symptom: 'connection refused', action: 'start postgres' },
+      { tool_name: 'http', symptom: 'connection refused while zqlone' },
+    ]);
+    await writeMany(
+      tenant,
+      Array.from({ length: CANDIDATES_PER_TERM + 1 }, (_, i) => ({
+        tool_name: 'http',
+        symptom: `connection refused by ${word(i)}`,
+        outcome: 'failed',
+      })),
+    );
+  });
+
+  void test('a lookup by tool finds its record however many records of other tools share its terms', async () => {
+    const res = await call(tenant, 'POST', '/lookup', { tool_name: 'psql', error: 'connection refused' });
+    assert.deepEqual(
+      res.body.records.map((r: ErrorRecord) => r.id),
+      [ids[0]],
+    );
+    assert.equal(res.body.related_errors, '- [resolved] psql: connection refused → fix: start postgres');
+  });
+
+  void test('a hit moves a record up in its terms, so it stays among their newest candidates', async () => {
+    const oldHttp = ids[1];
+    const found = async (query: string) =>
+      (await call(tenant, 'POST', '/search', { query, limit: 16 })).body.records.map(
+        (r: ErrorRecord) => r.id,
+      );
+    assert.ok(!(await found('connection refused')).includes(oldHttp), 'crowded out before the hit');
+    assert.deepEqual(await found('zqlone'), [oldHttp]);
+    assert.equal((await found('connection refused'))[0], oldHttp);
   });
 });
 
@@ -602,5 +964,102 @@ void describe('outages', () => {
       await down.close();
     }
     assert.equal(await errors.ping(), true);
+  });
+
+  void test('a purge answers 503 with retry-after while Redis hangs, and a slow purge that makes progress finishes', async () => {
+    const opTimeoutMs = 1000;
+    const proxy = await startRedisProxy();
+    const store = await openErrorMemory({ redisUrl: proxy.url, prefix: PREFIX, ttlDays: 90, opTimeoutMs });
+    const app = await serveStore(store);
+    try {
+      // Slow but answering: each batch of 500 takes about five round trips of 100 ms, half a
+      // deadline, and the four of them take twice as long as one.
+      const slow = newTenant();
+      await writeMany(
+        slow,
+        Array.from({ length: 2000 }, (_, i) => ({ tool_name: 'bulk', symptom: `bulk failure ${word(i)}` })),
+      );
+      proxy.delay(50);
+      const started = Date.now();
+      const purged = await call(slow, 'DELETE', '?tool_name=bulk', undefined, { base: app.base });
+      const took = Date.now() - started;
+      assert.deepEqual([purged.status, purged.body], [200, { deleted: 2000 }]);
+      assert.ok(took > opTimeoutMs, `the purge took ${took} ms, longer than one deadline`);
+      proxy.delay(0);
+
+      // Hung: the connection stays open and nothing answers.
+      const hung = newTenant();
+      await write(hung, { tool_name: 'npm', symptom: 'ERESOLVE unable to resolve dependency tree' });
+      proxy.blackhole();
+      for (const path of ['?tool_name=npm', '']) {
+        const t0 = Date.now();
+        const res = await call(hung, 'DELETE', path, undefined, {
+          base: app.base,
+          timeoutMs: opTimeoutMs + 5000,
+        });
+        assert.equal(res.status, 503, path);
+        assert.equal(res.body.error.code, 'unavailable');
+        assert.ok(res.headers?.get('retry-after'), 'retry-after');
+        assert.ok(Date.now() - t0 < opTimeoutMs + 2000, `answered after ${Date.now() - t0} ms`);
+      }
+      await assert.rejects(store.purgeTenant(hung), (err: any) => err.status === 503);
+      assert.equal((await call(hung, 'GET', '')).body.records.length, 1, 'nothing was purged');
+    } finally {
+      await app.close();
+      await closeBehindProxy(store, proxy);
+    }
+  });
+
+  void test('a record whose connection dropped between saving it and setting its expiry is purged and swept', async () => {
+    const proxy = await startRedisProxy();
+    // The writer's clock runs two minutes behind, so its pending entries are already old.
+    const store = await openErrorMemory({
+      redisUrl: proxy.url,
+      prefix: PREFIX,
+      ttlDays: 90,
+      now: () => Date.now() - 120_000,
+    });
+    const recs = async (tenant: string) => scanKeys(`${PREFIX}:err:${tenant}:rec:*`);
+    /** A write whose connection is cut when it sends the command matching `at`. */
+    const crash = async (tenant: string, at: RegExp, input: { tool_name: string; symptom: string }) => {
+      const before = await recs(tenant);
+      proxy.cutWhen(at);
+      await assert.rejects(store.write(tenant, { ...input, action: 'fix', outcome: 'resolved' }));
+      await waitFor('the writer to reconnect', () => store.ping());
+      const [key, ...more] = (await recs(tenant)).filter((k) => !before.includes(k));
+      assert.ok(key !== undefined && more.length === 0, 'the write left its record behind');
+      return key;
+    };
+    const beforeExpiry = /PEXPIRE\r\n\$\d+\r\n[^\r]*:rec:err_/;
+    try {
+      // Left without an expiry, in no index: a purge of all, or of its tool, deletes it.
+      for (const path of ['', '?tool_name=bash']) {
+        const t = newTenant();
+        const key = await crash(t, beforeExpiry, { tool_name: 'bash', symptom: 'orphan test error' });
+        assert.equal(await redis.pttl(key), -1, 'the crash left a record without an expiry');
+        assert.deepEqual((await call(t, 'DELETE', path)).body, { deleted: 1 }, path);
+        assert.deepEqual(await recs(t), [], path);
+      }
+      const other = newTenant();
+      await crash(other, beforeExpiry, { tool_name: 'bash', symptom: 'orphan test error' });
+      assert.deepEqual((await call(other, 'DELETE', '?tool_name=zsh')).body, { deleted: 0 });
+      assert.equal((await recs(other)).length, 1, 'a purge of another tool keeps it');
+
+      // The sweep deletes the one without an expiry, and indexes the one its dedupe key names.
+      const swept = newTenant();
+      await crash(swept, beforeExpiry, { tool_name: 'bash', symptom: 'orphan test error' });
+      const healed = await crash(swept, /:ikeys/, { tool_name: 'bash', symptom: 'unindexed test error' });
+      assert.ok((await redis.pttl(healed)) > 0);
+      assert.deepEqual((await call(swept, 'GET', '')).body.records, [], 'in no index yet');
+      await errors.sweepExpired();
+      assert.deepEqual(await recs(swept), [healed]);
+      const listed = (await call(swept, 'GET', '')).body.records.map((r: ErrorRecord) => r.symptom);
+      assert.deepEqual(listed, ['unindexed test error']);
+      const found = await call(swept, 'POST', '/search', { query: 'unindexed' });
+      assert.equal(found.body.records.length, 1);
+      assert.deepEqual((await call(swept, 'DELETE', '')).body, { deleted: 1 });
+    } finally {
+      await closeBehindProxy(store, proxy);
+    }
   });
 });

@@ -4,9 +4,15 @@
  *   T:dedupe:<tool>:<sha1(normalised)> STRING holding the id; same TTL, renewed with the record
  *   T:all                              ZSET id → created ms (listing, purge, sweep)
  *   T:tool:<tool>                      ZSET id → created ms (tool filter, purge by tool)
- *   T:term:<term>                      ZSET id → last write ms (search candidates)
+ *   T:term:<term>                      ZSET id → last write or hit ms (search candidates)
+ *   T:tterm:<tool>:<term>              ZSET id → last write or hit ms, of one tool's records (so a
+ *                                      lookup by tool is not crowded out by other tools' records)
  *   T:ikeys                            SET of the tool and term keys above (for the sweep)
  *   T:dead                             SET of ids known gone, still to be swept out of T:ikeys
+ *   T:pending                          ZSET id → ms of records being created: registered before the
+ *                                      record is saved, removed once it has its expiry and its
+ *                                      index entries, so a writer that dies in between leaves an
+ *                                      entry the sweep and purge find
  *   <prefix>:err:tenants               SET of tenants with error memory (for the sweep)
  * (<tool> is URI-encoded.) Index entries are only candidates: every record is read before it is
  * returned, and an id whose record is gone is dropped lazily, then swept from every index.
@@ -30,8 +36,10 @@ export function errorKeys(prefix: string, tenantId: string) {
     all: `${base}:all`,
     tool: (tool: string) => `${base}:tool:${encodeURIComponent(tool)}`,
     term: (term: string) => `${base}:term:${term}`,
+    toolTerm: (tool: string, term: string) => `${base}:tterm:${encodeURIComponent(tool)}:${term}`,
     ikeys: `${base}:ikeys`,
     dead: `${base}:dead`,
+    pending: `${base}:pending`,
   };
 }
 export type ErrorKeys = ReturnType<typeof errorKeys>;

@@ -16,6 +16,7 @@ import {
 import {
   COMPARE_AND_DELETE_SCRIPT,
   DELETE_SCRIPT,
+  DROP_STALE_TERMS_SCRIPT,
   FORGET_TENANT_SCRIPT,
   MERGE_SCRIPT,
   RENEW_SCRIPT,
@@ -38,6 +39,8 @@ export const CANDIDATES_PER_TERM = 1000;
 export const MAX_FETCHED = 256;
 const WRITE_ATTEMPTS = 5;
 const BATCH = 500;
+/** A record pending longer than this lost its writer (a write's deadline is seconds). */
+const PENDING_GRACE_MS = 60_000;
 
 export type ErrorMemoryOptions = {
   redisUrl: string;
@@ -124,21 +127,39 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
 
   const keys = (tenantId: string) => errorKeys(opts.prefix, tenantId);
 
-  async function guard<T>(fn: () => Promise<T>, deadline = true): Promise<T> {
+  /**
+   * Runs a request-path operation with a deadline of opTimeoutMs: `op` for the whole operation,
+   * `progress` restarted by each `progress()` call (a purge of many records may take longer than
+   * one deadline while it makes progress, but a hung Redis still gets a 503), `none` for
+   * maintenance.
+   */
+  async function guard<T>(
+    fn: (progress: () => void) => Promise<T>,
+    deadline: 'op' | 'progress' | 'none' = 'op',
+  ): Promise<T> {
     if (!client.isReady) throw unavailable('redis');
     let timer: NodeJS.Timeout | undefined;
+    let settled = false;
     try {
-      if (!deadline) return await fn();
+      if (deadline === 'none') return await fn(() => {});
+      let expire: (err: unknown) => void = () => {};
       const expired = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(unavailable('redis')), opTimeoutMs);
+        expire = reject;
       });
-      return await Promise.race([fn(), expired]);
+      const arm = () => {
+        if (settled) return;
+        clearTimeout(timer);
+        timer = setTimeout(() => expire(unavailable('redis')), opTimeoutMs);
+      };
+      arm();
+      return await Promise.race([fn(deadline === 'progress' ? arm : () => {}), expired]);
     } catch (err) {
       if (err instanceof AppError) throw err;
       const message = err instanceof Error ? err.message : '';
       if (!client.isReady || TRANSIENT_REPLY.test(message)) throw unavailable('redis');
       throw err;
     } finally {
+      settled = true;
       clearTimeout(timer);
     }
   }
@@ -166,15 +187,46 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     await m.exec();
   }
 
+  /** Every term key a record is indexed under: the tenant-wide one and its tool's, per term. */
+  const termKeysOf = (k: ErrorKeys, rec: StoredError, terms = indexTerms(rec)) =>
+    terms.flatMap((t) => [k.term(t), k.toolTerm(rec.tool_name, t)]);
+
+  /** Indexes the record; it is no longer pending once it is indexed. */
   async function index(tenantId: string, k: ErrorKeys, rec: StoredError): Promise<void> {
     const toolKey = k.tool(rec.tool_name);
-    const termKeys = indexTerms(rec).map(k.term);
+    const termKeys = termKeysOf(k, rec);
     const m = client.multi();
     m.zAdd(k.all, { score: rec.created_ms, value: rec.id });
     m.zAdd(toolKey, { score: rec.created_ms, value: rec.id });
     for (const key of termKeys) m.zAdd(key, { score: rec.last_hit_ms, value: rec.id });
     m.sAdd(k.ikeys, [toolKey, ...termKeys]);
     m.sAdd(tenantsKey, tenantId);
+    m.zRem(k.pending, rec.id);
+    await m.exec();
+  }
+
+  /** After a merge: drop the record from the term keys its previous state had and this one lacks. */
+  async function dropStaleTerms(k: ErrorKeys, before: StoredError, after: StoredError): Promise<void> {
+    const current = new Set(indexTerms(after));
+    const stale = indexTerms(before).filter((t) => !current.has(t));
+    if (stale.length === 0) return;
+    await evalScript(
+      DROP_STALE_TERMS_SCRIPT,
+      [k.rec(after.id), k.ikeys, ...termKeysOf(k, after, stale)],
+      [after.id, String(after.hits)],
+    );
+  }
+
+  /**
+   * A hit moves the records up in the term keys they are found through (scores are the last
+   * write or hit), so a record that keeps helping stays among the newest candidates of a term.
+   */
+  async function rescore(k: ErrorKeys, recs: readonly StoredError[], at: number): Promise<void> {
+    if (recs.length === 0) return;
+    const m = client.multi();
+    for (const rec of recs) {
+      for (const key of termKeysOf(k, rec)) m.zAdd(key, { score: at, value: rec.id }, { XX: true, GT: true });
+    }
     await m.exec();
   }
 
@@ -199,6 +251,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       const at = now();
       const existing = await client.get(dedupeKey);
       if (existing !== null) {
+        const [before] = await fetchMany(k, [existing]);
         const merged = await evalScript(
           MERGE_SCRIPT,
           [k.rec(existing), dedupeKey],
@@ -218,7 +271,10 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         if (merged === 1) {
           // Re-indexing on every merge also heals a record whose creator died before indexing it.
           const [rec] = await fetchMany(k, [existing]);
-          if (rec) await index(tenantId, k, rec);
+          if (rec) {
+            await index(tenantId, k, rec);
+            if (before) await dropStaleTerms(k, before, rec);
+          }
           return { id: existing, deduplicated: true };
         }
         // The key outlived its record by a moment (or the record was deleted): clear it, retry.
@@ -239,6 +295,9 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         last_hit_ms: at,
         error_class: errorClass,
       };
+      // Pending until indexed: a writer that dies before then leaves a record without an expiry
+      // or in no index, and this entry is how the sweep and purge find it.
+      await client.multi().zAdd(k.pending, { score: at, value: id }).sAdd(tenantsKey, tenantId).exec();
       await repo.save(k.entity(id), {
         ...fields,
         cause: cause ?? undefined,
@@ -255,7 +314,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         if (rec) await index(tenantId, k, rec);
         return { id, deduplicated: false };
       }
-      await client.unlink(k.rec(id));
+      await client.multi().unlink(k.rec(id)).zRem(k.pending, id).exec();
     }
     throw new AppError(503, 'busy', 'error memory is busy with this record, retry', undefined, {
       'retry-after': '1',
@@ -266,29 +325,46 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const k = keys(tenantId);
     const q = buildQuery(text, toolName, opts.embed);
     if (q.terms.length === 0) return [];
-    const termKeys = q.terms.map(k.term);
-    const lists = await Promise.all(
-      termKeys.map((key) => client.zRange(key, 0, CANDIDATES_PER_TERM - 1, { REV: true })),
+    // With a tool, its own term keys: the newest candidates of a term are then that tool's. The
+    // tenant-wide keys are read too, for records indexed before per-tool keys existed (before
+    // 2026-12-01: until they expire, or a merge re-indexes them); what only those find must pass
+    // the tool filter.
+    const perTerm = q.terms.map((t) =>
+      toolName === undefined ? [k.term(t)] : [k.toolTerm(toolName, t), k.term(t)],
     );
-    const seen = new Map<string, { count: number; keys: string[] }>();
-    lists.forEach((ids, i) => {
-      for (const id of ids) {
-        const c = seen.get(id) ?? { count: 0, keys: [] };
-        c.count++;
-        c.keys.push(termKeys[i] ?? '');
-        seen.set(id, c);
-      }
+    const lists = await Promise.all(
+      perTerm.map((termKeys) =>
+        Promise.all(termKeys.map((key) => client.zRange(key, 0, CANDIDATES_PER_TERM - 1, { REV: true }))),
+      ),
+    );
+    const seen = new Map<string, { count: number; keys: string[]; ofTool: boolean }>();
+    lists.forEach((forTerm, i) => {
+      const counted = new Set<string>();
+      forTerm.forEach((found, j) => {
+        for (const id of found) {
+          const c = seen.get(id) ?? { count: 0, keys: [], ofTool: false };
+          if (!counted.has(id)) {
+            counted.add(id);
+            c.count++;
+          }
+          c.keys.push(perTerm[i]![j]!);
+          // The first key of a term is the tool's own (or, without a tool, the only one).
+          if (j === 0) c.ofTool = true;
+          seen.set(id, c);
+        }
+      });
     });
     let ids = [...seen.keys()];
-    if (toolName !== undefined && ids.length > 0) {
+    const unchecked = ids.filter((id) => !seen.get(id)!.ofTool);
+    if (toolName !== undefined && unchecked.length > 0) {
       const toolKey = k.tool(toolName);
-      const kept: string[] = [];
-      for (let i = 0; i < ids.length; i += BATCH) {
-        const chunk = ids.slice(i, i + BATCH);
+      const otherTools = new Set<string>();
+      for (let i = 0; i < unchecked.length; i += BATCH) {
+        const chunk = unchecked.slice(i, i + BATCH);
         const scores = await client.zmScore(toolKey, chunk);
-        chunk.forEach((id, j) => scores[j] !== null && scores[j] !== undefined && kept.push(id));
+        chunk.forEach((id, j) => (scores[j] === null || scores[j] === undefined) && otherTools.add(id));
       }
-      ids = kept;
+      ids = ids.filter((id) => !otherTools.has(id));
     }
     // Bounded work: read only the candidates that share the most query terms.
     ids.sort((a, b) => (seen.get(b)?.count ?? 0) - (seen.get(a)?.count ?? 0));
@@ -307,7 +383,9 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       ranked.map((r) => r.id),
       at,
     );
-    return ranked.filter((r) => alive.has(r.id)).map((r) => ({ ...r, last_hit_ms: at }));
+    const hit = ranked.filter((r) => alive.has(r.id));
+    await rescore(k, hit, at);
+    return hit.map((r) => ({ ...r, last_hit_ms: at }));
   }
 
   async function list(tenantId: string, input: { cursor?: string | undefined; limit: number }) {
@@ -365,21 +443,73 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     return tools.filter((t) => typeof t === 'string').length;
   }
 
-  async function purge(tenantId: string, input: { tool_name?: string | undefined }) {
+  async function purge(
+    tenantId: string,
+    input: { tool_name?: string | undefined },
+    progress: () => void = () => {},
+  ) {
     const k = keys(tenantId);
-    const source = input.tool_name === undefined ? k.all : k.tool(input.tool_name.trim());
+    const tool = input.tool_name?.trim();
+    const source = tool === undefined ? k.all : k.tool(tool);
     let deleted = 0;
     for (;;) {
       const ids = await client.zRange(source, 0, BATCH - 1);
       if (ids.length === 0) break;
       deleted += await removeIds(k, ids);
       await client.zRem(source, ids);
+      progress();
+    }
+    // Records in no index yet: being written now, or left by a writer that died.
+    let offset = 0;
+    for (;;) {
+      const ids = await client.zRange(k.pending, offset, offset + BATCH - 1);
+      if (ids.length === 0) break;
+      let doomed = ids;
+      if (tool !== undefined) {
+        const tools = await Promise.all(ids.map((id) => client.hGet(k.rec(id), 'tool_name')));
+        doomed = ids.filter((_, i) => tools[i] === tool);
+      }
+      if (doomed.length > 0) {
+        deleted += await removeIds(k, doomed);
+        await client.zRem(k.pending, doomed);
+      }
+      offset += ids.length - doomed.length;
+      progress();
     }
     return deleted;
   }
 
+  /**
+   * Settles records pending for longer than PENDING_GRACE_MS, whose writer died: one without an
+   * expiry, or that its dedupe key does not name, was never acknowledged and is deleted; one the
+   * dedupe key names (a duplicate may have merged into it) is indexed. Returns how many were deleted.
+   */
+  async function settlePending(tenantId: string, k: ErrorKeys): Promise<number> {
+    const ids = await client.zRange(k.pending, '-inf', now() - PENDING_GRACE_MS, { BY: 'SCORE' });
+    const doomed: string[] = [];
+    for (let i = 0; i < ids.length; i += BATCH) {
+      const chunk = ids.slice(i, i + BATCH);
+      const states = await Promise.all(
+        chunk.map(async (id) => {
+          const ttl = await client.pTTL(k.rec(id));
+          if (ttl === -2) return 'gone';
+          const dedupe = ttl === -1 ? null : await client.hGet(k.rec(id), 'dedupe');
+          const named =
+            dedupe !== null && dedupe !== undefined && (await client.get(k.dedupePrefix + dedupe)) === id;
+          return named ? 'live' : 'orphan';
+        }),
+      );
+      const live = chunk.filter((_, j) => states[j] === 'live');
+      for (const rec of await fetchMany(k, live)) if (rec) await index(tenantId, k, rec);
+      doomed.push(...chunk.filter((_, j) => states[j] === 'orphan'));
+      await client.zRem(k.pending, chunk);
+    }
+    return doomed.length > 0 ? removeIds(k, doomed) : 0;
+  }
+
   async function sweepTenant(tenantId: string): Promise<number> {
     const k = keys(tenantId);
+    const orphans = await settlePending(tenantId, k);
     const indexed: string[] = [];
     for await (const { value } of client.zScanIterator(k.all, { COUNT: BATCH })) indexed.push(value);
     const dead = new Set<string>();
@@ -399,8 +529,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       }
       if (marked.length > 0) await client.sRem(k.dead, marked);
     }
-    await evalScript(FORGET_TENANT_SCRIPT, [k.all, k.ikeys, k.dead, tenantsKey], [tenantId]);
-    return dead.size;
+    await evalScript(FORGET_TENANT_SCRIPT, [k.all, k.ikeys, k.dead, k.pending, tenantsKey], [tenantId]);
+    return dead.size + orphans;
   }
 
   return {
@@ -432,19 +562,20 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     remove: (tenantId, id) =>
       guard(async () => (ERROR_ID_RE.test(id) ? (await removeIds(keys(tenantId), [id])) === 1 : false)),
 
-    purge: (tenantId, input) => guard(() => purge(tenantId, input), false),
+    purge: (tenantId, input) => guard((progress) => purge(tenantId, input, progress), 'progress'),
 
     purgeTenant: (tenantId) =>
-      guard(async () => {
+      guard(async (progress) => {
         const k = keys(tenantId);
-        let deleted = await purge(tenantId, {});
+        let deleted = await purge(tenantId, {}, progress);
         // Sweep up what no index knows of (a record whose writer died before indexing it).
         for await (const key of client.scanIterator({ MATCH: `${k.base}:*`, COUNT: 1000 })) {
           if (await client.unlink(key)) if (key.startsWith(`${k.base}:rec:`)) deleted++;
+          progress();
         }
         await client.sRem(tenantsKey, tenantId);
         return deleted;
-      }, false),
+      }, 'progress'),
 
     sweepExpired: () =>
       guard(async () => {
@@ -453,7 +584,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
           if (TENANT_RE.test(tenantId)) cleaned += await sweepTenant(tenantId);
         }
         return cleaned;
-      }, false),
+      }, 'none'),
 
     ping: async () => {
       try {

@@ -25,29 +25,49 @@ export function normaliseKeywords(keywords: readonly string[]): string[] {
   return out;
 }
 
-// Order matters: URLs and quoted values first (they may contain paths and numbers), numbers last.
+/**
+ * A quoted value is one token between quotes: quoted text with whitespace in it is a message
+ * (kept as text), and a quoted token followed by `:` is a JSON or YAML key (kept).
+ */
+function maskQuoted(quoted: string, offset: number, whole: string): string {
+  if (/\s/u.test(quoted.slice(1, -1)) || whole[offset + quoted.length] === ':') return quoted;
+  return '<q>';
+}
+
+// Words a status or exit code follows, as in `"code":429`, `status: 404`, `HTTP/1.1 503`,
+// `exit code 127`: the number after one tells errors apart, so it is not masked.
+const CODE_WORD = String.raw`(?<![\p{L}\p{N}])(?:status_code|statuscode|status|code|http(?:\/\d+(?:\.\d+)?)?|exit|errno|error)["'\x60]?[ \t]*[:=]?[ \t]*`;
+
+const URL_RE = /\b[a-z][a-z0-9+.-]*:\/\/[^\s'"`<>]+/g;
+// A single quote only opens after a non-word character and closes before one, so the
+// apostrophes of "can't" and "don't" are not taken for quotes.
+const QUOTED_RE = /"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{L}\p{N}])/gu;
+
+// Applied after URLs and quoted values (they may contain paths and numbers); numbers last.
 const MASKS: ReadonlyArray<readonly [RegExp, string]> = [
-  [/\b[a-z][a-z0-9+.-]*:\/\/[^\s'"`<>]+/g, '<url>'],
-  // A single quote only opens after a non-word character and closes before one, so the
-  // apostrophes of "can't" and "don't" are not taken for quotes.
-  [/"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{L}\p{N}])/gu, '<q>'],
   [/\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/g, '<id>'],
   [/[a-z]:\\(?:[^\s\\'"`<>|?*]+\\?)*/g, '<path>'],
   [/(?<![\w./\\-])(?:~|\.{1,2})?(?:\/[\w.@%+~-]+)+\/?/g, '<path>'],
+  // `HTTP/1.1` is a protocol version, not a relative path.
   [
-    /(?<![\w./\\-])[\w.-]+(?:\/[\w.@%+~-]+){2,}|(?<![\w./\\-])[\w.-]+\/[\w@%+~-]+\.[a-z0-9]{1,8}\b/g,
+    /(?<![\w./\\-])(?!https?\/\d)(?:[\w.-]+(?:\/[\w.@%+~-]+){2,}|[\w.-]+\/[\w@%+~-]+\.[a-z0-9]{1,8}\b)/g,
     '<path>',
   ],
   [/\b0x[0-9a-f]+\b/g, '<id>'],
   // Hex ids (commit hashes, object ids) and long mixed tokens (request ids, base32/64 keys).
   [/\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b/g, '<id>'],
   [/\b(?=[a-z_-]*\d)(?=[\d_-]*[a-z])[a-z0-9_-]{16,}\b/g, '<id>'],
-  [/\d+(?:\.\d+)*/g, '<n>'],
+  // Digits glued to a letter are part of the word (`python3`, `ipv6`, `utf8`, `v2`).
+  [new RegExp(String.raw`(?<![\p{L}\p{N}])(?<!${CODE_WORD})\d+(?:\.\d+)*`, 'gu'), '<n>'],
 ];
 
-/** The symptom as dedupe sees it: ids, numbers, paths, URLs and quoted values masked. */
+/**
+ * The symptom as dedupe sees it: numbers, ids, paths, URLs and quoted values masked, but not the
+ * numbers that tell errors apart (status and exit codes, digits that are part of a word) nor
+ * quoted text that is a message or a key rather than a value.
+ */
 export function normaliseSymptom(symptom: string): string {
-  let s = symptom.normalize('NFKC').toLowerCase();
+  let s = symptom.normalize('NFKC').toLowerCase().replace(URL_RE, '<url>').replace(QUOTED_RE, maskQuoted);
   for (const [re, mask] of MASKS) s = s.replace(re, mask);
   return s.replace(/\s+/g, ' ').trim();
 }

@@ -1,6 +1,5 @@
 import { classifyError, significantTerms } from './normalise.js';
 import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
-import { cutUnits } from '../text/fts-text.js';
 
 /**
  * Ranking without a search module: a record matches when it shares at least one significant
@@ -12,6 +11,16 @@ import { cutUnits } from '../text/fts-text.js';
 
 export const MAX_QUERY_TERMS = 32;
 export const MAX_INDEXED_TERMS = 256;
+/** Index terms a record's cause and its action each get before the symptom takes the rest. */
+const CAUSE_SHARE = 48;
+const ACTION_SHARE = 48;
+
+/** At most `max` terms: all of them, or the first and last halves when there are more. */
+function headAndTail(terms: readonly string[], max: number): string[] {
+  if (terms.length <= max) return [...terms];
+  const head = Math.ceil(max / 2);
+  return [...terms.slice(0, head), ...terms.slice(terms.length - (max - head))];
+}
 
 export type RankQuery = {
   terms: string[];
@@ -27,7 +36,8 @@ export function buildQuery(
   embed: ((text: string) => number[]) | undefined,
 ): RankQuery {
   return {
-    terms: significantTerms(text, MAX_QUERY_TERMS),
+    // Both ends: a JS stack trace puts the message first, a Python traceback puts it last.
+    terms: headAndTail(significantTerms(text), MAX_QUERY_TERMS),
     errorClass: classifyError(text),
     toolName,
     vector: embed ? embed(text) : null,
@@ -45,11 +55,33 @@ function fieldTerms(rec: StoredError): FieldTerms {
   };
 }
 
-/** The terms a record is indexed under: symptom first, so a long action cannot crowd it out. */
+/**
+ * The terms a record is indexed under, at most MAX_INDEXED_TERMS, each field with its share so
+ * that no long field crowds the others out: every keyword term, then the cause and the action
+ * up to their shares, then the head and tail of the symptom, then the rest of cause and action.
+ * A function of the record alone: a merge recomputes the old set to drop what it no longer has.
+ */
 export function indexTerms(rec: StoredError): string[] {
   const f = fieldTerms(rec);
-  const all = new Set([...f.symptom, ...f.keywords, ...f.cause, ...f.action]);
-  return [...all].slice(0, MAX_INDEXED_TERMS);
+  const out = new Set<string>();
+  const add = (terms: Iterable<string>, share: number) => {
+    let left = share;
+    for (const t of terms) {
+      if (left <= 0 || out.size >= MAX_INDEXED_TERMS) return;
+      if (!out.has(t)) {
+        out.add(t);
+        left--;
+      }
+    }
+  };
+  add(f.keywords, MAX_INDEXED_TERMS);
+  add(f.cause, CAUSE_SHARE);
+  add(f.action, ACTION_SHARE);
+  const symptom = [...f.symptom].filter((t) => !out.has(t));
+  add(headAndTail(symptom, MAX_INDEXED_TERMS - out.size), MAX_INDEXED_TERMS);
+  add(f.cause, MAX_INDEXED_TERMS);
+  add(f.action, MAX_INDEXED_TERMS);
+  return [...out];
 }
 
 const WEIGHTS = { keywords: 3, symptom: 2, cause: 1.5, action: 1 } as const;
@@ -135,6 +167,9 @@ export function toApiRecord(rec: StoredError): ErrorRecord {
 export const RELATED_MAX_RECORDS = 4;
 export const RELATED_MAX_CHARS = 1500;
 
+/** The hint's characters are code points (an emoji is one), as its clipping counts them. */
+const codePoints = (text: string) => Array.from(text).length;
+
 function clip(text: string, max: number): string {
   const flat = text.replace(/\s+/g, ' ').trim();
   const chars = Array.from(flat);
@@ -142,7 +177,8 @@ function clip(text: string, max: number): string {
 }
 
 // Field lengths (tool, symptom, action, cause), from roomy to tight: the roomiest that lets
-// every record fit is used, and the tightest always fits four records in RELATED_MAX_CHARS.
+// every record fit is used. The tightest always fits four records in RELATED_MAX_CHARS: a line
+// is at most 36 characters of its own plus 32 + 80 + 140 + 60 clipped, 4 × 348 + 3 ≤ 1,500.
 const CLIP_LEVELS = [
   [64, 240, 480, 200],
   [48, 160, 300, 120],
@@ -166,12 +202,10 @@ function relatedLines(records: readonly StoredError[], level: (typeof CLIP_LEVEL
 export function renderRelated(records: readonly StoredError[]): string {
   const top = records.slice(0, RELATED_MAX_RECORDS);
   if (top.length === 0) return 'NONE';
-  let lines: string[] = [];
+  let text = '';
   for (const level of CLIP_LEVELS) {
-    lines = relatedLines(top, level);
-    if (lines.join('\n').length <= RELATED_MAX_CHARS) return lines.join('\n');
+    text = relatedLines(top, level).join('\n');
+    if (codePoints(text) <= RELATED_MAX_CHARS) break;
   }
-  // Only text of wide characters gets here: drop records rather than cut one in half.
-  while (lines.length > 1 && lines.join('\n').length > RELATED_MAX_CHARS) lines.pop();
-  return cutUnits(lines.join('\n'), RELATED_MAX_CHARS);
+  return text;
 }

@@ -7,7 +7,9 @@
  */
 
 /**
- * Merge a duplicate into an existing record.
+ * Merge a duplicate into an existing record: hits, time, keywords and session always; action,
+ * outcome and cause too, except that a failed or abandoned attempt never replaces a resolved fix
+ * (the fix is what a later lookup needs; a newer fix does replace it).
  * KEYS: record, dedupe key. ARGV: id, ttl ms, now ms, action, outcome, has cause (0/1), cause,
  * keywords joined by \31, max keywords, session id ('' = keep).
  * Returns 1, or 0 when the record is gone.
@@ -15,8 +17,11 @@
 export const MERGE_SCRIPT = String.raw`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'hits', 1)
-redis.call('HSET', KEYS[1], 'action', ARGV[4], 'outcome', ARGV[5], 'last_hit_ms', ARGV[3])
-if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'cause', ARGV[7]) end
+redis.call('HSET', KEYS[1], 'last_hit_ms', ARGV[3])
+if redis.call('HGET', KEYS[1], 'outcome') ~= 'resolved' or ARGV[5] == 'resolved' then
+  redis.call('HSET', KEYS[1], 'action', ARGV[4], 'outcome', ARGV[5])
+  if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'cause', ARGV[7]) end
+end
 if ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'session_id', ARGV[10]) end
 if ARGV[8] ~= '' then
   local max = tonumber(ARGV[9])
@@ -81,6 +86,23 @@ return 0
 `;
 
 /**
+ * After a merge: take a live record out of the term keys it is no longer indexed under, and
+ * forget a key in the registry once it is empty. Only while the record is still at the merge
+ * count the caller computed the stale keys from: a later merge may have put a term back, and
+ * its own writer cleans up after it.
+ * KEYS: record, registry of index keys, stale term keys. ARGV: id, hits.
+ * Returns 1, or 0 when the record is gone or has moved on.
+ */
+export const DROP_STALE_TERMS_SCRIPT = String.raw`
+if redis.call('HGET', KEYS[1], 'hits') ~= ARGV[2] then return 0 end
+for i = 3, #KEYS do
+  redis.call('ZREM', KEYS[i], ARGV[1])
+  if redis.call('EXISTS', KEYS[i]) == 0 then redis.call('SREM', KEYS[2], KEYS[i]) end
+end
+return 1
+`;
+
+/**
  * Remove dead ids from one index key; forget the key in the registry once it is empty.
  * KEYS: index key, registry set. ARGV: ids.
  */
@@ -94,11 +116,11 @@ return 1
 
 /**
  * Forget a tenant in the tenant registry once it has no index left.
- * KEYS: all index, registry of index keys, dead set, tenant registry. ARGV: tenant id.
+ * KEYS: all index, registry of index keys, dead set, pending set, tenant registry. ARGV: tenant id.
  */
 export const FORGET_TENANT_SCRIPT = String.raw`
-if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]) == 0 then
-  redis.call('SREM', KEYS[4], ARGV[1])
+if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) == 0 then
+  redis.call('SREM', KEYS[5], ARGV[1])
   return 1
 end
 return 0
