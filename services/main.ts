@@ -110,6 +110,9 @@ export async function startService(
                 ((tenantId: string) => Promise<boolean>) | undefined,
             });
       if (mode !== 'worker') stopSampler = startQueueSampler(deps);
+      // A worker samples nothing, so it does not export the sampled summary lag as a constant 0
+      // (an alert on one process's series, or an average, would read "no lag").
+      else deps.metrics.registry.removeSingleMetric('mnemos_summary_lag_seconds');
       // Not `app.listen`: Express 5 hands its callback the server's 'error' too, so a port in
       // use or a bad HOST would be reported as listening while nothing listens.
       // Once stopping, every answer closes its connection: a keep-alive client would otherwise go

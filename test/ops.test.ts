@@ -179,7 +179,10 @@ void describe('operations', () => {
         return r.status === 200 ? r : null;
       });
       assert.equal(ready.body.checks.postgres, 'ok');
-      assert.match(await (await fetch(`${worker.base}/metrics`)).text(), /mnemos_job_duration_seconds/);
+      const metrics = await (await fetch(`${worker.base}/metrics`)).text();
+      assert.match(metrics, /mnemos_job_duration_seconds/);
+      // Sampled by API processes only: a worker's constant 0 would read as "no lag".
+      assert.doesNotMatch(metrics, /mnemos_summary_lag_seconds/);
       assert.equal((await api(worker.base).get('/v1/sessions')).status, 404);
     } finally {
       await worker.stop();
