@@ -707,6 +707,18 @@ void describe('once per session', () => {
     assert.equal(rows.rows.length, 0);
   });
 
+  void test('summarize?wait=true on a session deleted while it ran answers 404, not a summary state', async () => {
+    const s = sid('waitdel');
+    await archive(s, [user('[T:wd1] q'), assistant('[T:wd2] a')]);
+    fake.onChat(slowEcho(800));
+    const waiting = api.post(`/v1/sessions/${s}/summarize?wait=true`);
+    await eventually(async () => summaryCalls().length === 1, 5000, 'the chunk call');
+    assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
+    const r = await waiting;
+    assert.equal(r.status, 404, r.text);
+    assert.equal(r.body.error.code, 'not_found');
+  });
+
   void test('a stale save can neither overwrite a newer version nor move the cursor backwards', async () => {
     const s = sid('guard');
     await archive(s, [user('[T:v1] q')]);

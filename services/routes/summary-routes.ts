@@ -154,6 +154,8 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
       done.state === 'failed'
         ? 'failed'
         : ((done.result as { outcome?: string } | null)?.outcome ?? 'unknown');
+    // Deleted while it ran: the run's work was dropped and there is no session to describe.
+    if (!(await getSession(deps.db, tenantId, sid))) throw notFound('session');
     const row = await getSummaryRow(deps.db, tenantId, sid);
     res.status(200).json({
       job_id: `summary.${id}`,
