@@ -1,4 +1,4 @@
-import { createServer } from 'node:http';
+import { STATUS_CODES, createServer } from 'node:http';
 import type { Server, ServerResponse } from 'node:http';
 import { migrate } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
@@ -125,6 +125,15 @@ export async function startService(
         }
         app(req, res);
       });
+      // What Node refuses before a request exists (headers over its 16 KB limit, a malformed
+      // request line) gets the same JSON error body as every other error, not an empty one.
+      s.on('clientError', (err: NodeJS.ErrnoException, socket) => {
+        if (!socket.writable || err.code === 'ECONNRESET') {
+          socket.destroy();
+          return;
+        }
+        socket.end(clientErrorResponse(err.code));
+      });
       server = s;
       await new Promise<void>((resolve, reject) => {
         const failed = (err: NodeJS.ErrnoException) => {
@@ -211,4 +220,19 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
   };
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
+}
+
+/** The raw HTTP answer to a request Node's parser refused, in mnemos's error shape. */
+export function clientErrorResponse(code: string | undefined): string {
+  const [status, errorCode, message] =
+    code === 'HPE_HEADER_OVERFLOW'
+      ? [431, 'headers_too_large', 'request headers are larger than 16 KB']
+      : code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? [408, 'request_timeout', 'the request was not received in time']
+        : [400, 'bad_request', 'malformed HTTP request'];
+  const body = JSON.stringify({ error: { code: errorCode, message, details: null } });
+  return (
+    `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\n` +
+    `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`
+  );
 }

@@ -433,6 +433,27 @@ void describe('tenants, keys and the admin API', () => {
     assert.deepEqual(Object.keys(unknown.body.error), ['code', 'message', 'details']);
     assert.equal(unknown.body.error.details, null);
     assert.ok(bad.body.error.details === null && text.body.error.details === null);
+    // What Node refuses before any route runs has the same shape.
+    const headers = await t.api.raw('/v1/sessions', {
+      headers: { authorization: `Bearer ${'x'.repeat(20_000)}` },
+    });
+    assert.equal(headers.status, 431);
+    assert.deepEqual(headers.body, {
+      error: { code: 'headers_too_large', message: 'request headers are larger than 16 KB', details: null },
+    });
+    const { connect } = await import('node:net');
+    const raw = await new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(new URL(svc.base).port), '127.0.0.1', () =>
+        socket.write('NOT HTTP\r\n\r\n'),
+      );
+      let data = '';
+      socket.on('data', (d) => (data += d.toString()));
+      socket.on('end', () => resolve(data));
+      socket.on('error', reject);
+    });
+    assert.match(raw, /^HTTP\/1\.1 400 Bad Request\r\n/);
+    assert.match(raw, /content-type: application\/json/);
+    assert.deepEqual(JSON.parse(raw.slice(raw.indexOf('\r\n\r\n') + 4)).error.code, 'bad_request');
   });
 
   void test('bodies are read after authentication, must be UTF-8, and may use a +json type', async () => {
