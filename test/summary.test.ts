@@ -386,8 +386,11 @@ void describe('summarize job', () => {
     assert.equal(last.failures, 5);
     assert.ok(Date.parse(last.next_attempt_at) > Date.now());
 
+    // No summary text yet: a 404 (SPEC), whose details keep the state.
     const got = await api.get(`/v1/sessions/${s}/summary`);
-    assert.equal(got.body.status, 'stalled');
+    assert.equal(got.status, 404);
+    assert.equal(got.body.error.details.status, 'stalled');
+    assert.equal(got.body.error.details.failures, 5);
     assert.equal((await api.get(`/v1/sessions/${s}`)).body.summary.status, 'stalled');
     const metrics = await fetch(`${svc.base}/metrics`).then((r) => r.text());
     assert.match(metrics, /^mnemos_summaries_stalled [1-9]/m);
@@ -633,9 +636,9 @@ void describe('decision model', () => {
     assert.equal(r.cursor_seq, seqs[2]);
     assert.equal(summaryCalls().length, 0);
     const got = await api.get(`/v1/sessions/${s}/summary`);
-    assert.equal(got.body.cursor_seq, seqs[2]);
-    assert.equal(got.body.version, 0);
-    assert.equal(got.body.summary, null);
+    assert.equal(got.status, 404, 'no summary text: none to show');
+    assert.equal(got.body.error.details.cursor_seq, seqs[2]);
+    assert.equal(got.body.error.details.version, 0);
   });
 });
 

@@ -82,6 +82,12 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
     if (!(await getSession(deps.db, tenantId, sid))) throw notFound('summary');
     const row = await getSummaryRow(deps.db, tenantId, sid);
     if (!row) throw notFound('summary');
+    if (row.version === 0) {
+      // A placeholder (no summary text yet: first runs failed, or everything so far was noise) is
+      // no summary (SPEC: 404 when none); its state stays visible in the error's details.
+      const { summary: _, ...state } = summaryView(row);
+      throw new AppError(404, 'not_found', 'summary not found (no summary text yet)', state);
+    }
     res.json(summaryView(row));
   });
 
