@@ -36,7 +36,9 @@ export const searchBodySchema = z
       .refine((s) => !hasBadChars(s), 'NUL characters and lone surrogates are not allowed')
       .refine((s) => s.length <= MAX_QUERY_CHARS || Array.from(s).length <= MAX_QUERY_CHARS, {
         message: `must be at most ${MAX_QUERY_CHARS} characters`,
-      }),
+      })
+      // For the OpenAPI document: refinements do not show there, and JSON Schema counts code points.
+      .meta({ minLength: 1, maxLength: MAX_QUERY_CHARS }),
     match: z.enum(['keyword', 'semantic', 'hybrid']).default('hybrid'),
     limit: z.number().int().min(1).max(MAX_LIMIT).default(8),
     time_range: z.enum(['1d', '7d', '1m', '1y', 'all']).default('all'),
