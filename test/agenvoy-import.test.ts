@@ -26,6 +26,9 @@ const SUMMARY = {
   current_discussion: { topic: 'shell', description: 'ls flags', perspectives: 'none', direction: 'open' },
 };
 
+let svc: TestService;
+const roots: string[] = [];
+
 const header = (time: string, body: string) =>
   `---\n當前時間: ${time}\n工作目錄: /home/me/proj\n---\n${body}`;
 
@@ -191,14 +194,68 @@ function buildFixture(opts: { dbInside?: boolean } = {}): { root: string; sessio
   return { root, sessions };
 }
 
+interface RawRow {
+  session: string;
+  /** unix ns as a decimal string, 0 when Agenvoy could not time it; or any SQLite value. */
+  sendAt: string | bigint | null;
+  role: string;
+  content: string | Buffer;
+}
+
+/**
+ * A sessions dir in Agenvoy's real layout: `.store/history.db` with the schema of Agenvoy's
+ * store (no tool_call_id, no sender), beside `sessions/`.
+ */
+function agenvoyDir(files: Record<string, Record<string, unknown>>, rows: RawRow[]): string {
+  const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-'));
+  roots.push(root);
+  const sessions = path.join(root, 'sessions');
+  for (const [sid, byName] of Object.entries(files)) {
+    mkdirSync(path.join(sessions, sid), { recursive: true });
+    for (const [name, data] of Object.entries(byName)) {
+      writeFileSync(
+        path.join(sessions, sid, name),
+        typeof data === 'string' || Buffer.isBuffer(data) ? data : JSON.stringify(data),
+      );
+    }
+  }
+  mkdirSync(path.join(root, '.store'));
+  const db = openSqlite(path.join(root, '.store', 'history.db'));
+  db.exec(`CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
+    send_at INTEGER NOT NULL DEFAULT 0, role TEXT NOT NULL, content TEXT NOT NULL)`);
+  const insert = db.prepare('INSERT INTO messages (session_id, send_at, role, content) VALUES (?, ?, ?, ?)');
+  for (const r of rows) {
+    const sendAt = typeof r.sendAt === 'string' && /^\d+$/.test(r.sendAt) ? BigInt(r.sendAt) : r.sendAt;
+    insert.run(r.session, sendAt, r.role, r.content);
+  }
+  db.close();
+  return sessions;
+}
+
+/** A compacted session: every turn in history.db (dual write), the last `keep` in history.json. */
+function compacted(
+  sid: string,
+  turns: Array<{ at: string; ms?: number; user: string; reply: string; replyAt?: string }>,
+  keep: number,
+): { json: unknown[]; rows: RawRow[] } {
+  const json: unknown[] = [];
+  const rows: RawRow[] = [];
+  turns.forEach((t, i) => {
+    const user = header(t.at, t.user);
+    const at = plus(taipei(t.at), (t.ms ?? 0) * 1_000_000);
+    rows.push({ session: sid, sendAt: at, role: 'user', content: user });
+    rows.push({ session: sid, sendAt: t.replyAt ?? plus(at, 1), role: 'assistant', content: t.reply });
+    if (i >= turns.length - keep)
+      json.push({ role: 'user', content: user }, { role: 'assistant', content: t.reply });
+  });
+  return { json, rows };
+}
+
 async function listed(t: Api, sid: string): Promise<any[]> {
   const r = await t.get(`/v1/sessions/${sid}/messages?limit=500`);
   assert.equal(r.status, 200, `${sid}: ${r.text}`);
   return r.body.messages;
 }
-
-let svc: TestService;
-const roots: string[] = [];
 
 before(async () => {
   svc = await startTestService({ env: { TZ } });
@@ -246,7 +303,11 @@ void describe('agenvoy import', () => {
         'oddtime-11': ['imported', 2, 2, 0, 0, null],
       },
     );
-    assert.match(by['badsum-10']!.notes.join(' '), /summary.json is not valid JSON: summary skipped/);
+    assert.match(
+      by['badsum-10']!.notes.join(' '),
+      /summary\.json is not valid JSON at line 1, column 2 \(.+\): summary skipped/,
+    );
+    assert.ok(report.sessions.every((s) => !s.notes.some((n) => n.includes('WARNING'))));
     assert.match(
       by['oddtime-11']!.notes.join(' '),
       /1 time header\(s\) could not be read \("2025-13-45 25:61:61"\)/,
@@ -405,6 +466,286 @@ void describe('agenvoy import', () => {
     const out = path.join(fx.root, 'plain-1.jsonl');
     await run(process.execPath, [cli, 'export', 'plain-1', '--tenant', name, '--out', out], { env });
     assert.equal(readFileSync(out, 'utf8').trim().split('\n').length, 5, 'four messages and the summary');
+  });
+
+  // Compacted sessions whose texts repeat: each history.json message must merge with its own copy
+  // in history.db, and the compacted turn must come before it.
+  for (const c of [
+    {
+      title: 'a compacted reply Agenvoy could not time (send_at 0) keeps its place before the same reply',
+      sid: 'untimed-12',
+      turns: [
+        { at: '2025-03-12 10:00:00', user: 'q1', reply: 'ok', replyAt: '0' },
+        { at: '2025-03-12 10:10:00', user: 'q2', reply: 'ok', replyAt: '0' },
+      ],
+      want: ['q1', 'ok', 'q2', 'ok'],
+    },
+    {
+      title: 'a text sent twice within a minute merges with the copy nearest in time, not the first',
+      sid: 'near-13',
+      // history.db holds the real, sub-second send times.
+      turns: [
+        { at: '2025-03-13 10:00:00', ms: 500, user: 'ok', reply: 'A1' },
+        { at: '2025-03-13 10:00:30', ms: 700, user: 'ok', reply: 'A2' },
+      ],
+      want: ['ok', 'A1', 'ok', 'A2'],
+    },
+  ]) {
+    void test(c.title, async () => {
+      // Setup: two turns in history.db, the second also in history.json.
+      const session = compacted(c.sid, c.turns, 1);
+      const dir = agenvoyDir({ [c.sid]: { 'history.json': session.json } }, session.rows);
+      const t = await svc.newTenant();
+
+      // Action
+      const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ });
+
+      // Assert
+      const [s] = report.sessions;
+      assert.deepEqual(
+        [s!.status, s!.imported, s!.from_history_db, s!.duplicates_merged],
+        ['imported', 4, 2, 2],
+      );
+      await eventually(async () => (await listed(t.api, c.sid)).length === 4, 15_000, c.sid);
+      assert.deepEqual(
+        (await listed(t.api, c.sid)).map((m) => m.content),
+        c.want,
+      );
+    });
+  }
+
+  void test('refuses a session whose files are not UTF-8, naming the file and the byte', async () => {
+    // Setup: history.json in Big5, history.json with one Latin-1 byte, summary.json in Latin-1.
+    const prefix = '[{"role":"user","content":"sendAt: 2025-03-01 10:00:00\\n';
+    const big5 = Buffer.concat([
+      Buffer.from(prefix),
+      Buffer.from('a7daadccb051bdd7b04fbed0a874b2ce', 'hex'), // 我們討論記憶系統
+      Buffer.from('"}]'),
+    ]);
+    const latin1 = Buffer.from(`${prefix}caf\xe9 au lait"}]`, 'latin1');
+    const dir = agenvoyDir(
+      {
+        'enc-big5': { 'history.json': big5 },
+        'enc-latin1': { 'history.json': latin1 },
+        'enc-summary': {
+          'history.json': [{ role: 'user', content: 'fine' }],
+          'summary.json': Buffer.from(
+            JSON.stringify(SUMMARY).replace('ls flags', 'ls dr\xe9apeaux'),
+            'latin1',
+          ),
+        },
+      },
+      [],
+    );
+    const t = await svc.newTenant();
+
+    // Action
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ });
+
+    // Assert: refused (a re-run after converting the file imports it), and nothing stored.
+    const by = Object.fromEntries(report.sessions.map((s) => [s.session_id, s]));
+    assert.deepEqual(
+      report.sessions.map((s) => [s.session_id, s.status, s.imported]),
+      [
+        ['enc-big5', 'failed', 0],
+        ['enc-latin1', 'failed', 0],
+        ['enc-summary', 'failed', 0],
+      ],
+    );
+    assert.match(
+      by['enc-big5']!.notes.join(' '),
+      new RegExp(`^history\\.json is not valid UTF-8 \\(byte offset ${prefix.length}, line 1\\)`),
+    );
+    assert.match(
+      by['enc-latin1']!.notes.join(' '),
+      new RegExp(`^history\\.json is not valid UTF-8 \\(byte offset ${prefix.length + 3}, line 1\\)`),
+    );
+    assert.match(
+      by['enc-summary']!.notes.join(' '),
+      /^summary\.json is not valid UTF-8 \(byte offset \d+, line 1\)/,
+    );
+    for (const sid of ['enc-big5', 'enc-latin1', 'enc-summary']) {
+      assert.equal((await t.api.get(`/v1/sessions/${sid}`)).status, 404, sid);
+    }
+  });
+
+  void test('reads history.json in the zone that lines it up with history.db when the zone given is wrong', async () => {
+    // Setup: a Taipei session, compacted (history.db holds 6 turns, history.json the last 3),
+    // imported with --tz UTC.
+    const turns = ['10:00:00', '10:00:30', '10:10:00', '10:20:00', '10:20:40', '10:30:00'].map((hm, i) => ({
+      at: `2025-03-14 ${hm}`,
+      user: `q${i + 1}`,
+      reply: i === 5 ? 'a6' : 'ok',
+    }));
+    const c = compacted('zone-14', turns, 3);
+    const dir = agenvoyDir(
+      {
+        'zone-14': {
+          'history.json': c.json,
+          'summary.json': SUMMARY,
+          '.summary_cursor': '2025-03-14 10:10:00',
+        },
+      },
+      c.rows,
+    );
+    const t = await svc.newTenant();
+
+    // Action
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: 'UTC' });
+
+    // Assert: every message once, at its Taipei time, the cursor after turn 3, and a warning.
+    const [s] = report.sessions;
+    assert.deepEqual(
+      [s!.status, s!.imported, s!.from_history_json, s!.from_history_db, s!.duplicates_merged, s!.summary],
+      ['imported', 12, 6, 6, 6, { cursor_seq: 6 }],
+    );
+    assert.match(
+      s!.notes.join(' '),
+      /^WARNING: history\.json's times are not UTC time: read in UTC, 0 of the 3 timed message\(s\) of history\.json compared line up with their copies in history\.db; read in Asia\/Taipei, 3 do\. Imported them as Asia\/Taipei time/,
+    );
+    await eventually(async () => (await listed(t.api, 'zone-14')).length === 12, 15_000, 'zone-14');
+    const listing = await listed(t.api, 'zone-14');
+    assert.deepEqual(
+      listing.map((m) => m.content),
+      ['q1', 'ok', 'q2', 'ok', 'q3', 'ok', 'q4', 'ok', 'q5', 'ok', 'q6', 'a6'],
+    );
+    assert.equal(listing[10].sent_at, '2025-03-14T02:30:00.000000000Z');
+  });
+
+  void test('keeps compacted tool results of history.db as tool messages after a synthesised call', async () => {
+    // Setup: Agenvoy archives a tool result with role "tool" and no tool_call_id, and never the
+    // assistant message that called it (its content is empty). The turn was compacted away.
+    const t0 = taipei('2025-03-15 10:00:00');
+    const t1 = taipei('2025-03-15 11:00:00');
+    const thanks = header('2025-03-15 11:00:00', 'thanks');
+    const dir = agenvoyDir(
+      {
+        'tools-15': {
+          'history.json': [
+            { role: 'user', content: thanks },
+            { role: 'assistant', content: 'welcome' },
+          ],
+        },
+      },
+      [
+        {
+          session: 'tools-15',
+          sendAt: t0,
+          role: 'user',
+          content: header('2025-03-15 10:00:00', 'list my files'),
+        },
+        { session: 'tools-15', sendAt: plus(t0, 1), role: 'tool', content: 'README.md\nsecret-plans.txt' },
+        { session: 'tools-15', sendAt: plus(t0, 2), role: 'assistant', content: 'You have two files' },
+        { session: 'tools-15', sendAt: t1, role: 'user', content: thanks },
+        { session: 'tools-15', sendAt: plus(t1, 1), role: 'assistant', content: 'welcome' },
+      ],
+    );
+    const t = await svc.newTenant();
+
+    // Action
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ });
+
+    // Assert: the tool output is kept, after a call marked as synthesised, and found by search.
+    const [s] = report.sessions;
+    assert.deepEqual(
+      [s!.status, s!.imported, s!.from_history_db, s!.duplicates_merged, s!.messages_skipped],
+      ['imported', 6, 3, 2, 0],
+    );
+    assert.match(s!.notes.join(' '), /1 tool result\(s\) of history\.db had no tool call/);
+    await eventually(async () => (await listed(t.api, 'tools-15')).length === 6, 15_000, 'tools-15');
+    const listing = await listed(t.api, 'tools-15');
+    assert.deepEqual(
+      listing.map((m) => [m.role, m.content]),
+      [
+        ['user', 'list my files'],
+        ['assistant', null],
+        ['tool', 'README.md\nsecret-plans.txt'],
+        ['assistant', 'You have two files'],
+        ['user', 'thanks'],
+        ['assistant', 'welcome'],
+      ],
+    );
+    assert.deepEqual(listing[1].tool_calls, [
+      { id: 'agenvoy_row_2', type: 'function', function: { name: 'agenvoy_tool', arguments: '{}' } },
+    ]);
+    assert.deepEqual(listing[1].metadata, { agenvoy_synthesised: 'tool_call' });
+    assert.equal(listing[2].tool_call_id, 'agenvoy_row_2');
+    assert.deepEqual(listing[2].metadata, { agenvoy_synthesised: 'tool_call_id' });
+    const found = await t.api.post('/v1/sessions/tools-15/search', { query: 'secret', match: 'keyword' });
+    assert.equal(found.status, 200, found.text);
+    assert.ok(
+      (found.body.hits as Array<{ seq: number }>).some((h) => h.seq === listing[2].seq),
+      `the tool output is a hit: ${found.text}`,
+    );
+  });
+
+  void test('notes every row and file it cannot read, and counts the skips past the first ten', async () => {
+    // Setup: history.db rows with an unknown role, a BLOB content, a send_at that is text; a
+    // broken history.json; a broken summary.meta.json.
+    const rows: RawRow[] = [
+      {
+        session: 'rows-16',
+        sendAt: taipei('2025-03-16 09:00:00'),
+        role: 'user',
+        content: Buffer.from('blob'),
+      },
+      ...Array.from({ length: 11 }, (_, i) => ({
+        session: 'rows-16',
+        sendAt: plus(taipei('2025-03-16 09:00:00'), i + 1),
+        role: 'function',
+        content: `legacy ${i}`,
+      })),
+      { session: 'rows-16', sendAt: '2025-03-16 09:30:00', role: 'user', content: 'a time as text' },
+    ];
+    const dir = agenvoyDir(
+      {
+        'rows-16': { 'history.json': [{ role: 'user', content: header('2025-03-16 10:00:00', 'kept') }] },
+        'badjson-17': { 'history.json': '[\n  {"role": "user",, "content": "x"}]' },
+        'badmeta-18': {
+          'history.json': [{ role: 'user', content: header('2025-03-18 10:00:00', 'kept') }],
+          'summary.json': SUMMARY,
+          'summary.meta.json': '{broken',
+        },
+      },
+      rows,
+    );
+    const t = await svc.newTenant();
+
+    // Action
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ });
+
+    // Assert
+    const by = Object.fromEntries(report.sessions.map((s) => [s.session_id, s]));
+    assert.deepEqual(
+      report.sessions.map((s) => [s.session_id, s.status, s.imported, s.messages_skipped]),
+      [
+        ['badjson-17', 'failed', 0, 0],
+        ['badmeta-18', 'imported', 1, 0],
+        ['rows-16', 'imported', 2, 12],
+      ],
+    );
+    const notes = by['rows-16']!.notes;
+    assert.equal(notes.filter((n) => n.startsWith('skipped ')).length, 10);
+    assert.ok(notes.includes('skipped history.db row 1: content is not text (a BLOB)'), notes.join('\n'));
+    assert.ok(notes.some((n) => /^skipped history\.db row 2: role "function" is none of/.test(n)));
+    assert.ok(notes.includes('… and 2 more skipped (12 in all)'), notes.join('\n'));
+    assert.match(
+      notes.join('\n'),
+      /history\.db row 13: send_at "2025-03-16 09:30:00" \(text\) is not unix nanoseconds/,
+    );
+    assert.match(
+      by['badjson-17']!.notes.join(' '),
+      /^history\.json is not valid JSON at line 2, column \d+ \(/,
+    );
+    assert.match(
+      by['badmeta-18']!.notes.join(' '),
+      /summary\.meta\.json is not valid JSON at line 1, column 2/,
+    );
+    await eventually(async () => (await listed(t.api, 'rows-16')).length === 2, 15_000, 'rows-16');
+    assert.deepEqual(
+      (await listed(t.api, 'rows-16')).map((m) => m.content),
+      ['a time as text', 'kept'],
+    );
   });
 
   void test('local times around daylight-saving changes keep their order', () => {

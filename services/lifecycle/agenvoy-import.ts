@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { readdir, readFile, stat } from 'node:fs/promises';
+import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { AppError } from '../errors.js';
 import { assertSessionId, parseMessages } from '../messages/message-input.js';
@@ -7,6 +7,8 @@ import { summarySchema } from '../summary/summary-shape.js';
 import { nowNs, parseSentAt } from '../time.js';
 import { parseCursorValue, splitTimeHeader } from './agenvoy-time.js';
 import type { SplitHeader } from './agenvoy-time.js';
+import { badUtf8At, readJson, readText } from './agenvoy-files.js';
+import { lineUpZone, matchArchive } from './agenvoy-match.js';
 import type { ImportCursor, ImportInput, ImportMessage } from './import-input.js';
 import type { SqliteDb } from './sqlite.js';
 
@@ -27,16 +29,25 @@ export interface AgenvoySessionRead {
 }
 
 const ROLES = new Set(['user', 'assistant', 'system', 'developer', 'tool']);
+/** Skip notes printed per session; the rest are counted. */
+const MAX_SKIP_NOTES = 10;
+/** The function name of the tool call put before a compacted tool result (Agenvoy keeps no call). */
+export const SYNTHESISED_TOOL = 'agenvoy_tool';
+
 interface Draft {
   raw: Record<string, unknown>;
   role: string;
   text: string;
+  /** history.json: the header's local time, read in the session's zone into `own`. */
+  naive: string | null;
+  /** Its own time (a header, a history.db `send_at`); null when it has none (send_at 0). */
+  own: bigint | null;
+  /** `own`, or for a message without one an estimate (see fillTimes). */
   ns: bigint | null;
-  /** A history.db row whose send_at was 0 (time unknown to Agenvoy). */
-  untimed: boolean;
   source: 'json' | 'db';
   /** Where it came from, for notes: `history.json[3]`, `history.db row 17`. */
   at: string;
+  rowid?: string;
 }
 
 function flatten(content: unknown): string {
@@ -111,7 +122,7 @@ function toNs(time: string | null, timeZone: string): bigint | null {
 function fillTimes(drafts: Draft[], fallbackEnd: bigint): void {
   let prev: bigint | null = null;
   for (const d of drafts) {
-    if (d.ns === null && prev !== null) d.ns = prev + 1n;
+    d.ns = d.own ?? (prev === null ? null : prev + 1n);
     if (d.ns !== null) prev = d.ns;
   }
   const firstKnown = drafts.findIndex((d) => d.ns !== null);
@@ -129,16 +140,6 @@ async function mtimeNs(file: string): Promise<bigint> {
   }
 }
 
-async function readJson(file: string): Promise<unknown> {
-  if (!existsSync(file)) return undefined;
-  try {
-    // A byte-order mark (editors on Windows write one) is not part of the JSON.
-    return JSON.parse((await readFile(file, 'utf8')).replace(/^\uFEFF/, '')) as unknown;
-  } catch {
-    throw new AppError(400, 'invalid_file', `${path.basename(file)} is not valid JSON`);
-  }
-}
-
 /** Finds the archive database: `<sessions>/../.store/history.db`, else `<sessions>/.store/history.db`. */
 export function findHistoryDb(sessionsDir: string): string | null {
   for (const p of [
@@ -152,32 +153,62 @@ export function findHistoryDb(sessionsDir: string): string | null {
 
 function dbRows(db: SqliteDb, sessionId: string): Array<Record<string, unknown>> {
   return db
-    .prepare('SELECT rowid AS _rowid, * FROM messages WHERE session_id = ? ORDER BY rowid')
+    .prepare(
+      'SELECT rowid AS _rowid, typeof(send_at) AS _send_at_type, * FROM messages WHERE session_id = ? ORDER BY rowid',
+    )
     .safeIntegers(true)
     .all(sessionId) as Array<Record<string, unknown>>;
+}
+
+/** SQLite stores TEXT unchecked; better-sqlite3 would hand over bytes that are not UTF-8 replaced. */
+function textIsIntact(db: SqliteDb, rowid: unknown): boolean {
+  const row = db.prepare('SELECT CAST(content AS BLOB) AS b FROM messages WHERE rowid = ?').get(rowid) as
+    { b: Uint8Array } | undefined;
+  return !row || badUtf8At(row.b) < 0;
+}
+
+/** A history.db row's `send_at` (unix ns): null when Agenvoy did not know it (0, NULL) or it is no number. */
+function sendAtOf(r: Record<string, unknown>): bigint | null | 'unreadable' {
+  const v = r.send_at;
+  let ns: bigint;
+  if (typeof v === 'bigint') ns = v;
+  else if (typeof v === 'number' && Number.isFinite(v)) ns = BigInt(Math.trunc(v));
+  else if (typeof v === 'string' && /^\s*\d+\s*$/.test(v)) ns = BigInt(v.trim());
+  else if (v === null || v === undefined) return null;
+  else return 'unreadable';
+  return ns > 0n ? ns : null;
 }
 
 export async function readAgenvoySession(
   dir: string,
   sessionId: string,
   db: SqliteDb | null,
-  timeZone: string,
+  givenZone: string,
 ): Promise<AgenvoySessionRead> {
   const notes: string[] = [];
+  let skipped = 0;
+  let unnoted = 0;
+  const skip = (at: string, why: string) => {
+    skipped++;
+    if (skipped - unnoted <= MAX_SKIP_NOTES) notes.push(`skipped ${at}: ${why}`);
+    else unnoted++;
+  };
   const historyFile = path.join(dir, 'history.json');
   const history = (await readJson(historyFile)) ?? [];
   if (!Array.isArray(history)) throw new AppError(400, 'invalid_file', 'history.json is not an array');
 
   const json: Draft[] = [];
-  const unreadTimes: string[] = [];
-  let skipped = 0;
   for (const [index, m] of (history as Array<Record<string, unknown>>).entries()) {
-    if (!m || typeof m !== 'object' || typeof m.role !== 'string' || !ROLES.has(m.role)) {
-      skipped++;
+    const at = `history.json[${index}]`;
+    if (!m || typeof m !== 'object' || Array.isArray(m)) {
+      skip(at, 'not a message object');
+      continue;
+    }
+    if (typeof m.role !== 'string' || !ROLES.has(m.role)) {
+      skip(at, `role ${JSON.stringify(m.role ?? null)} is none of ${[...ROLES].join(', ')}`);
       continue;
     }
     const { content, header } = normaliseContent(m.content);
-    if (header?.time && toNs(header.time, timeZone) === null) unreadTimes.push(header.time);
     const raw: Record<string, unknown> = { role: m.role, content };
     const calls = normaliseToolCalls(m.tool_calls);
     if (calls) raw.tool_calls = calls;
@@ -188,13 +219,14 @@ export async function readAgenvoySession(
       raw,
       role: m.role,
       text: flatten(content),
-      ns: toNs(header?.time ?? null, timeZone),
-      untimed: false,
+      naive: header?.time ?? null,
+      own: null,
+      ns: null,
       source: 'json',
-      at: `history.json[${index}]`,
+      at,
     });
   }
-  fillTimes(json, await mtimeNs(historyFile));
+  const unreadTimes = json.filter((d) => d.naive && toNs(d.naive, givenZone) === null).map((d) => d.naive!);
   if (unreadTimes.length > 0) {
     notes.push(
       `${unreadTimes.length} time header(s) could not be read (${unreadTimes
@@ -205,13 +237,34 @@ export async function readAgenvoySession(
   }
 
   const archived: Draft[] = [];
+  let untimedTexts = 0;
   if (db) {
     for (const r of dbRows(db, sessionId)) {
+      const at = `history.db row ${String(r._rowid)}`;
       const role = String(r.role ?? '');
-      const body = typeof r.content === 'string' ? r.content : '';
-      if (!ROLES.has(role) || body.trim() === '') continue;
-      const h = splitTimeHeader(body);
-      const sendAt = typeof r.send_at === 'bigint' ? r.send_at : BigInt(Math.trunc(Number(r.send_at ?? 0)));
+      if (typeof r.content !== 'string') {
+        skip(at, `content is ${r.content === null ? 'NULL' : 'not text (a BLOB)'}`);
+        continue;
+      }
+      if (r.content.trim() === '') continue;
+      if (!ROLES.has(role)) {
+        skip(at, `role ${JSON.stringify(role)} is none of ${[...ROLES].join(', ')}`);
+        continue;
+      }
+      if (r.content.includes('\uFFFD') && !textIsIntact(db, r._rowid)) {
+        skip(at, 'content is not valid UTF-8');
+        continue;
+      }
+      const sendAt = sendAtOf(r);
+      if (sendAt === 'unreadable') {
+        untimedTexts++;
+        if (untimedTexts === 1) {
+          notes.push(
+            `${at}: send_at ${JSON.stringify(String(r.send_at))} (${String(r._send_at_type)}) is not unix nanoseconds: read as untimed, like send_at 0`,
+          );
+        }
+      }
+      const h = splitTimeHeader(r.content);
       const raw: Record<string, unknown> = { role, content: h.text };
       const meta: Record<string, unknown> = {};
       if (h.workDir) meta.work_dir = h.workDir;
@@ -221,87 +274,69 @@ export async function readAgenvoySession(
         raw,
         role,
         text: h.text,
-        ns: sendAt > 0n ? sendAt : null,
-        untimed: sendAt <= 0n,
+        naive: null,
+        own: sendAt === 'unreadable' ? null : sendAt,
+        ns: null,
         source: 'db',
-        at: `history.db row ${String(r._rowid)}`,
+        at,
+        rowid: String(r._rowid),
       });
     }
-    fillTimes(archived, json[0]?.ns ?? nowNs());
+    if (untimedTexts > 1)
+      notes.push(`${untimedTexts} history.db rows in all have a send_at that is no number`);
   }
 
-  // Merge without duplicates: history.json wins (it keeps structured content). An archived row is
-  // the same message as one of history.json with its role and text when their times are equal;
-  // failing that (second pass, so an exact pair is never taken by a near one), when its time is
-  // within a minute of it (history.json times come from whole-second headers, plus 1 ns per
-  // reply; an archive may hold the real send time), taking the nearest; or, for a row Agenvoy
-  // could not time, any of them.
   const key = (d: Draft) => `${d.role}\u0000${d.text}`;
-  const candidates = new Map<string, Array<bigint | null>>();
-  for (const d of json) {
-    const list = candidates.get(key(d)) ?? [];
-    list.push(d.ns);
-    candidates.set(key(d), list);
-  }
-  const NEAR_NS = 60_000_000_000n;
-  const distance = (a: bigint | null, b: bigint | null) =>
-    a === null || b === null ? null : a > b ? a - b : b - a;
-  const takeExact = (d: Draft) => {
-    const list = candidates.get(key(d));
-    const at = list ? list.findIndex((ns) => ns === d.ns) : -1;
-    if (at < 0) return false;
-    list!.splice(at, 1);
-    return true;
-  };
-  const takeNear = (d: Draft) => {
-    const list = candidates.get(key(d));
-    if (!list || list.length === 0) return false;
-    let best = -1;
-    let bestDistance: bigint | null = null;
-    list.forEach((ns, i) => {
-      const dist = distance(ns, d.ns);
-      if (d.untimed) {
-        if (best < 0) best = i;
-      } else if (dist !== null && dist <= NEAR_NS && (bestDistance === null || dist < bestDistance)) {
-        best = i;
-        bestDistance = dist;
-      }
-    });
-    if (best < 0) return false;
-    list.splice(best, 1);
-    return true;
-  };
-  const matched = archived.map((d) => !d.untimed && takeExact(d));
-  archived.forEach((d, i) => {
-    if (!matched[i]) matched[i] = takeNear(d);
-  });
-  const duplicates = matched.filter(Boolean).length;
-  const onlyArchived = archived.filter((_d, i) => !matched[i]);
+  const zone = pickZone(json, archived, key, givenZone, notes);
+  for (const d of json) d.own = toNs(d.naive, zone);
+  fillTimes(json, await mtimeNs(historyFile));
+  fillTimes(archived, json[0]?.ns ?? nowNs());
+
+  // Merge without duplicates: history.json wins (it keeps structured content).
+  const entry = (d: Draft) => ({ key: key(d), ns: d.ns!, timed: d.own !== null });
+  const copyOf = matchArchive(archived.map(entry), json.map(entry));
+  const onlyArchived = archived.filter((_d, i) => copyOf[i]! < 0);
+  const duplicates = archived.length - onlyArchived.length;
 
   const messages: ImportMessage[] = [];
+  let synthesised = 0;
   for (const d of [...onlyArchived, ...json]) {
+    // Agenvoy archives a tool result without its tool_call_id, and never the assistant message
+    // that called it (its content is empty): a call is put before it so that it stays a valid,
+    // searchable tool message.
+    const calledBy = d.source === 'db' && d.role === 'tool' && !d.raw.tool_call_id;
+    const batch = calledBy ? withSynthesisedCall(d) : [d.raw];
     try {
-      const [m] = parseMessages({ messages: [{ ...d.raw, sent_at: String(d.ns) }] }, timeZone);
-      messages.push({ message: m!, sourceSeq: null });
+      const accepted = parseMessages(
+        { messages: batch.map((raw) => ({ ...raw, sent_at: String(d.ns) })) },
+        zone,
+      );
+      for (const m of accepted) messages.push({ message: m, sourceSeq: null });
+      if (calledBy) synthesised++;
     } catch (err) {
-      skipped++;
-      if (notes.length < 10) {
-        const why = (err as Error).message.replace(/^messages\[0\]\.?/, '') || 'invalid';
-        notes.push(`skipped ${d.at} (${d.role}): ${why}`);
-      }
+      const why = (err as Error).message.replace(/^messages\[\d+\]\.?/, '') || 'invalid';
+      skip(`${d.at} (${d.role})`, why);
     }
   }
+  if (synthesised > 0) {
+    notes.push(
+      `${synthesised} tool result(s) of history.db had no tool call (Agenvoy does not archive it): each follows a synthesised assistant call of "${SYNTHESISED_TOOL}"`,
+    );
+  }
+  if (unnoted > 0) notes.push(`… and ${unnoted} more skipped (${skipped} in all)`);
 
   let summary: ImportInput['summary'] = null;
-  // A broken summary costs the summary, not the history (the summary sweep rebuilds one).
+  // A broken summary costs the summary, not the history (the summary sweep rebuilds one). Text
+  // that is not UTF-8 refuses the session, like history.json.
   const rawSummary = await readJson(path.join(dir, 'summary.json')).catch((err: unknown) => {
+    if (err instanceof AppError && err.code === 'invalid_utf8') throw err;
     notes.push(`${(err as Error).message}: summary skipped (the summary sweep rebuilds it)`);
     return undefined;
   });
   if (rawSummary && typeof rawSummary === 'object' && Object.keys(rawSummary).length > 0) {
     const shaped = summarySchema.safeParse(rawSummary);
     if (shaped.success) {
-      summary = { summary: shaped.data, cursor: await readCursor(dir, timeZone, notes) };
+      summary = { summary: shaped.data, cursor: await readCursor(dir, zone, notes) };
     } else {
       notes.push('summary.json is not in the current summary shape: skipped (the summary sweep rebuilds it)');
     }
@@ -314,19 +349,81 @@ export async function readAgenvoySession(
   };
 }
 
+function withSynthesisedCall(d: Draft): Array<Record<string, unknown>> {
+  // Derived from the row, so a re-import of the same history.db gives the same ids.
+  const id = `agenvoy_row_${d.rowid}`;
+  const metadata = (d.raw.metadata as Record<string, unknown> | undefined) ?? {};
+  return [
+    {
+      role: 'assistant',
+      content: null,
+      tool_calls: [{ id, type: 'function', function: { name: SYNTHESISED_TOOL, arguments: '{}' } }],
+      metadata: { agenvoy_synthesised: 'tool_call' },
+    },
+    { ...d.raw, tool_call_id: id, metadata: { ...metadata, agenvoy_synthesised: 'tool_call_id' } },
+  ];
+}
+
+/**
+ * The zone history.json's naive header times are read in: the given one (`--tz`, else TZ), unless
+ * history.db's absolute times show it is wrong (its copies of the messages do not line up with
+ * the headers, and do in another zone). Reading them in a wrong zone would import every message
+ * still in history.json twice, and put the summary cursor elsewhere.
+ */
+function pickZone(
+  json: Draft[],
+  archived: Draft[],
+  key: (d: Draft) => string,
+  given: string,
+  notes: string[],
+): string {
+  const archive = new Map<string, bigint[]>();
+  for (const d of archived) {
+    if (d.own === null) continue;
+    const list = archive.get(key(d)) ?? [];
+    list.push(d.own);
+    archive.set(key(d), list);
+  }
+  for (const list of archive.values()) list.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  const headers = json.filter((d) => d.naive !== null).map((d) => ({ key: key(d), naive: d.naive! }));
+  const reading = lineUpZone(headers, archive, given);
+  if (!reading || reading.givenLined * 2 >= reading.samples) return given;
+  const compared = `of the ${reading.samples} timed message(s) of history.json compared`;
+  if (reading.zone !== given) {
+    notes.push(
+      `WARNING: history.json's times are not ${given} time: read in ${given}, ${reading.givenLined} ${compared} line up with their copies in history.db; read in ${reading.zone}, ${reading.lined} do. Imported them as ${reading.zone} time; pass --tz with the zone Agenvoy ran in to choose another`,
+    );
+    return reading.zone;
+  }
+  notes.push(
+    `WARNING: only ${reading.givenLined} ${compared} line up with a copy of the same text in history.db, in ${given} or any other zone: if ${given} is not the zone Agenvoy ran in, pass the right --tz (messages that do not line up are imported from both files)`,
+  );
+  return given;
+}
+
 async function readCursor(dir: string, timeZone: string, notes: string[]): Promise<ImportCursor> {
   const cursorFile = path.join(dir, '.summary_cursor');
-  if (existsSync(cursorFile)) {
-    const c = parseCursorValue(await readFile(cursorFile, 'utf8'), timeZone);
+  const cursor = await readText(cursorFile);
+  if (cursor !== undefined) {
+    const c = parseCursorValue(cursor, timeZone);
     if (c) return c;
     notes.push('.summary_cursor is unreadable: the summary job sets the cursor');
   }
-  const meta = (await readJson(path.join(dir, 'summary.meta.json')).catch(() => undefined)) as
-    { last_message_time?: unknown } | undefined;
-  if (meta && typeof meta.last_message_time === 'string') {
-    const c = parseCursorValue(meta.last_message_time, timeZone);
-    if (c) return c;
-  }
+  const metaFile = path.join(dir, 'summary.meta.json');
+  const meta = (await readJson(metaFile).catch((err: unknown) => {
+    if (err instanceof AppError && err.code === 'invalid_utf8') throw err;
+    notes.push(`${(err as Error).message}: no cursor from it (the summary job sets the cursor)`);
+    return undefined;
+  })) as { last_message_time?: unknown } | undefined;
+  if (meta === undefined) return { kind: 'none' };
+  const c =
+    meta && typeof meta === 'object' && typeof meta.last_message_time === 'string'
+      ? parseCursorValue(meta.last_message_time, timeZone)
+      : null;
+  if (c) return c;
+  notes.push(
+    'summary.meta.json has no readable "last_message_time": no cursor from it (the summary job sets the cursor)',
+  );
   return { kind: 'none' };
 }
 
