@@ -11,12 +11,12 @@
  * Records: error messages with paths, numbers, URLs, hosts, ids and quoted values (which dedupe
  * masks), ~25 % Traditional Chinese; a share of writes repeats a "hot" error with new paths and
  * numbers so that dedupe merges a realistic fraction. Baseline per query: the store's own index
- * keys (ZRANGE REV 0..999 of each query term, ZMSCORE against the tool set, the 256 candidates
- * sharing the most terms) in pipelines, then one pipelined HGETALL of those 256 records; no
- * decoding, no scoring, no TTL renewal. Store and baseline alternate call by call. The store's
+ * keys (ZRANGE REV 0..999 of each query term's key, with a tool its per-tool key and the
+ * tenant-wide one, ZMSCORE against the tool set for what only the tenant-wide one found, the 256
+ * candidates sharing the most terms) in pipelines, then one pipelined HGETALL of those 256 records;
+ * no decoding, no scoring, no TTL renewal. Store and baseline alternate call by call. The store's
  * CPU steps (decoding, query terms and embedding, ranking) are re-run on the baseline's records
- * and timed apart, and tool-filtered queries also time a one-EVAL variant of the index reads (the
- * filter done in Redis), so the report says where a lookup's time goes. `--budget` caps each
+ * and timed apart, so the report says where a lookup's time goes. `--budget` caps each
  * timed query phase in seconds. A scratch Redis prefix (`mb_<time>_<hex>`) on the shared Redis
  * is removed at the end and on Ctrl-C.
  */
@@ -26,8 +26,7 @@ import { errorKeys } from '../services/error-memory/error-keys.js';
 // The baseline reads what the store reads, within the store's own limits.
 import { CANDIDATES_PER_TERM, MAX_FETCHED, openErrorMemory } from '../services/error-memory/error-store.js';
 import { KEYWORD_SEPARATOR, normaliseSymptom } from '../services/error-memory/normalise.js';
-import { buildQuery, rankRecords, MAX_QUERY_TERMS } from '../services/error-memory/ranking.js';
-import { significantTerms } from '../services/error-memory/normalise.js';
+import { buildQuery, rankRecords } from '../services/error-memory/ranking.js';
 import { toStoredError } from '../services/error-memory/stored-error.js';
 import type { ErrorWriteInput, Outcome, StoredError } from '../services/error-memory/types.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
@@ -48,31 +47,6 @@ const TOOL_COUNT = 50;
 const TEMPLATES_PER_TOOL = 10;
 const HOT_SHARE = 0.35;
 const WARMUP = 50;
-
-/**
- * The store's tool-filtered candidates in one round trip: each term set's newest ids, kept only
- * when the tool set holds them, with how many terms each shares (first-seen order, as the store).
- */
-const FILTERED_CANDIDATES_SCRIPT = String.raw`
-local tool = KEYS[#KEYS]
-local limit = tonumber(ARGV[1])
-local count, order = {}, {}
-for i = 1, #KEYS - 1 do
-  local ids = redis.call('ZREVRANGE', KEYS[i], 0, limit - 1)
-  if #ids > 0 then
-    local scores = redis.call('ZMSCORE', tool, unpack(ids))
-    for j = 1, #ids do
-      if scores[j] then
-        local id = ids[j]
-        if count[id] then count[id] = count[id] + 1 else count[id] = 1; order[#order + 1] = id end
-      end
-    end
-  end
-end
-local out = {}
-for _, id in ipairs(order) do out[#out + 1] = id; out[#out + 1] = count[id] end
-return out
-`;
 
 // ---------------------------------------------------------------------------------------------
 // Generated errors. A signature (tool, template, two vocabulary slots) is what dedupe should see
@@ -634,9 +608,7 @@ async function main(): Promise<void> {
     return { query: renderSearch(sig, qr), tool: qr() < 0.5 ? TOOLS[sig.tool] : undefined };
   });
 
-  let luaMismatches = 0;
   type Breakdown = {
-    lua: number;
     idx: number;
     fetch: number;
     decode: number;
@@ -650,20 +622,38 @@ async function main(): Promise<void> {
     tool: string | undefined,
   ): Promise<Breakdown & { ids: number; cand: number; read: number }> {
     const b0 = performance.now();
-    const terms = significantTerms(text, MAX_QUERY_TERMS).map(k.term);
+    // The store's query terms (both ends of a long text); with a tool, its own term key first.
+    const perTerm = buildQuery(text, tool, undefined).terms.map((t) =>
+      tool === undefined ? [k.term(t)] : [k.toolTerm(tool, t), k.term(t)],
+    );
     const pl = redis.pipeline();
-    for (const key of terms) pl.zrevrange(key, 0, CANDIDATES_PER_TERM - 1);
-    const lists = ((await pl.exec()) ?? []).map(([, v]) => v as string[]);
+    for (const key of perTerm.flat()) pl.zrevrange(key, 0, CANDIDATES_PER_TERM - 1);
+    const flat = ((await pl.exec()) ?? []).map(([, v]) => v as string[]);
     const count = new Map<string, number>();
-    for (const list of lists) for (const id of list) count.set(id, (count.get(id) ?? 0) + 1);
+    const ofTool = new Set<string>();
+    let at = 0;
+    for (const keys of perTerm) {
+      const seen = new Set<string>();
+      keys.forEach((_, j) => {
+        for (const id of flat[at + j] ?? []) {
+          if (!seen.has(id)) count.set(id, (count.get(id) ?? 0) + 1);
+          seen.add(id);
+          if (j === 0) ofTool.add(id);
+        }
+      });
+      at += keys.length;
+    }
     let ids = [...count.keys()];
     const cand = ids.length;
-    const read = lists.reduce((n, l) => n + l.length, 0);
-    if (tool !== undefined && ids.length > 0) {
+    const read = flat.reduce((n, l) => n + l.length, 0);
+    const unchecked = ids.filter((id) => !ofTool.has(id));
+    if (tool !== undefined && unchecked.length > 0) {
       const tl = redis.pipeline();
-      for (let i = 0; i < ids.length; i += 500) tl.zmscore(k.tool(tool), ...ids.slice(i, i + 500));
+      for (let i = 0; i < unchecked.length; i += 500)
+        tl.zmscore(k.tool(tool), ...unchecked.slice(i, i + 500));
       const scores = ((await tl.exec()) ?? []).flatMap(([, v]) => v as Array<string | null>);
-      ids = ids.filter((_, i) => scores[i] !== null);
+      const other = new Set(unchecked.filter((_, i) => scores[i] === null));
+      ids = ids.filter((id) => !other.has(id));
     }
     ids.sort((x, y) => (count.get(y) ?? 0) - (count.get(x) ?? 0));
     ids = ids.slice(0, MAX_FETCHED);
@@ -691,24 +681,6 @@ async function main(): Promise<void> {
     const b5 = performance.now();
     rankRecords(recs, q, 4);
     const b6 = performance.now();
-    // The improvement measured on the side: the same candidate ids, tool filter applied in Redis.
-    let lua = Number.NaN;
-    if (tool !== undefined && terms.length > 0) {
-      const flat = (await redis.eval(
-        FILTERED_CANDIDATES_SCRIPT,
-        terms.length + 1,
-        ...terms,
-        k.tool(tool),
-        String(CANDIDATES_PER_TERM),
-      )) as Array<string | number>;
-      const got = new Map<string, number>();
-      for (let i = 0; i + 1 < flat.length; i += 2) got.set(String(flat[i]), Number(flat[i + 1]));
-      const luaIds = [...got.keys()]
-        .sort((x, y) => (got.get(y) ?? 0) - (got.get(x) ?? 0))
-        .slice(0, MAX_FETCHED);
-      lua = performance.now() - b6;
-      if (luaIds.join() !== ids.join()) luaMismatches++;
-    }
     return {
       idx: b1 - b0,
       fetch: b2 - b1,
@@ -716,7 +688,6 @@ async function main(): Promise<void> {
       query: b4 - b3,
       embed: b5 - b4,
       rank: b6 - b5,
-      lua,
       ids: ids.length,
       cand,
       read,
@@ -909,12 +880,6 @@ async function main(): Promise<void> {
       us(m('query')),
       us(m('embed')),
       us(m('rank')),
-      (() => {
-        const tooled = ph.bd.filter((x) => Number.isFinite(x.lua));
-        const idx = tooled.map((x) => x.idx);
-        const lua = tooled.map((x) => x.lua);
-        return `${f(p(idx, 50))} → ${f(p(lua, 50))} (p95 ${f(p(idx, 95))} → ${f(p(lua, 95))}, n ${fmtInt(tooled.length)})`;
-      })(),
     ];
   };
   process.stdout.write(
@@ -929,12 +894,10 @@ async function main(): Promise<void> {
           'buildQuery (incl. embed)',
           'query embed alone',
           'rankRecords',
-          'tool-filtered queries: index reads p50, pipelined → 1 EVAL',
         ],
         [bdRow(lookupPhase), bdRow(searchPhase)],
       ) +
-      `\n\nThe one-EVAL variant returned other candidates than the pipelined reads for ${fmtInt(luaMismatches)} queries` +
-      '.\n',
+      '\n',
   );
 }
 
