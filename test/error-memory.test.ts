@@ -716,20 +716,25 @@ void test('a record indexed before per-tool term keys existed is still found by 
     action: 'fix the registry secret',
   });
   assert.equal(written.status, 201);
-  // What an older version wrote: only the tenant-wide term keys.
+  // What an older version wrote: only the tenant-wide term keys, and no layout mark.
   const perTool = await scanKeys(`${PREFIX}:err:${tenant}:tterm:*`);
   assert.ok(perTool.length > 0);
-  await redis.del(...perTool);
-  const res = await call(tenant, 'POST', '/lookup', {
-    tool_name: 'kubectl',
-    error: 'ImagePullBackOff again',
-  });
+  assert.equal(await redis.del(...perTool, `${PREFIX}:err:${tenant}:v`), perTool.length + 1);
+  const lookup = async (tool: string) =>
+    (await call(tenant, 'POST', '/lookup', { tool_name: tool, error: 'ImagePullBackOff again' })).body;
   assert.deepEqual(
-    res.body.records.map((r: ErrorRecord) => r.id),
+    (await lookup('kubectl')).records.map((r: ErrorRecord) => r.id),
     [written.body.id],
   );
-  const other = await call(tenant, 'POST', '/lookup', { tool_name: 'helm', error: 'ImagePullBackOff again' });
-  assert.equal(other.body.related_errors, 'NONE');
+  assert.equal((await lookup('helm')).related_errors, 'NONE');
+  // The sweep puts the tenant's records under their tools' keys and marks the tenant.
+  await errors.sweepExpired();
+  assert.equal(await redis.get(`${PREFIX}:err:${tenant}:v`), '2');
+  assert.equal((await scanKeys(`${PREFIX}:err:${tenant}:tterm:*`)).length, perTool.length);
+  assert.deepEqual(
+    (await lookup('kubectl')).records.map((r: ErrorRecord) => r.id),
+    [written.body.id],
+  );
 });
 
 void describe('crowded terms', () => {

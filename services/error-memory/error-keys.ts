@@ -13,6 +13,10 @@
  *                                      record is saved, removed once it has its expiry and its
  *                                      index entries, so a writer that dies in between leaves an
  *                                      entry the sweep and purge find
+ *   T:v                                STRING "2" once every record of the tenant is under its
+ *                                      tool's term keys (a tenant that started on this layout, or
+ *                                      one the sweep re-indexed); without it a lookup by tool also
+ *                                      reads the tenant-wide term keys
  *   <prefix>:err:tenants               SET of tenants with error memory (for the sweep)
  * (<tool> is URI-encoded.) Index entries are only candidates: every record is read before it is
  * returned, and an id whose record is gone is dropped lazily, then swept from every index.
@@ -40,6 +44,7 @@ export function errorKeys(prefix: string, tenantId: string) {
     ikeys: `${base}:ikeys`,
     dead: `${base}:dead`,
     pending: `${base}:pending`,
+    version: `${base}:v`,
   };
 }
 export type ErrorKeys = ReturnType<typeof errorKeys>;

@@ -19,6 +19,7 @@ import {
   DROP_STALE_TERMS_SCRIPT,
   FORGET_TENANT_SCRIPT,
   MERGE_SCRIPT,
+  PENDING_SCRIPT,
   RENEW_SCRIPT,
   SWEEP_KEY_SCRIPT,
 } from './redis-scripts.js';
@@ -297,7 +298,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       };
       // Pending until indexed: a writer that dies before then leaves a record without an expiry
       // or in no index, and this entry is how the sweep and purge find it.
-      await client.multi().zAdd(k.pending, { score: at, value: id }).sAdd(tenantsKey, tenantId).exec();
+      await evalScript(PENDING_SCRIPT, [k.pending, tenantsKey, k.all, k.version], [String(at), id, tenantId]);
       await repo.save(k.entity(id), {
         ...fields,
         cause: cause ?? undefined,
@@ -325,18 +326,19 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const k = keys(tenantId);
     const q = buildQuery(text, toolName, opts.embed);
     if (q.terms.length === 0) return [];
-    // With a tool, its own term keys: the newest candidates of a term are then that tool's. The
-    // tenant-wide keys are read too, for records indexed before per-tool keys existed (before
-    // 2026-12-01: until they expire, or a merge re-indexes them); what only those find must pass
-    // the tool filter.
-    const perTerm = q.terms.map((t) =>
-      toolName === undefined ? [k.term(t)] : [k.toolTerm(toolName, t), k.term(t)],
-    );
-    const lists = await Promise.all(
-      perTerm.map((termKeys) =>
-        Promise.all(termKeys.map((key) => client.zRange(key, 0, CANDIDATES_PER_TERM - 1, { REV: true }))),
-      ),
-    );
+    // With a tool, its own term keys: the newest candidates of a term are then that tool's. Until
+    // the sweep has upgraded a tenant whose records predate those keys (no layout mark), the
+    // tenant-wide keys are read too; what only those find must pass the tool filter.
+    const read = (key: string) => client.zRange(key, 0, CANDIDATES_PER_TERM - 1, { REV: true });
+    const own = q.terms.map((t) => (toolName === undefined ? k.term(t) : k.toolTerm(toolName, t)));
+    const [upgraded, ownLists] = await Promise.all([
+      toolName === undefined ? true : client.exists(k.version).then((n) => n === 1),
+      Promise.all(own.map(read)),
+    ]);
+    const wide = upgraded ? [] : q.terms.map((t) => k.term(t));
+    const wideLists = await Promise.all(wide.map(read));
+    const perTerm = q.terms.map((_, i) => (upgraded ? [own[i]!] : [own[i]!, wide[i]!]));
+    const lists = q.terms.map((_, i) => (upgraded ? [ownLists[i]!] : [ownLists[i]!, wideLists[i]!]));
     const seen = new Map<string, { count: number; keys: string[]; ofTool: boolean }>();
     lists.forEach((forTerm, i) => {
       const counted = new Set<string>();
@@ -507,8 +509,28 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     return doomed.length > 0 ? removeIds(k, doomed) : 0;
   }
 
+  /**
+   * Puts every record of a tenant written before per-tool term keys existed under them, then sets
+   * the tenant's layout mark: from then on a lookup by tool reads its tool's keys only.
+   */
+  async function upgradeLayout(tenantId: string, k: ErrorKeys): Promise<void> {
+    if ((await client.exists(k.version)) === 1) return;
+    let batch: string[] = [];
+    const flush = async () => {
+      for (const rec of await fetchMany(k, batch)) if (rec) await index(tenantId, k, rec);
+      batch = [];
+    };
+    for await (const { value } of client.zScanIterator(k.all, { COUNT: BATCH })) {
+      batch.push(value);
+      if (batch.length >= BATCH) await flush();
+    }
+    await flush();
+    await client.set(k.version, '2');
+  }
+
   async function sweepTenant(tenantId: string): Promise<number> {
     const k = keys(tenantId);
+    await upgradeLayout(tenantId, k);
     const orphans = await settlePending(tenantId, k);
     const indexed: string[] = [];
     for await (const { value } of client.zScanIterator(k.all, { COUNT: BATCH })) indexed.push(value);
@@ -529,7 +551,11 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       }
       if (marked.length > 0) await client.sRem(k.dead, marked);
     }
-    await evalScript(FORGET_TENANT_SCRIPT, [k.all, k.ikeys, k.dead, k.pending, tenantsKey], [tenantId]);
+    await evalScript(
+      FORGET_TENANT_SCRIPT,
+      [k.all, k.ikeys, k.dead, k.pending, tenantsKey, k.version],
+      [tenantId],
+    );
     return dead.size + orphans;
   }
 

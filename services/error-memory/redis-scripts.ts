@@ -115,13 +115,27 @@ return 1
 `;
 
 /**
- * Forget a tenant in the tenant registry once it has no index left.
- * KEYS: all index, registry of index keys, dead set, pending set, tenant registry. ARGV: tenant id.
+ * Forget a tenant in the tenant registry (and its layout mark) once it has no index left.
+ * KEYS: all index, registry of index keys, dead set, pending set, tenant registry, layout mark.
+ * ARGV: tenant id.
  */
 export const FORGET_TENANT_SCRIPT = String.raw`
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) == 0 then
   redis.call('SREM', KEYS[5], ARGV[1])
+  redis.call('DEL', KEYS[6])
   return 1
 end
 return 0
+`;
+
+/**
+ * A new record is about to be saved: register it as pending and its tenant in the registry; a
+ * tenant with no record yet starts on the per-tool term layout (its layout mark is set).
+ * KEYS: pending set, tenant registry, all index, layout mark. ARGV: now ms, id, tenant id.
+ */
+export const PENDING_SCRIPT = String.raw`
+if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[4], '2') end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[3])
+return 1
 `;
