@@ -393,6 +393,7 @@ void describe('dedupe', () => {
       ['HTTP/1.1 502 Bad Gateway', 'HTTP/1.1 504 Bad Gateway'],
       ['process exited with exit code 127', 'process exited with exit code 1'],
       ['python3: command not found', 'python2: command not found'],
+      ['request failed: error 404', 'request failed: error 500'],
     ];
     for (const [n, [a, b]] of pairs.entries()) {
       const tool_name = `tool_${n}`;
@@ -423,6 +424,19 @@ void describe('dedupe', () => {
         '{"error":"rate limited","code":429,"retry_in":30}',
         '{"error":"rate limited","code":429,"retry_in":7}',
       ],
+      // A quoted value before `:` is not a JSON key (GNU coreutils, Go's %q).
+      [
+        "ls: cannot access 'build.log': No such file or directory",
+        "ls: cannot access 'out.txt': No such file or directory",
+      ],
+      ['strconv.Atoi: parsing "12a": invalid syntax', 'strconv.Atoi: parsing "x9": invalid syntax'],
+      // Timestamps and Go durations, whose letters would otherwise glue to their digits.
+      ['2024-05-01T12:00:00Z ERROR connection refused', '2024-05-01T13:07:44Z ERROR connection refused'],
+      ['context deadline exceeded after 1m30s', 'context deadline exceeded after 2m15s'],
+      // After `error` only an HTTP status is a code: these are counts and addresses.
+      ['Error 1 of 3: upload timed out', 'Error 2 of 3: upload timed out'],
+      ['ERROR 10.0.0.5:5432 refused', 'ERROR 192.168.1.9:5432 refused'],
+      ['fatal: bad object 3f9a2b1', 'fatal: bad object 8c4e7d2'],
     ];
     for (const [n, [a, b]] of pairs.entries()) {
       const first = await write(tenant, { tool_name: `tool_${n}`, symptom: a });
@@ -658,6 +672,22 @@ void describe('search and lookup', () => {
     assert.deepEqual(
       alsoFound.body.records.map((r: ErrorRecord) => r.id),
       [body.id],
+    );
+  });
+
+  void test('32 long keywords do not push the symptom out: the identical error is still found', async () => {
+    const t = newTenant();
+    const symptom = 'x509: certificate signed by unknown authority';
+    const first = await write(t, { tool_name: 'curl', symptom, action: 'install the CA bundle' });
+    const keywords = Array.from({ length: 32 }, (_, i) =>
+      Array.from({ length: 8 }, (_, j) => word(1000 + i * 8 + j)).join(' '),
+    );
+    const merged = await write(t, { tool_name: 'curl', symptom, action: 'install the CA bundle', keywords });
+    assert.deepEqual(merged.body, { id: first.body.id, deduplicated: true });
+    const res = await call(t, 'POST', '/lookup', { tool_name: 'curl', error: symptom });
+    assert.deepEqual(
+      res.body.records.map((r: ErrorRecord) => r.id),
+      [first.body.id],
     );
   });
 

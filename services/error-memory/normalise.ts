@@ -27,23 +27,45 @@ export function normaliseKeywords(keywords: readonly string[]): string[] {
 
 /**
  * A quoted value is one token between quotes: quoted text with whitespace in it is a message
- * (kept as text), and a quoted token followed by `:` is a JSON or YAML key (kept).
+ * (kept as text), and a double-quoted token that opens a JSON member (after `{` or `,`, followed
+ * by `:`) is a key (kept). `cannot access 'build.log':` and `parsing "12a":` are values.
  */
 function maskQuoted(quoted: string, offset: number, whole: string): string {
-  if (/\s/u.test(quoted.slice(1, -1)) || whole[offset + quoted.length] === ':') return quoted;
-  return '<q>';
+  if (/\s/u.test(quoted.slice(1, -1))) return quoted;
+  const isKey =
+    quoted.startsWith('"') &&
+    /^[ \t]*:/.test(whole.slice(offset + quoted.length)) &&
+    /[{,][ \t\n]*$/.test(whole.slice(Math.max(0, offset - 8), offset));
+  return isKey ? quoted : '<q>';
 }
 
-// Words a status or exit code follows, as in `"code":429`, `status: 404`, `HTTP/1.1 503`,
-// `exit code 127`: the number after one tells errors apart, so it is not masked.
-const CODE_WORD = String.raw`(?<![\p{L}\p{N}])(?:status_code|statuscode|status|code|http(?:\/\d+(?:\.\d+)?)?|exit|errno|error)["'\x60]?[ \t]*[:=]?[ \t]*`;
+// A status or exit code tells errors apart, so the number after one of these words is kept, as in
+// `"code":429`, `status: 404`, `HTTP/1.1 503`, `exit code 127`, `errno 13`. After `error` only an
+// HTTP status (100–599) is: `Error 1 of 3` and `error: 3 tests failed` are counts.
+const CODE_BEFORE =
+  /(?<![\p{L}\p{N}])(?:status_code|statuscode|status|code|http(?:\/\d+(?:\.\d+)?)?|exit|errno)["'`]?[ \t]*[:=]?[ \t]*$/u;
+const ERROR_BEFORE = /(?<![\p{L}\p{N}])error["'`]?[ \t]*[:=]?[ \t]*$/u;
+
+function maskNumber(n: string, offset: number, whole: string): string {
+  const before = whole.slice(Math.max(0, offset - 24), offset);
+  if (CODE_BEFORE.test(before)) return n;
+  if (/^[1-5]\d\d$/.test(n) && ERROR_BEFORE.test(before)) return n;
+  return '<n>';
+}
 
 const URL_RE = /\b[a-z][a-z0-9+.-]*:\/\/[^\s'"`<>]+/g;
 // A single quote only opens after a non-word character and closes before one, so the
 // apostrophes of "can't" and "don't" are not taken for quotes.
 const QUOTED_RE = /"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{L}\p{N}])/gu;
+// Timestamps and durations before anything else reads their digits: `2024-05-01t12:00:00z`,
+// `1m30s`, `250ms` (their letters would otherwise make `t12`, `m30s` words).
+const TIMESTAMP_RE =
+  /\b\d{4}-\d{2}-\d{2}(?:[t ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:z|[+-]\d{2}:?\d{2})?)?\b/g;
+const DURATION_RE = /(?<![\p{L}\p{N}.])(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h|d))+(?![\p{L}\p{N}])/gu;
+const NUMBER_RE = /(?<![\p{L}\p{N}])\d+(?:\.\d+)*/gu;
 
-// Applied after URLs and quoted values (they may contain paths and numbers); numbers last.
+// Applied after URLs, quoted values, timestamps and durations (they may contain paths and
+// numbers); numbers last.
 const MASKS: ReadonlyArray<readonly [RegExp, string]> = [
   [/\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/g, '<id>'],
   [/[a-z]:\\(?:[^\s\\'"`<>|?*]+\\?)*/g, '<path>'],
@@ -54,11 +76,10 @@ const MASKS: ReadonlyArray<readonly [RegExp, string]> = [
     '<path>',
   ],
   [/\b0x[0-9a-f]+\b/g, '<id>'],
-  // Hex ids (commit hashes, object ids) and long mixed tokens (request ids, base32/64 keys).
-  [/\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b/g, '<id>'],
+  // Hex ids (commit hashes from 7 characters, object ids) and long mixed tokens (request ids,
+  // base32/64 keys).
+  [/\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b/g, '<id>'],
   [/\b(?=[a-z_-]*\d)(?=[\d_-]*[a-z])[a-z0-9_-]{16,}\b/g, '<id>'],
-  // Digits glued to a letter are part of the word (`python3`, `ipv6`, `utf8`, `v2`).
-  [new RegExp(String.raw`(?<![\p{L}\p{N}])(?<!${CODE_WORD})\d+(?:\.\d+)*`, 'gu'), '<n>'],
 ];
 
 /**
@@ -67,9 +88,16 @@ const MASKS: ReadonlyArray<readonly [RegExp, string]> = [
  * quoted text that is a message or a key rather than a value.
  */
 export function normaliseSymptom(symptom: string): string {
-  let s = symptom.normalize('NFKC').toLowerCase().replace(URL_RE, '<url>').replace(QUOTED_RE, maskQuoted);
+  let s = symptom
+    .normalize('NFKC')
+    .toLowerCase()
+    .replace(URL_RE, '<url>')
+    .replace(QUOTED_RE, maskQuoted)
+    .replace(TIMESTAMP_RE, '<time>')
+    .replace(DURATION_RE, '<n>');
   for (const [re, mask] of MASKS) s = s.replace(re, mask);
-  return s.replace(/\s+/g, ' ').trim();
+  // Digits glued to a letter are part of the word (`python3`, `ipv6`, `utf8`, `v2`).
+  return s.replace(NUMBER_RE, maskNumber).replace(/\s+/g, ' ').trim();
 }
 
 const CJK = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]/u;

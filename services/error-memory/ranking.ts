@@ -11,7 +11,11 @@ import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
 
 export const MAX_QUERY_TERMS = 32;
 export const MAX_INDEXED_TERMS = 256;
-/** Index terms a record's cause and its action each get before the symptom takes the rest. */
+/**
+ * Index terms a record's keywords, cause and action each get before the symptom takes the rest
+ * (at least 96); what a field leaves of its share goes to the others.
+ */
+const KEYWORD_SHARE = 64;
 const CAUSE_SHARE = 48;
 const ACTION_SHARE = 48;
 
@@ -57,8 +61,8 @@ function fieldTerms(rec: StoredError): FieldTerms {
 
 /**
  * The terms a record is indexed under, at most MAX_INDEXED_TERMS, each field with its share so
- * that no long field crowds the others out: every keyword term, then the cause and the action
- * up to their shares, then the head and tail of the symptom, then the rest of cause and action.
+ * that no long field crowds the others out: keywords, cause and action up to their shares, then
+ * the head and tail of the symptom, then the rest of keywords, cause and action.
  * A function of the record alone: a merge recomputes the old set to drop what it no longer has.
  */
 export function indexTerms(rec: StoredError): string[] {
@@ -74,11 +78,12 @@ export function indexTerms(rec: StoredError): string[] {
       }
     }
   };
-  add(f.keywords, MAX_INDEXED_TERMS);
+  add(f.keywords, KEYWORD_SHARE);
   add(f.cause, CAUSE_SHARE);
   add(f.action, ACTION_SHARE);
   const symptom = [...f.symptom].filter((t) => !out.has(t));
   add(headAndTail(symptom, MAX_INDEXED_TERMS - out.size), MAX_INDEXED_TERMS);
+  add(f.keywords, MAX_INDEXED_TERMS);
   add(f.cause, MAX_INDEXED_TERMS);
   add(f.action, MAX_INDEXED_TERMS);
   return [...out];
