@@ -281,6 +281,12 @@ void describe('agent tools', () => {
     });
     assert.match(found, new RegExp(`id: ${id} · tool: psql · outcome: resolved · seen 2×`));
     assert.match(found, /action: started the cluster/);
+    // A blank tool name is "any tool", as models send it.
+    const blank = await call(a.api, 's2', 'error_history', {
+      keyword: 'psql: connection refused',
+      tool_name: '  ',
+    });
+    assert.match(blank, new RegExp(`id: ${id} `));
     const read = await call(a.api, 's1', 'error_history', { id });
     assert.match(read, /symptom: connection refused/);
     assert.match(await call(a.api, 's1', 'error_history', { keyword: 'kubernetes ingress' }), /^NONE/);

@@ -285,7 +285,8 @@ async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<strin
   const records = await deps.errors.search(tenantId, {
     query: clip(keyword, 4000),
     limit,
-    tool_name: typeof args.tool_name === 'string' && args.tool_name ? args.tool_name : undefined,
+    // A blank tool name (models send "" or " " for "any") filters nothing.
+    tool_name: typeof args.tool_name === 'string' && args.tool_name.trim() ? args.tool_name : undefined,
   });
   if (records.length === 0) return 'NONE: no similar error was recorded before.';
   return bounded(records.map(formatRecord), `${records.length} similar error(s), resolved fixes first:`);
