@@ -128,7 +128,10 @@ export async function startService(
       // What Node refuses before a request exists (headers over its 16 KB limit, a malformed
       // request line) gets the same JSON error body as every other error, not an empty one.
       s.on('clientError', (err: NodeJS.ErrnoException, socket) => {
-        if (!socket.writable || err.code === 'ECONNRESET') {
+        // As Node's own handler: no answer into a response already under way on this connection
+        // (a pipelined request after a streaming export), only the close.
+        const current = (socket as { _httpMessage?: { headersSent?: boolean } })._httpMessage;
+        if (!socket.writable || err.code === 'ECONNRESET' || current?.headersSent) {
           socket.destroy();
           return;
         }

@@ -787,6 +787,30 @@ void describe('export and import', () => {
       Array.from({ length: 1203 }, (_, i) => i + 1),
     );
     assert.equal(out[1202].content, 'message 1202');
+
+    // A malformed request pipelined behind the streaming export gets no error written into the
+    // export's body: the connection closes (as with Node's own handler).
+    const { connect } = await import('node:net');
+    const raw = await new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(new URL(svc.base).port), '127.0.0.1', () =>
+        socket.write(
+          `GET /v1/sessions/${s}/export HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${t.apiKey}\r\n\r\n`,
+        ),
+      );
+      let data = '';
+      let sent = false;
+      socket.on('data', (d) => {
+        data += d.toString();
+        if (!sent && data.includes('\r\n\r\n')) {
+          sent = true;
+          socket.write('NOT HTTP\r\n\r\n');
+        }
+      });
+      socket.on('close', () => resolve(data));
+      socket.on('error', reject);
+    });
+    assert.match(raw, /^HTTP\/1\.1 200 OK\r\n/);
+    assert.doesNotMatch(raw.slice(raw.indexOf('\r\n\r\n')), /HTTP\/1\.1 400/);
   });
   void test('an export racing a reset or delete fails, never a short body that looks complete', async () => {
     for (const clear of ['reset', 'delete'] as const) {
@@ -1014,6 +1038,18 @@ void describe('tenant erasure', () => {
     assert.equal(await unsummarised(), false, 'no candidate while it is erased');
     assert.equal((await erasing).status, 204);
     assert.equal((await q('SELECT 1 FROM api_keys WHERE tenant_id = $1', [victim.tenantId])).length, 0);
+  });
+
+  void test('a retry after an erasure failed past the tenants row finishes the Redis clean-up (404)', async () => {
+    const admin = api(svc.base, ADMIN_TOKEN);
+    const victim = await svc.newTenant();
+    // What an erasure leaves when Redis fails after the tenants row went: the row gone, keys left.
+    const left = `${svc.config.prefix}:sess:${victim.tenantId}:late`;
+    await redis.hset(left, 'seq', '3');
+    await q('DELETE FROM tenants WHERE id = $1', [victim.tenantId]);
+    const r = await admin.del(`/v1/admin/tenants/${victim.tenantId}`);
+    assert.equal(r.status, 404);
+    assert.equal(await redis.exists(left), 0);
   });
 
   void test('an inbox whose tenant the database does not know is dropped, counted and logged, and drains stop', async () => {

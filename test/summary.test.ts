@@ -525,6 +525,19 @@ void describe('decision model', () => {
     );
   }
 
+  void test('a session deleted while the noise filter runs gets no summary call', async () => {
+    const s = sid('gonemid');
+    await archive(s, [user('[T:gm1] what port does postgres use?'), assistant('[T:gm2] 5432')]);
+    fake.onChat((body) =>
+      body.model === DECIDER ? { delayMs: 600, then: { content: '{"noise": []}' } } : echoSummary(body),
+    );
+    const run = summarizeSession(deps, { tenantId, sessionId: s });
+    await eventually(async () => decisionCalls(/filter noise/).length === 1, 5000, 'the noise call');
+    assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
+    assert.equal((await run).outcome, 'lost_race');
+    assert.equal(summaryCalls().length, 0, 'no summary call for a deleted session');
+  });
+
   void test('drops conversations judged noise with confidence ≥ 0.7 and keeps the rest', async () => {
     const s = sid('noise');
     await archive(s, [

@@ -14,6 +14,7 @@ import {
   recordSummaryFailure,
   releaseSummaryLease,
   renewSummaryLease,
+  summaryRunCurrent,
   updateSummaryGuarded,
 } from '../db/queries/summaries.js';
 import type { CoreDeps } from '../services/deps.js';
@@ -200,6 +201,9 @@ async function runLocked(
   let working: unknown = state.summary;
   let pruned = false;
   const lostLease = () => (signal.aborted ? result('lost_race') : null);
+  // Before each LLM call: the lease, and the session as it was (a delete, reset or tenant erasure
+  // since would refuse the save; the call would be paid for nothing).
+  const stale = async () => lostLease() ?? ((await summaryRunCurrent(db, ctx)) ? null : result('lost_race'));
 
   for (;;) {
     const unit = await readUnit(reader, budget, decisionModel !== undefined);
@@ -213,6 +217,8 @@ async function runLocked(
     if (decisionModel) {
       const call = { tenantId, sessionId, model: decisionModel, timeZone: tz, signal };
       const conversations = groupConversations(unit);
+      const before = await stale();
+      if (before) return before;
       const noise = await judgeNoise(deps, call, conversations);
       calls++;
       const kept = noise ? conversations.filter((c) => !noise.has(c.id)) : conversations;
@@ -223,6 +229,8 @@ async function runLocked(
       }
       const entries = summaryEntries(working);
       if (kept.length > 0 && entries.keyDecisions.length + entries.pastDiscussions.length > 0) {
+        const between = await stale();
+        if (between) return between;
         const overturned = await findSuperseded(deps, call, working, kept);
         calls++;
         if (overturned && overturned.keyDecisions.length + overturned.pastDiscussions.length > 0) {
@@ -246,6 +254,8 @@ async function runLocked(
       const next = planned[k + 1]?.[0];
       // Past this chunk and any noise dropped after it, up to the next pending message.
       const coverEnd = next ? largestBelow(loaded, next.seq) : unitLast;
+      const gone = await stale();
+      if (gone) return gone;
       const answer = await summarizeChunk(deps, ctx, working, chunk, signal);
       calls++;
       if (!answer.ok) {

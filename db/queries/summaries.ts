@@ -177,6 +177,24 @@ export async function lockForSummarySave(
   return r.rows.length > 0;
 }
 
+/**
+ * Whether a run may still spend an LLM call on the session: the generation it started on, live,
+ * its tenant not under erasure. Checked before each call, so a run whose session was deleted,
+ * reset or erased meanwhile stops instead of paying for an answer its save would refuse.
+ */
+export async function summaryRunCurrent(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; generation: number },
+): Promise<boolean> {
+  const r = await q.query(
+    `SELECT 1 FROM sessions s JOIN tenants t ON t.id = s.tenant_id
+     WHERE s.tenant_id = $1 AND s.id = $2 AND s.generation = $3 AND s.deleted_at IS NULL
+       AND t.erasing_at IS NULL`,
+    [a.tenantId, a.sessionId, a.generation],
+  );
+  return r.rows.length > 0;
+}
+
 /** First row of a session; false when one exists already (a concurrent run won). */
 export async function insertSummary(
   q: Queryable,

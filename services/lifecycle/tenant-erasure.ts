@@ -84,7 +84,15 @@ export async function eraseTenant(
   opts: { revocationGraceMs?: number } = {},
 ): Promise<boolean> {
   const tenant = await getTenantById(deps.db, tenantId);
-  if (!tenant) return false;
+  if (!tenant) {
+    // Gone: never existed, or an erasure whose last steps (after the tenants row) failed. Those
+    // steps are re-run, so the retry the failure's 503 asked for finishes them; the answer is 404.
+    if (TENANT_ID.test(tenantId)) {
+      await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
+      await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
+    }
+    return false;
+  }
   const log = deps.logger.child({ tenantId });
   // The mark first: no key can be created for the tenant from here on, and the summary sweep
   // leaves its sessions alone. Then every key it has is revoked.
