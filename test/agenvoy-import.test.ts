@@ -5,8 +5,10 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
+import { findHistoryDb, readAgenvoySession } from '../services/lifecycle/agenvoy-import.js';
 import { parseCursorValue, splitTimeHeader } from '../services/lifecycle/agenvoy-time.js';
 import { importAgenvoySessions } from '../services/lifecycle/agenvoy-migrate.js';
+import { sortForImport } from '../services/lifecycle/import-session.js';
 import { openSqlite } from '../services/lifecycle/sqlite.js';
 import { parseSentAt } from '../services/time.js';
 import { REDIS_URL, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
@@ -224,10 +226,12 @@ function agenvoyDir(files: Record<string, Record<string, unknown>>, rows: RawRow
   db.exec(`CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
     send_at INTEGER NOT NULL DEFAULT 0, role TEXT NOT NULL, content TEXT NOT NULL)`);
   const insert = db.prepare('INSERT INTO messages (session_id, send_at, role, content) VALUES (?, ?, ?, ?)');
+  db.exec('BEGIN');
   for (const r of rows) {
     const sendAt = typeof r.sendAt === 'string' && /^\d+$/.test(r.sendAt) ? BigInt(r.sendAt) : r.sendAt;
     insert.run(r.session, sendAt, r.role, r.content);
   }
+  db.exec('COMMIT');
   db.close();
   return sessions;
 }
@@ -250,6 +254,22 @@ function compacted(
   });
   return { json, rows };
 }
+
+/** Reads one session as the import does (no service), its messages in import order. */
+async function readOne(sessions: string, sid: string, zone: string) {
+  const db = openSqlite(findHistoryDb(sessions)!, { readonly: true });
+  try {
+    const read = await readAgenvoySession(path.join(sessions, sid), sid, db, zone);
+    const listing = sortForImport(read.input.messages).map((m) => m.message);
+    return { ...read, listing, contents: listing.map((m) => m.content) };
+  } finally {
+    db.close();
+  }
+}
+
+/** A naive time in `zone` (Intl-free: the offset is given) → unix ns as a decimal string. */
+const at = (naive: string, offset: string) =>
+  String(BigInt(Date.parse(`${naive.replace(' ', 'T')}${offset}`)) * 1_000_000n);
 
 async function listed(t: Api, sid: string): Promise<any[]> {
   const r = await t.get(`/v1/sessions/${sid}/messages?limit=500`);
@@ -377,14 +397,15 @@ void describe('agenvoy import', () => {
     assert.equal((await t.api.get('/v1/sessions/empty-6')).status, 404);
 
     await eventually(async () => (await listed(t.api, 'subsec-7')).length === 5, 15_000, 'subsec-7 archived');
+    // A header message takes its copy's finer time (within the header's second); replies follow by 1 ns.
     assert.deepEqual(
       (await listed(t.api, 'subsec-7')).map((m) => [m.content, m.sent_at]),
       [
         ['first answer', '2025-03-07T00:00:00.000000000Z'],
-        ['first question', '2025-03-07T02:00:00.000000000Z'],
-        ['first answer', '2025-03-07T02:00:00.000000001Z'],
-        ['second question', '2025-03-07T02:01:00.000000000Z'],
-        ['first answer', '2025-03-07T02:01:00.000000001Z'],
+        ['first question', '2025-03-07T02:00:00.123456789Z'],
+        ['first answer', '2025-03-07T02:00:00.123456790Z'],
+        ['second question', '2025-03-07T02:01:00.400000000Z'],
+        ['first answer', '2025-03-07T02:01:00.400000001Z'],
       ],
     );
     const restored = (await t.api.get('/v1/sessions/sumonly-8/summary')).body;
@@ -745,6 +766,271 @@ void describe('agenvoy import', () => {
     assert.deepEqual(
       (await listed(t.api, 'rows-16')).map((m) => m.content),
       ['a time as text', 'kept'],
+    );
+  });
+
+  void test('a local time of the fall-back hour is read as the instant history.db holds, or the one after the header before it', async () => {
+    // Setup: New York, 2025-11-02: "a" at 01:40 EDT, then "b" at 01:10 EST (the clock went back).
+    // fb-db has history.db copies; fb-json is history.json alone.
+    const json = [
+      { role: 'user', content: header('2025-11-02 01:40:00', 'a') },
+      { role: 'assistant', content: 'A' },
+      { role: 'user', content: header('2025-11-02 01:10:00', 'b') },
+      { role: 'assistant', content: 'B' },
+    ];
+    const ta = at('2025-11-02 01:40:00', '-04:00');
+    const tb = at('2025-11-02 01:10:00', '-05:00');
+    const dir = agenvoyDir({ 'fb-db': { 'history.json': json }, 'fb-json': { 'history.json': json } }, [
+      { session: 'fb-db', sendAt: ta, role: 'user', content: json[0]!.content },
+      { session: 'fb-db', sendAt: plus(ta, 2e9), role: 'assistant', content: 'A' },
+      { session: 'fb-db', sendAt: tb, role: 'user', content: json[2]!.content },
+      { session: 'fb-db', sendAt: plus(tb, 2e9), role: 'assistant', content: 'B' },
+    ]);
+
+    for (const sid of ['fb-db', 'fb-json']) {
+      // Action
+      const read = await readOne(dir, sid, 'America/New_York');
+
+      // Assert: once each, in order, "b" at 06:10 UTC.
+      assert.deepEqual(read.contents, ['a', 'A', 'b', 'B'], sid);
+      assert.deepEqual(read.listing.map((m) => m.sent_at_ns).slice(0, 3), [ta, plus(ta, 1), tb], sid);
+      assert.equal(read.stats.fromDb, 0, sid);
+    }
+  });
+
+  void test('the zone that lines up every header wins over the given one that lines up only some', async () => {
+    // Setup: Agenvoy ran in Europe/London; 6 winter turns (London = UTC) and 4 summer ones (BST).
+    const days = [1, 2, 3, 4, 5, 6]
+      .map((d) => `2025-02-0${d}`)
+      .concat([1, 2, 3, 4].map((d) => `2025-06-0${d}`));
+    const json: unknown[] = [];
+    const rows: RawRow[] = [];
+    days.forEach((day, i) => {
+      const user = header(`${day} 10:00:00`, `q${i}`);
+      const sendAt = at(`${day} 10:00:00`, day.startsWith('2025-06') ? '+01:00' : 'Z');
+      json.push({ role: 'user', content: user }, { role: 'assistant', content: `a${i}` });
+      rows.push(
+        { session: 'london-19', sendAt, role: 'user', content: user },
+        { session: 'london-19', sendAt: plus(sendAt, 3e9), role: 'assistant', content: `a${i}` },
+      );
+    });
+    const dir = agenvoyDir({ 'london-19': { 'history.json': json } }, rows);
+    const t = await svc.newTenant();
+
+    // Action: --tz UTC, which is right for the winter half.
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: 'UTC' });
+    const again = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: 'UTC' });
+
+    // Assert: every message once, a warning naming London; the re-run's skip has no warning.
+    const [s] = report.sessions;
+    assert.deepEqual([s!.status, s!.imported, s!.duplicates_merged], ['imported', 20, 20]);
+    assert.match(
+      s!.notes.join(' '),
+      /^WARNING: history\.json's times are not UTC time: read in UTC, 6 of the 10 .* read in Europe\/London, 10 do\. Imported them as Europe\/London time/,
+    );
+    assert.equal(again.sessions[0]!.status, 'skipped');
+    assert.ok(
+      !again.sessions[0]!.notes.some((n) => n.includes('WARNING')),
+      again.sessions[0]!.notes.join('\n'),
+    );
+  });
+
+  void test('a text repeated every ten minutes does not line history.json up in a wrong zone', async () => {
+    // Setup: "status?" every 10 minutes for 24 h in Taipei, each answered "ok"; history.db holds all
+    // 144 turns (sub-second times), history.json the last 100.
+    const base = Date.parse('2025-03-01T00:00:00+08:00');
+    const json: unknown[] = [];
+    const rows: RawRow[] = [];
+    for (let i = 0; i < 144; i++) {
+      const ms = base + i * 600_000;
+      const naive = new Date(ms + 8 * 3_600_000).toISOString().slice(0, 19).replace('T', ' ');
+      const user = header(naive, 'status?');
+      if (i >= 44) json.push({ role: 'user', content: user }, { role: 'assistant', content: 'ok' });
+      const ns = BigInt(ms) * 1_000_000n;
+      rows.push(
+        { session: 'beat-20', sendAt: String(ns + 200_000_000n), role: 'user', content: user },
+        { session: 'beat-20', sendAt: String(ns + 2_000_000_000n), role: 'assistant', content: 'ok' },
+      );
+    }
+    const dir = agenvoyDir({ 'beat-20': { 'history.json': json } }, rows);
+
+    // Action: without --tz (UTC here), and with the right one.
+    const wrong = await readOne(dir, 'beat-20', 'UTC');
+    const right = await readOne(dir, 'beat-20', TZ);
+
+    // Assert: 288 messages either way, the first at Taipei midnight.
+    for (const read of [wrong, right]) {
+      assert.deepEqual([read.listing.length, read.stats.fromDb, read.stats.duplicates], [288, 88, 200]);
+      assert.equal(read.listing[0]!.sent_at_ns, String(BigInt(base) * 1_000_000n + 200_000_000n));
+    }
+    assert.match(wrong.notes.join(' '), /^WARNING: .* read in Asia\/Taipei, 64 do\./);
+    assert.deepEqual(right.notes, []);
+  });
+
+  void test('history.db rows without times merge with their copies however often a text repeats', async () => {
+    // Setup: 200 turns, every reply "ok"; history.db holds them all with send_at 0 (u-21), or the
+    // first 150 so and the rest timed (u-22); history.json holds them all, with headers.
+    const json: unknown[] = [];
+    const rows: RawRow[] = [];
+    for (let i = 0; i < 200; i++) {
+      const naive = `2025-03-21 ${String(Math.floor(i / 60)).padStart(2, '0')}:${String(i % 60).padStart(2, '0')}:00`;
+      const user = header(naive, `q${i}`);
+      json.push({ role: 'user', content: user }, { role: 'assistant', content: 'ok' });
+      for (const sid of ['u-21', 'u-22']) {
+        const sendAt = sid === 'u-22' && i >= 150 ? taipei(naive) : '0';
+        rows.push(
+          { session: sid, sendAt, role: 'user', content: user },
+          { session: sid, sendAt: sendAt === '0' ? '0' : plus(sendAt, 1), role: 'assistant', content: 'ok' },
+        );
+      }
+    }
+    const dir = agenvoyDir({ 'u-21': { 'history.json': json }, 'u-22': { 'history.json': json } }, rows);
+
+    for (const sid of ['u-21', 'u-22']) {
+      // Action
+      const read = await readOne(dir, sid, TZ);
+
+      // Assert: each message once, in order.
+      assert.deepEqual([read.listing.length, read.stats.fromDb, read.stats.duplicates], [400, 0, 400], sid);
+      assert.deepEqual(read.contents.slice(0, 4), ['q0', 'ok', 'q1', 'ok'], sid);
+    }
+  });
+
+  void test('a history.json without time headers merges every copy of a reply repeated a thousand times', async () => {
+    // Setup: 1000 turns, replies all "ok"; history.json has no header at all, history.db has times.
+    // (How long this takes is measured outside the tests: it was quadratic, 4,000 turns ~14 s.)
+    const json: unknown[] = [];
+    const rows: RawRow[] = [];
+    const t0 = BigInt(taipei('2025-03-22 00:00:00'));
+    for (let i = 0; i < 1000; i++) {
+      json.push({ role: 'user', content: `q${i}` }, { role: 'assistant', content: 'ok' });
+      const ns = t0 + BigInt(i) * 60_000_000_000n;
+      rows.push(
+        { session: 'nohdr-23', sendAt: String(ns), role: 'user', content: `q${i}` },
+        { session: 'nohdr-23', sendAt: String(ns + 1_000_000_000n), role: 'assistant', content: 'ok' },
+      );
+    }
+    const dir = agenvoyDir({ 'nohdr-23': { 'history.json': json } }, rows);
+
+    // Action
+    const read = await readOne(dir, 'nohdr-23', TZ);
+
+    // Assert: every row merged with its own copy.
+    assert.deepEqual([read.listing.length, read.stats.fromDb, read.stats.duplicates], [2000, 0, 2000]);
+  });
+
+  void test('a tool result of history.json without its call gets a synthesised call, and a rejected message leaves its copy to history.db', async () => {
+    // Setup: cut-24: compaction cut between a call and its result (history.json starts with the
+    // result); notid-25: the call has no id (rejected) and the result no tool_call_id.
+    const t0 = taipei('2025-03-24 10:00:00');
+    const dir = agenvoyDir(
+      {
+        'cut-24': {
+          'history.json': [
+            { role: 'tool', tool_call_id: 'call_9', content: 'OUT-CUT' },
+            { role: 'assistant', content: 'so the answer is 42' },
+            { role: 'user', content: header('2025-03-24 10:05:00', 'next') },
+            { role: 'assistant', content: 'ok' },
+          ],
+        },
+        'notid-25': {
+          'history.json': [
+            { role: 'user', content: header('2025-03-24 10:00:00', 'run it') },
+            {
+              role: 'assistant',
+              content: '',
+              tool_calls: [{ type: 'function', function: { name: 'sh', arguments: '{}' } }],
+            },
+            { role: 'tool', content: 'OUTPUT-1' },
+            { role: 'assistant', content: 'done' },
+          ],
+        },
+      },
+      [
+        { session: 'cut-24', sendAt: t0, role: 'user', content: header('2025-03-24 10:00:00', 'compute') },
+        { session: 'cut-24', sendAt: plus(t0, 3e9), role: 'tool', content: 'OUT-CUT' },
+        { session: 'cut-24', sendAt: plus(t0, 4e9), role: 'assistant', content: 'so the answer is 42' },
+        {
+          session: 'cut-24',
+          sendAt: plus(t0, 300e9),
+          role: 'user',
+          content: header('2025-03-24 10:05:00', 'next'),
+        },
+        { session: 'cut-24', sendAt: '0', role: 'assistant', content: 'ok' },
+        { session: 'notid-25', sendAt: t0, role: 'user', content: header('2025-03-24 10:00:00', 'run it') },
+        { session: 'notid-25', sendAt: plus(t0, 5e9), role: 'tool', content: 'OUTPUT-1' },
+        { session: 'notid-25', sendAt: plus(t0, 6e9), role: 'assistant', content: 'done' },
+      ],
+    );
+
+    // Action
+    const cut = await readOne(dir, 'cut-24', TZ);
+    const notid = await readOne(dir, 'notid-25', TZ);
+
+    // Assert: every tool output right after a call with its id (what the context window keeps).
+    const shape = (read: typeof cut) =>
+      read.listing.map((m) => [
+        m.role,
+        m.content,
+        m.tool_call_id ?? (m.tool_calls as Array<{ id: string }> | null)?.map((c) => c.id) ?? null,
+      ]);
+    assert.deepEqual(shape(cut), [
+      ['user', 'compute', null],
+      ['assistant', null, ['call_9']],
+      ['tool', 'OUT-CUT', 'call_9'],
+      ['assistant', 'so the answer is 42', null],
+      ['user', 'next', null],
+      ['assistant', 'ok', null],
+    ]);
+    assert.deepEqual(shape(notid), [
+      ['user', 'run it', null],
+      ['assistant', null, ['agenvoy_json_2']],
+      ['tool', 'OUTPUT-1', 'agenvoy_json_2'],
+      ['assistant', 'done', null],
+    ]);
+    assert.deepEqual(notid.listing[1]!.metadata, { agenvoy_synthesised: 'tool_call' });
+    assert.equal(notid.stats.skipped, 1);
+    assert.match(notid.notes.join(' '), /skipped history\.json\[1\] \(assistant\): tool_calls\[0\]\.id/);
+    assert.match(cut.notes.join(' '), /1 tool result\(s\) of history\.json had no call right before them/);
+  });
+
+  void test('messages cut apart by compaction within one second keep their order; no shared message is noted', async () => {
+    // Setup: cut-26: ten messages 200 ms apart, history.json keeps the last three (whole-second
+    // headers). apart-27: history.db and history.json share no message.
+    const t0 = BigInt(taipei('2025-03-26 10:00:00'));
+    const rows: RawRow[] = [];
+    const json: unknown[] = [];
+    for (let i = 0; i < 10; i++) {
+      const ns = t0 + BigInt(i) * 200_000_000n;
+      const content = header(`2025-03-26 10:00:0${Math.floor(i / 5)}`, `m${i}`);
+      rows.push({ session: 'cut-26', sendAt: String(ns), role: 'user', content });
+      if (i >= 7) json.push({ role: 'user', content });
+    }
+    rows.push({
+      session: 'apart-27',
+      sendAt: String(t0),
+      role: 'user',
+      content: header('2025-03-26 10:00:00', 'old'),
+    });
+    const dir = agenvoyDir(
+      {
+        'cut-26': { 'history.json': json },
+        'apart-27': { 'history.json': [{ role: 'user', content: header('2025-03-26 11:00:00', 'new') }] },
+      },
+      rows,
+    );
+
+    // Action
+    const cut = await readOne(dir, 'cut-26', TZ);
+    const apart = await readOne(dir, 'apart-27', TZ);
+
+    // Assert
+    assert.deepEqual(cut.contents, ['m0', 'm1', 'm2', 'm3', 'm4', 'm5', 'm6', 'm7', 'm8', 'm9']);
+    assert.equal(cut.listing[9]!.sent_at_ns, String(t0 + 1_800_000_000n));
+    assert.deepEqual(apart.contents, ['old', 'new']);
+    assert.match(
+      apart.notes.join(' '),
+      /history\.json and history\.db share no timed message: the zone \(Asia\/Taipei\) could not be checked/,
     );
   });
 

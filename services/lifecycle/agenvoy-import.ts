@@ -3,12 +3,13 @@ import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { AppError } from '../errors.js';
 import { assertSessionId, parseMessages } from '../messages/message-input.js';
+import type { AcceptedMessage } from '../messages/message-input.js';
 import { summarySchema } from '../summary/summary-shape.js';
 import { nowNs, parseSentAt } from '../time.js';
 import { parseCursorValue, splitTimeHeader } from './agenvoy-time.js';
 import type { SplitHeader } from './agenvoy-time.js';
 import { badUtf8At, readJson, readText } from './agenvoy-files.js';
-import { lineUpZone, matchArchive } from './agenvoy-match.js';
+import { NEAR_NS, lineUpZone, localInstants, matchArchive, nearest } from './agenvoy-match.js';
 import type { ImportCursor, ImportInput, ImportMessage } from './import-input.js';
 import type { SqliteDb } from './sqlite.js';
 
@@ -28,6 +29,7 @@ export interface AgenvoySessionRead {
   notes: string[];
 }
 
+const SECOND_NS = 1_000_000_000n;
 const ROLES = new Set(['user', 'assistant', 'system', 'developer', 'tool']);
 /** Skip notes printed per session; the rest are counted. */
 const MAX_SKIP_NOTES = 10;
@@ -287,40 +289,76 @@ export async function readAgenvoySession(
   }
 
   const key = (d: Draft) => `${d.role}\u0000${d.text}`;
-  const zone = pickZone(json, archived, key, givenZone, notes);
-  for (const d of json) d.own = toNs(d.naive, zone);
-  fillTimes(json, await mtimeNs(historyFile));
+  const archive = archiveTimes(archived, key);
+  const zone = pickZone(json, archive, key, givenZone, notes);
+  headerTimes(json, archive, key, zone);
+  const fileEnd = await mtimeNs(historyFile);
+  fillTimes(json, fileEnd);
   fillTimes(archived, json[0]?.ns ?? nowNs());
+
+  // history.json is validated first: a message that is rejected takes no part in the merge (its
+  // copy in history.db, if any, is imported instead).
+  const parse = (batch: Array<Record<string, unknown>>, at: string, role: string, ns: bigint) => {
+    try {
+      return parseMessages({ messages: batch.map((raw) => ({ ...raw, sent_at: String(ns) })) }, zone);
+    } catch (err) {
+      const why = (err as Error).message.replace(/^messages\[\d+\]\.?/, '') || 'invalid';
+      skip(`${at} (${role})`, why);
+      return null;
+    }
+  };
+  const accepted: Array<{ d: Draft; messages: AcceptedMessage[] }> = [];
+  let synthesisedJson = 0;
+  // The calls a tool result may answer: those of the assistant message right before its run.
+  let open: Set<string> | null = null;
+  for (const [index, d] of json.entries()) {
+    const id = typeof d.raw.tool_call_id === 'string' ? d.raw.tool_call_id : null;
+    // A tool result whose call is not right before it (compaction trimmed the call, or the call
+    // had no id) gets a synthesised call, so it stays valid and sendable.
+    const orphan = d.role === 'tool' && (id === null || !open?.delete(id));
+    const batch = orphan ? withSynthesisedCall(d, id ?? `agenvoy_json_${index}`, id === null) : [d.raw];
+    const messages = parse(batch, d.at, d.role, d.ns!);
+    if (d.role !== 'tool') open = null;
+    if (!messages) continue;
+    if (orphan) synthesisedJson++;
+    const calls = messages.at(-1)!.tool_calls as Array<{ id: string }> | null;
+    if (d.role === 'assistant' && calls) open = new Set(calls.map((c) => c.id));
+    accepted.push({ d, messages });
+  }
+  const kept = accepted.map((x) => x.d);
 
   // Merge without duplicates: history.json wins (it keeps structured content).
   const entry = (d: Draft) => ({ key: key(d), ns: d.ns!, timed: d.own !== null });
-  const copyOf = matchArchive(archived.map(entry), json.map(entry));
+  const copyOf = matchArchive(archived.map(entry), kept.map(entry));
   const onlyArchived = archived.filter((_d, i) => copyOf[i]! < 0);
   const duplicates = archived.length - onlyArchived.length;
+  refineTimes(kept, archived, copyOf);
+  fillTimes(json, fileEnd);
 
   const messages: ImportMessage[] = [];
   let synthesised = 0;
-  for (const d of [...onlyArchived, ...json]) {
+  for (const d of onlyArchived) {
     // Agenvoy archives a tool result without its tool_call_id, and never the assistant message
     // that called it (its content is empty): a call is put before it so that it stays a valid,
     // searchable tool message.
-    const calledBy = d.source === 'db' && d.role === 'tool' && !d.raw.tool_call_id;
-    const batch = calledBy ? withSynthesisedCall(d) : [d.raw];
-    try {
-      const accepted = parseMessages(
-        { messages: batch.map((raw) => ({ ...raw, sent_at: String(d.ns) })) },
-        zone,
-      );
-      for (const m of accepted) messages.push({ message: m, sourceSeq: null });
-      if (calledBy) synthesised++;
-    } catch (err) {
-      const why = (err as Error).message.replace(/^messages\[\d+\]\.?/, '') || 'invalid';
-      skip(`${d.at} (${d.role})`, why);
-    }
+    const calledBy = d.role === 'tool' && !d.raw.tool_call_id;
+    const batch = calledBy ? withSynthesisedCall(d, `agenvoy_row_${d.rowid}`, true) : [d.raw];
+    const parsed = parse(batch, d.at, d.role, d.ns!);
+    if (!parsed) continue;
+    for (const m of parsed) messages.push({ message: m, sourceSeq: null });
+    if (calledBy) synthesised++;
+  }
+  for (const { d, messages: batch } of accepted) {
+    for (const m of batch) messages.push({ message: { ...m, sent_at_ns: String(d.ns) }, sourceSeq: null });
   }
   if (synthesised > 0) {
     notes.push(
       `${synthesised} tool result(s) of history.db had no tool call (Agenvoy does not archive it): each follows a synthesised assistant call of "${SYNTHESISED_TOOL}"`,
+    );
+  }
+  if (synthesisedJson > 0) {
+    notes.push(
+      `${synthesisedJson} tool result(s) of history.json had no call right before them (compaction trimmed it, or it had no id): each follows a synthesised assistant call of "${SYNTHESISED_TOOL}"`,
     );
   }
   if (unnoted > 0) notes.push(`… and ${unnoted} more skipped (${skipped} in all)`);
@@ -344,14 +382,16 @@ export async function readAgenvoySession(
   return {
     sessionId,
     input: { messages, summary },
-    stats: { fromJson: json.length, fromDb: onlyArchived.length, duplicates, skipped },
+    stats: { fromJson: kept.length, fromDb: onlyArchived.length, duplicates, skipped },
     notes,
   };
 }
 
-function withSynthesisedCall(d: Draft): Array<Record<string, unknown>> {
-  // Derived from the row, so a re-import of the same history.db gives the same ids.
-  const id = `agenvoy_row_${d.rowid}`;
+/**
+ * A tool result and an assistant call of `SYNTHESISED_TOOL` put before it. `id`: the result's own
+ * call id, or (`newId`) one derived from where it came from, so a re-import gives the same ids.
+ */
+function withSynthesisedCall(d: Draft, id: string, newId: boolean): Array<Record<string, unknown>> {
   const metadata = (d.raw.metadata as Record<string, unknown> | undefined) ?? {};
   return [
     {
@@ -360,23 +400,49 @@ function withSynthesisedCall(d: Draft): Array<Record<string, unknown>> {
       tool_calls: [{ id, type: 'function', function: { name: SYNTHESISED_TOOL, arguments: '{}' } }],
       metadata: { agenvoy_synthesised: 'tool_call' },
     },
-    { ...d.raw, tool_call_id: id, metadata: { ...metadata, agenvoy_synthesised: 'tool_call_id' } },
+    newId
+      ? { ...d.raw, tool_call_id: id, metadata: { ...metadata, agenvoy_synthesised: 'tool_call_id' } }
+      : d.raw,
   ];
 }
 
 /**
- * The zone history.json's naive header times are read in: the given one (`--tz`, else TZ), unless
- * history.db's absolute times show it is wrong (its copies of the messages do not line up with
- * the headers, and do in another zone). Reading them in a wrong zone would import every message
- * still in history.json twice, and put the summary cursor elsewhere.
+ * history.json's headers are whole seconds; a history.db copy may know the time within the second.
+ * A header message takes its copy's time when that lies in the header's second and keeps it
+ * before the next timed message (and the untimed ones between): messages cut apart by compaction
+ * within one second then keep their order across the boundary.
  */
-function pickZone(
-  json: Draft[],
-  archived: Draft[],
-  key: (d: Draft) => string,
-  given: string,
-  notes: string[],
-): string {
+function refineTimes(json: Draft[], archived: Draft[], copyOf: number[]): void {
+  const copy = new Map<Draft, bigint>();
+  copyOf.forEach((j, a) => {
+    const own = archived[a]!.own;
+    if (j >= 0 && own !== null) copy.set(json[j]!, own);
+  });
+  let next: bigint | null = null;
+  let between = 0n;
+  for (let j = json.length - 1; j >= 0; j--) {
+    const d = json[j]!;
+    if (d.own === null) {
+      between++;
+      continue;
+    }
+    const t = copy.get(d);
+    if (
+      d.naive &&
+      t !== undefined &&
+      t > d.own &&
+      t < d.own + SECOND_NS &&
+      (next === null || t + between < next)
+    ) {
+      d.own = t;
+    }
+    next = d.own;
+    between = 0n;
+  }
+}
+
+/** history.db's timed rows' times by role and text, ascending. */
+function archiveTimes(archived: Draft[], key: (d: Draft) => string): Map<string, bigint[]> {
   const archive = new Map<string, bigint[]>();
   for (const d of archived) {
     if (d.own === null) continue;
@@ -385,9 +451,32 @@ function pickZone(
     archive.set(key(d), list);
   }
   for (const list of archive.values()) list.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  return archive;
+}
+
+/**
+ * The zone history.json's naive header times are read in: the given one (`--tz`, else TZ), unless
+ * history.db's absolute times show another lines them up better (see lineUpZone). Reading them in
+ * a wrong zone would import every message still in history.json twice, and put the summary
+ * cursor elsewhere.
+ */
+function pickZone(
+  json: Draft[],
+  archive: Map<string, bigint[]>,
+  key: (d: Draft) => string,
+  given: string,
+  notes: string[],
+): string {
   const headers = json.filter((d) => d.naive !== null).map((d) => ({ key: key(d), naive: d.naive! }));
   const reading = lineUpZone(headers, archive, given);
-  if (!reading || reading.givenLined * 2 >= reading.samples) return given;
+  if (!reading) {
+    if (headers.length > 0 && archive.size > 0) {
+      notes.push(
+        `history.json and history.db share no timed message: the zone (${given}) could not be checked against history.db's times; if it is not the zone Agenvoy ran in, pass the right --tz`,
+      );
+    }
+    return given;
+  }
   const compared = `of the ${reading.samples} timed message(s) of history.json compared`;
   if (reading.zone !== given) {
     notes.push(
@@ -395,10 +484,31 @@ function pickZone(
     );
     return reading.zone;
   }
+  if (reading.givenLined * 2 >= reading.samples) return given;
   notes.push(
     `WARNING: only ${reading.givenLined} ${compared} line up with a copy of the same text in history.db, in ${given} or any other zone: if ${given} is not the zone Agenvoy ran in, pass the right --tz (messages that do not line up are imported from both files)`,
   );
   return given;
+}
+
+/**
+ * A header's instant. In a fall-back overlap a naive time names two: the one history.db holds a
+ * copy of the text near, else the one that keeps history.json in order after the previous header.
+ */
+function headerTimes(json: Draft[], archive: Map<string, bigint[]>, key: (d: Draft) => string, zone: string) {
+  let prev: bigint | null = null;
+  for (const d of json) {
+    const both = d.naive ? localInstants(d.naive, zone) : [];
+    d.own = both[0] ?? null;
+    if (both.length === 2) {
+      const [early, late] = both as [bigint, bigint];
+      const copies = archive.get(key(d)) ?? [];
+      const near = (ns: bigint) => copies.length > 0 && nearest(copies, ns) <= Number(NEAR_NS);
+      if (near(late) && !near(early)) d.own = late;
+      else if (near(early) === near(late) && prev !== null && early < prev) d.own = late;
+    }
+    if (d.own !== null) prev = d.own;
+  }
 }
 
 async function readCursor(dir: string, timeZone: string, notes: string[]): Promise<ImportCursor> {

@@ -1,4 +1,4 @@
-import { parseSentAt } from '../time.js';
+import { parseSentAt, wallClock } from '../time.js';
 
 /**
  * Which rows of Agenvoy's history.db are copies of history.json messages, and in which time zone
@@ -22,8 +22,10 @@ export interface Entry {
 
 /** history.json times are whole-second headers (replies: + 1 ns); history.db may hold the real time. */
 export const NEAR_NS = 60_000_000_000n;
-/** Candidates considered per history.db row (the nearest in time): bounds the work on repeated texts. */
+/** Candidates considered per history.db row and kind (the nearest): bounds the work on repeated texts. */
 const MAX_CANDIDATES = 64;
+/** Entries looked at per row when walking by position (those whose times disagree are passed over). */
+const MAX_STEPS = 4 * MAX_CANDIDATES;
 const DAY_NS = 86_400_000_000_000n;
 const NO_LOWER = -(2n ** 63n);
 const NO_UPPER = 2n ** 63n;
@@ -53,13 +55,29 @@ interface Bucket {
   /** Entries spanning at most a day, by the start of their span. */
   narrow: number[];
   widest: bigint;
-  /** Entries spanning more (leading or trailing ones without a time): checked against every row. */
+  /** Entries spanning more (leading or trailing ones without a time): found by position. */
   wide: number[];
+  /** Every entry, by index (an untimed row is also looked for by position). */
+  all: number[];
+}
+
+/** Candidate pairs of one archive row: json indexes and time gaps. */
+interface Found {
+  j: number[];
+  gap: number[];
 }
 
 /**
  * For each `archive` entry, the index of the `json` entry it is a copy of, or -1. Pairs need the
  * same key and times that agree (spans within NEAR_NS of each other) and never cross.
+ *
+ * A row is paired with the entries nearest in time (at most MAX_CANDIDATES). Where time says
+ * little (a row without a time of its own, json entries before the first or after the last
+ * header, a history.json without any header), it is also paired with the entries nearest its
+ * expected position: the alignment of the timed rows is done first, and a row is expected as far
+ * after the last aligned row before it as it is in history.db (before any: as far before the next;
+ * none at all: history.json is history.db's tail). Every row's candidates stay bounded, so many
+ * copies of a text (`ok`) cost linear time and memory, not quadratic.
  */
 export function matchArchive(archive: Entry[], json: Entry[]): number[] {
   const jSpan = spans(json);
@@ -67,7 +85,8 @@ export function matchArchive(archive: Entry[], json: Entry[]): number[] {
   const buckets = new Map<string, Bucket>();
   json.forEach((e, j) => {
     let b = buckets.get(e.key);
-    if (!b) buckets.set(e.key, (b = { narrow: [], widest: 0n, wide: [] }));
+    if (!b) buckets.set(e.key, (b = { narrow: [], widest: 0n, wide: [], all: [] }));
+    b.all.push(j);
     const [lo, hi] = jSpan[j]!;
     if (hi - lo > DAY_NS) b.wide.push(j);
     else {
@@ -78,21 +97,19 @@ export function matchArchive(archive: Entry[], json: Entry[]): number[] {
   for (const b of buckets.values()) {
     b.narrow.sort((x, y) => (jSpan[x]![0] < jSpan[y]![0] ? -1 : jSpan[x]![0] > jSpan[y]![0] ? 1 : x - y));
   }
+  const agrees = (a: number, j: number) =>
+    jSpan[j]![0] - NEAR_NS <= aSpan[a]![1] && jSpan[j]![1] + NEAR_NS >= aSpan[a]![0];
 
-  // Candidate pairs, by archive index ascending and json index descending (see below).
-  const pairs: Array<{ a: number; j: number; gap: number }> = [];
-  archive.forEach((e, a) => {
-    const b = buckets.get(e.key);
-    if (!b) return;
+  /** The narrow entries nearest in time whose span can reach the row's span. */
+  const byTime = (a: number, b: Bucket, out: Found) => {
+    const e = archive[a]!;
     const [lo, hi] = aSpan[a]!;
-    const agrees = (j: number) => jSpan[j]![0] - NEAR_NS <= hi && jSpan[j]![1] + NEAR_NS >= lo;
-    const found: Array<{ a: number; j: number; gap: number }> = [];
-    // Walk outwards from the row's time over the narrow entries whose span can reach its span.
     const from = lo - NEAR_NS - b.widest;
     const to = hi + NEAR_NS;
     let right = lowerBound(b.narrow.length, (k) => jSpan[b.narrow[k]!]![0] >= e.ns);
     let left = right - 1;
-    while (found.length < MAX_CANDIDATES) {
+    let n = 0;
+    while (n < MAX_CANDIDATES) {
       const l = left >= 0 ? b.narrow[left]! : -1;
       const r = right < b.narrow.length ? b.narrow[right]! : -1;
       const lOk = l >= 0 && jSpan[l]![0] >= from;
@@ -102,25 +119,91 @@ export function matchArchive(archive: Entry[], json: Entry[]): number[] {
       const j = takeLeft ? l : r;
       if (takeLeft) left--;
       else right++;
-      if (agrees(j)) found.push({ a, j, gap: gap(json[j]!.ns, e.ns) });
+      if (agrees(a, j)) {
+        out.j.push(j);
+        out.gap.push(gap(json[j]!.ns, e.ns));
+        n++;
+      }
     }
-    for (const j of b.wide) if (agrees(j)) found.push({ a, j, gap: gap(json[j]!.ns, e.ns) });
-    found.sort((x, y) => y.j - x.j);
-    pairs.push(...found);
-  });
+  };
+  /** The entries of `list` (json indexes, ascending) nearest the expected index `at`. */
+  const byPosition = (a: number, list: number[], at: number, out: Found) => {
+    const e = archive[a]!;
+    let right = lowerBound(list.length, (k) => list[k]! >= at);
+    let left = right - 1;
+    let n = 0;
+    for (let step = 0; n < MAX_CANDIDATES && step < MAX_STEPS; step++) {
+      const lOk = left >= 0;
+      const rOk = right < list.length;
+      if (!lOk && !rOk) break;
+      const takeLeft = lOk && (!rOk || at - list[left]! <= list[right]! - at);
+      const j = takeLeft ? list[left--]! : list[right++]!;
+      if (!out.j.includes(j) && agrees(a, j)) {
+        out.j.push(j);
+        out.gap.push(gap(json[j]!.ns, e.ns));
+        n++;
+      }
+    }
+  };
 
-  // Longest chain of pairs increasing in both indexes, weighted (most pairs, then the smallest
-  // total time gap): a Fenwick tree of prefix maxima over the json index. Pairs of one archive row
-  // come in descending json order, so two of them never chain.
-  const m = json.length;
+  // 1. The timed rows, by time: the anchors.
+  const timed: Found[] = archive.map((e, a) => {
+    const found: Found = { j: [], gap: [] };
+    const b = buckets.get(e.key);
+    if (b && e.timed) byTime(a, b, found);
+    return found;
+  });
+  const anchors = align(timed, json.length);
+
+  // 2. Every row, adding candidates by position.
+  const expected = expectedIndexes(anchors, json.length);
+  const every: Found[] = archive.map((e, a) => {
+    const b = buckets.get(e.key);
+    if (!b) return { j: [], gap: [] };
+    const found: Found = { j: [...timed[a]!.j], gap: [...timed[a]!.gap] };
+    if (!e.timed) byTime(a, b, found);
+    byPosition(a, e.timed ? b.wide : b.all, expected[a]!, found);
+    return found;
+  });
+  return align(every, json.length);
+}
+
+/** Where each archive row's copy is expected in history.json, from the rows already aligned. */
+function expectedIndexes(anchors: number[], jsonLength: number): number[] {
+  const n = anchors.length;
+  const out = new Array<number>(n).fill(NaN);
+  let lastA = -1;
+  for (let a = 0; a < n; a++) {
+    if (anchors[a]! >= 0) lastA = a;
+    if (lastA >= 0) out[a] = anchors[lastA]! + (a - lastA);
+  }
+  let nextA = -1;
+  for (let a = n - 1; a >= 0; a--) {
+    if (anchors[a]! >= 0) nextA = a;
+    if (nextA < 0) continue;
+    const before = anchors[nextA]! - (nextA - a);
+    out[a] = Number.isNaN(out[a]!) ? before : Math.min(out[a]!, anchors[nextA]!);
+  }
+  // No anchor at all: history.json is history.db's tail (compaction trims it from the front).
+  for (let a = 0; a < n; a++) if (Number.isNaN(out[a]!)) out[a] = a - (n - jsonLength);
+  return out;
+}
+
+/**
+ * The longest chain of pairs increasing in both indexes, weighted (most pairs, then the smallest
+ * total time gap): a Fenwick tree of prefix maxima over the json index. Pairs of one archive row
+ * are taken in descending json order, so two of them never chain.
+ */
+function align(candidates: Found[], m: number): number[] {
+  const total = candidates.reduce((n, f) => n + f.j.length, 0);
+  const pairA = new Int32Array(total);
+  const pairJ = new Int32Array(total);
+  const pairGap = new Float64Array(total);
+  const pairCount = new Int32Array(total);
+  const prev = new Int32Array(total);
   const treeCount = new Int32Array(m + 1);
   const treeGap = new Float64Array(m + 1);
   const treeAt = new Int32Array(m + 1).fill(-1);
-  const pairCount = new Int32Array(pairs.length);
-  const pairGap = new Float64Array(pairs.length);
-  const prev = new Int32Array(pairs.length);
-  const better = (count: number, g: number, x: number) =>
-    count > treeCount[x]! || (count === treeCount[x]! && g < treeGap[x]!);
   const best = (upTo: number) => {
     let count = 0;
     let g = 0;
@@ -134,21 +217,29 @@ export function matchArchive(archive: Entry[], json: Entry[]): number[] {
     }
     return { count, g, at };
   };
-  pairs.forEach((p, i) => {
-    const before = best(p.j);
-    pairCount[i] = before.count + 1;
-    pairGap[i] = before.g + p.gap;
-    prev[i] = before.at;
-    for (let x = p.j + 1; x <= m; x += x & -x) {
-      if (better(pairCount[i]!, pairGap[i]!, x)) {
-        treeCount[x] = pairCount[i]!;
-        treeGap[x] = pairGap[i]!;
-        treeAt[x] = i;
+  let i = 0;
+  candidates.forEach((f, a) => {
+    const order = f.j.map((_j, k) => k).sort((x, y) => f.j[y]! - f.j[x]!);
+    for (const k of order) {
+      const j = f.j[k]!;
+      const before = best(j);
+      pairA[i] = a;
+      pairJ[i] = j;
+      pairCount[i] = before.count + 1;
+      pairGap[i] = before.g + f.gap[k]!;
+      prev[i] = before.at;
+      for (let x = j + 1; x <= m; x += x & -x) {
+        if (pairCount[i]! > treeCount[x]! || (pairCount[i] === treeCount[x] && pairGap[i]! < treeGap[x]!)) {
+          treeCount[x] = pairCount[i]!;
+          treeGap[x] = pairGap[i]!;
+          treeAt[x] = i;
+        }
       }
+      i++;
     }
   });
-  const copyOf = new Array<number>(archive.length).fill(-1);
-  for (let i = best(m).at; i >= 0; i = prev[i]!) copyOf[pairs[i]!.a] = pairs[i]!.j;
+  const copyOf = new Array<number>(candidates.length).fill(-1);
+  for (let p = best(m).at; p >= 0; p = prev[p]!) copyOf[pairA[p]!] = pairJ[p]!;
   return copyOf;
 }
 
@@ -197,12 +288,38 @@ export interface ZoneReading {
   samples: number;
 }
 
+const naiveOf = (w: ReturnType<typeof wallClock>) =>
+  `${w.year}-${w.month}-${w.day} ${w.hour}:${w.minute}:${w.second}`;
+const offsetMs = (zone: string, ms: number) => {
+  const w = wallClock(zone, ms);
+  return (
+    Date.UTC(+w.year, +w.month - 1, +w.day, +w.hour, +w.minute, +w.second) - Math.floor(ms / 1000) * 1000
+  );
+};
+
 /**
- * history.json's headers are naive local times; history.db stores absolute ones. When fewer than
- * half of the headers whose text history.db holds line up with a copy in the given zone, the zone
- * is wrong (no `--tz`, or the wrong one): the offsets between header and copy tell which zones to
- * try, and the one lining up the most (at least half) is returned. Null when there is nothing to
- * compare. `archive`: the timed history.db rows' times by key, ascending.
+ * The instants a naive local time names in `zone`: none (no date), one, or two in a fall-back
+ * overlap (01:10 in New York on 2025-11-02 happened in EDT and again an hour later in EST),
+ * earlier first. `parseSentAt` takes the earlier one.
+ */
+export function localInstants(naive: string, zone: string): bigint[] {
+  const early = parseSentAt(naive, zone);
+  if (typeof early !== 'bigint') return [];
+  const ms = Number(early / 1_000_000n);
+  const drop = offsetMs(zone, ms) - offsetMs(zone, ms + 86_400_000);
+  if (drop <= 0) return [early];
+  const late = ms + drop;
+  return naiveOf(wallClock(zone, late)) === naive ? [early, BigInt(late) * 1_000_000n] : [early];
+}
+
+/**
+ * history.json's headers are naive local times; history.db stores absolute ones. The zone is the
+ * one in which the most headers whose text history.db holds line up with a copy (the given zone
+ * wins ties; another must line up at least half). Candidates besides the given zone: the zones at
+ * the offset between the last header and history.db's last copy of its text (history.json is
+ * history.db's tail, which tells a periodic text's true offset from the others that line it up
+ * as well), then at the offsets most headers vote for. Null when there is nothing to compare.
+ * `archive`: the timed history.db rows' times by key, ascending.
  */
 export function lineUpZone(
   headers: Array<{ key: string; naive: string }>,
@@ -217,47 +334,58 @@ export function lineUpZone(
     samples.push(comparable[Math.floor(i)]!);
   }
   const lined = (zone: string) =>
-    samples.filter((s) => {
-      const ns = parseSentAt(s.naive, zone);
-      return typeof ns === 'bigint' && nearest(archive.get(s.key)!, ns) <= Number(NEAR_NS);
-    }).length;
+    samples.filter((s) =>
+      localInstants(s.naive, zone).some((ns) => nearest(archive.get(s.key)!, ns) <= Number(NEAR_NS)),
+    ).length;
   const givenLined = lined(given);
   let best = { zone: given, lined: givenLined };
   const reading = () => ({ ...best, givenLined, samples: samples.length });
-  if (givenLined * 2 >= samples.length) return reading();
+  if (givenLined === samples.length) return reading();
 
-  // Offsets (header read as UTC minus the copy's time) near a whole quarter hour, by votes.
+  const asUtc = (s: { naive: string }) => BigInt(Date.parse(`${s.naive.replace(' ', 'T')}Z`)) * 1_000_000n;
+  /** The whole quarter hour within NEAR_NS of `diff` (header read as UTC minus a copy's time). */
+  const quarter = (diff: bigint): bigint | null => {
+    const q = (diff + (diff < 0n ? -QUARTER_HOUR_NS : QUARTER_HOUR_NS) / 2n) / QUARTER_HOUR_NS;
+    const off = q * QUARTER_HOUR_NS;
+    return q < -56n || q > 56n || gap(diff, off) > Number(NEAR_NS) ? null : off;
+  };
+  const offsets: Array<{ off: bigint; probe: { naive: string } }> = [];
+  const last = comparable.at(-1)!;
+  const tail = quarter(asUtc(last) - archive.get(last.key)!.at(-1)!);
+  if (tail !== null) offsets.push({ off: tail, probe: last });
+  // Offsets near a whole quarter hour, by votes.
   const votes = new Map<bigint, { count: number; sample: number }>();
   samples.forEach((s, i) => {
-    const asUtc = BigInt(Date.parse(`${s.naive.replace(' ', 'T')}Z`)) * 1_000_000n;
     const seen = new Set<bigint>();
     for (const ns of archive.get(s.key)!) {
-      const diff = asUtc - ns;
-      const q = (diff + (diff < 0n ? -QUARTER_HOUR_NS : QUARTER_HOUR_NS) / 2n) / QUARTER_HOUR_NS;
-      const off = q * QUARTER_HOUR_NS;
-      if (q < -56n || q > 56n || gap(diff, off) > Number(NEAR_NS) || seen.has(off)) continue;
+      const off = quarter(asUtc(s) - ns);
+      if (off === null || seen.has(off)) continue;
       seen.add(off);
       const v = votes.get(off) ?? { count: 0, sample: i };
       v.count++;
       votes.set(off, v);
     }
   });
+  for (const [off, v] of [...votes].sort((x, y) => y[1].count - x[1].count)) {
+    if (offsets.length >= 4) break;
+    if (off !== tail) offsets.push({ off, probe: samples[v.sample]! });
+  }
   const zones = [...new Set([...PREFERRED, ...Intl.supportedValuesOf('timeZone')])];
-  for (const [off, v] of [...votes].sort((x, y) => y[1].count - x[1].count).slice(0, 3)) {
-    // Zones at that offset at the sample's time (checked whole, so daylight saving counts).
-    const s = samples[v.sample]!;
-    const want = BigInt(Date.parse(`${s.naive.replace(' ', 'T')}Z`)) * 1_000_000n - off;
-    for (const zone of zones.filter((z) => parseSentAt(s.naive, z) === want)) {
+  for (const { off, probe } of offsets) {
+    // Zones that read the probe's instant as its header (checked whole, so daylight saving counts).
+    const want = Number((asUtc(probe) - off) / 1_000_000n);
+    for (const zone of zones) {
+      if (zone === given || naiveOf(wallClock(zone, want)) !== probe.naive) continue;
       const n = lined(zone);
       if (n > best.lined) best = { zone, lined: n };
     }
   }
-  if (best.lined * 2 < samples.length) best = { zone: given, lined: givenLined };
+  if (best.zone !== given && best.lined * 2 < samples.length) best = { zone: given, lined: givenLined };
   return reading();
 }
 
 /** Distance from `ns` to the nearest of `sorted`. */
-function nearest(sorted: bigint[], ns: bigint): number {
+export function nearest(sorted: bigint[], ns: bigint): number {
   const i = lowerBound(sorted.length, (k) => sorted[k]! >= ns);
   let d = Infinity;
   if (i < sorted.length) d = gap(sorted[i]!, ns);

@@ -75,7 +75,8 @@ export async function importAgenvoySessions(
           read.input.messages.length === 0 ? await getSummaryRow(deps.db, tenantId, sid) : null;
         if (existing && Number(existing.version) > 0) {
           report.status = 'skipped';
-          report.notes.push('the session already has a summary');
+          // What reading noted (the zone, skipped rows) is about an import that did not happen.
+          report.notes = ['the session already has a summary'];
           continue;
         }
         const outcome = await importSession(deps, tenantId, sid, read.input);
@@ -85,7 +86,10 @@ export async function importAgenvoySessions(
         report.last_seq = outcome.last_seq;
         report.summary = outcome.summary ? { cursor_seq: outcome.summary.cursor_seq } : null;
       } catch (err) {
-        if (err instanceof AppError && err.code === 'session_not_empty') report.status = 'skipped';
+        if (err instanceof AppError && err.code === 'session_not_empty') {
+          report.status = 'skipped';
+          report.notes = [];
+        }
         report.notes.push(err instanceof Error ? err.message : String(err));
       }
     }
