@@ -8,10 +8,10 @@
  * Env: MNEMOS_URL, MNEMOS_API_KEY, OPENAI_BASE_URL (default https://api.openai.com/v1),
  * OPENAI_API_KEY, MODEL (default gpt-4o-mini), MNEMOS_SESSION (default agent-loop-demo).
  *
- * Order of a turn, and why: the new user message is NOT posted before the model call. It goes to
- * `context` as `input`, which appends it after the history (and, with a DECISION_MODEL, uses it
- * to keep only the relevant part of the summary). Posting it first would put it in the hot window
- * AND after it as input: the model would see it twice. So the turn is posted once it is over:
+ * Order of a turn, and why: the new user message is not posted before the model call here. It goes
+ * to `context` as `input`, which appends it after the history (and, with a DECISION_MODEL, uses it
+ * to keep only the relevant part of the summary). (Posting it first also works: a last history
+ * message equal to `input` is not repeated.) The turn is posted once it is over:
  * user message, assistant tool calls, tool results and the final answer, in ONE request, so the
  * turn lands as consecutive seqs (tool calls and their results stay together) and the summary
  * never sees half a turn. Each message carries the time it happened (`sent_at`) and an id made up
