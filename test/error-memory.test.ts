@@ -394,6 +394,22 @@ void describe('dedupe', () => {
       ['process exited with exit code 127', 'process exited with exit code 1'],
       ['python3: command not found', 'python2: command not found'],
       ['request failed: error 404', 'request failed: error 500'],
+      // Keys of pretty-printed (CRLF) JSON and Python dicts; string codes and one-word messages.
+      [
+        '{\r\n    "error": {\r\n        "code": 429\r\n    }\r\n}',
+        '{\r\n    "error": {\r\n        "code": 500\r\n    }\r\n}',
+      ],
+      ["{'code': 404}", "{'code': 500}"],
+      ['{"message":"Unauthorized"}', '{"message":"Forbidden"}'],
+      ["code: 'ERR_MODULE_NOT_FOUND'", "code: 'ERR_REQUIRE_ESM'"],
+      // Codes known by their reason phrase, their format or their word.
+      ['HTTPError: 404 Client Error: Not Found for url', 'HTTPError: 403 Client Error: Not Found for url'],
+      ['exitCode: 1', 'exitCode: 2'],
+      ['curl: (7) Failed to connect', 'curl: (28) Failed to connect'],
+      ['ORA-00942: table or view does not exist', 'ORA-01017: table or view does not exist'],
+      ['ERROR 1045 (28000): Access denied', 'ERROR 1044 (28000): Access denied'],
+      ['process killed by signal 9', 'process killed by signal 15'],
+      ['错误代码 404', '错误代码 500'],
     ];
     for (const [n, [a, b]] of pairs.entries()) {
       const tool_name = `tool_${n}`;
@@ -437,6 +453,12 @@ void describe('dedupe', () => {
       ['Error 1 of 3: upload timed out', 'Error 2 of 3: upload timed out'],
       ['ERROR 10.0.0.5:5432 refused', 'ERROR 192.168.1.9:5432 refused'],
       ['fatal: bad object 3f9a2b1', 'fatal: bad object 8c4e7d2'],
+      // CJK text has no spaces: a number beside a CJK character is still a number.
+      ['第12行出错', '第345行出错'],
+      // Typographic quotes, a quoted path with a space, syslog timestamps.
+      ['error: ‘foo’ undeclared', 'error: ‘bar’ undeclared'],
+      ["cp: cannot stat '/tmp/a b/c': No such file", "cp: cannot stat '/tmp/xyz': No such file"],
+      ['Jan  1 12:00:00 host sshd: Connection closed', 'Feb 13 08:09:10 host sshd: Connection closed'],
     ];
     for (const [n, [a, b]] of pairs.entries()) {
       const first = await write(tenant, { tool_name: `tool_${n}`, symptom: a });

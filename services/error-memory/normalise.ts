@@ -25,44 +25,74 @@ export function normaliseKeywords(keywords: readonly string[]): string[] {
   return out;
 }
 
+// Words whose value identifies the error, as in `{"code":"NoSuchKey"}`, `code: 'ERR_REQUIRE_ESM'`,
+// `"message":"Unauthorized"`: a quoted token after one is kept, a number after one of the code
+// words too (`"code":429`, `status: 404`, `HTTP/1.1 503`, `exit code 127`, `errno 13`,
+// `signal 9`, `SQLSTATE 42703`, `curl: (7)`, `ORA-00942`, `错误代码 404`).
+const NAME_WORDS =
+  'code|error|errorcode|error_code|error_type|type|reason|status|state|message|msg|detail|kind|title|name';
+const CODE_WORDS =
+  'status_code|statuscode|http_status|status|code|errorcode|error_code|exitcode|exit_code|exit|errno|rc|signal|sqlstate|hresult|curl: \\(|ora-|' +
+  'http(?:\\/\\d+(?:\\.\\d+)?)?|错误代码|錯誤代碼|错误码|錯誤碼|状态码|狀態碼|エラーコード|ステータスコード|상태 코드|오류 코드';
+const VALUE_BEFORE = new RegExp(`(?<![\\p{L}\\p{N}_])(?:${NAME_WORDS})["'\`]?\\s*[:=]\\s*$`, 'u');
+const CODE_BEFORE = new RegExp(`(?<![\\p{L}\\p{N}_])(?:${CODE_WORDS})["'\`]?[ \\t]*[:=]?[ \\t]*$`, 'u');
+// After `error`, `returned`, `responded`... only a number of three or more digits is a code (an
+// HTTP status, `ERROR 1045`): `Error 1 of 3` and `error: 3 tests failed` are counts.
+const ERROR_BEFORE = /(?<![\p{L}\p{N}_])(?:error|returned|responded|response)["'`]?[ \t]*[:=]?[ \t([]*$/u;
+// An HTTP status is also known by the reason phrase after it: `404 Client Error`, `(502) Bad Gateway`.
+const REASON_AFTER =
+  /^[)\]]?[ \t]*(?:client error|server error|not found|forbidden|unauthori[sz]ed|bad request|bad gateway|internal server error|service unavailable|gateway time-?out|too many requests|conflict|method not allowed|not acceptable|unprocessable|payment required|gone|precondition failed|request time-?out|not implemented)\b/u;
+// A quoted text that starts like a path is a value even with spaces in it.
+const PATH_START = /^(?:[a-z]:[\\/]|\\\\|~?\/|\.\.?[\\/])/;
+
 /**
- * A quoted value is one token between quotes: quoted text with whitespace in it is a message
- * (kept as text), and a double-quoted token that opens a JSON member (after `{` or `,`, followed
- * by `:`) is a key (kept). `cannot access 'build.log':` and `parsing "12a":` are values.
+ * A quoted value is one token between quotes, or a quoted path: quoted text with whitespace in it
+ * is a message (kept as text); a quoted token that opens a JSON or Python-dict member (after `{`
+ * or `,`, followed by `:`) is a key, and one after a word naming the error (VALUE_BEFORE) is what
+ * tells errors apart: both are kept. `cannot access 'build.log':` and `parsing "12a":` are values.
  */
 function maskQuoted(quoted: string, offset: number, whole: string): string {
-  if (/\s/u.test(quoted.slice(1, -1))) return quoted;
-  const isKey =
-    quoted.startsWith('"') &&
-    /^[ \t]*:/.test(whole.slice(offset + quoted.length)) &&
-    /[{,][ \t\n]*$/.test(whole.slice(Math.max(0, offset - 8), offset));
-  return isKey ? quoted : '<q>';
+  const inner = quoted.slice(1, -1);
+  if (PATH_START.test(inner)) return '<q>';
+  if (/\s/u.test(inner)) return quoted;
+  const before = whole.slice(Math.max(0, offset - 200), offset);
+  const after = whole.slice(offset + quoted.length, offset + quoted.length + 200);
+  const isKey = /^[ \t]*:/.test(after) && /[{,]\s*$/u.test(before);
+  // The whole value of such a word (`{"error":"invalid_grant"}`, `code: 'ERR_X'`), not a name
+  // inside a sentence after it (`error: 'foo' undeclared`).
+  const isValue = VALUE_BEFORE.test(before) && /^[ \t]*(?:[,;}\])]|\r?\n|$)/.test(after);
+  return isKey || isValue ? quoted : '<q>';
 }
-
-// A status or exit code tells errors apart, so the number after one of these words is kept, as in
-// `"code":429`, `status: 404`, `HTTP/1.1 503`, `exit code 127`, `errno 13`. After `error` only an
-// HTTP status (100–599) is: `Error 1 of 3` and `error: 3 tests failed` are counts.
-const CODE_BEFORE =
-  /(?<![\p{L}\p{N}])(?:status_code|statuscode|status|code|http(?:\/\d+(?:\.\d+)?)?|exit|errno)["'`]?[ \t]*[:=]?[ \t]*$/u;
-const ERROR_BEFORE = /(?<![\p{L}\p{N}])error["'`]?[ \t]*[:=]?[ \t]*$/u;
 
 function maskNumber(n: string, offset: number, whole: string): string {
   const before = whole.slice(Math.max(0, offset - 24), offset);
   if (CODE_BEFORE.test(before)) return n;
-  if (/^[1-5]\d\d$/.test(n) && ERROR_BEFORE.test(before)) return n;
+  if (/^\d{3,}$/.test(n) && ERROR_BEFORE.test(before)) return n;
+  if (/^[1-5]\d\d$/.test(n) && REASON_AFTER.test(whole.slice(offset + n.length, offset + n.length + 40)))
+    return n;
   return '<n>';
+}
+
+/** `0x80070005` after `error`, `hresult`... is an error code, elsewhere an address or an id. */
+function maskHex(hex: string, offset: number, whole: string): string {
+  const before = whole.slice(Math.max(0, offset - 24), offset);
+  return CODE_BEFORE.test(before) || ERROR_BEFORE.test(before) ? hex : '<id>';
 }
 
 const URL_RE = /\b[a-z][a-z0-9+.-]*:\/\/[^\s'"`<>]+/g;
 // A single quote only opens after a non-word character and closes before one, so the
-// apostrophes of "can't" and "don't" are not taken for quotes.
-const QUOTED_RE = /"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{L}\p{N}])/gu;
+// apostrophes of "can't" and "don't" are not taken for quotes (a CJK particle may follow one:
+// `'a.txt'을`). Typographic and CJK quotes count too.
+const QUOTED_RE =
+  /"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{Script=Latin}\p{N}])|‘[^’\n]*’|“[^”\n]*”|「[^」\n]*」|『[^』\n]*』/gu;
 // Timestamps and durations before anything else reads their digits: `2024-05-01t12:00:00z`,
-// `1m30s`, `250ms` (their letters would otherwise make `t12`, `m30s` words).
+// `jan  1 12:00:00`, `1m30s`, `250ms` (their letters would otherwise make `t12`, `m30s` words).
 const TIMESTAMP_RE =
-  /\b\d{4}-\d{2}-\d{2}(?:[t ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:z|[+-]\d{2}:?\d{2})?)?\b/g;
+  /\b\d{4}-\d{2}-\d{2}(?:[t ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:z|[+-]\d{2}:?\d{2})?)?\b|\b(?:(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*,?\s+)?(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\s+\d{1,2},?\s+(?:\d{4}\s+)?\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s+[a-z]{2,5}(?=\s+\d{4}\b))?(?:\s+\d{4}\b)?/g;
 const DURATION_RE = /(?<![\p{L}\p{N}.])(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h|d))+(?![\p{L}\p{N}])/gu;
-const NUMBER_RE = /(?<![\p{L}\p{N}])\d+(?:\.\d+)*/gu;
+// Digits glued to a Latin, Greek or Cyrillic letter are part of a word (`python3`, `ipv6`); CJK
+// text has no spaces, so a number beside a CJK character is still a number (`第12行`).
+const NUMBER_RE = /(?<![\p{Script=Latin}\p{Script=Greek}\p{Script=Cyrillic}\p{N}_])\d+(?:\.\d+)*/gu;
 
 // Applied after URLs, quoted values, timestamps and durations (they may contain paths and
 // numbers); numbers last.
@@ -75,7 +105,6 @@ const MASKS: ReadonlyArray<readonly [RegExp, string]> = [
     /(?<![\w./\\-])(?!https?\/\d)(?:[\w.-]+(?:\/[\w.@%+~-]+){2,}|[\w.-]+\/[\w@%+~-]+\.[a-z0-9]{1,8}\b)/g,
     '<path>',
   ],
-  [/\b0x[0-9a-f]+\b/g, '<id>'],
   // Hex ids (commit hashes from 7 characters, object ids) and long mixed tokens (request ids,
   // base32/64 keys).
   [/\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b/g, '<id>'],
@@ -95,8 +124,8 @@ export function normaliseSymptom(symptom: string): string {
     .replace(QUOTED_RE, maskQuoted)
     .replace(TIMESTAMP_RE, '<time>')
     .replace(DURATION_RE, '<n>');
+  s = s.replace(/\b0x[0-9a-f]+\b/g, maskHex);
   for (const [re, mask] of MASKS) s = s.replace(re, mask);
-  // Digits glued to a letter are part of the word (`python3`, `ipv6`, `utf8`, `v2`).
   return s.replace(NUMBER_RE, maskNumber).replace(/\s+/g, ' ').trim();
 }
 
