@@ -867,6 +867,46 @@ void describe('agenvoy import', () => {
     assert.deepEqual(right.notes, []);
   });
 
+  void test('a few distinct turns among heartbeats decide the zone west of UTC', async () => {
+    // Setup: an agent in New York; "status?" every 10 minutes for 1,000 turns, each answered "ok";
+    // history.db holds all, history.json the last 600, six of which have a text of their own, at
+    // positions an even spread of 64 samples skips.
+    const keep = 600;
+    const sampled = new Set(Array.from({ length: 64 }, (_, k) => Math.floor((k * keep) / 64)));
+    const open = Array.from({ length: keep - 1 }, (_, j) => j + 1).filter((j) => !sampled.has(j));
+    const distinct = new Set(
+      open
+        .filter((_, k) => k >= 5 && (k - 5) % 90 === 0)
+        .slice(0, 6)
+        .map((j) => 1000 - keep + j),
+    );
+    const base = Date.parse('2025-03-01T00:00:00-05:00');
+    const json: unknown[] = [];
+    const rows: RawRow[] = [];
+    for (let i = 0; i < 1000; i++) {
+      const ms = base + i * 600_000;
+      const naive = new Date(ms - 5 * 3_600_000).toISOString().slice(0, 19).replace('T', ' ');
+      const user = header(naive, distinct.has(i) ? `report ${i} please` : 'status?');
+      if (i >= 1000 - keep) json.push({ role: 'user', content: user }, { role: 'assistant', content: 'ok' });
+      const ns = BigInt(ms) * 1_000_000n;
+      rows.push(
+        { session: 'west-26', sendAt: String(ns + 200_000_000n), role: 'user', content: user },
+        { session: 'west-26', sendAt: String(ns + 2_000_000_000n), role: 'assistant', content: 'ok' },
+      );
+    }
+    const dir = agenvoyDir({ 'west-26': { 'history.json': json } }, rows);
+
+    // Action: read as UTC (the server's zone), and in New York.
+    const wrong = await readOne(dir, 'west-26', 'UTC');
+    const right = await readOne(dir, 'west-26', 'America/New_York');
+
+    // Assert: 2,000 messages either way, each report once.
+    for (const read of [wrong, right]) {
+      assert.deepEqual([read.listing.length, read.stats.duplicates], [2000, 1200]);
+    }
+    assert.match(wrong.notes.join(' '), /WARNING: .*America\/New_York/);
+  });
+
   void test('history.db rows without times merge with their copies however often a text repeats', async () => {
     // Setup: 200 turns, every reply "ok"; history.db holds them all with send_at 0 (u-21), or the
     // first 150 so and the rest timed (u-22); history.json holds them all, with headers.

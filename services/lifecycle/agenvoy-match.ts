@@ -284,7 +284,7 @@ export interface ZoneReading {
   lined: number;
   /** How many line up when read in the given zone. */
   givenLined: number;
-  /** Headers whose text history.db holds with a time (at most MAX_SAMPLES, spread evenly). */
+  /** Headers whose text history.db holds with a time (at most MAX_SAMPLES, rare texts first). */
   samples: number;
 }
 
@@ -328,11 +328,27 @@ export function lineUpZone(
 ): ZoneReading | null {
   const comparable = headers.filter((h) => archive.has(h.key));
   if (comparable.length === 0) return null;
-  const step = Math.max(1, comparable.length / MAX_SAMPLES);
-  const samples: typeof comparable = [];
-  for (let i = 0; i < comparable.length && samples.length < MAX_SAMPLES; i += step) {
-    samples.push(comparable[Math.floor(i)]!);
-  }
+  // Samples spread evenly, texts history.db holds once or twice first: a text repeated on a
+  // schedule finds a copy in many wrong zones (west of UTC, read as UTC, every "status?" has one
+  // a few hours earlier), a rare text only in the right one.
+  const spread = <T>(from: T[], n: number): T[] => {
+    const step = Math.max(1, from.length / n);
+    const out: T[] = [];
+    for (let i = 0; i < from.length && out.length < n; i += step) out.push(from[Math.floor(i)]!);
+    return out;
+  };
+  const rare = spread(
+    comparable.filter((h) => archive.get(h.key)!.length <= 2),
+    MAX_SAMPLES / 2,
+  );
+  const taken = new Set(rare);
+  const samples = [
+    ...rare,
+    ...spread(
+      comparable.filter((h) => !taken.has(h)),
+      MAX_SAMPLES - rare.length,
+    ),
+  ];
   const lined = (zone: string) =>
     samples.filter((s) =>
       localInstants(s.naive, zone).some((ns) => nearest(archive.get(s.key)!, ns) <= Number(NEAR_NS)),
