@@ -30,7 +30,7 @@ export function normaliseKeywords(keywords: readonly string[]): string[] {
 // words too (`"code":429`, `status: 404`, `HTTP/1.1 503`, `exit code 127`, `errno 13`,
 // `signal 9`, `SQLSTATE 42703`, `curl: (7)`, `ORA-00942`, `错误代码 404`).
 const NAME_WORDS =
-  'code|error|errorcode|error_code|error_type|type|reason|status|state|message|msg|detail|kind|title|name';
+  'code|error|errorcode|error_code|error_type|type|reason|status|state|message|msg|detail|kind|title';
 const CODE_WORDS =
   'status_code|statuscode|http_status|status|code|errorcode|error_code|exitcode|exit_code|exit|errno|rc|signal|sqlstate|hresult|curl: \\(|ora-|' +
   'http(?:\\/\\d+(?:\\.\\d+)?)?|错误代码|錯誤代碼|错误码|錯誤碼|状态码|狀態碼|エラーコード|ステータスコード|상태 코드|오류 코드';
