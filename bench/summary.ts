@@ -21,7 +21,7 @@ import type { CoreDeps } from '../services/deps.js';
 import type { LlmClient } from '../services/llm/llm-client.js';
 import { makeLogger } from '../services/logger.js';
 import { closeDeps, openDeps } from '../services/runtime.js';
-import { codePoints } from '../services/summary/render.js';
+import { codePoints } from '../services/text/code-points.js';
 import { createTenant } from '../services/tenants.js';
 import { ftsDocument } from '../services/text/fts-text.js';
 import { startFakeOpenAI } from '../test/support/fake-openai.js';

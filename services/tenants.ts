@@ -12,6 +12,7 @@ import {
 } from '../db/queries/tenants.js';
 import type { PageAfter } from '../db/queries/tenants.js';
 import { AppError } from './errors.js';
+import { codePoints } from './text/code-points.js';
 import { pageOf } from './validate.js';
 import { hasBadChars } from './messages/message-input.js';
 
@@ -65,11 +66,6 @@ function badName(problem: string): AppError {
 
 /** Tenant and key names: at most this many characters (code points, not UTF-16 units). */
 export const MAX_NAME_CHARS = 128;
-const codePoints = (s: string) => {
-  let n = 0;
-  for (const _ of s) n++;
-  return n;
-};
 
 /** Tenant names are what `--tenant <id|name>` resolves: never blank, never shaped like an id. */
 function assertTenantName(name: string): void {

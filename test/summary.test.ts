@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import { pageSummaryCandidates, updateSummaryGuarded } from '../db/queries/summaries.js';
-import { codePoints } from '../services/summary/render.js';
+import { codePoints } from '../services/text/code-points.js';
 import { extractJsonObject, parseSummaryAnswer } from '../services/summary/summary-shape.js';
 import { summarizeSession } from '../workers/summarize.js';
 import { startFakeOpenAI } from './support/fake-openai.js';

@@ -1,5 +1,6 @@
 import { classifyError, significantTerms } from './normalise.js';
 import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
+import { codePoints } from '../text/code-points.js';
 
 /**
  * Ranking without a search module: a record matches when it shares at least one significant
@@ -171,9 +172,6 @@ export function toApiRecord(rec: StoredError): ErrorRecord {
 
 export const RELATED_MAX_RECORDS = 4;
 export const RELATED_MAX_CHARS = 1500;
-
-/** The hint's characters are code points (an emoji is one), as its clipping counts them. */
-const codePoints = (text: string) => Array.from(text).length;
 
 function clip(text: string, max: number): string {
   const flat = text.replace(/\s+/g, ' ').trim();

@@ -3,7 +3,8 @@ import { TOOL_CALL_SEPARATOR } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
 import { LlmError } from '../llm/llm-client.js';
 import { noisePrompt, supersedePrompt } from './prompts.js';
-import { codePoints, formatMessageTime, takeCodePoints } from './render.js';
+import { codePoints, takeCodePoints } from '../text/code-points.js';
+import { formatMessageTime } from './render.js';
 import type { SourceMessage } from './render.js';
 import { extractJsonObject, summaryEntries } from './summary-shape.js';
 
