@@ -87,10 +87,7 @@ export async function eraseTenant(
   if (!tenant) {
     // Gone: never existed, or an erasure whose last steps (after the tenants row) failed. Those
     // steps are re-run, so the retry the failure's 503 asked for finishes them; the answer is 404.
-    if (TENANT_ID.test(tenantId)) {
-      await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
-      await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
-    }
+    if (TENANT_ID.test(tenantId)) await sweepAfterRow(deps, tenantId);
     return false;
   }
   const log = deps.logger.child({ tenantId });
@@ -131,10 +128,19 @@ export async function eraseTenant(
     }
   }
   await withTransaction(deps.db, (tx) => deleteTenant(tx, tenantId));
-  const late = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
-  // Jobs that were running during the steps above (a summary the sweep queued just before the
-  // mark) finish against the deleted tenant and leave their completed or failed job records.
-  const lateJobs = await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
-  log.info({ jobs: jobs + lateJobs, redisKeys: keys + late, bulkRows: rows }, 'tenant erased');
+  const late = await sweepAfterRow(deps, tenantId);
+  log.info({ jobs: jobs + late.jobs, redisKeys: keys + late.keys, bulkRows: rows }, 'tenant erased');
   return true;
+}
+
+/**
+ * The steps after the tenants row (6.), also what a retry re-runs once the row is gone: Redis keys
+ * an in-flight request wrote meanwhile, and the job records of jobs that were running during the
+ * steps before (a summary the sweep queued just before the mark finishes against the deleted
+ * tenant and leaves its completed or failed record).
+ */
+async function sweepAfterRow(deps: LifecycleDeps, tenantId: string): Promise<{ keys: number; jobs: number }> {
+  const keys = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
+  const jobs = await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
+  return { keys, jobs };
 }
