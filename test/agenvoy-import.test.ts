@@ -255,6 +255,32 @@ function compacted(
   return { json, rows };
 }
 
+/**
+ * A session of heartbeat turns every 10 minutes from `start` in a zone `offsetHours` from UTC,
+ * each answered "ok": history.db holds every turn (sub-second times), history.json the last `keep`.
+ */
+function heartbeat(
+  session: string,
+  a: { start: string; offsetHours: number; turns: number; keep: number; text?: (i: number) => string },
+): { dir: string; base: number } {
+  const base = Date.parse(a.start);
+  const json: unknown[] = [];
+  const rows: RawRow[] = [];
+  for (let i = 0; i < a.turns; i++) {
+    const ms = base + i * 600_000;
+    const naive = new Date(ms + a.offsetHours * 3_600_000).toISOString().slice(0, 19).replace('T', ' ');
+    const user = header(naive, a.text?.(i) ?? 'status?');
+    if (i >= a.turns - a.keep)
+      json.push({ role: 'user', content: user }, { role: 'assistant', content: 'ok' });
+    const ns = BigInt(ms) * 1_000_000n;
+    rows.push(
+      { session, sendAt: String(ns + 200_000_000n), role: 'user', content: user },
+      { session, sendAt: String(ns + 2_000_000_000n), role: 'assistant', content: 'ok' },
+    );
+  }
+  return { dir: agenvoyDir({ [session]: { 'history.json': json } }, rows), base };
+}
+
 /** Reads one session as the import does (no service), its messages in import order. */
 async function readOne(sessions: string, sid: string, zone: string) {
   const db = openSqlite(findHistoryDb(sessions)!, { readonly: true });
@@ -838,21 +864,12 @@ void describe('agenvoy import', () => {
   void test('a text repeated every ten minutes does not line history.json up in a wrong zone', async () => {
     // Setup: "status?" every 10 minutes for 24 h in Taipei, each answered "ok"; history.db holds all
     // 144 turns (sub-second times), history.json the last 100.
-    const base = Date.parse('2025-03-01T00:00:00+08:00');
-    const json: unknown[] = [];
-    const rows: RawRow[] = [];
-    for (let i = 0; i < 144; i++) {
-      const ms = base + i * 600_000;
-      const naive = new Date(ms + 8 * 3_600_000).toISOString().slice(0, 19).replace('T', ' ');
-      const user = header(naive, 'status?');
-      if (i >= 44) json.push({ role: 'user', content: user }, { role: 'assistant', content: 'ok' });
-      const ns = BigInt(ms) * 1_000_000n;
-      rows.push(
-        { session: 'beat-20', sendAt: String(ns + 200_000_000n), role: 'user', content: user },
-        { session: 'beat-20', sendAt: String(ns + 2_000_000_000n), role: 'assistant', content: 'ok' },
-      );
-    }
-    const dir = agenvoyDir({ 'beat-20': { 'history.json': json } }, rows);
+    const { dir, base } = heartbeat('beat-20', {
+      start: '2025-03-01T00:00:00+08:00',
+      offsetHours: 8,
+      turns: 144,
+      keep: 100,
+    });
 
     // Action: without --tz (UTC here), and with the right one.
     const wrong = await readOne(dir, 'beat-20', 'UTC');
@@ -880,21 +897,13 @@ void describe('agenvoy import', () => {
         .slice(0, 6)
         .map((j) => 1000 - keep + j),
     );
-    const base = Date.parse('2025-03-01T00:00:00-05:00');
-    const json: unknown[] = [];
-    const rows: RawRow[] = [];
-    for (let i = 0; i < 1000; i++) {
-      const ms = base + i * 600_000;
-      const naive = new Date(ms - 5 * 3_600_000).toISOString().slice(0, 19).replace('T', ' ');
-      const user = header(naive, distinct.has(i) ? `report ${i} please` : 'status?');
-      if (i >= 1000 - keep) json.push({ role: 'user', content: user }, { role: 'assistant', content: 'ok' });
-      const ns = BigInt(ms) * 1_000_000n;
-      rows.push(
-        { session: 'west-26', sendAt: String(ns + 200_000_000n), role: 'user', content: user },
-        { session: 'west-26', sendAt: String(ns + 2_000_000_000n), role: 'assistant', content: 'ok' },
-      );
-    }
-    const dir = agenvoyDir({ 'west-26': { 'history.json': json } }, rows);
+    const { dir } = heartbeat('west-26', {
+      start: '2025-03-01T00:00:00-05:00',
+      offsetHours: -5,
+      turns: 1000,
+      keep,
+      text: (i) => (distinct.has(i) ? `report ${i} please` : 'status?'),
+    });
 
     // Action: read as UTC (the server's zone), and in New York.
     const wrong = await readOne(dir, 'west-26', 'UTC');
