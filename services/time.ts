@@ -61,7 +61,7 @@ export function wallClock(zone: string, utcMs: number): WallClock {
 }
 
 /** Offset of `zone` from UTC in ms at the given UTC instant. */
-function zoneOffsetMs(zone: string, utcMs: number): number {
+export function zoneOffsetMs(zone: string, utcMs: number): number {
   const p = wallClock(zone, utcMs);
   const asUtc = Date.UTC(+p.year, +p.month - 1, +p.day, +p.hour, +p.minute, +p.second);
   return asUtc - Math.floor(utcMs / 1000) * 1000;

@@ -1,4 +1,4 @@
-import { parseSentAt, wallClock } from '../time.js';
+import { parseSentAt, wallClock, zoneOffsetMs } from '../time.js';
 
 /**
  * Which rows of Agenvoy's history.db are copies of history.json messages, and in which time zone
@@ -290,12 +290,6 @@ export interface ZoneReading {
 
 const naiveOf = (w: ReturnType<typeof wallClock>) =>
   `${w.year}-${w.month}-${w.day} ${w.hour}:${w.minute}:${w.second}`;
-const offsetMs = (zone: string, ms: number) => {
-  const w = wallClock(zone, ms);
-  return (
-    Date.UTC(+w.year, +w.month - 1, +w.day, +w.hour, +w.minute, +w.second) - Math.floor(ms / 1000) * 1000
-  );
-};
 
 /**
  * The instants a naive local time names in `zone`: none (no date), one, or two in a fall-back
@@ -306,7 +300,7 @@ export function localInstants(naive: string, zone: string): bigint[] {
   const early = parseSentAt(naive, zone);
   if (typeof early !== 'bigint') return [];
   const ms = Number(early / 1_000_000n);
-  const drop = offsetMs(zone, ms) - offsetMs(zone, ms + 86_400_000);
+  const drop = zoneOffsetMs(zone, ms) - zoneOffsetMs(zone, ms + 86_400_000);
   if (drop <= 0) return [early];
   const late = ms + drop;
   return naiveOf(wallClock(zone, late)) === naive ? [early, BigInt(late) * 1_000_000n] : [early];
