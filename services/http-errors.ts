@@ -28,12 +28,14 @@ function fromExpressError(err: unknown): AppError | undefined {
   return undefined;
 }
 
+/** The API's error shape; `details` is always present (SPEC §4), null when there is nothing to add. */
+export function errorBody(err: AppError): { error: { code: string; message: string; details: unknown } } {
+  return { error: { code: err.code, message: err.message, details: err.details ?? null } };
+}
+
 export function sendError(res: Parameters<RequestHandler>[1], err: AppError): void {
   if (err.headers) for (const [k, v] of Object.entries(err.headers)) res.setHeader(k, v);
-  // `details` is always present (SPEC §4: the error shape), null when there is nothing to add.
-  res
-    .status(err.status)
-    .json({ error: { code: err.code, message: err.message, details: err.details ?? null } });
+  res.status(err.status).json(errorBody(err));
 }
 
 /** The last middleware: every error leaves as `{"error":{"code","message","details"}}` (details null when none). */

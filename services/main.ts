@@ -14,6 +14,8 @@ import { makeLogger } from './logger.js';
 import type { Logger } from './logger.js';
 import { redisDurabilityWarnings, waitForRedis } from './redis.js';
 import { closeDeps, embeddedBannerLines, openDeps } from './runtime.js';
+import { AppError } from './errors.js';
+import { errorBody } from './http-errors.js';
 
 export type Mode = 'api' | 'worker' | 'serve';
 
@@ -233,7 +235,7 @@ export function clientErrorResponse(code: string | undefined): string {
       : code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? [408, 'request_timeout', 'the request was not received in time']
         : [400, 'bad_request', 'malformed HTTP request'];
-  const body = JSON.stringify({ error: { code: errorCode, message, details: null } });
+  const body = JSON.stringify(errorBody(new AppError(status, errorCode, message)));
   return (
     `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\n` +
     `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`
