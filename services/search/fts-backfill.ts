@@ -55,7 +55,9 @@ export function backfillLongTsvectors(
  * A pass walks the archive in primary-key order, `batch` rows (and at most 16 MiB of messages) at
  * a time, at most `maxBatches` per run, and records where it stopped (maintenance_state,
  * migrations 010 and 011); once through, it is done and every later run is one SELECT. Rows
- * archived since are derived the same way already: re-deriving them changes nothing.
+ * this version archives are derived the same way already: re-deriving them changes nothing. (A
+ * worker of an older version still running beside it writes the old form; the README's
+ * "Upgrading" says how to run the passes again after such a mixed period.)
  */
 async function backfillPass(
   deps: Pick<CoreDeps, 'db' | 'logger'>,
