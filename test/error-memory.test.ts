@@ -927,6 +927,10 @@ void describe('tenant isolation', () => {
     for (const path of ['/', '/.', '/?tool_name=yarn']) {
       assert.equal((await call(t, 'DELETE', path)).status, 404, path);
     }
+    // A filter in a body (not the query) is refused, not ignored for a purge of every record.
+    const inBody = await call(t, 'DELETE', '', { tool_name: 'npm' });
+    assert.equal(inBody.status, 400);
+    assert.match(inBody.body.error.message, /\?tool_name=/);
     assert.equal((await call(t, 'GET', '')).body.records.length, 1);
     assert.deepEqual((await call(t, 'DELETE', '')).body, { deleted: 1 });
     assert.deepEqual((await call(t, 'GET', '')).body, { records: [], next: null });
@@ -978,6 +982,10 @@ void describe('validation', () => {
     );
     assert.equal(problemPath(await call(tenant, 'POST', '/lookup', { error: 'x' })), 'tool_name');
     assert.equal(problemPath(await call(tenant, 'GET', '?limit=501')), 'limit');
+    // As on every other list: a decimal integer, not what Number() reads.
+    for (const limit of ['0x10', '1e2', '1.0', '%205']) {
+      assert.equal(problemPath(await call(tenant, 'GET', `?limit=${limit}`)), 'limit', limit);
+    }
     assert.equal(problemPath(await call(tenant, 'GET', '?cursor=abc')), 'cursor');
     assert.equal(problemPath(await call(tenant, 'DELETE', '?tool=npm')), 'tool');
     // Unknown query parameters on routes that take none (a write once stored despite ?dry_run).

@@ -3,7 +3,7 @@ import type { Response } from 'express';
 import { z } from 'zod';
 import { notFound } from '../errors.js';
 import { hasBadChars } from '../messages/message-input.js';
-import { emptyAsAbsent, noQuery, parseInput } from '../validate.js';
+import { assertNoBody, emptyAsAbsent, limitParam, noQuery, parseInput } from '../validate.js';
 import { ERROR_ID_RE, LIST_CURSOR_RE, OUTCOMES } from '../error-memory/types.js';
 import type { ErrorMemory } from '../error-memory/types.js';
 
@@ -62,7 +62,7 @@ export const errorListQuery = z
       .union([z.literal(''), z.string().regex(LIST_CURSOR_RE, 'invalid cursor')])
       .optional()
       .transform(emptyAsAbsent),
-    limit: z.coerce.number().int().min(1).max(500).default(100),
+    limit: limitParam.optional().transform((v) => v ?? 100),
   })
   .strict();
 
@@ -120,6 +120,9 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
     // "." id (dot segments are resolved before sending): a record that does not exist, never
     // the purge of every record.
     if (req.originalUrl.split('?')[0]!.endsWith('/')) throw notFound('error record');
+    // Its filter is a query parameter: `{"tool_name":"psql"}` in a body would otherwise be ignored,
+    // and every record of the tenant purged instead of one tool's.
+    assertNoBody(req.body, 'the purge takes no body: pass the filter in the query (?tool_name=)');
     const query = parseInput(errorPurgeQuery, req.query, 'query');
     res.json({ deleted: await errors.purge(tenantOf(res), query) });
   });
