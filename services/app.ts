@@ -43,11 +43,28 @@ const requestId: RequestHandler = (req, res, next) => {
   next();
 };
 
-/** Bodies must be JSON (or JSON Lines where a route says so); anything else is a 415, not a 400. */
+/** The declared charset of the body, lower-cased; undefined when none is declared. */
+const charsetOf = (req: express.Request): string | undefined =>
+  /;\s*charset="?([^";\s]+)/i.exec(req.headers['content-type'] ?? '')?.[1]?.toLowerCase();
+
+/**
+ * Bodies must be JSON (or JSON Lines where a route says so) in UTF-8; anything else is a 415, not
+ * a 400. body-parser would decode any `utf-*` charset (utf-7, utf-16, utf-32) through iconv-lite,
+ * which turns what it cannot decode into U+FFFD: the text would be stored altered, past the UTF-8
+ * check below, which only a UTF-8 body can take.
+ */
 const requireJson: RequestHandler = (req, _res, next) => {
   const hasBody =
     req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
-  if (!hasBody || req.method === 'GET' || req.method === 'HEAD') return next();
+  if (!hasBody) return next();
+  const charset = charsetOf(req);
+  if (charset !== undefined && charset !== 'utf-8' && charset !== 'utf8')
+    throw new AppError(
+      415,
+      'unsupported_encoding',
+      `charset ${charset} is not supported: send the body in UTF-8`,
+    );
+  if (req.method === 'GET' || req.method === 'HEAD') return next();
   // JSON Lines only where a route reads them: elsewhere such a body went unread, and the route
   // ran as if none had been sent (a reset kept the summary its body asked to drop).
   // (Routing ignores case and a trailing slash: so does this.)
@@ -66,19 +83,32 @@ const requireJson: RequestHandler = (req, _res, next) => {
 const badUtf8 = new WeakSet<object>();
 
 /**
+ * Answers `Expect: 100-continue` once the caller is authenticated: main.ts takes Node's
+ * checkContinue, so that a request refused before this point (no or a bad key, rate limited, no
+ * route) gets its answer without the client being invited to upload the body first. (A server
+ * without that listener, as in tests calling the app directly, has already sent it.)
+ */
+const continueAfterAuth: RequestHandler = (req, res, next) => {
+  const sent = (res as { _sent100?: boolean })._sent100 === true;
+  if (!sent && !res.headersSent && /^\s*100-continue\s*$/i.test(req.headers.expect ?? ''))
+    res.writeContinue();
+  next();
+};
+
+/**
  * Reads a JSON body. body-parser would turn bytes that are not UTF-8 into U+FFFD and store the
  * altered text: a body declared (or defaulting to) UTF-8 that is not valid UTF-8 is a 400 instead.
  */
 const readJsonBody: RequestHandler[] = [
+  continueAfterAuth,
   requireJson,
   express.json({
     limit: MAX_BODY_BYTES,
     strict: false,
     type: ['application/json', 'application/*+json'],
+    // requireJson let only UTF-8 (declared or by default) through.
     verify: (req, _res, buf) => {
-      const charset = /;\s*charset="?([^";\s]+)/i.exec(req.headers['content-type'] ?? '')?.[1]?.toLowerCase();
-      if ((charset === undefined || charset === 'utf-8' || charset === 'utf8') && !isUtf8(buf))
-        badUtf8.add(req);
+      if (!isUtf8(buf)) badUtf8.add(req);
     },
   }),
   (req, _res, next) => {
@@ -144,6 +174,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
       '/admin/queues',
       rememberMount,
       requireAdmin(deps.config.adminToken, { basicChallenge: true }),
+      continueAfterAuth,
       board.getRouter(),
     );
   } else {
@@ -170,7 +201,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   mounts.push({ prefix: '/v1/jobs', router: jobs, meta: jobRoutesMeta });
 
   for (const extra of opts.extraRoutes ?? []) {
-    if (extra.auth === 'none') app.use(extra.prefix, rememberMount, extra.router);
+    if (extra.auth === 'none') app.use(extra.prefix, rememberMount, continueAfterAuth, extra.router);
     else app.use(extra.prefix, tenant, extra.router);
     mounts.push({ prefix: extra.prefix, router: extra.router, meta: extra.meta });
   }

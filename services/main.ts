@@ -1,5 +1,5 @@
 import { STATUS_CODES, createServer } from 'node:http';
-import type { Server, ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import { migrate } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
@@ -119,14 +119,27 @@ export async function startService(
       // use or a bad HOST would be reported as listening while nothing listens.
       // Once stopping, every answer closes its connection: a keep-alive client would otherwise go
       // on sending requests over it until the shutdown deadline cut one off midway.
-      const s = createServer((req, res) => {
+      // Node's own refusals of a missing Host and of an unknown `Expect` have empty bodies: both are
+      // answered here instead, in the JSON error shape.
+      const handle = (req: IncomingMessage, res: ServerResponse) => {
         if (stopping) res.setHeader('connection', 'close');
         else {
           inFlight.add(res);
           res.once('close', () => inFlight.delete(res));
         }
+        if (req.headers.host === undefined && req.httpVersion !== '1.0') {
+          rawError(res, 400, 'missing_host', 'an HTTP/1.1 request must carry a Host header');
+          return;
+        }
         app(req, res);
-      });
+      };
+      const s = createServer({ requireHostHeader: false }, handle);
+      // `Expect: 100-continue` is answered by the app once the caller is authenticated (app.ts),
+      // not by Node before any route runs: a caller without a valid key is not invited to upload.
+      s.on('checkContinue', handle);
+      s.on('checkExpectation', (_req: IncomingMessage, res: ServerResponse) =>
+        rawError(res, 417, 'expectation_failed', 'the only supported expectation is Expect: 100-continue'),
+      );
       // What Node refuses before a request exists (headers over its 16 KB limit, a malformed
       // request line) gets the same JSON error body as every other error, not an empty one.
       s.on('clientError', (err: NodeJS.ErrnoException, socket) => {
@@ -225,6 +238,17 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
   };
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
+}
+
+/** An error answered before the app runs, in the API's error shape; the connection closes. */
+function rawError(res: ServerResponse, status: number, code: string, message: string): void {
+  const body = JSON.stringify(errorBody(new AppError(status, code, message)));
+  res.writeHead(status, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+    connection: 'close',
+  });
+  res.end(body);
 }
 
 /** The raw HTTP answer to a request Node's parser refused, in mnemos's error shape. */

@@ -490,6 +490,16 @@ void describe('tenants, keys and the admin API', () => {
       assert.equal(r.status, 400);
       assert.equal(r.body.error.code, 'invalid_utf8');
     }
+    // Another UTF charset is a 415: body-parser would decode it, with U+FFFD for what it cannot.
+    for (const charset of ['utf-7', 'utf-16', 'UTF-32LE']) {
+      const r = await t.api.raw('/v1/sessions/s/messages', {
+        method: 'POST',
+        headers: { 'content-type': `application/json; charset=${charset}` },
+        body: invalid,
+      });
+      assert.equal(r.status, 415, charset);
+      assert.equal(r.body.error.code, 'unsupported_encoding');
+    }
     // Nothing was accepted: the id is still free (a taken one with other content would be a 409).
     const fresh = await t.api.post('/v1/sessions/s/messages', {
       messages: [{ id: 'u1', role: 'user', content: 'fine utf8' }],
@@ -504,6 +514,55 @@ void describe('tenants, keys and the admin API', () => {
     );
     assert.equal(vnd.status, 202);
     assert.deepEqual(vnd.body.messages, [{ id: 'v1', seq: 2 }]);
+  });
+
+  void test('Node-level refusals answer in the JSON shape, and 100-continue waits for a valid key', async () => {
+    const t = await svc.newTenant();
+    const { connect } = await import('node:net');
+    const port = Number(new URL(svc.base).port);
+    /** Sends `head`, then `body` once the server said `100 Continue` (if given); resolves with all it read. */
+    const exchange = (head: string, body?: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = connect(port, '127.0.0.1', () => socket.write(head));
+        let data = '';
+        socket.on('data', (d) => {
+          data += d.toString();
+          if (
+            body !== undefined &&
+            data.startsWith('HTTP/1.1 100 Continue\r\n\r\n') &&
+            !data.includes('\r\n\r\nHTTP')
+          ) {
+            socket.write(body);
+            body = undefined;
+          }
+          if (/\r\n\r\n\{.*\}$/s.test(data.replace(/^HTTP\/1\.1 100 Continue\r\n\r\n/, ''))) socket.end();
+        });
+        socket.on('end', () => resolve(data));
+        socket.on('error', reject);
+      });
+    const jsonOf = (raw: string) => JSON.parse(raw.slice(raw.lastIndexOf('\r\n\r\n') + 4));
+    const body = JSON.stringify({ messages: [{ id: 'c1', role: 'user', content: 'continue' }] });
+    const post = (headers: string) =>
+      `POST /v1/sessions/s100/messages HTTP/1.1\r\n${headers}content-type: application/json\r\n` +
+      `content-length: ${body.length}\r\n\r\n`;
+    const host = `host: 127.0.0.1:${port}\r\n`;
+    const auth = `authorization: Bearer ${t.apiKey}\r\n`;
+
+    const noHost = await exchange(`GET /healthz HTTP/1.1\r\n\r\n`);
+    assert.match(noHost, /^HTTP\/1\.1 400 Bad Request\r\n/);
+    assert.equal(jsonOf(noHost).error.code, 'missing_host');
+    const expectation = await exchange(post(`${host}${auth}expect: something-else\r\n`));
+    assert.match(expectation, /^HTTP\/1\.1 417 /);
+    assert.equal(jsonOf(expectation).error.code, 'expectation_failed');
+    // A bad key is refused before the client is invited to send its body.
+    const refused = await exchange(post(`${host}authorization: Bearer nope\r\nexpect: 100-continue\r\n`));
+    assert.match(refused, /^HTTP\/1\.1 401 /);
+    assert.equal(jsonOf(refused).error.code, 'unauthorized');
+    // A valid key gets the invitation, then the answer to the body it sent after it.
+    const accepted = await exchange(post(`${host}${auth}expect: 100-continue\r\n`), body);
+    assert.match(accepted, /^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 202 /);
+    // None of the refusals (all to this session) accepted anything: c1 is its first message.
+    assert.deepEqual(jsonOf(accepted).messages, [{ id: 'c1', seq: 1 }]);
   });
 
   void test('OpenAPI documents every mounted route, and every documented route answers', async () => {
