@@ -69,7 +69,17 @@ const requireJson: RequestHandler = (req, _res, next) => {
   // ran as if none had been sent (a reset kept the summary its body asked to drop).
   // (Routing ignores case and a trailing slash: so does this.)
   const lines = req.method === 'POST' && /^\/v1\/sessions\/[^/?]+\/import\/?(?:\?|$)/i.test(req.originalUrl);
-  if (req.is(['application/json', 'application/*+json'])) return next();
+  if (req.is(['application/json', 'application/*+json'])) {
+    // A declared length over the limit is refused at once: body-parser would read (and wait for)
+    // the whole body before its 413, so a client sending 1 GB, or stalling, would wait for it.
+    const identity = (req.headers['content-encoding'] ?? 'identity').toLowerCase() === 'identity';
+    if (identity && Number(req.headers['content-length'] ?? 0) > MAX_BODY_BYTES) {
+      throw new AppError(413, 'body_too_large', `request body exceeds ${MAX_BODY_BYTES} bytes`, undefined, {
+        connection: 'close',
+      });
+    }
+    return next();
+  }
   if (lines && req.is(['application/x-ndjson', 'application/jsonl'])) return next();
   throw new AppError(
     415,

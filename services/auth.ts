@@ -10,15 +10,30 @@ function bearer(header: string | undefined): string | undefined {
 }
 
 /**
+ * The one Authorization header. Node keeps the first of several and drops the rest; a proxy in
+ * front may use the last, and then the two disagree on who the caller is: several are a 401.
+ */
+function authorization(req: Parameters<RequestHandler>[0]): string | undefined {
+  const all = req.headersDistinct.authorization;
+  if (all && all.length > 1) {
+    throw new AppError(401, 'unauthorized', 'more than one Authorization header: send exactly one');
+  }
+  return all?.[0];
+}
+
+const MISSING_KEY = 'missing API key: send Authorization: Bearer <api key>';
+const MALFORMED_KEY = 'malformed Authorization header: send Authorization: Bearer <api key>';
+
+/**
  * Tenant API key → res.locals.tenantId. The tenant always comes from the key, never from input.
  * Several routers share a prefix, so a request may pass this guard more than once: it verifies once.
  */
 export function requireTenant(keys: KeyAuthenticator): RequestHandler {
   return async (req, res, next) => {
     if (typeof res.locals.tenantId === 'string') return next();
-    const key = bearer(req.header('authorization'));
-    if (!key)
-      throw new AppError(401, 'unauthorized', 'missing API key: send Authorization: Bearer <api key>');
+    const header = authorization(req);
+    const key = bearer(header);
+    if (!key) throw new AppError(401, 'unauthorized', header ? MALFORMED_KEY : MISSING_KEY);
     const who = await keys.authenticate(key);
     if (!who) throw new AppError(401, 'unauthorized', 'invalid or revoked API key');
     res.locals.tenantId = who.tenantId;
@@ -38,7 +53,7 @@ export function requireAdmin(
   return (req, res, next) => {
     if (!adminToken)
       throw new AppError(404, 'not_found', `no route for ${req.method} ${req.baseUrl}${req.path}`);
-    const header = req.header('authorization') ?? '';
+    const header = authorization(req) ?? '';
     let presented = bearer(header);
     const basic = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header);
     if (!presented && basic) {

@@ -539,6 +539,11 @@ void describe('tenants, keys and the admin API', () => {
         });
         socket.on('end', () => resolve(data));
         socket.on('error', reject);
+        // Every exchange here is answered at once; one that is not would wait for the body.
+        socket.setTimeout(10_000, () => {
+          socket.destroy();
+          reject(new Error(`no answer within 10 s; read: ${JSON.stringify(data)}`));
+        });
       });
     const jsonOf = (raw: string) => JSON.parse(raw.slice(raw.lastIndexOf('\r\n\r\n') + 4));
     const body = JSON.stringify({ messages: [{ id: 'c1', role: 'user', content: 'continue' }] });
@@ -563,6 +568,26 @@ void describe('tenants, keys and the admin API', () => {
     assert.match(accepted, /^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 202 /);
     // None of the refusals (all to this session) accepted anything: c1 is its first message.
     assert.deepEqual(jsonOf(accepted).messages, [{ id: 'c1', seq: 1 }]);
+
+    // A declared length over 8 MiB is a 413 before the body arrives (only 10 bytes of it are sent).
+    const tooLong = await exchange(
+      `POST /v1/sessions/s100/messages HTTP/1.1\r\n${host}${auth}content-type: application/json\r\n` +
+        `content-length: ${9 * 1024 * 1024}\r\n\r\n{"message`,
+    );
+    assert.match(tooLong, /^HTTP\/1\.1 413 /);
+    assert.match(tooLong, /\r\nconnection: close\r\n/i);
+    assert.equal(jsonOf(tooLong).error.code, 'body_too_large');
+    // Two Authorization headers are refused: a proxy in front might take the other one.
+    const other = await svc.newTenant();
+    const twoKeys = await exchange(
+      `GET /v1/sessions HTTP/1.1\r\n${host}${auth}authorization: Bearer ${other.apiKey}\r\n\r\n`,
+    );
+    assert.match(twoKeys, /^HTTP\/1\.1 401 /);
+    assert.match(jsonOf(twoKeys).error.message, /more than one Authorization header/);
+    const extra = await exchange(
+      `GET /v1/sessions HTTP/1.1\r\n${host}authorization: Bearer ${t.apiKey} x\r\n\r\n`,
+    );
+    assert.match(jsonOf(extra).error.message, /^malformed Authorization header/);
   });
 
   void test('OpenAPI documents every mounted route, and every documented route answers', async () => {
