@@ -562,6 +562,8 @@ void describe('tenants, keys and the admin API', () => {
     // A bad key is refused before the client is invited to send its body.
     const refused = await exchange(post(`${host}authorization: Bearer nope\r\nexpect: 100-continue\r\n`));
     assert.match(refused, /^HTTP\/1\.1 401 /);
+    // …and the connection closes: the body it might still send is not read as a next request.
+    assert.match(refused, /\r\nconnection: close\r\n/i);
     assert.equal(jsonOf(refused).error.code, 'unauthorized');
     // A valid key gets the invitation, then the answer to the body it sent after it.
     const accepted = await exchange(post(`${host}${auth}expect: 100-continue\r\n`), body);
