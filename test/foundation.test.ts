@@ -347,6 +347,13 @@ void describe('tenants, keys and the admin API', () => {
     const bad = await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name: 'k\u0000' });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.code, 'validation_failed');
+    // A JSON null is not an object (no body at all is): no key is made from it.
+    const nullBody = await admin().raw(`/v1/admin/tenants/${made[0]}/keys`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: 'null',
+    });
+    assert.equal(nullBody.status, 400);
     assert.equal((await admin().get(`/v1/admin/tenants/a%00b/keys`)).status, 400);
     assert.equal((await admin().get('/v1/admin/tenants?limit=500')).body.tenants.length, before + 1);
     assert.equal((await admin().get(`/v1/admin/tenants/${made[0]}/keys?limit=500`)).body.keys.length, 3);

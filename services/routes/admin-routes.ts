@@ -50,7 +50,7 @@ export function makeAdminRoutes(deps: {
 
   router.post('/tenants', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
-    const body = parseInput(tenantBody, req.body ?? {});
+    const body = parseInput(tenantBody, req.body === undefined ? {} : req.body);
     res.status(201).json(await createTenant(deps.db, body.name));
   });
 
@@ -74,7 +74,7 @@ export function makeAdminRoutes(deps: {
 
   router.post('/tenants/:id/keys', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
-    const body = parseInput(keyBody, req.body ?? {});
+    const body = parseInput(keyBody, req.body === undefined ? {} : req.body);
     const key = await createKey(deps.db, req.params.id!, body.name ?? '');
     res.status(201).json({ key_id: key.key_id, tenant_id: key.tenant_id, api_key: key.api_key });
   });
