@@ -242,6 +242,16 @@ void describe('ingestion', () => {
         new RegExp(`^messages\\[0\\]\\.${field}\\.k(\\[0\\])+: nested more than 64`),
       );
     }
+    // The metadata's size is checked before any walk over the message (a walk over 8 MiB of nested
+    // arrays held the event loop for seconds before this 400): metadata both too large and too
+    // deep is refused for its size.
+    const hugeAndDeep = await t.api.raw('/v1/sessions/v/messages', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: `{"messages":[{"role":"user","content":"x","metadata":{"k":${'['.repeat(70)}${'[0],'.repeat(1.5 * 1024 * 1024)}0${']'.repeat(70)}}}]}`,
+    });
+    assert.equal(hugeAndDeep.status, 400, hugeAndDeep.text.slice(0, 200));
+    assert.equal(hugeAndDeep.body.error.message, 'messages[0].metadata: must be at most 16 KiB of JSON');
     const tooBig = await t.api.post('/v1/sessions/v/messages', {
       messages: [user('ok'), user('é'.repeat(512 * 1024 + 1))],
     });

@@ -733,6 +733,15 @@ void describe('export and import', () => {
     assert.equal(unknownField.status, 400);
     assert.equal(unknownField.body.error.details.problems[0].path, 'messages[0].colour');
 
+    // A line is one message: at most a POST body's 8 MiB, refused before it is parsed.
+    const longLine = await t.api.post(
+      `/v1/sessions/${s}/import`,
+      `${JSON.stringify({ role: 'user', content: 'x' })}\n{"role":"user","metadata":${'['.repeat(40)}${'[0],'.repeat(2.5 * 1024 * 1024)}0${']'.repeat(40)}}\n`,
+      ndjson,
+    );
+    assert.equal(longLine.status, 413, longLine.text.slice(0, 200));
+    assert.equal(longLine.body.error.code, 'line_too_large');
+    assert.equal(longLine.body.error.details.line, 2);
     assert.equal((await t.api.post(`/v1/sessions/${s}/import`, '', ndjson)).status, 400);
     const plain = await t.api.post(`/v1/sessions/${s}/import`, 'role=user', { 'content-type': 'text/plain' });
     assert.equal(plain.status, 415);

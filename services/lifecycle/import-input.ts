@@ -15,6 +15,11 @@ import { parseInput } from '../validate.js';
  */
 
 export const MAX_IMPORT_BYTES = 64 * 1024 * 1024;
+/**
+ * One line is one message (or the summary): at most what one POST body may hold. A single line of
+ * 64 MiB of nested arrays took JSON.parse 4 GB of heap and minutes of the event loop.
+ */
+export const MAX_IMPORT_LINE_BYTES = 8 * 1024 * 1024;
 export const MAX_IMPORT_MESSAGES = 200_000;
 
 /** Where the imported summary's cursor falls among the imported messages. */
@@ -185,7 +190,8 @@ export async function parseImportLines(
 
 /**
  * Splits a byte stream into JSON values, one per non-blank line, without holding more than one
- * line as text. UTF-8 is checked per line; the total size is capped (413 past `limitBytes`).
+ * line as text. UTF-8 is checked per line; the total size is capped (413 past `limitBytes`), and
+ * so is each line (413 past MAX_IMPORT_LINE_BYTES), before it is parsed.
  */
 export async function* readJsonLines(
   source: AsyncIterable<Buffer | string>,
@@ -193,8 +199,14 @@ export async function* readJsonLines(
 ): AsyncGenerator<{ line: number; value: unknown }> {
   const decoder = new TextDecoder('utf-8', { fatal: true });
   let pending: Buffer[] = [];
+  let pendingBytes = 0;
   let total = 0;
   let line = 0;
+  const lineTooLong = () =>
+    new AppError(413, 'line_too_large', `line ${line + 1} exceeds ${MAX_IMPORT_LINE_BYTES} bytes`, {
+      line: line + 1,
+      limit: MAX_IMPORT_LINE_BYTES,
+    });
   const emit = (bytes: Buffer): { line: number; value: unknown } | null => {
     line++;
     let text: string;
@@ -222,13 +234,19 @@ export async function* readJsonLines(
     let start = 0;
     for (let nl = buf.indexOf(10, start); nl !== -1; nl = buf.indexOf(10, start)) {
       const part = buf.subarray(start, nl);
+      if (pendingBytes + part.length > MAX_IMPORT_LINE_BYTES) throw lineTooLong();
       const whole = pending.length > 0 ? Buffer.concat([...pending, part]) : part;
       pending = [];
+      pendingBytes = 0;
       const v = emit(whole);
       if (v) yield v;
       start = nl + 1;
     }
-    if (start < buf.length) pending.push(buf.subarray(start));
+    if (start < buf.length) {
+      pending.push(buf.subarray(start));
+      pendingBytes += buf.length - start;
+      if (pendingBytes > MAX_IMPORT_LINE_BYTES) throw lineTooLong();
+    }
   }
   if (pending.length > 0) {
     const v = emit(Buffer.concat(pending));

@@ -137,63 +137,86 @@ export const hasBadChars = (s: string) => BAD_CHARS.test(s);
 /** Nesting allowed in a message (its free-form `metadata`, and anything rejected after the walk). */
 export const MAX_JSON_DEPTH = 64;
 
-/**
- * The path of the first value nested deeper than MAX_JSON_DEPTH below `v`, or null. Iterative, so
- * that a body of 100,000 nested arrays is a 400 here rather than a stack overflow in a recursive
- * walk (findBadValue, stableStringify, JSON.stringify) after it.
- */
-function tooDeep(v: unknown, path: (string | number)[]): string | null {
-  interface Node {
-    x: object;
-    key: string | number;
-    up: Node | null;
-    depth: number;
-  }
-  if (!v || typeof v !== 'object') return null;
-  const stack: Node[] = [{ x: v, key: '', up: null, depth: 0 }];
-  while (stack.length > 0) {
-    const n = stack.pop()!;
-    if (n.depth >= MAX_JSON_DEPTH) {
-      const keys: (string | number)[] = [];
-      for (let at: Node | null = n; at?.up; at = at.up) keys.unshift(at.key);
-      return fieldPath([...path, ...keys]);
-    }
-    const entries: Array<[string | number, unknown]> = Array.isArray(n.x)
-      ? n.x.map((y, i) => [i, y])
-      : Object.entries(n.x);
-    for (const [key, y] of entries) {
-      if (y && typeof y === 'object') stack.push({ x: y, key, up: n, depth: n.depth + 1 });
-    }
-  }
-  return null;
-}
-
 interface BadValue {
   path: string;
-  kind: 'chars' | 'number';
+  kind: 'chars' | 'number' | 'deep';
 }
 
 /**
- * The first string (or key) with a NUL or a lone surrogate, or the first number JSON.parse could
- * not hold (`1e400` reads as Infinity, which would be stored as null).
+ * The first value of `v` that cannot be stored as given: nested deeper than MAX_JSON_DEPTH, a
+ * string (or key) with a NUL or a lone surrogate, or a number JSON.parse could not hold (`1e400`
+ * reads as Infinity, which would be stored as null). One walk that stops descending at
+ * MAX_JSON_DEPTH, so that a body of 100,000 nested arrays is a 400 here rather than a stack
+ * overflow in a recursive walk after it (stableStringify, JSON.stringify); one path, pushed and
+ * popped as it goes and copied only for the answer (a copy per value cost the body's size times
+ * its depth: seconds for 8 MiB of nested arrays).
  */
 function findBadValue(v: unknown, path: (string | number)[]): BadValue | null {
-  if (typeof v === 'string') return BAD_CHARS.test(v) ? { path: fieldPath(path), kind: 'chars' } : null;
-  if (typeof v === 'number') return Number.isFinite(v) ? null : { path: fieldPath(path), kind: 'number' };
-  if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) {
-      const r = findBadValue(v[i], [...path, i]);
+  const walk = (x: unknown, depth: number): BadValue | null => {
+    if (typeof x === 'string') return BAD_CHARS.test(x) ? { path: fieldPath(path), kind: 'chars' } : null;
+    if (typeof x === 'number') return Number.isFinite(x) ? null : { path: fieldPath(path), kind: 'number' };
+    if (!x || typeof x !== 'object') return null;
+    if (depth >= MAX_JSON_DEPTH) return { path: fieldPath(path), kind: 'deep' };
+    if (Array.isArray(x)) {
+      for (let i = 0; i < x.length; i++) {
+        path.push(i);
+        const r = walk(x[i], depth + 1);
+        path.pop();
+        if (r) return r;
+      }
+      return null;
+    }
+    for (const k in x) {
+      if (!Object.prototype.hasOwnProperty.call(x, k)) continue;
+      path.push(k);
+      const r = BAD_CHARS.test(k)
+        ? { path: fieldPath(path), kind: 'chars' as const }
+        : walk((x as Record<string, unknown>)[k], depth + 1);
+      path.pop();
       if (r) return r;
     }
-  } else if (v && typeof v === 'object') {
-    for (const [k, x] of Object.entries(v)) {
-      if (BAD_CHARS.test(k)) return { path: fieldPath([...path, k]), kind: 'chars' };
-      const r = findBadValue(x, [...path, k]);
-      if (r) return r;
-    }
-  }
-  return null;
+    return null;
+  };
+  return walk(v, 0);
 }
+
+/**
+ * True when `metadata` is surely over MAX_METADATA_BYTES of JSON. It counts a lower bound of the
+ * JSON's size (a byte per value, a string's UTF-16 length plus its quotes) and stops as soon as
+ * that passes the limit, so a body of 8 MiB of metadata is refused after ~16 KiB of work, before
+ * the walks over the whole message. The exact check (JSON.stringify) follows for what passes.
+ */
+function metadataSurelyTooLarge(metadata: unknown): boolean {
+  if (!metadata || typeof metadata !== 'object') return false;
+  let size = 0;
+  const stack: unknown[] = [metadata];
+  while (stack.length > 0) {
+    const x = stack.pop();
+    if (typeof x === 'string') size += x.length + 2;
+    else if (x && typeof x === 'object') {
+      if (Array.isArray(x)) {
+        size += 2 + x.length;
+        if (size > MAX_METADATA_BYTES) return true;
+        for (const y of x) stack.push(y);
+      } else {
+        for (const k in x) {
+          if (!Object.prototype.hasOwnProperty.call(x, k)) continue;
+          size += k.length + 3;
+          stack.push((x as Record<string, unknown>)[k]);
+          if (size > MAX_METADATA_BYTES) return true;
+        }
+        size += 2;
+      }
+    } else size += 1;
+    if (size > MAX_METADATA_BYTES) return true;
+  }
+  return false;
+}
+
+const metadataTooLarge = (i: number) =>
+  new AppError(400, 'validation_failed', `messages[${i}].metadata: must be at most 16 KiB of JSON`, {
+    problems: [{ path: `messages[${i}].metadata`, message: 'must be at most 16 KiB of JSON' }],
+  });
 
 const utf8 = (s: string) => Buffer.byteLength(s, 'utf8');
 
@@ -216,14 +239,16 @@ export function parseMessages(body: unknown, timeZone: string): AcceptedMessage[
   const out: AcceptedMessage[] = [];
   const receivedNs = nowNs();
   messages.forEach((raw, i) => {
-    const deep = tooDeep(raw, ['messages', i]);
-    if (deep) {
-      const message = `nested more than ${MAX_JSON_DEPTH} levels deep`;
-      throw new AppError(400, 'validation_failed', `${deep}: ${message}`, {
-        problems: [{ path: deep, message }],
-      });
+    if (raw && typeof raw === 'object' && metadataSurelyTooLarge((raw as { metadata?: unknown }).metadata)) {
+      throw metadataTooLarge(i);
     }
     const bad = findBadValue(raw, ['messages', i]);
+    if (bad?.kind === 'deep') {
+      const message = `nested more than ${MAX_JSON_DEPTH} levels deep`;
+      throw new AppError(400, 'validation_failed', `${bad.path}: ${message}`, {
+        problems: [{ path: bad.path, message }],
+      });
+    }
     if (bad?.kind === 'chars') {
       throw new AppError(
         400,
@@ -256,16 +281,7 @@ export function parseMessages(body: unknown, timeZone: string): AcceptedMessage[
         limit: MAX_CONTENT_BYTES,
       });
     }
-    if (m.metadata && utf8(JSON.stringify(m.metadata)) > MAX_METADATA_BYTES) {
-      throw new AppError(
-        400,
-        'validation_failed',
-        `messages[${i}].metadata: must be at most 16 KiB of JSON`,
-        {
-          problems: [{ path: `messages[${i}].metadata`, message: 'must be at most 16 KiB of JSON' }],
-        },
-      );
-    }
+    if (m.metadata && utf8(JSON.stringify(m.metadata)) > MAX_METADATA_BYTES) throw metadataTooLarge(i);
     if (m.id !== undefined) {
       const prev = seen.get(m.id);
       if (prev !== undefined) {
