@@ -572,6 +572,28 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     );
   });
 
+  void test('keyword: substring terms are at most 64 characters, and 256 together', async () => {
+    const s = sid('substrcap');
+    // Each a long word with the term inside it: full text cannot find it, only the substring can.
+    const inside = (c: string, n: number) => user(`see k${c.repeat(n)}k here`);
+    const [at64, , ...alternatives] = await archiveSpaced(api, s, [
+      inside('q', 64),
+      inside('w', 65),
+      ...['a', 'b', 'c', 'd', 'e'].map((c) => inside(c, 60)),
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'q'.repeat(64), match: 'keyword' }), [at64]);
+    // Postgres matches `%term%` at up to the text's length times the term's: longer terms are
+    // left to full text, which does not see inside a word.
+    assert.deepEqual(await hitSeqs(api, s, { query: 'w'.repeat(65), match: 'keyword' }), []);
+    assert.equal((await search(api, s, { query: `-${'q'.repeat(65)}`, match: 'keyword' })).status, 200);
+    // Five alternatives of 60: the first four fit in 256 code points, the fifth is left out.
+    const five = ['a', 'b', 'c', 'd', 'e'].map((c) => c.repeat(60)).join(' or ');
+    assert.deepEqual(
+      (await hitSeqs(api, s, { query: five, match: 'keyword', limit: 32 })).sort((x, y) => x - y),
+      alternatives.slice(0, 4),
+    );
+  });
+
   void test('with a trigram index of its own, the substring match reads past the newest 500 rows only when needed', async () => {
     const s = sid('deep');
     const n = 700;

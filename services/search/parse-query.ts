@@ -164,11 +164,23 @@ export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
 }
 
 /**
+ * The longest term matched as a substring, in code points: an identifier, a path, a sha256 in
+ * hex. Postgres matches `%term%` in up to the text's length times the term's (a 10,000-character
+ * term over one 100,000-character message took 22 s of a backend, and 16 such searches held the
+ * whole pool); longer terms are matched by full text only.
+ */
+export const MAX_SUBSTRING_CHARS = 64;
+/** The most code points of all of a query's substring terms together (searchSession). */
+export const MAX_SUBSTRING_BUDGET = 256;
+
+/**
  * Whether a term is worth a substring match: one ASCII character (`a`, `'`, `\`) would match
- * nearly every message, so it only counts when it is not ASCII (a CJK character, an emoji).
+ * nearly every message, so it only counts when it is not ASCII (a CJK character, an emoji); and
+ * not past MAX_SUBSTRING_CHARS.
  */
 export function usableSubstring(text: string): boolean {
   const chars = Array.from(text);
+  if (chars.length > MAX_SUBSTRING_CHARS) return false;
   if (chars.length >= 2) return true;
   return chars.length === 1 && chars[0]!.codePointAt(0)! > 0x7f;
 }

@@ -11,7 +11,13 @@ import { hasBadChars } from '../messages/message-input.js';
 import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
 import { nowNs } from '../time.js';
-import { ftsLeaves, likePattern, parseSearchQuery, usableSubstring } from './parse-query.js';
+import {
+  MAX_SUBSTRING_BUDGET,
+  ftsLeaves,
+  likePattern,
+  parseSearchQuery,
+  usableSubstring,
+} from './parse-query.js';
 import type { QueryTerm } from './parse-query.js';
 import { hasLocalFeatures } from '../llm/local-embedder.js';
 import { ownIndexes } from './indexed-sessions.js';
@@ -83,6 +89,25 @@ export function searchDuration(registry: Registry): Histogram<'match'> {
 }
 
 /**
+ * The terms matched as substrings: each usable (at most MAX_SUBSTRING_CHARS), and together at
+ * most MAX_SUBSTRING_BUDGET code points, the positive terms first. Every pattern is tested
+ * against every candidate row, at up to the row's length times the pattern's: 64 alternatives of
+ * 64 characters each (`a…b or a…c or …`) would cost 64 times the worst single term.
+ */
+function substringTerms(parsed: ReturnType<typeof parseSearchQuery>): Set<string> {
+  const out = new Set<string>();
+  let budget = MAX_SUBSTRING_BUDGET;
+  for (const term of [...parsed.groups.flat(), ...parsed.exclude]) {
+    if (out.has(term.text) || !usableSubstring(term.text)) continue;
+    const size = Array.from(term.text).length;
+    if (size > budget) continue;
+    budget -= size;
+    out.add(term.text);
+  }
+  return out;
+}
+
+/**
  * Searches one session (SPEC §4 "Search"): keyword, semantic or hybrid candidates, ranked, then
  * expanded with their neighbours so that no message appears twice. Throws 404 for a session the
  * tenant does not have. `params` must have passed `searchBodySchema`.
@@ -119,6 +144,7 @@ async function run(
   params: SearchParams,
 ): Promise<{ hits: DetailedHit[] }> {
   const parsed = parseSearchQuery(params.query);
+  const substrings = substringTerms(parsed);
   const days = params.time_range === 'all' ? null : TIME_RANGE_DAYS[params.time_range];
   const filters: SearchFilters = {
     tenantId,
@@ -128,13 +154,13 @@ async function run(
     excludeFts: parsed.exclude.map(ftsLeaves).filter((leaves) => leaves.length > 0),
     excludeLike: parsed.exclude
       .map((t) => t.text)
-      .filter(usableSubstring)
+      .filter((t) => substrings.has(t))
       .map(likePattern),
   };
   const patterns = (terms: QueryTerm[]) =>
     terms
       .map((t) => t.text)
-      .filter(usableSubstring)
+      .filter((t) => substrings.has(t))
       .map(likePattern);
   const leaves = parsed.groups.map((terms) => terms.map(ftsLeaves));
   const keyword =
