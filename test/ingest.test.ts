@@ -553,6 +553,36 @@ void describe('ingestion', () => {
     assert.match(metrics, /mnemos_ingest_dead_letter_total 1/);
   });
 
+  void test('the client-id hash drops ids archived over an hour ago; their re-posts still dedupe by the archive', async () => {
+    const t = await svc.newTenant();
+    const post = (messages: unknown[]) => t.api.post('/v1/sessions/ids/messages?wait=true', { messages });
+    assert.equal((await post([1, 2, 3].map((n) => user(`m${n}`, { id: `m${n}` })))).status, 201);
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'ids');
+    assert.deepEqual((await svc.deps.redis.hkeys(keys.ids)).sort(), ['m1', 'm2', 'm3']);
+    // As if the drain that recorded m1–m3 as archived had been an hour ago.
+    await svc.deps.redis.hset(keys.sess, 'idsat', Date.now() - 3_700_000);
+    assert.equal((await post([user('m4', { id: 'm4' })])).status, 201);
+    // An id accepted every second would otherwise stay as long as the session keeps talking.
+    assert.deepEqual(await svc.deps.redis.hkeys(keys.ids), ['m4']);
+    const again = await post([user('m1', { id: 'm1' }), user('m2', { id: 'm2' })]);
+    assert.equal(again.status, 201);
+    assert.deepEqual(again.body, {
+      session_id: 'ids',
+      accepted: 0,
+      messages: [
+        { id: 'm1', seq: 1 },
+        { id: 'm2', seq: 2 },
+      ],
+    });
+    const changed = await post([user('m2 edited', { id: 'm2' })]);
+    assert.equal(changed.status, 409);
+    assert.equal(changed.body.error.code, 'id_conflict');
+    assert.deepEqual(
+      (await archived(t.api, 'ids')).map((m) => m.id),
+      ['m1', 'm2', 'm3', 'm4'],
+    );
+  });
+
   void test('Bull Board lists the queues', async () => {
     const r = await api(svc.base, ADMIN_TOKEN).get(
       '/admin/queues/api/queues?activeQueue=ingest&page=1&jobsPerPage=10',

@@ -9,7 +9,9 @@ import type { AcceptedMessage } from './message-input.js';
  *
  * Keys (P = MNEMOS_PREFIX): P:sess:<tenant>:<sid> hash {seq, gen, armed, archived};
  * P:inbox:<tenant>:<sid> list of "<seq> <gen> <json>"; P:ids:<tenant>:<sid> hash
- * client id → "<seq> <fp> <sent_ns>" (idempotency of not-yet-archived or recent messages, 24 h);
+ * client id → "<seq> <fp> <sent_ns>" (idempotency of not-yet-archived or recent messages: pruned
+ * of ids archived over an hour ago, and gone 24 h after the session's last accept); the sess hash
+ * also holds the prune's mark and time (idsmark, idsat);
  * P:armed zset of "<tenant> <sid>" by the time a flush was requested or a drain last took entries
  * (the ingest sweeper's list).
  */
@@ -31,6 +33,8 @@ export const inboxKeys = (prefix: string, tenantId: string, sessionId: string): 
 });
 
 const IDS_TTL_SECONDS = 24 * 3600;
+/** How often a drain prunes the ids archived by the previous prune (FINISH). */
+export const IDS_PRUNE_MS = 3600 * 1000;
 
 // ARGV: now_ms, armed member, ids ttl, then 6 per message: id, cid (0/1), fp, given sent ns ('' when
 // the client gave none), stored sent ns, payload json.
@@ -114,7 +118,12 @@ return 1
 // otherwise re-stamp the armed score, so that it says since when the session has waited without
 // progress (archivingBehind, the ingest sweeper), not since when its inbox has been non-empty.
 // The head is read 16 entries at a time: entries can be megabytes, and only those read are trimmed.
-// ARGV: last seq read, armed member, now (ms).
+// Once per IDS_PRUNE_MS per session it also prunes the client-id hash: the ids whose messages were
+// archived by the previous prune (at least that long ago) are dropped, so the hash holds about one
+// such period of a busy session instead of every id it ever took (its 24 h expiry is renewed by
+// every accept). Dedupe of archived ids is the API's archive lookup; the Redis entry only covers
+// the time between that lookup and the accept script, and a message not yet archived.
+// ARGV: last seq read, armed member, now (ms), prune period (ms).
 const FINISH = `
 local last = tonumber(ARGV[1])
 local k = 0
@@ -136,6 +145,27 @@ if left == 0 then
   redis.call('ZREM', KEYS[3], ARGV[2])
 elseif k > 0 then
   redis.call('ZADD', KEYS[3], 'XX', tonumber(ARGV[3]), ARGV[2])
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local now = tonumber(ARGV[3])
+  local at = tonumber(redis.call('HGET', KEYS[1], 'idsat') or '0')
+  if now - at >= tonumber(ARGV[4]) then
+    local mark = tonumber(redis.call('HGET', KEYS[1], 'idsmark') or '0')
+    if mark > 0 then
+      local all = redis.call('HGETALL', KEYS[4])
+      local drop = {}
+      for j = 1, #all, 2 do
+        local s = tonumber(string.match(all[j + 1], '^(%d+) '))
+        if s and s <= mark then drop[#drop + 1] = all[j] end
+        if #drop == 1000 then
+          redis.call('HDEL', KEYS[4], unpack(drop))
+          drop = {}
+        end
+      end
+      if #drop > 0 then redis.call('HDEL', KEYS[4], unpack(drop)) end
+    end
+    redis.call('HSET', KEYS[1], 'idsmark', redis.call('HGET', KEYS[1], 'archived') or '0', 'idsat', now)
+  end
 end
 return {left, k}
 `;
@@ -207,7 +237,7 @@ type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unkn
 export function defineInboxScripts(redis: Redis): void {
   const r = redis as ScriptedRedis;
   if (typeof r.mnemosAccept === 'function') return;
-  const numberOfKeys = { accept: 4, seed: 2, finish: 3, clear: 4, read: 1 } as const;
+  const numberOfKeys = { accept: 4, seed: 2, finish: 4, clear: 4, read: 1 } as const;
   for (const [k, s] of Object.entries(scripts)) {
     redis.defineCommand(s.name, { numberOfKeys: numberOfKeys[k as keyof typeof numberOfKeys], lua: s.body });
   }
@@ -295,14 +325,17 @@ export async function finishDrainCounted(
   redis: Redis,
   keys: InboxKeys,
   lastSeqRead: number,
+  idsPruneMs = IDS_PRUNE_MS,
 ): Promise<{ left: number; trimmed: number }> {
   const r = (await (redis as ScriptedRedis).mnemosFinish!(
     keys.sess,
     keys.inbox,
     keys.armed,
+    keys.ids,
     lastSeqRead,
     keys.member,
     Date.now(),
+    idsPruneMs,
   )) as unknown;
   // A script of an older version (a rolling upgrade) answers the count left alone.
   return Array.isArray(r)
