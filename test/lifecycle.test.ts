@@ -391,13 +391,29 @@ void describe('delete', () => {
     const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
     assert.deepEqual(await sessionKeys(t.tenantId, s), [keys.sess]);
     const state = await redis.hgetall(keys.sess);
-    assert.deepEqual(Object.keys(state).sort(), ['archived', 'armed', 'deleted', 'gen', 'seq']);
+    assert.deepEqual(Object.keys(state).sort(), [
+      'archived',
+      'armed',
+      'deleted',
+      'gen',
+      'idsat',
+      'idsmark',
+      'seq',
+    ]);
     assert.equal(state.gen, '2');
     assert.equal(state.deleted, '1');
+    // …for a day, not for good (every deleted or reaped temp- session kept one): losing it loses
+    // nothing, the next accept seeds it from the tombstone row.
+    const ttl = await redis.ttl(keys.sess);
+    assert.ok(ttl > 86_000 && ttl <= 86_400, `ttl ${ttl}`);
+    await redis.del(keys.sess);
 
     // Writing again starts a new session after the old seqs (seq is never reused), created now.
     const again = await archive(t.api, s, [user('new life')]);
     assert.ok(again[0]! > Math.max(...seqs));
+    // The live session's state does not expire.
+    assert.equal(await redis.ttl(keys.sess), -1);
+    assert.equal(await redis.hget(keys.sess, 'deleted'), null);
     assert.deepEqual(
       (await listed(t.api, s))!.map((m) => m.content),
       ['new life'],

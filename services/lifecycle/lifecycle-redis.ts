@@ -10,6 +10,9 @@ import type { Redis } from '../redis.js';
 export const deadLetterKey = (prefix: string, tenantId: string, sessionId: string) =>
   `${prefix}:dead:${tenantId}:${sessionId}`;
 
+/** How long a deleted session's Redis state outlives the delete (CLEAR_TO). */
+export const DELETED_STATE_TTL_SECONDS = 24 * 3600;
+
 // Moves a session's Redis state to a newer generation: drops the inbox entries of the cleared
 // history (seq <= ARGV[3], the highest seq handed out when the reset/delete committed), their
 // idempotency ids and the dead letters. Entries after that seq were accepted later and stay,
@@ -21,8 +24,12 @@ export const deadLetterKey = (prefix: string, tenantId: string, sessionId: strin
 // entries removed}.
 // A delete also marks the state `deleted`: the first message accepted after it revives the session
 // row at once (accept-messages.ts), so that the new session is visible before its first drain.
+// A deleted session's state, once nothing is left in its inbox, expires after ARGV[5] seconds
+// (the accept that revives the session persists it again): every deleted or reaped `temp-` session
+// kept a hash in Redis for good. Losing it is losing nothing: the next accept seeds it from the
+// session's row, `deleted` mark included, as after Redis came back empty.
 // KEYS: sess, inbox, ids, armed, dead. ARGV: target generation, armed member, cleared-through seq,
-// deleted ('1' for a delete).
+// deleted ('1' for a delete), the deleted state's lifetime in seconds.
 const CLEAR_TO = `
 local cur = redis.call('HGET', KEYS[1], 'gen')
 if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, '', 0} end
@@ -73,6 +80,11 @@ if left > 0 then
 else
   if cur then redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'armed', '0') end
   redis.call('ZREM', KEYS[4], ARGV[2])
+end
+if cur and ARGV[4] == '1' and left == 0 then
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
+elseif cur then
+  redis.call('PERSIST', KEYS[1])
 end
 return {1, tostring(top), left, removed}
 `;
@@ -153,6 +165,7 @@ export async function clearToGeneration(
     keys.member,
     clearedThroughSeq,
     deleted ? '1' : '0',
+    DELETED_STATE_TTL_SECONDS,
   );
   const topSeq = top === '' ? null : Number(top);
   return {

@@ -88,6 +88,7 @@ if added > 0 then
   end
   if redis.call('HGET', KEYS[1], 'deleted') == '1' then
     redis.call('HDEL', KEYS[1], 'deleted')
+    redis.call('PERSIST', KEYS[1])
     out[4] = 1
   end
 end
