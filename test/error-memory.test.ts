@@ -6,6 +6,8 @@ import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import { Redis } from 'ioredis';
 import { CANDIDATES_PER_TERM, openErrorMemory } from '../services/error-memory/error-store.js';
+import { normaliseSymptom } from '../services/error-memory/normalise.js';
+import { buildQuery, indexTerms, relevance } from '../services/error-memory/ranking.js';
 import type { ErrorMemory, ErrorRecord } from '../services/error-memory/types.js';
 import { makeErrorHandler, notFoundHandler } from '../services/http-errors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
@@ -827,6 +829,144 @@ void describe('crowded terms', () => {
     assert.ok(!(await found('connection refused')).includes(oldHttp), 'crowded out before the hit');
     assert.deepEqual(await found('zqlone'), [oldHttp]);
     assert.equal((await found('connection refused'))[0], oldHttp);
+  });
+});
+
+// Text chosen to make the masks and the tokeniser work hard. The work itself cannot be counted,
+// so these check what bounds it: how much of the text is read, and where a scan stops.
+void describe('bounded work on hostile text', () => {
+  void test('an opening typographic or CJK quote left open ends at the next one: the value quoted after it still merges', async () => {
+    const tenant = newTenant();
+    const quotes = [
+      ['‘', '’'],
+      ['“', '”'],
+      ['「', '」'],
+      ['『', '』'],
+    ];
+    for (const [n, [open, close]] of quotes.entries()) {
+      const symptom = (name: string) => `error: ${open}draft ${open}${name}${close} undeclared`;
+      assert.equal(normaliseSymptom(symptom('foo')), `error: ${open}draft <q> undeclared`);
+      const first = await write(tenant, { tool_name: `tool_${n}`, symptom: symptom('foo') });
+      const second = await write(tenant, { tool_name: `tool_${n}`, symptom: symptom('bar') });
+      assert.equal(first.status, 201);
+      assert.deepEqual(second.body, { id: first.body.id, deduplicated: true }, symptom('bar'));
+    }
+    // What made every open quote scan to the end of the line, as the API takes it.
+    const flood = `${'\u201c'.repeat(2000)}${'\ufdfa'.repeat(2000)}`;
+    assert.equal((await write(tenant, { tool_name: 'flood', symptom: flood })).status, 201);
+  });
+
+  void test('dedupe reads at most 8,000 characters of a symptom after NFKC (twice what the API takes)', async () => {
+    // NFKC makes U+FDFA 18 characters and `㏂` the four of `a.m.`.
+    for (const symptom of ['\ufdfa'.repeat(4000), '\u33c2'.repeat(4000), 'a-'.repeat(8000)]) {
+      const chars = Array.from(normaliseSymptom(symptom)).length;
+      assert.ok(chars <= 8000, `${chars} characters of ${symptom.slice(0, 4)}…`);
+    }
+    // So symptoms that differ only past that point are the same error to dedupe.
+    const tenant = newTenant();
+    const head = '\ufdfa'.repeat(500);
+    const first = await write(tenant, { tool_name: 'pray', symptom: `${head} first` });
+    const second = await write(tenant, { tool_name: 'pray', symptom: `${head} second` });
+    assert.equal(first.status, 201);
+    assert.deepEqual(second.body, { id: first.body.id, deduplicated: true });
+  });
+
+  void test('the URL and long-token masks still start where a scan from every letter started', () => {
+    const cases = [
+      ['fetch x.https://a.io/b failed', 'fetch <url> failed'],
+      ['fetch 1.https://a.io/b failed', 'fetch <n>.<url> failed'],
+      ['fetch _https://a.io/b failed', 'fetch _https://a.io/b failed'],
+      ['see git+ssh://git@host/repo.git', 'see <url>'],
+      ['a.a.a.a.a.a no url', 'a.a.a.a.a.a no url'],
+      ['request --req-k7m2p9x4w8q3z6t1-- done', 'request --<id>-- done'],
+      ['run -_-a-b-c-d-e-f-g-h-1 x', 'run -<id> x'],
+      [`x1-${'a-'.repeat(20)}`, '<id>-'],
+      ['key my-long-config-name-without-digits here', 'key my-long-config-name-without-digits here'],
+    ];
+    for (const [symptom, expected] of cases) assert.equal(normaliseSymptom(symptom!), expected, symptom);
+  });
+
+  void test('ranking reads the first 256 terms of a field (of the symptom also the last 256) and 4,000 characters of it after NFKC', () => {
+    const rec = (fields: Record<string, unknown>) =>
+      ({
+        id: 'err_aaaaaaaaaaaaaaaaaaaa',
+        tool_name: 'node',
+        symptom: 'zzz',
+        cause: null,
+        action: 'yyy',
+        outcome: 'resolved',
+        keywords: [],
+        hits: 1,
+        created_ms: 0,
+        last_hit_ms: 0,
+        error_class: 'other',
+        embedding: null,
+        ...fields,
+      }) as Parameters<typeof relevance>[0];
+    const matches = (r: Parameters<typeof relevance>[0], text: string) =>
+      relevance(r, buildQuery(text, undefined, undefined)) !== null;
+    const words = Array.from({ length: 600 }, (_, i) => word(i + 26 * 27));
+    const text = words.join(' ');
+    assert.ok(text.length <= 4000);
+
+    const longSymptom = rec({ symptom: text });
+    assert.deepEqual(
+      [words[0], words[255], words[300], words[343], words[344], words[599]].map((w) =>
+        matches(longSymptom, w!),
+      ),
+      [true, true, false, false, true, true],
+    );
+    const longAction = rec({ action: text });
+    assert.deepEqual(
+      [words[0], words[255], words[256], words[599]].map((w) => matches(longAction, w!)),
+      [true, true, false, false],
+    );
+    // 18,000 characters of NFKC on either side of the word: only the ends of the cause are read.
+    const expanded = rec({
+      cause: `zqhead ${'\ufdfa'.repeat(1000)} zqmiddle ${'\ufdfa'.repeat(1000)} zqtail`,
+    });
+    assert.deepEqual(
+      ['zqhead', 'zqmiddle', 'zqtail'].map((w) => matches(expanded, w)),
+      [true, false, true],
+    );
+    // Every term a record is found through still counts in its ranking.
+    for (const r of [
+      longSymptom,
+      longAction,
+      expanded,
+      rec({ symptom: text, action: text, keywords: words }),
+    ]) {
+      for (const term of indexTerms(r)) assert.ok(matches(r, term), term);
+    }
+  });
+
+  void test('records of long CJK and NFKC-expanding text are still found by the words at their ends', async () => {
+    const tenant = newTenant();
+    const cjk = Array.from({ length: 3970 }, (_, i) =>
+      String.fromCodePoint(0x4e00 + ((i * 7919) % 20000)),
+    ).join('');
+    const fields = (w: string) => `zq${w}head ${w === 'cjk' ? cjk : '\ufdfa'.repeat(3970)} zq${w}tail`;
+    const ids: Record<string, string> = {};
+    for (const w of ['cjk', 'nfkc']) {
+      const res = await write(tenant, {
+        tool_name: 'render',
+        symptom: fields(w),
+        cause: fields(w),
+        action: fields(w),
+      });
+      assert.equal(res.status, 201);
+      ids[w] = res.body.id;
+    }
+    for (const w of ['cjk', 'nfkc']) {
+      for (const query of [`zq${w}head`, `zq${w}tail`]) {
+        const res = await call(tenant, 'POST', '/lookup', { tool_name: 'render', error: query });
+        assert.deepEqual(
+          res.body.records.map((r: ErrorRecord) => r.id),
+          [ids[w]],
+          query,
+        );
+      }
+    }
   });
 });
 

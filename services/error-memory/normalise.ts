@@ -1,4 +1,5 @@
 import type { ErrorClass } from './types.js';
+import { takeCodePoints } from '../text/code-points.js';
 
 /**
  * Text rules of error memory, all pure: keyword clean-up, the normalised symptom that decides
@@ -79,12 +80,18 @@ function maskHex(hex: string, offset: number, whole: string): string {
   return CODE_BEFORE.test(before) || ERROR_BEFORE.test(before) ? hex : '<id>';
 }
 
-const URL_RE = /\b[a-z][a-z0-9+.-]*:\/\/[^\s'"`<>]+/g;
+// A URL starts at the first letter of its scheme's run that starts a word. The lookbehind lets
+// only that letter try (it finds an earlier one within the run, at most back to the previous
+// letter that could start), so a long run without `://` (`a.a.a.…`) is scanned once rather than
+// once from each of its letters.
+const URL_RE = /\b(?=[a-z])(?<!(?:^|\W)[a-z][a-z0-9+.-]*?)[a-z][a-z0-9+.-]*:\/\/[^\s'"`<>]+/g;
 // A single quote only opens after a non-word character and closes before one, so the
 // apostrophes of "can't" and "don't" are not taken for quotes (a CJK particle may follow one:
-// `'a.txt'을`). Typographic and CJK quotes count too.
+// `'a.txt'을`). Typographic and CJK quotes count too; a quoted text of these does not contain
+// its opening quote (the innermost pair is taken), so that an opening quote that is never closed
+// stops the scan at the next one instead of each of them scanning to the end of the line.
 const QUOTED_RE =
-  /"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{Script=Latin}\p{N}])|‘[^’\n]*’|“[^”\n]*”|「[^」\n]*」|『[^』\n]*』/gu;
+  /"[^"\n]*"|`[^`\n]*`|(?<![\p{L}\p{N}])'[^'\n]*'(?![\p{Script=Latin}\p{N}])|‘[^‘’\n]*’|“[^“”\n]*”|「[^「」\n]*」|『[^『』\n]*』/gu;
 // Timestamps and durations before anything else reads their digits: `2024-05-01t12:00:00z`,
 // `jan  1 12:00:00`, `1m30s`, `250ms` (their letters would otherwise make `t12`, `m30s` words).
 const TIMESTAMP_RE =
@@ -106,20 +113,31 @@ const MASKS: ReadonlyArray<readonly [RegExp, string]> = [
     '<path>',
   ],
   // Hex ids (commit hashes from 7 characters, object ids) and long mixed tokens (request ids,
-  // base32/64 keys).
+  // base32/64 keys). A mixed token is tried only from the first word character of its run of
+  // [a-z0-9_-] (the lookbehind): a later start of the same run cannot match where the first did
+  // not, and letting each start after a `-` try scanned the rest of the run again (`a-a-a-…`).
   [/\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b/g, '<id>'],
-  [/\b(?=[a-z_-]*\d)(?=[\d_-]*[a-z])[a-z0-9_-]{16,}\b/g, '<id>'],
+  [/\b(?<![a-z0-9_]-*)(?=[a-z_-]*\d)(?=[\d_-]*[a-z])[a-z0-9_-]{16,}\b/g, '<id>'],
 ];
+
+/**
+ * The most of a symptom, in code points after NFKC and lower-casing, that dedupe reads. The API
+ * takes symptoms of up to 4,000 characters, but NFKC expands some characters (U+FDFA becomes 18,
+ * `㏂` becomes `a.m.`), and the masks below must not run on what that makes of them (up to 72,000
+ * characters). Twice the API's limit leaves every symptom whole that NFKC does not more than
+ * double. What a cut means for dedupe: symptoms of a tool that differ only past this point are
+ * taken for the same error and merge.
+ */
+export const MAX_SYMPTOM_CHARS = 8000;
 
 /**
  * The symptom as dedupe sees it: numbers, ids, paths, URLs and quoted values masked, but not the
  * numbers that tell errors apart (status and exit codes, digits that are part of a word) nor
- * quoted text that is a message or a key rather than a value.
+ * quoted text that is a message or a key rather than a value. At most MAX_SYMPTOM_CHARS of it
+ * are read.
  */
 export function normaliseSymptom(symptom: string): string {
-  let s = symptom
-    .normalize('NFKC')
-    .toLowerCase()
+  let s = takeCodePoints(symptom.normalize('NFKC').toLowerCase(), MAX_SYMPTOM_CHARS)
     .replace(URL_RE, '<url>')
     .replace(QUOTED_RE, maskQuoted)
     .replace(TIMESTAMP_RE, '<time>')
@@ -153,8 +171,9 @@ export function significantTerms(text: string, max = Infinity): string[] {
   for (const match of text.normalize('NFKC').toLowerCase().matchAll(RUN)) {
     const run = match[0];
     if (CJK.test(run)) {
+      // Stops at `max` within a run too: a CJK run of thousands of characters is one match.
       const chars = Array.from(run);
-      for (let i = 0; i + 1 < chars.length; i++) terms.add(`${chars[i]}${chars[i + 1]}`);
+      for (let i = 0; i + 1 < chars.length && terms.size < max; i++) terms.add(`${chars[i]}${chars[i + 1]}`);
     } else if (Array.from(run).length >= 2 && !STOP_WORDS.has(run)) {
       terms.add(run);
     }

@@ -1,6 +1,6 @@
 import { classifyError, significantTerms } from './normalise.js';
 import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
-import { codePoints } from '../text/code-points.js';
+import { codePoints, takeCodePoints } from '../text/code-points.js';
 
 /**
  * Ranking without a search module: a record matches when it shares at least one significant
@@ -49,14 +49,88 @@ export function buildQuery(
   };
 }
 
+/**
+ * The most of a field, in code points after NFKC, that the index and ranking read: all of it, or
+ * its first and last halves. Ranking reads every fetched record (up to MAX_FETCHED per lookup),
+ * so its work per record must not grow with the text: NFKC makes one character up to 18
+ * (U+FDFA), and CJK text gives a term per character. The API takes a symptom, cause or action
+ * of up to 4,000 characters, so one is read whole unless NFKC expands it (a record's keywords, up
+ * to 64 of 64 characters, may be a little longer).
+ */
+export const FIELD_CHARS = 4000;
+/** UTF-16 units normalised at a time, so that NFKC is applied to little more than is read. */
+const NFKC_PIECE = 256;
+
+const isHighSurrogate = (c: number) => c >= 0xd800 && c <= 0xdbff;
+const isLowSurrogate = (c: number) => c >= 0xdc00 && c <= 0xdfff;
+
+/** The last `n` code points of `s` (never splits a surrogate pair). */
+function lastCodePoints(s: string, n: number): string {
+  let i = s.length;
+  for (let count = 0; i > 0 && count < n; count++) {
+    i -= i >= 2 && isLowSurrogate(s.charCodeAt(i - 1)) && isHighSurrogate(s.charCodeAt(i - 2)) ? 2 : 1;
+  }
+  return s.slice(i);
+}
+
+/**
+ * NFKC of the start of `text`, a piece at a time until it has at least `units` UTF-16 units, and
+ * whether that took all of `text`. A combining mark cut from its base by a piece boundary is put
+ * back by the NFKC that significantTerms applies to the whole again.
+ */
+function nfkcHead(text: string, units: number): { norm: string; all: boolean } {
+  let norm = '';
+  let i = 0;
+  while (i < text.length && norm.length < units) {
+    let j = Math.min(text.length, i + NFKC_PIECE);
+    if (j < text.length && isHighSurrogate(text.charCodeAt(j - 1))) j++;
+    norm += text.slice(i, j).normalize('NFKC');
+    i = j;
+  }
+  return { norm, all: i === text.length };
+}
+
+/** As nfkcHead, from the end of `text`. */
+function nfkcTail(text: string, units: number): string {
+  let norm = '';
+  let i = text.length;
+  while (i > 0 && norm.length < units) {
+    let j = Math.max(0, i - NFKC_PIECE);
+    if (j > 0 && isLowSurrogate(text.charCodeAt(j))) j--;
+    norm = text.slice(j, i).normalize('NFKC') + norm;
+    i = j;
+  }
+  return norm;
+}
+
+/** A field as the index and ranking read it: NFKC of it, cut to its two ends past FIELD_CHARS. */
+function fieldText(text: string): string {
+  // Two units per code point at most, so a field of FIELD_CHARS code points is read to its end.
+  const head = nfkcHead(text, 2 * FIELD_CHARS + 1);
+  if (head.all && codePoints(head.norm) <= FIELD_CHARS) return head.norm;
+  const half = FIELD_CHARS / 2;
+  // The space keeps the ends from joining into a word or a CJK bigram that is not in the text.
+  return `${takeCodePoints(head.norm, half)} ${lastCodePoints(nfkcTail(text, 2 * half), half)}`;
+}
+
 type FieldTerms = { keywords: Set<string>; symptom: Set<string>; cause: Set<string>; action: Set<string> };
 
+/**
+ * The terms of each field that the index and ranking use: of a field's text as fieldText reads
+ * it, the first MAX_INDEXED_TERMS terms, and of the symptom also the last MAX_INDEXED_TERMS. That
+ * covers whatever indexTerms takes from the field, so ranking still sees every term a record is
+ * found through and the index is what it was: indexTerms takes at most MAX_INDEXED_TERMS terms
+ * of a record, the first ones of keywords, cause and action, and of the symptom a head and a tail
+ * after at most KEYWORD_SHARE + CAUSE_SHARE + ACTION_SHARE (160) terms of the others, which lie
+ * within its first and last (256 + 160) / 2 = 208 terms.
+ */
 function fieldTerms(rec: StoredError): FieldTerms {
+  const first = (text: string) => new Set(significantTerms(fieldText(text), MAX_INDEXED_TERMS));
   return {
-    keywords: new Set(significantTerms(rec.keywords.join(' '))),
-    symptom: new Set(significantTerms(rec.symptom)),
-    cause: new Set(significantTerms(rec.cause ?? '')),
-    action: new Set(significantTerms(rec.action)),
+    keywords: first(rec.keywords.join(' ')),
+    symptom: new Set(headAndTail(significantTerms(fieldText(rec.symptom)), 2 * MAX_INDEXED_TERMS)),
+    cause: first(rec.cause ?? ''),
+    action: first(rec.action),
   };
 }
 
