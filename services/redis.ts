@@ -13,6 +13,10 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
       ? new Redis(url, {
           enableOfflineQueue: false,
           maxRetriesPerRequest: 1,
+          // A command sent on a connection that broke before its answer fails (a 503) instead of
+          // being sent again after the reconnect: Redis may have run it, and the accept script run
+          // twice queued a message without a client id twice.
+          autoResendUnfulfilledCommands: false,
           connectTimeout: 2000,
           commandTimeout: 5000,
           retryStrategy: (times) => Math.min(200 * times, 2000),

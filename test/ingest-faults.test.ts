@@ -235,6 +235,110 @@ void describe('ingestion under faults and many processes', () => {
     assert.ok(Date.now() - started < 5_000, 'answered without waiting for a mark');
   });
 
+  void test('Redis back behind Postgres (an AOF that lost its last second): new messages get seqs after the archive', async () => {
+    const redis = await startPrivateRedis();
+    const prefix = testPrefix();
+    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix });
+    cleanups.push(async () => {
+      await svc.stop();
+      await redis.stop();
+    });
+    const t = await svc.newTenant();
+    const post = (body: unknown) => t.api.post('/v1/sessions/s/messages?wait=true', body);
+    const first = await post({ messages: [1, 2, 3, 4, 5].map((n) => user(`a${n}`, { id: `a${n}` })) });
+    assert.equal(first.status, 201);
+    // The session's Redis state as it was after a2: the writes of a3–a5 were in the lost second,
+    // their archive rows were not.
+    const admin = new Redis(redis.url);
+    await admin.hset(inboxKeys(prefix, t.tenantId, 's').sess, 'seq', 2, 'archived', 2);
+    admin.disconnect();
+    // Before, these got seqs 3 and 4: the drain skipped them as replays of a3 and a4, the 202s
+    // were lost, and the ?wait=true answered 503 "lost" to every re-post.
+    const withId = await post({ messages: [user('c1', { id: 'c1' })] });
+    assert.equal(withId.status, 201, JSON.stringify(withId.body));
+    assert.deepEqual(withId.body.messages, [{ id: 'c1', seq: 6 }]);
+    const withoutId = await post({ messages: [user('no id')] });
+    assert.equal(withoutId.status, 201, JSON.stringify(withoutId.body));
+    assert.equal(withoutId.body.messages[0].seq, 7);
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.content}`),
+      ['1:a1', '2:a2', '3:a3', '4:a4', '5:a5', '6:c1', '7:no id'],
+    );
+  });
+
+  void test('an accept whose answer a connection cut lost is a 503, not run twice; its retry is drained at once', async () => {
+    const redis = await startPrivateRedis();
+    const { createServer, connect } = await import('node:net');
+    // A proxy in front of Redis that, once armed, lets the command carrying MARKER reach Redis,
+    // drops its answer, cuts the connection and refuses new ones for a second.
+    const MARKER = 'drop-this-answer';
+    let armed = false;
+    let refuseUntil = 0;
+    const proxy = createServer((client) => {
+      if (Date.now() < refuseUntil) return void client.destroy();
+      const upstream = connect(Number(new URL(redis.url).port), '127.0.0.1');
+      let doomed = false;
+      client.on('data', (d) => {
+        if (armed && d.includes(MARKER)) {
+          armed = false;
+          doomed = true;
+        }
+        upstream.write(d);
+      });
+      upstream.on('data', (d) => {
+        if (!doomed) return void client.write(d);
+        refuseUntil = Date.now() + 1000;
+        client.destroy();
+        upstream.destroy();
+      });
+      for (const [a, b] of [
+        [client, upstream],
+        [upstream, client],
+      ] as const) {
+        a.on('error', () => b.destroy());
+        a.on('close', () => b.destroy());
+      }
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    const port = (proxy.address() as { port: number }).port;
+    // The ingest sweeper as in production (a session armed for 60 s), so that only a flush the
+    // retry asks for can archive the message within the test.
+    const svc = await startTestService({
+      env: { REDIS_URL: `redis://127.0.0.1:${port}` },
+      prefix: testPrefix(),
+      worker: { ingestSweepAfterMs: 60_000 },
+    });
+    cleanups.push(async () => {
+      await svc.stop();
+      proxy.close();
+      await redis.stop();
+    });
+    const t = await svc.newTenant();
+    const warm = await t.api.post('/v1/sessions/cut/messages?wait=true', {
+      messages: [user('warm', { id: 'w' })],
+    });
+    assert.equal(warm.status, 201);
+    armed = true;
+    const body = { messages: [user(MARKER, { id: 'm1' })] };
+    // Before: ioredis sent the script again after reconnecting, and the answer was a 202 that
+    // counted the new message as a duplicate of itself (a message without an id was queued twice).
+    const cut = await t.api.post('/v1/sessions/cut/messages', body);
+    assert.equal(cut.status, 503, JSON.stringify(cut.body));
+    assert.equal(armed, false, 'the accept script went through the proxy');
+    await new Promise((r) => setTimeout(r, 1200));
+    // The client's retry: the message is in the inbox already (the script did run), with no flush
+    // asked for (that was in the lost answer). The retry asks for one, so the message is archived
+    // now rather than when the ingest sweeper finds the session (30–90 s).
+    const retry = await t.api.post('/v1/sessions/cut/messages', body);
+    assert.equal(retry.status, 202, JSON.stringify(retry.body));
+    assert.deepEqual(retry.body, { session_id: 'cut', accepted: 0, messages: [{ id: 'm1', seq: 2 }] });
+    await eventually(
+      async () => (await allMessages(t.api, 'cut')).map((m) => `${m.seq}:${m.id}`).join() === '1:w,2:m1',
+      10_000,
+      'the retried message archived at its seq',
+    );
+  });
+
   void test('a ?wait=true whose confirmation Postgres cannot give is a 202, never a 503 claiming nothing was stored', async () => {
     const failing = { query: () => Promise.reject(new Error('Connection terminated unexpectedly')) };
     assert.equal(await confirmArchived({ db: failing as never }, 't', 's', [{ id: 'a', seq: 1 }]), false);

@@ -81,18 +81,28 @@ export interface StoredMessageRow {
 const MSG_COLS =
   'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
 
-export async function findByClientIds(
+/**
+ * What an accept reads from Postgres, in one statement: the archived messages with these client
+ * ids, and the highest seq the archive holds (`next_seq - 1`; 0 for a session it does not know).
+ */
+export async function acceptLookup(
   q: Queryable,
   tenantId: string,
   sessionId: string,
   ids: string[],
-): Promise<StoredMessageRow[]> {
-  if (ids.length === 0) return [];
-  const r = await q.query<StoredMessageRow>(
-    `SELECT ${MSG_COLS} FROM messages WHERE tenant_id = $1 AND session_id = $2 AND id = ANY($3::text[])`,
+): Promise<{ rows: StoredMessageRow[]; archivedTop: number }> {
+  const r = await q.query<StoredMessageRow & { next_seq: string; seq: string | null }>(
+    `SELECT s.next_seq, ${MSG_COLS.split(', ')
+      .map((c) => `m.${c}`)
+      .join(', ')}
+       FROM sessions s
+       LEFT JOIN messages m
+         ON m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.id = ANY($3::text[])
+      WHERE s.tenant_id = $1 AND s.id = $2`,
     [tenantId, sessionId, ids],
   );
-  return r.rows;
+  const top = r.rows[0] ? Number(r.rows[0].next_seq) - 1 : 0;
+  return { rows: r.rows.filter((row) => row.seq !== null), archivedTop: top };
 }
 
 /** A page of the archive in seq order; both bounds exclusive. */

@@ -1,5 +1,5 @@
 import { withTransaction } from '../../db/pool.js';
-import { findByClientIds } from '../../db/queries/messages.js';
+import { acceptLookup } from '../../db/queries/messages.js';
 import { reviveSession } from '../../db/queries/lifecycle.js';
 import { lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
@@ -44,11 +44,18 @@ export async function acceptMessages(
   defineInboxScripts(deps.redis);
   const results: Array<{ id: string; seq: number } | null> = messages.map(() => null);
   try {
-    // Ids already archived (their Redis idempotency entry may have expired or been lost).
+    // Ids already archived (their Redis idempotency entry may have expired or been lost), and
+    // the archive's highest seq: the accept never hands out a seq at or below it, also when Redis
+    // came back behind Postgres (an AOF that lost its last second, a failover to a lagging
+    // replica), where its counter would hand out archived seqs again and the drain would skip
+    // those messages as replays. A request without ids is accepted without that guard while
+    // Postgres is down, as before the guard (its Redis state is then most likely current).
     const clientIds = messages.filter((m) => m.cid).map((m) => m.id);
-    const archived = new Map(
-      (await findByClientIds(deps.db, tenantId, sessionId, clientIds)).map((r) => [r.id, r] as const),
-    );
+    const lookup = await acceptLookup(deps.db, tenantId, sessionId, clientIds).catch((err: unknown) => {
+      if (clientIds.length > 0) throw err;
+      return { rows: [], archivedTop: 0 };
+    });
+    const archived = new Map(lookup.rows.map((r) => [r.id, r] as const));
     const conflicts: number[] = [];
     const pending: number[] = [];
     messages.forEach((m, i) => {
@@ -63,10 +70,10 @@ export async function acceptMessages(
     if (pending.length > 0) {
       const batch = pending.map((i) => messages[i]!);
       const given = batch.map((m) => (m.sent_at_given ? m.sent_at_ns : null));
-      let outcome = await acceptIntoInbox(deps.redis, keys, batch, given);
+      let outcome = await acceptIntoInbox(deps.redis, keys, batch, given, lookup.archivedTop);
       for (let attempt = 0; outcome.kind === 'seed' && attempt < 3; attempt++) {
         await seedSession(deps, tenantId, sessionId);
-        outcome = await acceptIntoInbox(deps.redis, keys, batch, given);
+        outcome = await acceptIntoInbox(deps.redis, keys, batch, given, lookup.archivedTop);
       }
       if (outcome.kind === 'seed') throw unavailable('redis');
       if (outcome.kind === 'conflict')
@@ -88,9 +95,18 @@ export async function acceptMessages(
           ),
         );
       }
-      if (outcome.wake) {
+      // A retry whose messages all wait in the inbox already: the request it retries may have
+      // run but lost its answer (and with it the flush it would have asked for: the session is
+      // armed, so this accept asks for none). One flush per session at a time for such retries,
+      // so that a retry storm does not queue one per retry.
+      const retried = !outcome.wake && outcome.results.some((r) => r.duplicate);
+      if (outcome.wake || retried) {
         try {
-          await deps.queues.ingest.add('flush', { v: 1, tenantId, sessionId });
+          await deps.queues.ingest.add(
+            'flush',
+            { v: 1, tenantId, sessionId },
+            retried ? { deduplication: { id: `retry:${tenantId}:${sessionId}` } } : undefined,
+          );
         } catch (err) {
           // The messages are in the inbox and the session is armed: the ingest sweeper flushes it.
           deps.metrics.enqueueFailures.inc();

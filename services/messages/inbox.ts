@@ -36,17 +36,29 @@ const IDS_TTL_SECONDS = 24 * 3600;
 /** How often a drain prunes the ids archived by the previous prune (FINISH). */
 export const IDS_PRUNE_MS = 3600 * 1000;
 
-// ARGV: now_ms, armed member, ids ttl, then 6 per message: id, cid (0/1), fp, given sent ns ('' when
-// the client gave none), stored sent ns, payload json.
+// The counter never hands out a seq at or below the archive's highest (ARGV[4], read from Postgres
+// by the API): a Redis that came back behind Postgres (an AOF that lost its last second, a
+// lagging replica) would otherwise give archived seqs to new messages, which the drain skips as
+// replays of what it archived.
+// ARGV: now_ms, armed member, ids ttl, archive's highest seq, then 6 per message: id, cid (0/1),
+// fp, given sent ns ('' when the client gave none), stored sent ns, payload json.
 const ACCEPT = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'SEED'} end
 local gen = redis.call('HGET', KEYS[1], 'gen')
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
-local n = (#ARGV - 3) / 6
+local floor = tonumber(ARGV[4])
+if floor > seq then
+  seq = floor
+  redis.call('HSET', KEYS[1], 'seq', seq)
+end
+if floor > tonumber(redis.call('HGET', KEYS[1], 'archived') or '0') then
+  redis.call('HSET', KEYS[1], 'archived', floor)
+end
+local n = (#ARGV - 4) / 6
 local known = {}
 local conflicts = {'CONFLICT'}
 for i = 0, n - 1 do
-  local b = 4 + i * 6
+  local b = 5 + i * 6
   if ARGV[b + 1] == '1' then
     local prev = redis.call('HGET', KEYS[3], ARGV[b])
     if prev then
@@ -63,7 +75,7 @@ if #conflicts > 1 then return conflicts end
 local out = {'OK', 0, gen, 0}
 local added = 0
 for i = 0, n - 1 do
-  local b = 4 + i * 6
+  local b = 5 + i * 6
   if known[i] then
     out[#out + 1] = known[i]
     out[#out + 1] = 1
@@ -249,8 +261,9 @@ export async function acceptIntoInbox(
   keys: InboxKeys,
   messages: AcceptedMessage[],
   givenSent: Array<string | null>,
+  archivedTop = 0,
 ): Promise<AcceptResult> {
-  const args: (string | number)[] = [Date.now(), keys.member, IDS_TTL_SECONDS];
+  const args: (string | number)[] = [Date.now(), keys.member, IDS_TTL_SECONDS, archivedTop];
   messages.forEach((m, i) => {
     args.push(m.id, m.cid ? '1' : '0', m.fp, givenSent[i] ?? '', m.sent_at_ns, JSON.stringify(m));
   });
