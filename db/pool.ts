@@ -39,6 +39,11 @@ export interface Db extends Queryable {
   transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T>;
   close(): Promise<void>;
   readonly kind: 'postgres' | 'embedded';
+  /**
+   * The same database for searches (makePgDb: connections of their own, with a statement
+   * timeout); absent where there is one connection anyway (PGlite).
+   */
+  readonly search?: Db;
 }
 
 // bigint (int8) as JS number would silently lose precision for unix-ns; keep it as string and
@@ -58,10 +63,17 @@ export function makePgDb(opts: {
    * statements (embedding and LLM calls happen outside them).
    */
   idleInTransactionTimeoutMs?: number;
+  /**
+   * Searches run on connections of their own (`Db.search`, a quarter of `max`, opened on first
+   * use) whose statements Postgres cancels after this long (0 = never): a search's cost grows with
+   * what it reads, and neither a slow one nor many at once may hold the connections that archive
+   * messages.
+   */
+  searchTimeoutMs?: number;
 }): Db {
   const warn = (what: string) => (err: Error) =>
     opts.logger?.warn({ err: { message: err.message } }, `could not set ${what}`);
-  const newPool = (max: number, genericPlans: boolean) => {
+  const newPool = (max: number, genericPlans: boolean, statementTimeoutMs = 0) => {
     const p = new pg.Pool({
       connectionString: opts.connectionString,
       max,
@@ -85,6 +97,10 @@ export function makePgDb(opts: {
           .catch(warn('hnsw search options'));
         if (genericPlans)
           await client.query('SET plan_cache_mode = force_generic_plan').catch(warn('plan_cache_mode'));
+        if (statementTimeoutMs > 0)
+          await client
+            .query(`SET statement_timeout = ${Math.round(statementTimeoutMs)}`)
+            .catch(warn('statement_timeout'));
       },
     });
     // An idle client losing its connection (Postgres restart) must not crash the process.
@@ -100,17 +116,24 @@ export function makePgDb(opts: {
   // ones' and planned the search statement with its values on every run (pg_prepared_statements:
   // 0 generic, 1,300 custom), so preparing it saved the parsing but not the planning. The setting
   // cannot go on the main pool: it would also make every unnamed statement generic.
+  // The named statements are searches (db/queries/search.ts): their pool has the search timeout.
+  const searchTimeoutMs = opts.searchTimeoutMs ?? 0;
   let named: pg.Pool | null = null;
-  const namedPool = () => (named ??= newPool(Math.max(1, Math.ceil(max / 4)), true));
-  return {
-    kind: 'postgres',
-    binaryParams: true,
-    query: (text, params, o) =>
+  const namedPool = () => (named ??= newPool(Math.max(1, Math.ceil(max / 4)), true, searchTimeoutMs));
+  let searching: pg.Pool | null = null;
+  const searchPool = () => (searching ??= newPool(Math.max(1, Math.ceil(max / 4)), false, searchTimeoutMs));
+  const queryOn =
+    (unnamed: () => pg.Pool): Queryable['query'] =>
+    (text, params, o) =>
       checkedOut(
-        o?.name ? namedPool() : pool,
+        o?.name ? namedPool() : unnamed(),
         (client) => client.query({ name: o?.name, text, values: params as unknown[] }),
         (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
-      ) as never,
+      ) as never;
+  const db: Db = {
+    kind: 'postgres',
+    binaryParams: true,
+    query: queryOn(() => pool),
     transaction: (fn) => {
       // After a ROLLBACK that went through, the connection is clean whatever fn threw.
       let rolledBack = true;
@@ -136,9 +159,10 @@ export function makePgDb(opts: {
       );
     },
     close: async () => {
-      await Promise.all([pool.end(), named?.end()]);
+      await Promise.all([pool.end(), named?.end(), searching?.end()]);
     },
   };
+  return { ...db, search: { ...db, query: queryOn(searchPool) } };
 }
 
 /**

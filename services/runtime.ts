@@ -32,6 +32,7 @@ export async function openDeps(
           logger,
           max: opts.poolSize ?? config.pgPoolSize,
           idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
+          searchTimeoutMs: config.searchTimeoutMs,
         })
       : await openEmbedded(config, logger));
   const redis = makeRedis(config.redisUrl, 'producer', logger);

@@ -1573,3 +1573,34 @@ void test('planner statistics: tables Postgres never analyzed are analyzed once 
     await dropTestDatabase(url);
   }
 });
+
+void describe('search time limit', () => {
+  void test('a search past SEARCH_TIMEOUT_MS is a 503 search_timeout; the next one and the rest of the API go on', async () => {
+    const svc = await startTestService({ env: { SEARCH_TIMEOUT_MS: '50' } });
+    try {
+      const { api } = await svc.newTenant();
+      // Four messages of a million `a`s: a 64-character substring that ends in `b` is tested
+      // against every one of them, at up to their length times its own (hundreds of ms).
+      for (let i = 0; i < 4; i++) {
+        const r = await api.post('/v1/sessions/slow/messages?wait=true', {
+          messages: [user('a'.repeat(1024 * 1024))],
+        });
+        assert.equal(r.status, 201);
+      }
+      await archive(api, 'slow', [user('a short note about timeouts')]);
+      // (Not through search(): a 503 is the answer here.)
+      const slow = await api.post<SearchBody>('/v1/sessions/slow/search', {
+        query: `${'a'.repeat(63)}b`,
+        match: 'keyword',
+      });
+      assert.equal(slow.status, 503, JSON.stringify(slow.body).slice(0, 300));
+      assert.equal(slow.body.error!.code, 'search_timeout');
+      assert.equal(slow.headers.get('retry-after'), '1');
+      // The cancelled statement left its connection usable, and the other routes never needed it.
+      assert.deepEqual(await hitSeqs(api, 'slow', { query: 'timeouts', match: 'keyword' }), [5]);
+      assert.equal((await api.get('/v1/sessions/slow')).body.message_count, 5);
+    } finally {
+      await svc.stop();
+    }
+  });
+});

@@ -6,7 +6,7 @@ import { searchCandidates, walkRows } from '../../db/queries/search.js';
 import type { SearchArgs, SearchFilters, SearchPrefetch } from '../../db/queries/search.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
-import { notFound } from '../errors.js';
+import { AppError, notFound } from '../errors.js';
 import { hasBadChars } from '../messages/message-input.js';
 import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
@@ -131,7 +131,18 @@ export async function searchSessionDetailed(
 ): Promise<{ hits: DetailedHit[] }> {
   const end = searchDuration(deps.metrics.registry).startTimer({ match: params.match });
   try {
-    return await run(deps, tenantId, sessionId, params);
+    // On the search connections: a slow search neither holds the connections that archive
+    // messages nor runs longer than SEARCH_TIMEOUT_MS (Postgres cancels it: 57014).
+    return await run({ ...deps, db: deps.db.search ?? deps.db }, tenantId, sessionId, params);
+  } catch (err) {
+    if (pgCode(err) !== '57014') throw err;
+    throw new AppError(
+      503,
+      'search_timeout',
+      `the search ran longer than ${deps.config.searchTimeoutMs} ms (SEARCH_TIMEOUT_MS): narrow the query or retry`,
+      { limit_ms: deps.config.searchTimeoutMs },
+      { 'retry-after': '1' },
+    );
   } finally {
     end();
   }
