@@ -266,6 +266,38 @@ void describe('ingestion under faults and many processes', () => {
     );
   });
 
+  void test('an import into a reset session whose Redis state is behind Postgres is numbered after the archive', async () => {
+    const redis = await startPrivateRedis();
+    const prefix = testPrefix();
+    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix });
+    cleanups.push(async () => {
+      await svc.stop();
+      await redis.stop();
+    });
+    const t = await svc.newTenant();
+    const first = await t.api.post('/v1/sessions/imp/messages?wait=true', {
+      messages: [1, 2, 3].map((n) => user(`a${n}`, { id: `a${n}` })),
+    });
+    assert.equal(first.status, 201);
+    assert.equal((await t.api.post('/v1/sessions/imp/reset')).status, 200);
+    // Empty again (an import needs that), its counter in Postgres past 3; Redis lost that.
+    const admin = new Redis(redis.url);
+    await admin.hset(inboxKeys(prefix, t.tenantId, 'imp').sess, 'seq', 1, 'archived', 1);
+    admin.disconnect();
+    const imported = await t.api.post('/v1/sessions/imp/import', {
+      messages: [
+        user('i1', { id: 'i1', sent_at: '2026-01-01T00:00:00Z' }),
+        user('i2', { id: 'i2', sent_at: '2026-01-01T00:00:01Z' }),
+      ],
+    });
+    assert.equal(imported.status, 201, JSON.stringify(imported.body));
+    assert.deepEqual([imported.body.first_seq, imported.body.last_seq], [4, 5]);
+    assert.deepEqual(
+      (await allMessages(t.api, 'imp')).map((m) => `${m.seq}:${m.id}`),
+      ['4:i1', '5:i2'],
+    );
+  });
+
   void test('an accept whose answer a connection cut lost is a 503, not run twice; its retry is drained at once', async () => {
     const redis = await startPrivateRedis();
     const { createServer, connect } = await import('node:net');

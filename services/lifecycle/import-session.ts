@@ -122,7 +122,10 @@ export async function importSession(
       const counter = seq;
       if ((await deps.redis.llen(keys.inbox)) > 0) throw notEmpty('it has messages waiting to be archived');
 
-      const base = Number(counter);
+      // Never at or below what the archive has numbered (cleared rows included: next_seq): a
+      // Redis back behind Postgres (an AOF that lost its last second) would number the import with
+      // seqs the drain skips as archived already.
+      const base = Math.max(Number(counter), Number(row.next_seq) - 1);
       let summary: ImportOutcome['summary'] = null;
       if (input.summary) {
         const cursorSeq = sorted.length > 0 ? mapCursor(input.summary.cursor, sorted, base) : null;
@@ -157,7 +160,8 @@ export async function importSession(
         }
         const published = await publishStagedImport(deps.redis, keys, staged, {
           generation: row.generation,
-          baseSeq: counter,
+          expectedSeq: counter,
+          baseSeq: String(base),
           count: sorted.length,
           idsTtlSeconds: IDS_TTL_SECONDS,
         });

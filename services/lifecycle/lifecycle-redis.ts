@@ -93,7 +93,8 @@ return {1, tostring(top), left, removed}
 // the expected generation whose counter has not moved since the entries were numbered: then the
 // inbox is exactly the staged list, in seq order, and the counter continues after it.
 // KEYS: sess, inbox, ids, armed, staged list, staged ids.
-// ARGV: now ms, armed member, ids ttl s, expected gen, expected seq, count, new seq (expected + count).
+// ARGV: now ms, armed member, ids ttl s, expected gen, expected seq, count, new seq (the staged
+// entries' last seq: the expected one plus count, or more when the archive was ahead of Redis).
 const PUBLISH_IMPORT = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'SEED'} end
 if redis.call('LLEN', KEYS[2]) > 0 then return {'BUSY'} end
@@ -183,7 +184,15 @@ export async function publishStagedImport(
   redis: Redis,
   keys: InboxKeys,
   staged: { list: string; ids: string },
-  a: { generation: number; baseSeq: string; count: number; idsTtlSeconds: number },
+  a: {
+    generation: number;
+    /** The counter as read when the entries were numbered; publishing fails if it moved. */
+    expectedSeq: string;
+    /** The entries' seqs are baseSeq + 1 … baseSeq + count (baseSeq ≥ expectedSeq). */
+    baseSeq: string;
+    count: number;
+    idsTtlSeconds: number;
+  },
 ): Promise<PublishResult> {
   const r = await scripted(redis).mnemosLifecyclePublish(
     keys.sess,
@@ -196,7 +205,7 @@ export async function publishStagedImport(
     keys.member,
     a.idsTtlSeconds,
     String(a.generation),
-    a.baseSeq,
+    a.expectedSeq,
     a.count,
     String(BigInt(a.baseSeq) + BigInt(a.count)),
   );
