@@ -34,7 +34,7 @@ export const inboxKeys = (prefix: string, tenantId: string, sessionId: string): 
 
 const IDS_TTL_SECONDS = 24 * 3600;
 /** How often a drain prunes the ids archived by the previous prune (FINISH). */
-export const IDS_PRUNE_MS = 3600 * 1000;
+const IDS_PRUNE_MS = 3600 * 1000;
 
 // The counter never hands out a seq at or below the archive's highest (ARGV[4], read from Postgres
 // by the API): a Redis that came back behind Postgres (an AOF that lost its last second, a
@@ -339,7 +339,6 @@ export async function finishDrainCounted(
   redis: Redis,
   keys: InboxKeys,
   lastSeqRead: number,
-  idsPruneMs = IDS_PRUNE_MS,
 ): Promise<{ left: number; trimmed: number }> {
   const r = (await (redis as ScriptedRedis).mnemosFinish!(
     keys.sess,
@@ -349,7 +348,7 @@ export async function finishDrainCounted(
     lastSeqRead,
     keys.member,
     Date.now(),
-    idsPruneMs,
+    IDS_PRUNE_MS,
   )) as unknown;
   // A script of an older version (a rolling upgrade) answers the count left alone.
   return Array.isArray(r)
