@@ -84,6 +84,8 @@ const MSG_COLS =
 /**
  * What an accept reads from Postgres, in one statement: the archived messages with these client
  * ids, and the highest seq the archive holds (`next_seq - 1`; 0 for a session it does not know).
+ * Without ids it reads the session row only: an accept of messages without ids never waits for
+ * the `messages` table (a migration or a maintenance task may hold it).
  */
 export async function acceptLookup(
   q: Queryable,
@@ -91,6 +93,13 @@ export async function acceptLookup(
   sessionId: string,
   ids: string[],
 ): Promise<{ rows: StoredMessageRow[]; archivedTop: number }> {
+  if (ids.length === 0) {
+    const r = await q.query<{ next_seq: string }>(
+      'SELECT next_seq FROM sessions WHERE tenant_id = $1 AND id = $2',
+      [tenantId, sessionId],
+    );
+    return { rows: [], archivedTop: r.rows[0] ? Number(r.rows[0].next_seq) - 1 : 0 };
+  }
   const r = await q.query<StoredMessageRow & { next_seq: string; seq: string | null }>(
     `SELECT s.next_seq, ${MSG_COLS.split(', ')
       .map((c) => `m.${c}`)
