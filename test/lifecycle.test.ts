@@ -758,6 +758,33 @@ void describe('export and import', () => {
     assert.equal(longLine.status, 413, longLine.text.slice(0, 200));
     assert.equal(longLine.body.error.code, 'line_too_large');
     assert.equal(longLine.body.error.details.line, 2);
+    // Lines are validated a request body's worth at a time, as they arrive: a bad first line is
+    // refused once 8 MiB have come, while the client is still sending (before, every line was
+    // parsed and held until the end: concurrent imports of such lines exhausted the heap).
+    const { request } = await import('node:http');
+    const early = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+      const req = request(`${svc.base}/v1/sessions/${s}/import`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${t.apiKey}`, 'content-type': 'application/x-ndjson' },
+      });
+      req.on('response', (res) => {
+        let body = '';
+        res.on('data', (d) => (body += d));
+        res.on('end', () => resolve({ status: res.statusCode!, body }));
+      });
+      req.on('error', (err) =>
+        err.message.includes('EPIPE') || err.message.includes('ECONNRESET') ? undefined : reject(err),
+      );
+      req.write(`{"role":"robot","content":"${'x'.repeat(5 * 1024 * 1024)}"}\n`);
+      req.write(`{"role":"user","content":"${'y'.repeat(4 * 1024 * 1024)}"}\n`);
+      // …and never ends its body.
+      setTimeout(() => {
+        req.destroy();
+        reject(new Error('no answer while the body was still open'));
+      }, 15_000).unref();
+    });
+    assert.equal(early.status, 400, early.body.slice(0, 200));
+    assert.equal(JSON.parse(early.body).error.details.problems[0].path, 'lines[1].role');
     assert.equal((await t.api.post(`/v1/sessions/${s}/import`, '', ndjson)).status, 400);
     const plain = await t.api.post(`/v1/sessions/${s}/import`, 'role=user', { 'content-type': 'text/plain' });
     assert.equal(plain.status, 415);

@@ -63,6 +63,32 @@ const messageExtras = z
   })
   .passthrough();
 
+const tooManyMessages = () =>
+  new AppError(413, 'import_too_large', `an import holds at most ${MAX_IMPORT_MESSAGES} messages`, {
+    limit: MAX_IMPORT_MESSAGES,
+  });
+
+/**
+ * Validates raw messages (at most MAX_MESSAGES_PER_REQUEST), the first of them the import's
+ * `offset`-th, and appends them to `out`; error paths are relabelled.
+ */
+function validateImportChunk(
+  out: ImportMessage[],
+  chunk: unknown[],
+  sourceSeqs: Array<number | null>,
+  offset: number,
+  label: (index: number) => string,
+  timeZone: string,
+): void {
+  let parsed: AcceptedMessage[];
+  try {
+    parsed = parseMessages({ messages: chunk }, timeZone);
+  } catch (err) {
+    throw relabel(err, offset, label);
+  }
+  parsed.forEach((m, i) => out.push({ message: m, sourceSeq: sourceSeqs[i] ?? null }));
+}
+
 /** Validates collected raw messages in request-sized chunks and relabels error paths. */
 export function validateImportMessages(
   raw: unknown[],
@@ -70,22 +96,17 @@ export function validateImportMessages(
   label: (index: number) => string,
   timeZone: string,
 ): ImportMessage[] {
-  if (raw.length > MAX_IMPORT_MESSAGES) {
-    throw new AppError(413, 'import_too_large', `an import holds at most ${MAX_IMPORT_MESSAGES} messages`, {
-      limit: MAX_IMPORT_MESSAGES,
-    });
-  }
+  if (raw.length > MAX_IMPORT_MESSAGES) throw tooManyMessages();
   const out: ImportMessage[] = [];
   for (let offset = 0; offset < raw.length; offset += MAX_MESSAGES_PER_REQUEST) {
-    const chunk = raw.slice(offset, offset + MAX_MESSAGES_PER_REQUEST);
-    let parsed: AcceptedMessage[];
-    try {
-      parsed = parseMessages({ messages: chunk }, timeZone);
-    } catch (err) {
-      throw relabel(err, offset, label);
-    }
-    parsed.forEach((m, i) => out.push({ message: m, sourceSeq: sourceSeqs[offset + i] ?? null }));
+    const end = offset + MAX_MESSAGES_PER_REQUEST;
+    validateImportChunk(out, raw.slice(offset, end), sourceSeqs.slice(offset, end), offset, label, timeZone);
   }
+  return checkImportIds(out, label);
+}
+
+/** Throws on a client id given twice in one import. */
+function checkImportIds(out: ImportMessage[], label: (index: number) => string): ImportMessage[] {
   const seen = new Map<string, number>();
   out.forEach((m, i) => {
     if (!m.message.cid) return;
@@ -127,16 +148,31 @@ export function parseImportJson(body: unknown, timeZone: string): ImportInput {
   };
 }
 
-/** JSON Lines: message lines (`type` "message" or absent) and at most one summary line. */
+/**
+ * JSON Lines: message lines (`type` "message" or absent) and at most one summary line. Messages
+ * are validated as they come, a chunk at a time (MAX_MESSAGES_PER_REQUEST, or the lines of one
+ * request body's size), and only their validated form is kept: holding every parsed line until
+ * the end let 7 concurrent imports of 9 lines of 7 MiB of nested arrays (within every limit)
+ * exhaust the heap before the first line was refused.
+ */
 export async function parseImportLines(
-  lines: AsyncIterable<{ line: number; value: unknown }>,
+  lines: AsyncIterable<{ line: number; value: unknown; bytes?: number }>,
   timeZone: string,
 ): Promise<ImportInput> {
-  const raw: unknown[] = [];
-  const seqs: Array<number | null> = [];
+  const out: ImportMessage[] = [];
+  let raw: unknown[] = [];
+  let seqs: Array<number | null> = [];
+  let rawBytes = 0;
   const lineOf: number[] = [];
+  const label = (i: number) => `lines[${lineOf[i] ?? i + 1}]`;
+  const validate = () => {
+    validateImportChunk(out, raw, seqs, out.length, label, timeZone);
+    raw = [];
+    seqs = [];
+    rawBytes = 0;
+  };
   let summary: ImportInput['summary'] = null;
-  for await (const { line, value } of lines) {
+  for await (const { line, value, bytes } of lines) {
     const at = `lines[${line}]`;
     if (!value || typeof value !== 'object' || Array.isArray(value)) {
       throw new AppError(400, 'validation_failed', `${at}: must be a JSON object`, {
@@ -177,15 +213,15 @@ export async function parseImportLines(
       if (given === undefined || typeof ns === 'bigint')
         (message as Record<string, unknown>).sent_at = sent_at_ns;
     }
+    if (out.length + raw.length >= MAX_IMPORT_MESSAGES) throw tooManyMessages();
     raw.push(message);
     seqs.push(seq ?? null);
     lineOf.push(line);
-    if (raw.length > MAX_IMPORT_MESSAGES) break;
+    rawBytes += bytes ?? 0;
+    if (raw.length >= MAX_MESSAGES_PER_REQUEST || rawBytes >= MAX_IMPORT_LINE_BYTES) validate();
   }
-  return {
-    messages: validateImportMessages(raw, seqs, (i) => `lines[${lineOf[i] ?? i + 1}]`, timeZone),
-    summary,
-  };
+  if (raw.length > 0) validate();
+  return { messages: checkImportIds(out, label), summary };
 }
 
 /**
@@ -196,7 +232,7 @@ export async function parseImportLines(
 export async function* readJsonLines(
   source: AsyncIterable<Buffer | string>,
   limitBytes = MAX_IMPORT_BYTES,
-): AsyncGenerator<{ line: number; value: unknown }> {
+): AsyncGenerator<{ line: number; value: unknown; bytes: number }> {
   const decoder = new TextDecoder('utf-8', { fatal: true });
   let pending: Buffer[] = [];
   let pendingBytes = 0;
@@ -207,7 +243,7 @@ export async function* readJsonLines(
       line: line + 1,
       limit: MAX_IMPORT_LINE_BYTES,
     });
-  const emit = (bytes: Buffer): { line: number; value: unknown } | null => {
+  const emit = (bytes: Buffer): { line: number; value: unknown; bytes: number } | null => {
     line++;
     let text: string;
     try {
@@ -218,7 +254,7 @@ export async function* readJsonLines(
     text = text.replace(/^\uFEFF/, '').trim();
     if (text === '') return null;
     try {
-      return { line, value: JSON.parse(text) as unknown };
+      return { line, value: JSON.parse(text) as unknown, bytes: bytes.length };
     } catch {
       throw new AppError(400, 'malformed_json', `line ${line} is not valid JSON`, { line });
     }
