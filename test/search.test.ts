@@ -594,6 +594,25 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     );
   });
 
+  void test('keyword: a query reaches full text with at most 256 words and bigrams', async () => {
+    const s = sid('ftscap');
+    // Ten different 31-character CJK phrases (30 bigrams each), each inside a message of its own.
+    const phrase = (k: number) =>
+      Array.from({ length: 31 }, (_, i) => String.fromCodePoint(0x4e00 + k * 64 + i)).join('');
+    const seqs = await archiveSpaced(
+      api,
+      s,
+      Array.from({ length: 10 }, (_, k) => user(`see ${phrase(k)} here`)),
+    );
+    const query = Array.from({ length: 10 }, (_, k) => phrase(k)).join(' or ');
+    // 8 × 30 bigrams fit in 256; the ninth and tenth alternatives are left out (so is their
+    // substring: 8 × 31 code points fill that budget too).
+    assert.deepEqual(
+      (await hitSeqs(api, s, { query, match: 'keyword', limit: 32 })).sort((x, y) => x - y),
+      seqs.slice(0, 8),
+    );
+  });
+
   void test('with a trigram index of its own, the substring match reads past the newest 500 rows only when needed', async () => {
     const s = sid('deep');
     const n = 700;

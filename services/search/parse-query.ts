@@ -127,10 +127,44 @@ export type FtsLeaf =
  * Postgres builds a phrase or an AND of n words as a tree n deep, and the embedded PGlite (WASM,
  * a small stack) returned no rows for a 7,000-bigram phrase and then hung on the next statement
  * with the whole process. Dropping the rest only widens the full-text match (fewer conditions
- * ANDed); the substring match over the recent part still tests the whole term.
+ * ANDed); the substring match over the recent part still tests the whole term when it is at most
+ * MAX_SUBSTRING_CHARS long.
  */
 export const MAX_LEAF_TOKENS = 32;
 export const MAX_LEAVES_PER_TERM = 8;
+
+/**
+ * The most words and bigrams of a whole query's full-text leaves (budgetLeaves). `ts_rank_cd`
+ * works through every item of the query for every match: 64 alternatives of 32-bigram phrases
+ * (2,048 items, within the per-term limits) took 6 s per search over a few long CJK messages.
+ */
+export const MAX_QUERY_TOKENS = 256;
+
+const leafTokens = (leaf: FtsLeaf): number =>
+  leaf.kind === 'cjk-prefix'
+    ? 1
+    : leaf.kind === 'cjk-phrase'
+      ? leaf.text.split(' <-> ').length
+      : Math.max(1, [...leaf.text.matchAll(/[\p{L}\p{N}]+/gu)].length);
+
+/**
+ * The leaves of a query's terms (groups of alternatives), in order, until MAX_QUERY_TOKENS: the
+ * leaves past it are left out, and a term left without leaves matches by substring only (if at
+ * all), as a term without indexable text does.
+ */
+export function budgetLeaves(groups: FtsLeaf[][][]): FtsLeaf[][][] {
+  let left = MAX_QUERY_TOKENS;
+  return groups.map((terms) =>
+    terms.map((leaves) =>
+      leaves.filter((leaf) => {
+        const n = leafTokens(leaf);
+        if (n > left) return false;
+        left -= n;
+        return true;
+      }),
+    ),
+  );
+}
 
 /** `text` up to the end of its `n`-th word (a run of letters or digits, as the parser splits). */
 function firstWords(text: string, n: number): string {

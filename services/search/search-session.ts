@@ -13,6 +13,7 @@ import type { StoredMessage } from '../routes/session-routes.js';
 import { nowNs } from '../time.js';
 import {
   MAX_SUBSTRING_BUDGET,
+  budgetLeaves,
   ftsLeaves,
   likePattern,
   parseSearchQuery,
@@ -173,7 +174,7 @@ async function run(
       .map((t) => t.text)
       .filter((t) => substrings.has(t))
       .map(likePattern);
-  const leaves = parsed.groups.map((terms) => terms.map(ftsLeaves));
+  const leaves = budgetLeaves(parsed.groups.map((terms) => terms.map(ftsLeaves)));
   const keyword =
     params.match === 'semantic'
       ? null
