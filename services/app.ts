@@ -110,8 +110,9 @@ const continueAfterAuth: RequestHandler = (req, res, next) => {
  * altered text: a body declared (or defaulting to) UTF-8 that is not valid UTF-8 is a 400 instead.
  */
 const readJsonBody: RequestHandler[] = [
-  continueAfterAuth,
+  // The type and a declared length are checked before the client is invited to send the body.
   requireJson,
+  continueAfterAuth,
   express.json({
     limit: MAX_BODY_BYTES,
     strict: false,

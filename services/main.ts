@@ -131,6 +131,10 @@ export async function startService(
           rawError(res, 400, 'missing_host', 'an HTTP/1.1 request must carry a Host header');
           return;
         }
+        if ((req.headersDistinct.host?.length ?? 0) > 1) {
+          rawError(res, 400, 'duplicate_host', 'a request carries one Host header (RFC 9112 §3.2)');
+          return;
+        }
         app(req, res);
       };
       const s = createServer({ requireHostHeader: false }, handle);

@@ -563,6 +563,9 @@ void describe('tenants, keys and the admin API', () => {
     const noHost = await exchange(`GET /healthz HTTP/1.1\r\n\r\n`);
     assert.match(noHost, /^HTTP\/1\.1 400 Bad Request\r\n/);
     assert.equal(jsonOf(noHost).error.code, 'missing_host');
+    const twoHosts = await exchange(`GET /healthz HTTP/1.1\r\n${host}host: other.example\r\n\r\n`);
+    assert.match(twoHosts, /^HTTP\/1\.1 400 Bad Request\r\n/);
+    assert.equal(jsonOf(twoHosts).error.code, 'duplicate_host');
     const expectation = await exchange(post(`${host}${auth}expect: something-else\r\n`));
     assert.match(expectation, /^HTTP\/1\.1 417 /);
     assert.equal(jsonOf(expectation).error.code, 'expectation_failed');
@@ -584,6 +587,12 @@ void describe('tenants, keys and the admin API', () => {
         `content-length: ${9 * 1024 * 1024}\r\n\r\n{"message`,
     );
     assert.match(tooLong, /^HTTP\/1\.1 413 /);
+    // …also for a client that asked to be invited first: it is not.
+    const tooLongExpect = await exchange(
+      `POST /v1/sessions/s100/messages HTTP/1.1\r\n${host}${auth}content-type: application/json\r\n` +
+        `expect: 100-continue\r\ncontent-length: ${9 * 1024 * 1024}\r\n\r\n`,
+    );
+    assert.match(tooLongExpect, /^HTTP\/1\.1 413 /);
     assert.match(tooLong, /\r\nconnection: close\r\n/i);
     assert.equal(jsonOf(tooLong).error.code, 'body_too_large');
     // Two Authorization headers are refused: a proxy in front might take the other one.

@@ -55,7 +55,7 @@ export function buildQuery(
  * so its work per record must not grow with the text: NFKC makes one character up to 18
  * (U+FDFA), and CJK text gives a term per character. The API takes a symptom, cause or action
  * of up to 4,000 characters, so one is read whole unless NFKC expands it (a record's keywords, up
- * to 64 of 64 characters, may be a little longer).
+ * to 32 of 64 characters, may be a little longer).
  */
 export const FIELD_CHARS = 4000;
 /** UTF-16 units normalised at a time, so that NFKC is applied to little more than is read. */
