@@ -19,6 +19,11 @@ export interface QueryOptions {
    * prepared by name (PGlite).
    */
   name?: string;
+  /**
+   * A search's statement (services/search/): makePgDb runs it on connections of its own, with
+   * the search statement timeout. Ignored in transactions and by PGlite.
+   */
+  search?: boolean;
 }
 
 export interface Queryable {
@@ -39,11 +44,6 @@ export interface Db extends Queryable {
   transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T>;
   close(): Promise<void>;
   readonly kind: 'postgres' | 'embedded';
-  /**
-   * The same database for searches (makePgDb: connections of their own, with a statement
-   * timeout); absent where there is one connection anyway (PGlite).
-   */
-  readonly search?: Db;
 }
 
 // bigint (int8) as JS number would silently lose precision for unix-ns; keep it as string and
@@ -64,10 +64,10 @@ export function makePgDb(opts: {
    */
   idleInTransactionTimeoutMs?: number;
   /**
-   * Searches run on connections of their own (`Db.search`, a quarter of `max`, opened on first
-   * use) whose statements Postgres cancels after this long (0 = never): a search's cost grows with
-   * what it reads, and neither a slow one nor many at once may hold the connections that archive
-   * messages.
+   * Searches (QueryOptions.search) run on connections of their own (a quarter of `max`, opened
+   * on first use) whose statements Postgres cancels after this long (0 = never): a search's cost
+   * grows with what it reads, and neither a slow one nor many at once may hold the connections
+   * that archive messages.
    */
   searchTimeoutMs?: number;
 }): Db {
@@ -122,18 +122,15 @@ export function makePgDb(opts: {
   const namedPool = () => (named ??= newPool(Math.max(1, Math.ceil(max / 4)), true, searchTimeoutMs));
   let searching: pg.Pool | null = null;
   const searchPool = () => (searching ??= newPool(Math.max(1, Math.ceil(max / 4)), false, searchTimeoutMs));
-  const queryOn =
-    (unnamed: () => pg.Pool): Queryable['query'] =>
-    (text, params, o) =>
-      checkedOut(
-        o?.name ? namedPool() : unnamed(),
-        (client) => client.query({ name: o?.name, text, values: params as unknown[] }),
-        (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
-      ) as never;
-  const db: Db = {
+  return {
     kind: 'postgres',
     binaryParams: true,
-    query: queryOn(() => pool),
+    query: (text, params, o) =>
+      checkedOut(
+        o?.name ? namedPool() : o?.search ? searchPool() : pool,
+        (client) => client.query({ name: o?.name, text, values: params as unknown[] }),
+        (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
+      ) as never,
     transaction: (fn) => {
       // After a ROLLBACK that went through, the connection is clean whatever fn threw.
       let rolledBack = true;
@@ -162,7 +159,6 @@ export function makePgDb(opts: {
       await Promise.all([pool.end(), named?.end(), searching?.end()]);
     },
   };
-  return { ...db, search: { ...db, query: queryOn(searchPool) } };
 }
 
 /**

@@ -2,6 +2,7 @@ import { Histogram } from 'prom-client';
 import type { Registry } from 'prom-client';
 import { z } from 'zod';
 import { pgCode } from '../../db/pool.js';
+import type { Db } from '../../db/pool.js';
 import { searchCandidates, walkRows } from '../../db/queries/search.js';
 import type { SearchArgs, SearchFilters, SearchPrefetch } from '../../db/queries/search.js';
 import { getSession } from '../../db/queries/sessions.js';
@@ -134,7 +135,8 @@ export async function searchSessionDetailed(
   try {
     // On the search connections: a slow search neither holds the connections that archive
     // messages nor runs longer than SEARCH_TIMEOUT_MS (Postgres cancels it: 57014).
-    return await run({ ...deps, db: deps.db.search ?? deps.db }, tenantId, sessionId, params);
+    const db: Db = { ...deps.db, query: (text, p, o) => deps.db.query(text, p, { ...o, search: true }) };
+    return await run({ ...deps, db }, tenantId, sessionId, params);
   } catch (err) {
     if (pgCode(err) !== '57014') throw err;
     throw new AppError(
