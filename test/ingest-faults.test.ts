@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { after, describe, test } from 'node:test';
+import { afterEach, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
@@ -43,10 +43,24 @@ async function allMessages(
 }
 
 void describe('ingestion under faults and many processes', () => {
+  // Each test's services, private instances and databases go when it ends: kept to the end of
+  // the file, the services' connection pools together passed Postgres's max_connections.
   const cleanups: Array<() => Promise<void>> = [];
-  after(async () => {
-    for (const c of cleanups.reverse()) await c().catch(() => undefined);
+  afterEach(async () => {
+    for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined);
   });
+
+  /** A service on a Redis of the test's own, which the test may stop, flush or edit. */
+  async function onPrivateRedis() {
+    const redis = await startPrivateRedis();
+    const prefix = testPrefix();
+    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix });
+    cleanups.push(async () => {
+      await svc.stop();
+      await redis.stop();
+    });
+    return { redis, prefix, svc };
+  }
 
   void test('2 API and 2 worker processes, 4 clients, a worker SIGKILLed mid-drain: all archived once, in order, no gap ever visible', async () => {
     const dbUrl = await createTestDatabase();
@@ -154,13 +168,7 @@ void describe('ingestion under faults and many processes', () => {
   });
 
   void test('Redis coming back empty: counters re-seed from Postgres, seq keeps increasing, ids stay idempotent', async () => {
-    const redis = await startPrivateRedis();
-    const prefix = testPrefix();
-    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix });
-    cleanups.push(async () => {
-      await svc.stop();
-      await redis.stop();
-    });
+    const { redis, svc } = await onPrivateRedis();
     const t = await svc.newTenant();
     const first = await t.api.post('/v1/sessions/s/messages?wait=true', {
       messages: Array.from({ length: 10 }, (_, i) => user(`before ${i}`, { id: `b${i}` })),
@@ -207,12 +215,7 @@ void describe('ingestion under faults and many processes', () => {
   });
 
   void test('after Redis lost its state, a ?wait=true re-post of archived ids is a 201 at once', async () => {
-    const redis = await startPrivateRedis();
-    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix: testPrefix() });
-    cleanups.push(async () => {
-      await svc.stop();
-      await redis.stop();
-    });
+    const { redis, svc } = await onPrivateRedis();
     const t = await svc.newTenant();
     const batch = { messages: [user('kept', { id: 'k1' }), user('kept too', { id: 'k2' })] };
     assert.equal((await t.api.post('/v1/sessions/s/messages?wait=true', batch)).status, 201);
@@ -236,13 +239,7 @@ void describe('ingestion under faults and many processes', () => {
   });
 
   void test('Redis back behind Postgres (an AOF that lost its last second): new messages get seqs after the archive', async () => {
-    const redis = await startPrivateRedis();
-    const prefix = testPrefix();
-    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix });
-    cleanups.push(async () => {
-      await svc.stop();
-      await redis.stop();
-    });
+    const { redis, prefix, svc } = await onPrivateRedis();
     const t = await svc.newTenant();
     const post = (body: unknown) => t.api.post('/v1/sessions/s/messages?wait=true', body);
     const first = await post({ messages: [1, 2, 3, 4, 5].map((n) => user(`a${n}`, { id: `a${n}` })) });
@@ -266,14 +263,44 @@ void describe('ingestion under faults and many processes', () => {
     );
   });
 
+  void test('Redis back from before a reset or delete: re-posted ids of the cleared history are new messages', async () => {
+    const { redis, prefix, svc } = await onPrivateRedis();
+    const t = await svc.newTenant();
+    const admin = new Redis(redis.url);
+    cleanups.push(async () => void admin.disconnect());
+    for (const op of ['reset', 'delete'] as const) {
+      const s = `lost-${op}`;
+      const keys = inboxKeys(prefix, t.tenantId, s);
+      const batch = { messages: [1, 2, 3].map((n) => user(`a${n}`, { id: `a${n}` })) };
+      assert.equal((await t.api.post(`/v1/sessions/${s}/messages?wait=true`, batch)).status, 201);
+      const before = { sess: await admin.hgetall(keys.sess), ids: await admin.hgetall(keys.ids) };
+      const done =
+        op === 'reset' ? await t.api.post(`/v1/sessions/${s}/reset`) : await t.api.del(`/v1/sessions/${s}`);
+      assert.ok(done.status < 300, `${op}: ${done.status}`);
+      // The second after the archive's commit, its reset or delete included, is lost to Redis.
+      await admin.del(keys.sess, keys.ids);
+      await admin.hset(keys.sess, before.sess);
+      await admin.hset(keys.ids, before.ids);
+      // Before, the re-post was a "duplicate" of the cleared a1 (202 at seq 1, never archived; a
+      // ?wait=true answered 409 session_cleared), and after a delete the session stayed gone.
+      const again = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, batch);
+      assert.equal(again.status, 201, `${op}: ${JSON.stringify(again.body)}`);
+      assert.deepEqual(
+        again.body.messages.map((m: { seq: number }) => m.seq),
+        [4, 5, 6],
+        op,
+      );
+      assert.deepEqual(
+        (await allMessages(t.api, s)).map((m) => `${m.seq}:${m.id}`),
+        ['4:a1', '5:a2', '6:a3'],
+        op,
+      );
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 200, op);
+    }
+  });
+
   void test('an import into a reset session whose Redis state is behind Postgres is numbered after the archive', async () => {
-    const redis = await startPrivateRedis();
-    const prefix = testPrefix();
-    const svc = await startTestService({ env: { REDIS_URL: redis.url }, prefix });
-    cleanups.push(async () => {
-      await svc.stop();
-      await redis.stop();
-    });
+    const { redis, prefix, svc } = await onPrivateRedis();
     const t = await svc.newTenant();
     const first = await t.api.post('/v1/sessions/imp/messages?wait=true', {
       messages: [1, 2, 3].map((n) => user(`a${n}`, { id: `a${n}` })),
@@ -428,17 +455,6 @@ void describe('ingestion under faults and many processes', () => {
       ['o0', 'o1', 'o2', 'l0', 'l1'],
     );
   });
-
-  /** A service on a Redis of the test's own, which the test may stop. */
-  async function onPrivateRedis() {
-    const redis = await startPrivateRedis();
-    const svc = await startTestService({ env: { REDIS_URL: redis.url } });
-    cleanups.push(async () => {
-      await svc.stop();
-      await redis.stop();
-    });
-    return { redis, svc };
-  }
 
   void test('Redis stopped: writes get 503 with retry-after and nothing is half-written', async () => {
     const { redis, svc } = await onPrivateRedis();

@@ -81,27 +81,62 @@ export interface StoredMessageRow {
 const MSG_COLS =
   'seq, id, role, content, parts, name, tool_call_id, tool_calls, metadata, sent_at_ns, fingerprint';
 
+/** The session row as an accept reads it (acceptLookup); all 0/false for a session not known. */
+export interface AcceptSessionState {
+  /** The highest seq the archive has numbered (`next_seq - 1`). */
+  archivedTop: number;
+  /**
+   * The generation Redis must hold already: the session's, once its reset or delete recorded
+   * Redis as caught up (`redis_generation`); 0 while that Redis step is still to run (the reset
+   * itself or the reconciler runs it, with the rest of its clean-up).
+   */
+  settledGeneration: number;
+  clearedThrough: number;
+  deleted: boolean;
+}
+
+const ACCEPT_SESSION_COLS = `s.next_seq, s.generation, s.redis_generation, s.cleared_through_seq,
+  s.deleted_at IS NOT NULL AS deleted`;
+
+type AcceptSessionRow = {
+  next_seq: string;
+  generation: number;
+  redis_generation: number;
+  cleared_through_seq: string;
+  deleted: boolean;
+};
+
+const acceptState = (row: AcceptSessionRow | undefined): AcceptSessionState =>
+  row
+    ? {
+        archivedTop: Number(row.next_seq) - 1,
+        settledGeneration: row.redis_generation >= row.generation ? Number(row.generation) : 0,
+        clearedThrough: Number(row.cleared_through_seq),
+        deleted: row.deleted,
+      }
+    : { archivedTop: 0, settledGeneration: 0, clearedThrough: 0, deleted: false };
+
 /**
  * What an accept reads from Postgres, in one statement: the archived messages with these client
- * ids, and the highest seq the archive holds (`next_seq - 1`; 0 for a session it does not know).
- * Without ids it reads the session row only: an accept of messages without ids never waits for
- * the `messages` table (a migration or a maintenance task may hold it).
+ * ids, and the session's row (its counter, generation, clear and delete), which Redis's state
+ * must not be behind. Without ids it reads the session row only: an accept of messages without
+ * ids never waits for the `messages` table (a migration or a maintenance task may hold it).
  */
 export async function acceptLookup(
   q: Queryable,
   tenantId: string,
   sessionId: string,
   ids: string[],
-): Promise<{ rows: StoredMessageRow[]; archivedTop: number }> {
+): Promise<{ rows: StoredMessageRow[]; session: AcceptSessionState }> {
   if (ids.length === 0) {
-    const r = await q.query<{ next_seq: string }>(
-      'SELECT next_seq FROM sessions WHERE tenant_id = $1 AND id = $2',
+    const r = await q.query<AcceptSessionRow>(
+      `SELECT ${ACCEPT_SESSION_COLS} FROM sessions s WHERE s.tenant_id = $1 AND s.id = $2`,
       [tenantId, sessionId],
     );
-    return { rows: [], archivedTop: r.rows[0] ? Number(r.rows[0].next_seq) - 1 : 0 };
+    return { rows: [], session: acceptState(r.rows[0]) };
   }
-  const r = await q.query<StoredMessageRow & { next_seq: string; seq: string | null }>(
-    `SELECT s.next_seq, ${MSG_COLS.split(', ')
+  const r = await q.query<StoredMessageRow & AcceptSessionRow & { seq: string | null }>(
+    `SELECT ${ACCEPT_SESSION_COLS}, ${MSG_COLS.split(', ')
       .map((c) => `m.${c}`)
       .join(', ')}
        FROM sessions s
@@ -110,8 +145,7 @@ export async function acceptLookup(
       WHERE s.tenant_id = $1 AND s.id = $2`,
     [tenantId, sessionId, ids],
   );
-  const top = r.rows[0] ? Number(r.rows[0].next_seq) - 1 : 0;
-  return { rows: r.rows.filter((row) => row.seq !== null), archivedTop: top };
+  return { rows: r.rows.filter((row) => row.seq !== null), session: acceptState(r.rows[0]) };
 }
 
 /** A page of the archive in seq order; both bounds exclusive. */

@@ -4,6 +4,7 @@ import { reviveSession } from '../../db/queries/lifecycle.js';
 import { lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
+import { syncRedisGeneration } from '../lifecycle/session-lifecycle.js';
 import { acceptIntoInbox, defineInboxScripts, inboxKeys, seedInbox } from './inbox.js';
 import type { AcceptedMessage } from './message-input.js';
 
@@ -53,8 +54,12 @@ export async function acceptMessages(
     const clientIds = messages.filter((m) => m.cid).map((m) => m.id);
     const lookup = await acceptLookup(deps.db, tenantId, sessionId, clientIds).catch((err: unknown) => {
       if (clientIds.length > 0) throw err;
-      return { rows: [], archivedTop: 0 };
+      return {
+        rows: [],
+        session: { archivedTop: 0, settledGeneration: 0, clearedThrough: 0, deleted: false },
+      };
     });
+    const state = lookup.session;
     const archived = new Map(lookup.rows.map((r) => [r.id, r] as const));
     const conflicts: number[] = [];
     const pending: number[] = [];
@@ -70,12 +75,25 @@ export async function acceptMessages(
     if (pending.length > 0) {
       const batch = pending.map((i) => messages[i]!);
       const given = batch.map((m) => (m.sent_at_given ? m.sent_at_ns : null));
-      let outcome = await acceptIntoInbox(deps.redis, keys, batch, given, lookup.archivedTop);
-      for (let attempt = 0; outcome.kind === 'seed' && attempt < 3; attempt++) {
-        await seedSession(deps, tenantId, sessionId);
-        outcome = await acceptIntoInbox(deps.redis, keys, batch, given, lookup.archivedTop);
+      const accept = () =>
+        acceptIntoInbox(deps.redis, keys, batch, given, state.archivedTop, state.settledGeneration);
+      let outcome = await accept();
+      for (let attempt = 0; (outcome.kind === 'seed' || outcome.kind === 'stale') && attempt < 3; attempt++) {
+        if (outcome.kind === 'seed') await seedSession(deps, tenantId, sessionId);
+        // Redis came back from before a reset or delete (an AOF that lost its last second): the
+        // cleared history's ids would take re-posts for duplicates of messages that are gone.
+        else
+          await syncRedisGeneration(
+            deps,
+            tenantId,
+            sessionId,
+            state.settledGeneration,
+            state.clearedThrough,
+            state.deleted,
+          );
+        outcome = await accept();
       }
-      if (outcome.kind === 'seed') throw unavailable('redis');
+      if (outcome.kind === 'seed' || outcome.kind === 'stale') throw unavailable('redis');
       if (outcome.kind === 'conflict')
         throw conflict(
           outcome.indexes.map((j) => pending[j]!),

@@ -40,11 +40,16 @@ const IDS_PRUNE_MS = 3600 * 1000;
 // by the API): a Redis that came back behind Postgres (an AOF that lost its last second, a
 // lagging replica) would otherwise give archived seqs to new messages, which the drain skips as
 // replays of what it archived.
-// ARGV: now_ms, armed member, ids ttl, archive's highest seq, then 6 per message: id, cid (0/1),
-// fp, given sent ns ('' when the client gave none), stored sent ns, payload json.
+// A state whose generation is below the session's in Postgres (ARGV[5]: a reset or delete whose
+// Redis step that lost second took back) answers STALE: the API moves it to that generation
+// (clearToGeneration) before anything is accepted against the cleared history's ids.
+// ARGV: now_ms, armed member, ids ttl, archive's highest seq, Postgres generation (0 = unknown),
+// then 6 per message: id, cid (0/1), fp, given sent ns ('' when the client gave none), stored
+// sent ns, payload json.
 const ACCEPT = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'SEED'} end
 local gen = redis.call('HGET', KEYS[1], 'gen')
+if tonumber(gen) < tonumber(ARGV[5]) then return {'STALE'} end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local floor = tonumber(ARGV[4])
 if floor > seq then
@@ -54,11 +59,11 @@ end
 if floor > tonumber(redis.call('HGET', KEYS[1], 'archived') or '0') then
   redis.call('HSET', KEYS[1], 'archived', floor)
 end
-local n = (#ARGV - 4) / 6
+local n = (#ARGV - 5) / 6
 local known = {}
 local conflicts = {'CONFLICT'}
 for i = 0, n - 1 do
-  local b = 5 + i * 6
+  local b = 6 + i * 6
   if ARGV[b + 1] == '1' then
     local prev = redis.call('HGET', KEYS[3], ARGV[b])
     if prev then
@@ -75,7 +80,7 @@ if #conflicts > 1 then return conflicts end
 local out = {'OK', 0, gen, 0}
 local added = 0
 for i = 0, n - 1 do
-  local b = 5 + i * 6
+  local b = 6 + i * 6
   if known[i] then
     out[#out + 1] = known[i]
     out[#out + 1] = 1
@@ -225,6 +230,7 @@ export interface InboxEntry {
 
 export type AcceptResult =
   | { kind: 'seed' }
+  | { kind: 'stale' }
   | { kind: 'conflict'; indexes: number[] }
   | {
       kind: 'ok';
@@ -262,8 +268,9 @@ export async function acceptIntoInbox(
   messages: AcceptedMessage[],
   givenSent: Array<string | null>,
   archivedTop = 0,
+  generation = 0,
 ): Promise<AcceptResult> {
-  const args: (string | number)[] = [Date.now(), keys.member, IDS_TTL_SECONDS, archivedTop];
+  const args: (string | number)[] = [Date.now(), keys.member, IDS_TTL_SECONDS, archivedTop, generation];
   messages.forEach((m, i) => {
     args.push(m.id, m.cid ? '1' : '0', m.fp, givenSent[i] ?? '', m.sent_at_ns, JSON.stringify(m));
   });
@@ -275,6 +282,7 @@ export async function acceptIntoInbox(
     ...args,
   )) as (string | number)[];
   if (r[0] === 'SEED') return { kind: 'seed' };
+  if (r[0] === 'STALE') return { kind: 'stale' };
   if (r[0] === 'CONFLICT') return { kind: 'conflict', indexes: r.slice(1).map(Number) };
   const results: Array<{ seq: number; duplicate: boolean }> = [];
   for (let i = 4; i < r.length; i += 2)
