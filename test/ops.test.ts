@@ -250,6 +250,7 @@ void describe('graceful shutdown', () => {
       assert.equal((await t.api.post('/v1/sessions/s/summarize')).status, 202);
       await eventually(async () => fake.chatRequests().length === 1, 10_000, 'the summary call');
       const started = Date.now();
+      stopped = true;
       await svc.stop();
       const took = Date.now() - started;
       // The deadline (2 s) plus at most 1 s for the forced close; the old code waited for the
@@ -265,6 +266,7 @@ void describe('graceful shutdown', () => {
     const svc = await startTestService({ env: { SHUTDOWN_TIMEOUT_MS: '2000' } });
     const locker = new pg.Client({ connectionString: svc.config.databaseUrl });
     await locker.connect();
+    let stopped = false;
     try {
       const t = await svc.newTenant();
       const first = await t.api.post('/v1/sessions/s/messages?wait=true', {
@@ -296,6 +298,7 @@ void describe('graceful shutdown', () => {
       // The lock goes after 15 s at the latest, so that a stop() waiting for the drain ends too.
       const release = setTimeout(() => void locker.query('COMMIT').catch(() => undefined), 15_000);
       const started = Date.now();
+      stopped = true;
       await svc.stop();
       const took = Date.now() - started;
       clearTimeout(release);
@@ -308,6 +311,8 @@ void describe('graceful shutdown', () => {
     } finally {
       await locker.query('COMMIT').catch(() => undefined);
       await locker.end();
+      // A failure before the stop above left the service running, and the file with it.
+      if (!stopped) await svc.stop();
       await deleteRedisPrefix(svc.config.prefix);
     }
   });
