@@ -748,6 +748,12 @@ void describe('export and import', () => {
     });
     assert.equal(unknownField.status, 400);
     assert.equal(unknownField.body.error.details.problems[0].path, 'messages[0].colour');
+    // A JSON null is no import (it was read as {}).
+    const nullBody = await t.api.post(`/v1/sessions/${s}/import`, 'null', {
+      'content-type': 'application/json',
+    });
+    assert.equal(nullBody.status, 400);
+    assert.equal(nullBody.body.error.details.problems[0].path, 'body');
 
     // A line is one message: at most a POST body's 8 MiB, refused before it is parsed.
     const longLine = await t.api.post(

@@ -136,7 +136,11 @@ function relabel(err: unknown, offset: number, label: (index: number) => string)
 
 /** `{"messages":[...]}` (application/json): the POST /messages body, any number of messages. */
 export function parseImportJson(body: unknown, timeZone: string): ImportInput {
-  const { messages } = parseInput(z.object({ messages: z.array(z.unknown()).min(1) }).strict(), body ?? {});
+  // No body is `{}` (and a 400 naming `messages`); a JSON `null` is not an object either.
+  const { messages } = parseInput(
+    z.object({ messages: z.array(z.unknown()).min(1) }).strict(),
+    body === undefined ? {} : body,
+  );
   return {
     messages: validateImportMessages(
       messages,
