@@ -164,6 +164,15 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   // Bodies are read only after authentication (below): a caller without a valid key gets a 401,
   // whatever its body, and never has us parse 8 MiB.
 
+  // Express answers HEAD with a GET route's handler, side effects and all (a HEAD of an error
+  // record renewed its TTL, one of an export ran the whole export): under /v1 and /admin it has
+  // no route, as any method a route does not list. The ops routes (probes) keep it.
+  app.use(['/v1', '/admin'], (req, _res, next) => {
+    if (req.method === 'HEAD')
+      throw new AppError(404, 'not_found', `no route for HEAD ${req.baseUrl}${req.path}`);
+    next();
+  });
+
   const mounts: Mounted[] = [];
   const openapi = () => buildOpenApi(mounts, VERSION);
 

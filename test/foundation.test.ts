@@ -608,6 +608,26 @@ void describe('tenants, keys and the admin API', () => {
     assert.match(jsonOf(extra).error.message, /^malformed Authorization header/);
   });
 
+  void test('HEAD has no route under /v1 and /admin (it ran GET handlers, side effects and all); probes keep it', async () => {
+    const t = await svc.newTenant();
+    assert.equal(
+      (await t.api.post('/v1/sessions/h/messages', { messages: [{ role: 'user', content: 'x' }] })).status,
+      202,
+    );
+    for (const path of [
+      '/v1/sessions',
+      '/v1/sessions/h',
+      '/v1/sessions/h/export',
+      '/v1/errors',
+      '/admin/queues',
+    ]) {
+      const r = await t.api.raw(path, { method: 'HEAD' });
+      assert.equal(r.status, 404, path);
+    }
+    assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 200);
+    assert.equal((await api(svc.base).raw('/healthz', { method: 'HEAD' })).status, 200);
+  });
+
   void test('OpenAPI documents every mounted route, and every documented route answers', async () => {
     const doc = (await api(svc.base).get('/openapi.json')).body;
     assert.equal(doc.openapi, '3.1.0');
