@@ -271,6 +271,13 @@ export function pgCode(err: unknown): string | undefined {
 }
 
 /** True for errors that mean "Postgres is not reachable right now" (connection refused, shutdown, timeout). */
+/**
+ * pg-pool's error when no connection of the pool came free within `connectionTimeoutMillis`: the
+ * pool is busy (or Postgres does not answer a connect; isPgUnavailable counts it as down).
+ */
+export const isPoolWaitTimeout = (err: unknown): boolean =>
+  err instanceof Error && err.message === 'timeout exceeded when trying to connect';
+
 export function isPgUnavailable(err: unknown): boolean {
   const code = pgCode(err);
   if (code && /^(08|57P0[1-3]|53300)/.test(code)) return true;

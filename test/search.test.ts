@@ -1594,6 +1594,36 @@ void test('planner statistics: tables Postgres never analyzed are analyzed once 
 });
 
 void describe('search time limit', () => {
+  void test('a search that finds every search connection busy for 5 s is a 503 search_busy, not "postgres is unavailable"', async () => {
+    // PG_POOL_SIZE 1: one search connection. A lock on the archive holds the first search on it.
+    const svc = await startTestService({ env: { PG_POOL_SIZE: '1' } });
+    const { Client } = (await import('pg')).default;
+    const locker = new Client({ connectionString: svc.config.databaseUrl });
+    await locker.connect();
+    try {
+      const { api } = await svc.newTenant();
+      await archive(api, 'busy', [user('a note about locks')]);
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
+      const first = api.post<SearchBody>('/v1/sessions/busy/search', { query: 'locks', match: 'keyword' });
+      await new Promise((r) => setTimeout(r, 300));
+      const second = await api.post<SearchBody>('/v1/sessions/busy/search', {
+        query: 'note',
+        match: 'keyword',
+      });
+      assert.equal(second.status, 503, JSON.stringify(second.body));
+      assert.equal(second.body.error!.code, 'search_busy');
+      assert.equal(second.headers.get('retry-after'), '1');
+      await locker.query('COMMIT');
+      // The first one was only waiting: it answers once the lock goes.
+      assert.equal((await first).status, 200);
+    } finally {
+      await locker.query('COMMIT').catch(() => undefined);
+      await locker.end();
+      await svc.stop();
+    }
+  });
+
   void test('a search past SEARCH_TIMEOUT_MS is a 503 search_timeout; the next one and the rest of the API go on', async () => {
     const svc = await startTestService({ env: { SEARCH_TIMEOUT_MS: '50' } });
     try {

@@ -1,7 +1,7 @@
 import { Histogram } from 'prom-client';
 import type { Registry } from 'prom-client';
 import { z } from 'zod';
-import { pgCode } from '../../db/pool.js';
+import { isPoolWaitTimeout, pgCode } from '../../db/pool.js';
 import type { Db } from '../../db/pool.js';
 import { searchCandidates, walkRows } from '../../db/queries/search.js';
 import type { SearchArgs, SearchFilters, SearchPrefetch } from '../../db/queries/search.js';
@@ -153,6 +153,18 @@ export async function searchSessionDetailed(
     // messages nor runs longer than SEARCH_TIMEOUT_MS (Postgres cancels it: 57014).
     return await run({ ...deps, db: searchDb(deps.db) }, tenantId, sessionId, params);
   } catch (err) {
+    // Every search connection taken (by slow searches) for the pool's 5 s wait: Postgres is up,
+    // and saying it is down (the generic answer to a pool timeout) would send operators after an
+    // outage.
+    if (isPoolWaitTimeout(err) && deps.db.kind === 'postgres') {
+      throw new AppError(
+        503,
+        'search_busy',
+        'every search connection stayed busy with other searches: retry',
+        { dependency: 'postgres' },
+        { 'retry-after': '1' },
+      );
+    }
     if (pgCode(err) !== '57014') throw err;
     throw new AppError(
       503,
