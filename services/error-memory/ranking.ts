@@ -1,6 +1,12 @@
 import { classifyError, significantTerms } from './normalise.js';
 import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
-import { codePoints, takeCodePoints } from '../text/code-points.js';
+import {
+  codePoints,
+  isHighSurrogate,
+  isLowSurrogate,
+  lastCodePoints,
+  takeCodePoints,
+} from '../text/code-points.js';
 
 /**
  * Ranking without a search module: a record matches when it shares at least one significant
@@ -60,18 +66,6 @@ export function buildQuery(
 export const FIELD_CHARS = 4000;
 /** UTF-16 units normalised at a time, so that NFKC is applied to little more than is read. */
 const NFKC_PIECE = 256;
-
-const isHighSurrogate = (c: number) => c >= 0xd800 && c <= 0xdbff;
-const isLowSurrogate = (c: number) => c >= 0xdc00 && c <= 0xdfff;
-
-/** The last `n` code points of `s` (never splits a surrogate pair). */
-function lastCodePoints(s: string, n: number): string {
-  let i = s.length;
-  for (let count = 0; i > 0 && count < n; count++) {
-    i -= i >= 2 && isLowSurrogate(s.charCodeAt(i - 1)) && isHighSurrogate(s.charCodeAt(i - 2)) ? 2 : 1;
-  }
-  return s.slice(i);
-}
 
 /**
  * NFKC of the start of `text`, a piece at a time until it has at least `units` UTF-16 units, and
