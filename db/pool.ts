@@ -276,7 +276,7 @@ export function pgCode(err: unknown): string | undefined {
  * pool is busy (or Postgres does not answer a connect; isPgUnavailable counts it as down).
  */
 export const isPoolWaitTimeout = (err: unknown): boolean =>
-  err instanceof Error && err.message === 'timeout exceeded when trying to connect';
+  err instanceof Error && /timeout exceeded when trying to connect/.test(err.message);
 
 export function isPgUnavailable(err: unknown): boolean {
   const code = pgCode(err);
@@ -287,8 +287,7 @@ export function isPgUnavailable(err: unknown): boolean {
     code === 'ECONNRESET' ||
     code === 'ETIMEDOUT' ||
     code === 'EPIPE' ||
-    /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error/.test(
-      msg,
-    )
+    isPoolWaitTimeout(err) ||
+    /Connection terminated|Client has encountered a connection error/.test(msg)
   );
 }
