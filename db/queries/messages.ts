@@ -106,6 +106,14 @@ type AcceptSessionRow = {
   deleted: boolean;
 };
 
+/** What an accept knows without a session row (one not yet created, or Postgres down). */
+export const NO_SESSION_STATE: AcceptSessionState = {
+  archivedTop: 0,
+  settledGeneration: 0,
+  clearedThrough: 0,
+  deleted: false,
+};
+
 const acceptState = (row: AcceptSessionRow | undefined): AcceptSessionState =>
   row
     ? {
@@ -114,7 +122,7 @@ const acceptState = (row: AcceptSessionRow | undefined): AcceptSessionState =>
         clearedThrough: Number(row.cleared_through_seq),
         deleted: row.deleted,
       }
-    : { archivedTop: 0, settledGeneration: 0, clearedThrough: 0, deleted: false };
+    : NO_SESSION_STATE;
 
 /**
  * What an accept reads from Postgres, in one statement: the archived messages with these client

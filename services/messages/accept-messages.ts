@@ -1,5 +1,5 @@
 import { withTransaction } from '../../db/pool.js';
-import { acceptLookup } from '../../db/queries/messages.js';
+import { NO_SESSION_STATE, acceptLookup } from '../../db/queries/messages.js';
 import { reviveSession } from '../../db/queries/lifecycle.js';
 import { lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
@@ -54,10 +54,7 @@ export async function acceptMessages(
     const clientIds = messages.filter((m) => m.cid).map((m) => m.id);
     const lookup = await acceptLookup(deps.db, tenantId, sessionId, clientIds).catch((err: unknown) => {
       if (clientIds.length > 0) throw err;
-      return {
-        rows: [],
-        session: { archivedTop: 0, settledGeneration: 0, clearedThrough: 0, deleted: false },
-      };
+      return { rows: [], session: NO_SESSION_STATE };
     });
     const state = lookup.session;
     const archived = new Map(lookup.rows.map((r) => [r.id, r] as const));
