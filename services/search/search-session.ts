@@ -11,6 +11,7 @@ import { AppError, notFound } from '../errors.js';
 import { hasBadChars } from '../messages/message-input.js';
 import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
+import { codePoints } from '../text/code-points.js';
 import { nowNs } from '../time.js';
 import {
   MAX_SUBSTRING_BUDGET,
@@ -101,7 +102,7 @@ function substringTerms(parsed: ReturnType<typeof parseSearchQuery>): Set<string
   let budget = MAX_SUBSTRING_BUDGET;
   for (const term of [...parsed.groups.flat(), ...parsed.exclude]) {
     if (out.has(term.text) || !usableSubstring(term.text)) continue;
-    const size = Array.from(term.text).length;
+    const size = codePoints(term.text);
     if (size > budget) continue;
     budget -= size;
     out.add(term.text);
