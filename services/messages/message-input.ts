@@ -184,7 +184,8 @@ function findBadValue(v: unknown, path: (string | number)[]): BadValue | null {
  * True when `metadata` is surely over MAX_METADATA_BYTES of JSON. It counts a lower bound of the
  * JSON's size (a byte per value, a string's UTF-16 length plus its quotes) and stops as soon as
  * that passes the limit, so a body of 8 MiB of metadata is refused after ~16 KiB of work, before
- * the walks over the whole message. The exact check (JSON.stringify) follows for what passes.
+ * the walk over the whole message (findBadValue). The exact check (JSON.stringify) follows for
+ * what passes.
  */
 function metadataSurelyTooLarge(metadata: unknown): boolean {
   if (!metadata || typeof metadata !== 'object') return false;
