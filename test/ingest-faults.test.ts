@@ -786,6 +786,39 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(s.body.pending_jobs, 1);
   });
 
+  void test('a re-post under the id the server gave, before its drain, gets the original seq', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    const first = await t.api.post('/v1/sessions/g/messages', { messages: [user('no id given')] });
+    assert.equal(first.status, 202);
+    const given = first.body.messages[0] as { id: string; seq: number };
+    // The client retries with the id from the answer, beside a new message; nothing is archived yet.
+    const again = await t.api.post('/v1/sessions/g/messages', {
+      messages: [user('no id given', { id: given.id }), user('new', { id: 'n' })],
+    });
+    assert.equal(again.status, 202, again.text);
+    assert.equal(again.body.accepted, 1);
+    assert.deepEqual(again.body.messages, [given, { id: 'n', seq: 2 }]);
+    const changed = await t.api.post('/v1/sessions/g/messages', {
+      messages: [user('other text', { id: given.id })],
+    });
+    assert.equal(changed.status, 409);
+    assert.equal(changed.body.error.code, 'id_conflict');
+    await h.startWorker();
+    const waited = await t.api.post('/v1/sessions/g/messages?wait=true', {
+      messages: [user('no id given', { id: given.id }), user('new', { id: 'n' })],
+    });
+    assert.equal(waited.status, 201, waited.text);
+    assert.deepEqual(waited.body.messages, [given, { id: 'n', seq: 2 }]);
+    assert.deepEqual(
+      (await allMessages(t.api, 'g')).map((m) => [m.seq, m.id]),
+      [
+        [1, given.id],
+        [2, 'n'],
+      ],
+    );
+  });
+
   void test('a deleted session posted to again is visible at once, before its first drain', async () => {
     const h = await apiFirst();
     const t = await h.api.newTenant();

@@ -9,7 +9,7 @@ import type { AcceptedMessage } from './message-input.js';
  *
  * Keys (P = MNEMOS_PREFIX): P:sess:<tenant>:<sid> hash {seq, gen, armed, archived};
  * P:inbox:<tenant>:<sid> list of "<seq> <gen> <json>"; P:ids:<tenant>:<sid> hash
- * client id → "<seq> <fp> <sent_ns>" (idempotency of not-yet-archived or recent messages: pruned
+ * message id (the client's, or the one the server gave) → "<seq> <fp> <sent_ns>" (idempotency of not-yet-archived or recent messages: pruned
  * of ids archived over an hour ago, and gone 24 h after the session's last accept); the sess hash
  * also holds the prune's mark and time (idsmark, idsat);
  * P:armed zset of "<tenant> <sid>" by the time a flush was requested or a drain last took entries
@@ -43,6 +43,10 @@ const IDS_PRUNE_MS = 3600 * 1000;
 // A state whose generation is below the session's in Postgres (ARGV[5]: a reset or delete whose
 // Redis step that lost second took back) answers STALE: the API moves it to that generation
 // (clearToGeneration) before anything is accepted against the cleared history's ids.
+// Every accepted id is recorded, the ids the server made up too: the answer hands them to the
+// client, whose re-post of one under that id before its drain must find its seq (it was given a
+// new one, which the archive's unique id then dropped, and a ?wait=true called the batch lost).
+// Only a client's own ids are looked up: a fresh UUID cannot be in the hash.
 // ARGV: now_ms, armed member, ids ttl, archive's highest seq, Postgres generation (0 = unknown),
 // then 6 per message: id, cid (0/1), fp, given sent ns ('' when the client gave none), stored
 // sent ns, payload json.
@@ -88,9 +92,7 @@ for i = 0, n - 1 do
     seq = seq + 1
     added = added + 1
     redis.call('RPUSH', KEYS[2], seq .. ' ' .. gen .. ' ' .. ARGV[b + 5])
-    if ARGV[b + 1] == '1' then
-      redis.call('HSET', KEYS[3], ARGV[b], seq .. ' ' .. ARGV[b + 2] .. ' ' .. ARGV[b + 4])
-    end
+    redis.call('HSET', KEYS[3], ARGV[b], seq .. ' ' .. ARGV[b + 2] .. ' ' .. ARGV[b + 4])
     out[#out + 1] = seq
     out[#out + 1] = 0
   end
