@@ -13,7 +13,7 @@
  */
 import { makeErrorMemoryMethods } from './error-memory-methods.js';
 import { MnemosError, callOpts, deleteOrFalse, makeTransport, requestJson } from './transport.js';
-import type { CallOptions, Reply, RequestSpec, TransportOptions } from './transport.js';
+import type { CallOptions, Reply, RequestSpec, Sent, TransportOptions } from './transport.js';
 import type {
   ContextResult,
   ExportLine,
@@ -76,7 +76,9 @@ export function createMnemosClient(options: MnemosClientOptions) {
       messages: MessageInput[],
       opts: CallOptions & { wait?: boolean } = {},
     ): Promise<PostMessagesResult> {
-      const withIds = messages.map((m) => (m.id ? m : { ...m, id: crypto.randomUUID() }));
+      // Only a missing id is made up: an empty one goes to the server, which refuses it (a caller's
+      // id variable that came out empty would otherwise lose its idempotency without a word).
+      const withIds = messages.map((m) => (m.id === undefined ? { ...m, id: crypto.randomUUID() } : m));
       const out: PostMessagesResult = { session_id: sid, accepted: 0, messages: [], durable: true };
       let offset = 0;
       for (const batch of batches(withIds)) {
@@ -191,13 +193,13 @@ export function createMnemosClient(options: MnemosClientOptions) {
 
     /** The session as JSON Lines, parsed and streamed: messages in seq order, then the summary. */
     async *exportSession(sid: string, opts: CallOptions = {}): AsyncGenerator<ExportLine> {
-      const res = await http.stream({
+      const sent = await http.stream({
         ...callOpts(opts),
         method: 'GET',
         path: `${session(sid)}/export`,
         idempotent: true,
       });
-      yield* readJsonLines<ExportLine>(res, opts.signal);
+      yield* readJsonLines<ExportLine>(sent, opts.signal);
     },
 
     /**
@@ -404,7 +406,10 @@ function inSplitPost(err: unknown, offset: number, before: Array<{ id: string; s
 }
 
 /** Parses a JSON Lines body as it streams in; stops reading when the consumer stops. */
-async function* readJsonLines<T>(res: Response, signal?: AbortSignal): AsyncGenerator<T> {
+async function* readJsonLines<T>(
+  { res, requestId, attempts }: Sent,
+  signal?: AbortSignal,
+): AsyncGenerator<T> {
   if (!res.body) return;
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = '';
@@ -418,8 +423,8 @@ async function* readJsonLines<T>(res: Response, signal?: AbortSignal): AsyncGene
           status: res.status,
           code: 'stream_truncated',
           message: `the export stream broke off: ${(err as Error).message}`,
-          requestId: res.headers.get('x-request-id'),
-          attempts: 1,
+          requestId: res.headers.get('x-request-id') ?? requestId,
+          attempts,
           cause: err,
         });
       });

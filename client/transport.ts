@@ -139,8 +139,19 @@ function assertPath(path: string): void {
 
 export interface Transport {
   request(spec: RequestSpec): Promise<Reply>;
-  /** For streamed bodies (export): the Response once a 2xx arrived; the caller reads the body. */
-  stream(spec: RequestSpec): Promise<Response>;
+  /**
+   * For streamed bodies (export): the Response once a 2xx arrived (the caller reads the body), with
+   * the call's request id and how many attempts it took, for the errors of reading it.
+   */
+  stream(spec: RequestSpec): Promise<Sent>;
+}
+
+/** A 2xx answer, the x-request-id the call sent with every attempt, and the attempts it took. */
+export interface Sent {
+  res: Response;
+  text: string;
+  requestId: string;
+  attempts: number;
 }
 
 const RETRY_ALWAYS = new Set([429, 503]);
@@ -160,7 +171,7 @@ export function makeTransport(opts: TransportOptions): Transport {
     return Math.round(cap / 2 + (Math.random() * cap) / 2);
   };
 
-  async function send(spec: RequestSpec, streaming: boolean): Promise<{ res: Response; text: string }> {
+  async function send(spec: RequestSpec, streaming: boolean): Promise<Sent> {
     assertPath(spec.path);
     const url = base + spec.path + queryString(spec.query);
     // One id for all attempts of a call, so server logs show the retries together.
@@ -212,7 +223,7 @@ export function makeTransport(opts: TransportOptions): Transport {
         clearTimeout(timer);
       }
 
-      if (isOk(res.status, spec)) return { res, text };
+      if (isOk(res.status, spec)) return { res, text, requestId, attempts: attempt };
       const retryAfterMs = parseRetryAfter(res.headers.get('retry-after'));
       const retryable =
         RETRY_ALWAYS.has(res.status) || (spec.idempotent && RETRY_IF_IDEMPOTENT.has(res.status));
@@ -231,7 +242,7 @@ export function makeTransport(opts: TransportOptions): Transport {
 
   return {
     async request(spec) {
-      const { res, text } = await send(spec, false);
+      const { res, text, requestId, attempts } = await send(spec, false);
       let parsed: unknown = null;
       if (text !== '') {
         try {
@@ -242,16 +253,16 @@ export function makeTransport(opts: TransportOptions): Transport {
             code: 'invalid_response',
             message: `${spec.method} ${spec.path}: the answer is not JSON`,
             details: { body: text.slice(0, 200) },
-            requestId: res.headers.get('x-request-id'),
-            attempts: 1,
+            requestId: res.headers.get('x-request-id') ?? requestId,
+            attempts,
             cause: err,
           });
         }
       }
       return { status: res.status, headers: res.headers, body: parsed };
     },
-    async stream(spec) {
-      return (await send(spec, true)).res;
+    stream(spec) {
+      return send(spec, true);
     },
   };
 }

@@ -106,6 +106,15 @@ void describe('client: messages', () => {
     assert.equal(info.message_count, 7);
   });
 
+  void test('an empty id is refused by the server, not replaced by a made-up one', async () => {
+    const s = sid('empty-id');
+    const err = await rejects(mnemos.postMessages(s, [{ id: '', role: 'user', content: 'x' }]));
+    assert.equal(err.status, 400);
+    assert.equal(err.code, 'validation_failed');
+    assert.equal((err.details as { problems: Array<{ path: string }> }).problems[0]!.path, 'messages[0].id');
+    assert.equal((await rejects(mnemos.listMessages(s))).status, 404, 'nothing stored');
+  });
+
   void test('posting the same ids twice returns the same seqs and stores each message once', async () => {
     const s = sid('idem');
     const first = await mnemos.postMessages(
@@ -310,6 +319,26 @@ void describe('client: retries', () => {
     assert.equal(err.code, 'rate_limited');
     assert.equal(err.attempts, 3);
     assert.equal(err.retryAfterMs, 0);
+  });
+
+  void test('an answer that is not JSON after a retry names the attempts and the request id', async () => {
+    const html = new Response('<html>gateway</html>', {
+      status: 200,
+      headers: { 'content-type': 'text/html' },
+    });
+    const { impl, calls } = scriptedFetch(limited('0'), html);
+    const sent: string[] = [];
+    const recording: typeof fetch = (input, init) => {
+      sent.push((init?.headers as Record<string, string>)['x-request-id']!);
+      return impl(input, init);
+    };
+    const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: recording });
+    const err = await rejects(client.listSessions());
+    assert.equal(calls.length, 2);
+    assert.equal(err.code, 'invalid_response');
+    assert.equal(err.attempts, 2);
+    assert.equal(err.requestId, sent[0]);
+    assert.equal(sent[1], sent[0]);
   });
 
   void test('network errors are retried for idempotent requests only', async () => {
