@@ -5,7 +5,7 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
 import express from 'express';
 import type { RequestHandler, Router } from 'express';
-import { requireAdmin, requireTenant } from './auth.js';
+import { recheckTenant, requireAdmin, requireTenant } from './auth.js';
 import { rateLimit } from './rate-limit.js';
 import { makeKeyAuthenticator } from './tenants.js';
 import type { CoreDeps } from './deps.js';
@@ -211,7 +211,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   // Without MNEMOS_ADMIN_TOKEN the admin routes answer 404: not documented then either.
   if (deps.config.adminToken) mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
-  const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody];
+  const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody, recheckTenant(keys)];
   const sessions = makeSessionRoutes(deps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });

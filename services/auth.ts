@@ -38,6 +38,33 @@ export function requireTenant(keys: KeyAuthenticator): RequestHandler {
     if (!who) throw new AppError(401, 'unauthorized', 'invalid or revoked API key');
     res.locals.tenantId = who.tenantId;
     res.locals.keyId = who.keyId;
+    verified.set(res, { key, at: Date.now() });
+    next();
+  };
+}
+
+const verified = new WeakMap<object, { key: string; at: number }>();
+/** A key verified longer ago than this is verified again once the request's body is in. */
+export const RECHECK_AFTER_MS = 1000;
+
+/**
+ * Verifies the key again when reading the body took a while. The key is verified before the body
+ * is read (a caller without one never has us read 8 MiB), and a client can take as long as it likes
+ * to send it: a tenant erased meanwhile (its keys revoked, its data deleted) then got a write
+ * after the erasure had finished, which nothing would ever delete (an error record kept in Redis
+ * for 90 days), or a 500 from the missing tenants row. A tenant's erasure waits out the key cache
+ * (KEY_CACHE_MS) before it deletes anything, so a request that passes here writes before that.
+ */
+export function recheckTenant(keys: KeyAuthenticator): RequestHandler {
+  return async (_req, res, next) => {
+    const v = verified.get(res);
+    if (v && Date.now() - v.at > RECHECK_AFTER_MS) {
+      const who = await keys.authenticate(v.key);
+      if (!who || who.tenantId !== res.locals.tenantId) {
+        throw new AppError(401, 'unauthorized', 'the API key was revoked while the request was being sent');
+      }
+      v.at = Date.now();
+    }
     next();
   };
 }

@@ -52,6 +52,19 @@ export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
       );
       return;
     }
+    if (
+      pgCode(err) === '23503' &&
+      /_tenant_id_fkey$/.test(String((err as { constraint?: unknown }).constraint))
+    ) {
+      // The tenants row went while this request ran: its tenant was erased (nothing else deletes
+      // a tenant), after the request's key was verified. Nothing was written (the statement
+      // failed); the key is gone with the tenant.
+      sendError(
+        res,
+        new AppError(401, 'unauthorized', 'the API key’s tenant was erased while the request ran'),
+      );
+      return;
+    }
     const mapped = fromExpressError(asDependencyError(err));
     if (mapped) {
       if (mapped.status >= 500) logger.warn({ code: mapped.code, path: req.path }, mapped.message);

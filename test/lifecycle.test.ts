@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -1108,6 +1109,72 @@ void describe('tenant erasure', () => {
     const r = await admin.del(`/v1/admin/tenants/${victim.tenantId}`);
     assert.equal(r.status, 404);
     assert.equal(await redis.exists(left), 0);
+  });
+
+  void test('a request whose body arrives after its tenant was erased is a 401 and leaves nothing behind', async () => {
+    const admin = api(svc.base, ADMIN_TOKEN);
+    const victim = await svc.newTenant();
+    await archive(victim.api, 'chat', [user('hello')]);
+    // Requests whose key is verified before the erasure, and whose bodies take longer than it.
+    const slow = (path: string, body: unknown) => {
+      const text = JSON.stringify(body);
+      const req = http.request(`${svc.base}${path}`, {
+        method: 'POST',
+        headers: {
+          authorization: `Bearer ${victim.apiKey}`,
+          'content-type': 'application/json',
+          'content-length': Buffer.byteLength(text),
+        },
+      });
+      const answer = new Promise<{ status: number; body: any }>((resolve, reject) => {
+        req.on('response', (res) => {
+          let data = '';
+          res.setEncoding('utf8');
+          res.on('data', (c: string) => (data += c));
+          res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(data) }));
+        });
+        req.on('error', reject);
+      });
+      req.write(text.slice(0, 5));
+      return { finish: () => req.end(text.slice(5)), answer };
+    };
+    const error = slow('/v1/errors', {
+      tool_name: 'shell',
+      symptom: 'late symptom',
+      action: 'retry',
+      outcome: 'resolved',
+    });
+    const post = slow('/v1/sessions/late/messages', { messages: [user('late message')] });
+    // Both requests are past authentication before the erasure starts.
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal((await admin.del(`/v1/admin/tenants/${victim.tenantId}`)).status, 204);
+    error.finish();
+    post.finish();
+    const [e, p] = await Promise.all([error.answer, post.answer]);
+    assert.equal(e.status, 401, JSON.stringify(e.body));
+    assert.equal(e.body.error.code, 'unauthorized');
+    assert.equal(p.status, 401, JSON.stringify(p.body));
+    assert.deepEqual(await redis.keys(`${svc.config.prefix}:*${victim.tenantId}*`), []);
+    assert.equal(await redis.sismember(`${svc.config.prefix}:err:tenants`, victim.tenantId), 0);
+    const rows = await tenantRows(victim.tenantId);
+    assert.deepEqual(
+      Object.entries(rows).filter(([, n]) => n > 0),
+      [],
+    );
+  });
+
+  void test('a request whose tenant is erased under it (its key still cached) is a 401, not a 500', async () => {
+    const victim = await svc.newTenant();
+    await archive(victim.api, 'chat', [user('hello')]);
+    // The key is in this process's cache (5 s); the tenants row goes, as an erasure's last step.
+    await q('DELETE FROM tenants WHERE id = $1', [victim.tenantId]);
+    const r = await victim.api.post('/v1/sessions/new-one/messages', { messages: [user('after')] });
+    assert.equal(r.status, 401, r.text);
+    assert.equal(r.body.error.code, 'unauthorized');
+    assert.equal(
+      (await q('SELECT count(*)::int AS n FROM sessions WHERE tenant_id = $1', [victim.tenantId]))[0].n,
+      0,
+    );
   });
 
   void test('an inbox whose tenant the database does not know is dropped, counted and logged, and drains stop', async () => {
