@@ -9,7 +9,8 @@ import { AppError } from './errors.js';
  * Redis is not on the request path: each process decides from the last count Redis returned for
  * the key plus its own increments not yet acknowledged, and sends its increments as one INCRBY per
  * key every FLUSH_MS. Within one process the count is exact; across processes a request can pass
- * up to FLUSH_MS plus a round trip after the budget is spent elsewhere. When Redis is unreachable
+ * up to FLUSH_MS plus a round trip after the budget is spent elsewhere, so a burst that reaches N
+ * processes at once, before any has heard of the others, passes up to N × the budget (README). When Redis is unreachable
  * the limiter lets requests through (the write path answers 503 on its own): failing closed would
  * turn a Redis blip into a full outage for reads.
  */
