@@ -211,7 +211,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   // Without MNEMOS_ADMIN_TOKEN the admin routes answer 404: not documented then either.
   if (deps.config.adminToken) mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
-  const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody, recheckTenant(keys)];
+  const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody, recheckTenant];
   const sessions = makeSessionRoutes(deps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });

@@ -210,8 +210,14 @@ export const KEY_CACHE_MS = 5000;
 const TOUCH_EVERY_MS = 60_000;
 
 export interface KeyAuthenticator {
-  /** Resolves a bearer key to its tenant, or null. Constant-time on the secret. */
-  authenticate(presented: string): Promise<{ tenantId: string; keyId: string } | null>;
+  /**
+   * Resolves a bearer key to its tenant, or null. Constant-time on the secret. `maxAgeMs`: how old
+   * the database's answer may be (default KEY_CACHE_MS); `verifiedAt` says when it was read.
+   */
+  authenticate(
+    presented: string,
+    maxAgeMs?: number,
+  ): Promise<{ tenantId: string; keyId: string; verifiedAt: number } | null>;
   /** Forget cached keys (after a revocation or tenant erasure in this process). */
   clear(): void;
 }
@@ -222,29 +228,44 @@ export interface KeyAuthenticator {
  * A revocation takes effect at once in the process that made it and within KEY_CACHE_MS elsewhere.
  */
 export function makeKeyAuthenticator(db: Db, now: () => number = Date.now): KeyAuthenticator {
-  const cache = new Map<
-    string,
-    { row: { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null; at: number }
-  >();
+  type KeyRow = { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null;
+  const cache = new Map<string, { row: KeyRow; at: number }>();
+  // One database read per key at a time: the requests that find the entry too old share it.
+  const reading = new Map<string, Promise<{ row: KeyRow; at: number }>>();
+  const read = (id: string) => {
+    let p = reading.get(id);
+    if (!p) {
+      const at = now();
+      p = findApiKey(db, id)
+        .then((r) => {
+          const entry = {
+            row: r
+              ? { tenant_id: r.tenant_id, secret_hash: r.secret_hash, revoked: r.revoked_at !== null }
+              : null,
+            at,
+          };
+          if (cache.size > 10_000) cache.clear();
+          cache.set(id, entry);
+          return entry;
+        })
+        .finally(() => reading.delete(id));
+      reading.set(id, p);
+    }
+    return p;
+  };
   const touched = new Map<string, number>();
   return {
-    async authenticate(presented) {
+    async authenticate(presented, maxAgeMs = KEY_CACHE_MS) {
       const m = KEY_RE.exec(presented);
       const given = hashSecret(m?.[2] ?? presented);
-      let row: { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null = null;
+      let row: KeyRow = null;
+      let verifiedAt = now();
       if (m) {
         const id = m[1]!;
         const hit = cache.get(id);
-        if (hit && now() - hit.at < KEY_CACHE_MS) {
-          row = hit.row;
-        } else {
-          const r = await findApiKey(db, id);
-          row = r
-            ? { tenant_id: r.tenant_id, secret_hash: r.secret_hash, revoked: r.revoked_at !== null }
-            : null;
-          if (cache.size > 10_000) cache.clear();
-          cache.set(id, { row, at: now() });
-        }
+        const entry = hit && now() - hit.at < Math.min(maxAgeMs, KEY_CACHE_MS) ? hit : await read(id);
+        row = entry.row;
+        verifiedAt = entry.at;
       }
       const ok = timingSafeEqual(given, row ? row.secret_hash : DUMMY_HASH) && row !== null && !row.revoked;
       if (!ok || !row || !m) return null;
@@ -253,7 +274,7 @@ export function makeKeyAuthenticator(db: Db, now: () => number = Date.now): KeyA
         touched.set(keyId, now());
         void touchApiKey(db, keyId).catch(() => undefined);
       }
-      return { tenantId: row.tenant_id, keyId };
+      return { tenantId: row.tenant_id, keyId, verifiedAt };
     },
     clear() {
       cache.clear();

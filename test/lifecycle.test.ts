@@ -1111,33 +1111,35 @@ void describe('tenant erasure', () => {
     assert.equal(await redis.exists(left), 0);
   });
 
+  /** A POST whose first 5 bytes go at once and the rest when `finish` is called. */
+  function slowPost(apiKey: string, path: string, text: string, contentType = 'application/json') {
+    const req = http.request(`${svc.base}${path}`, {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${apiKey}`,
+        'content-type': contentType,
+        'content-length': Buffer.byteLength(text),
+      },
+    });
+    const answer = new Promise<{ status: number; body: any }>((resolve, reject) => {
+      req.on('response', (res) => {
+        let data = '';
+        res.setEncoding('utf8');
+        res.on('data', (c: string) => (data += c));
+        res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(data) }));
+      });
+      req.on('error', reject);
+    });
+    req.write(text.slice(0, 5));
+    return { finish: () => req.end(text.slice(5)), answer };
+  }
+
   void test('a request whose body arrives after its tenant was erased is a 401 and leaves nothing behind', async () => {
     const admin = api(svc.base, ADMIN_TOKEN);
     const victim = await svc.newTenant();
     await archive(victim.api, 'chat', [user('hello')]);
     // Requests whose key is verified before the erasure, and whose bodies take longer than it.
-    const slow = (path: string, body: unknown) => {
-      const text = JSON.stringify(body);
-      const req = http.request(`${svc.base}${path}`, {
-        method: 'POST',
-        headers: {
-          authorization: `Bearer ${victim.apiKey}`,
-          'content-type': 'application/json',
-          'content-length': Buffer.byteLength(text),
-        },
-      });
-      const answer = new Promise<{ status: number; body: any }>((resolve, reject) => {
-        req.on('response', (res) => {
-          let data = '';
-          res.setEncoding('utf8');
-          res.on('data', (c: string) => (data += c));
-          res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(data) }));
-        });
-        req.on('error', reject);
-      });
-      req.write(text.slice(0, 5));
-      return { finish: () => req.end(text.slice(5)), answer };
-    };
+    const slow = (path: string, body: unknown) => slowPost(victim.apiKey, path, JSON.stringify(body));
     const error = slow('/v1/errors', {
       tool_name: 'shell',
       symptom: 'late symptom',
@@ -1161,6 +1163,42 @@ void describe('tenant erasure', () => {
       Object.entries(rows).filter(([, n]) => n > 0),
       [],
     );
+  });
+
+  void test('a key revoked elsewhere while a body arrives is refused once the body is in, also for a JSON Lines import', async () => {
+    const revoke = (tenantId: string) =>
+      q('UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1', [tenantId]);
+    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    // This process read the key from the database over a second ago and keeps it cached; another
+    // process revokes it (no cache of ours is cleared), and the body takes under a second.
+    const a = await svc.newTenant();
+    await archive(a.api, 'chat', [user('hello')]);
+    await sleep(1200);
+    const error = slowPost(
+      a.apiKey,
+      '/v1/errors',
+      JSON.stringify({ tool_name: 'shell', symptom: 'revoked', action: 'a', outcome: 'resolved' }),
+    );
+    await revoke(a.tenantId);
+    await sleep(300);
+    error.finish();
+    const e = await error.answer;
+    assert.equal(e.status, 401, JSON.stringify(e.body));
+    assert.deepEqual(await redis.keys(`${svc.config.prefix}:err:${a.tenantId}:*`), []);
+
+    // A JSON Lines import reads its body itself, after the check that follows a JSON body.
+    const b = await svc.newTenant();
+    const lines = [user('one', { id: 'i1' }), user('two', { id: 'i2' })]
+      .map((m) => JSON.stringify(m))
+      .join('\n');
+    const imported = slowPost(b.apiKey, '/v1/sessions/imp/import', lines, 'application/x-ndjson');
+    await sleep(200);
+    await revoke(b.tenantId);
+    await sleep(1200);
+    imported.finish();
+    const i = await imported.answer;
+    assert.equal(i.status, 401, JSON.stringify(i.body));
+    assert.equal((await q('SELECT 1 FROM sessions WHERE tenant_id = $1', [b.tenantId])).length, 0);
   });
 
   void test('a request whose tenant is erased under it (its key still cached) is a 401, not a 500', async () => {

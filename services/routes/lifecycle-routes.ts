@@ -3,6 +3,7 @@ import type { Response } from 'express';
 import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound } from '../errors.js';
+import { recheckKey } from '../auth.js';
 import { openSessionExport } from '../lifecycle/export-session.js';
 import {
   MAX_IMPORT_BYTES,
@@ -122,6 +123,8 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
       }
       try {
         input = await parseImportLines(readJsonLines(req, MAX_IMPORT_BYTES), deps.config.timeZone);
+        // The body is read here, after the check that follows a JSON body (auth.ts).
+        await recheckKey(res, tenantId);
       } catch (err) {
         // The rest of the body is not read: tell the client this connection is done.
         if (!req.complete) res.setHeader('connection', 'close');
