@@ -563,7 +563,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     // Letters match in any case, accented ones too; patterns without letters match exactly.
     assert.deepEqual(await hitSeqs(api, s, { query: 'b2c3', match: 'keyword' }), [order]);
     assert.deepEqual(await hitSeqs(api, s, { query: 'écol', match: 'keyword' }), [school]);
-    assert.deepEqual(await hitSeqs(api, s, { query: '0% d', match: 'keyword' }), [percent]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '0% do', match: 'keyword' }), [percent]);
     // Only stop words: no full-text hits, but the substring still applies.
     const stop = await search(api, s, { query: 'the', match: 'keyword' });
     assert.deepEqual(
@@ -592,6 +592,31 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       (await hitSeqs(api, s, { query: five, match: 'keyword', limit: 32 })).sort((x, y) => x - y),
       alternatives.slice(0, 4),
     );
+  });
+
+  void test('keyword: a word of one character or over 64 stays in the AND, never widening the substring match', async () => {
+    const s = sid('andword');
+    const steps = Array.from({ length: 30 }, (_, i) => [
+      user(`step ${i + 1} of the install guide`),
+      assistant('done'),
+    ]).flat();
+    const long = 'x'.repeat(70);
+    const seqs = await archive(api, s, [
+      ...steps,
+      user(`error ${long} in build`),
+      ...Array.from({ length: 12 }, (_, i) => user(`error in build ${i}`)),
+    ]);
+    const step2 = seqs[2]!;
+    // Every recent "step" matched the substring half without the 2, and the newest of them, each
+    // with the substring bonus, pushed the one message with both out of the hits.
+    assert.deepEqual(await hitSeqs(api, s, { query: 'step 2', match: 'keyword' }), [step2]);
+    assert.deepEqual((await hitSeqs(api, s, { query: 'step 2', match: 'hybrid' }))[0], step2);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'STEP 2 install', match: 'keyword' }), [step2]);
+    // A stop letter constrains neither half, as in full text.
+    assert.equal((await hitSeqs(api, s, { query: 'a step 2', match: 'keyword' }))[0], step2);
+    assert.deepEqual(await hitSeqs(api, s, { query: `error ${long}`, match: 'keyword', limit: 2 }), [
+      seqs[60]!,
+    ]);
   });
 
   void test('keyword: a query reaches full text with at most 256 words and bigrams', async () => {

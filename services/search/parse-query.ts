@@ -219,6 +219,17 @@ export function usableSubstring(text: string): boolean {
   return chars.length === 1 && chars[0]!.codePointAt(0)! > 0x7f;
 }
 
+/**
+ * A term of one ASCII letter or digit (`step 2`, `python 3`, `plan b`) as a whole word, a regular
+ * expression (`\m2\M`) rather than a LIKE pattern: `%2%` would match every message with a 2 in it
+ * (`step 12`). Null for anything else, and for `a`, `i`, `s` and `t`, stop words of the `english`
+ * configuration, which full text leaves out too. The substring match tells the two apart by the
+ * first character: a LIKE pattern always starts with `%`.
+ */
+export function wordRegex(text: string): string | null {
+  return /^[A-Za-z0-9]$/.test(text) && !/^[aist]$/i.test(text) ? `\\m${text}\\M` : null;
+}
+
 /** `%`, `_` and `\` escaped for LIKE/ILIKE with the default escape character. */
 export function likePattern(text: string): string {
   return `%${text.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;

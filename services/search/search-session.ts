@@ -20,6 +20,7 @@ import {
   likePattern,
   parseSearchQuery,
   usableSubstring,
+  wordRegex,
 } from './parse-query.js';
 import type { QueryTerm } from './parse-query.js';
 import { hasLocalFeatures } from '../llm/local-embedder.js';
@@ -199,18 +200,31 @@ async function run(
       .filter((t) => substrings.has(t))
       .map(likePattern),
   };
+  // A term's substring test: a LIKE pattern, or for a term of one ASCII letter or digit a
+  // whole-word regular expression.
   const patterns = (terms: QueryTerm[]) =>
-    terms
-      .map((t) => t.text)
-      .filter((t) => substrings.has(t))
-      .map(likePattern);
+    terms.flatMap((t) => {
+      if (substrings.has(t.text)) return [likePattern(t.text)];
+      const word = wordRegex(t.text);
+      return word ? [word] : [];
+    });
+  const like = parsed.groups.map(patterns);
+  // The substring match ANDs the groups it can test. A group of words it cannot test (over
+  // MAX_SUBSTRING_CHARS, or past the query's budget) would leave the AND a word short: `step
+  // <long id>` matched every recent "step", each with the substring bonus, above the one message
+  // with both. Full text alone answers such a query. (A group of single characters it cannot test,
+  // punctuation or a stop letter, constrains neither half.)
+  const untestable = parsed.groups.some(
+    (terms, g) =>
+      like[g]!.length === 0 && terms.some((t) => codePoints(t.text) > 1 && /[\p{L}\p{N}]/u.test(t.text)),
+  );
   const leaves = budgetLeaves(parsed.groups.map((terms) => terms.map(ftsLeaves)));
   const keyword =
     params.match === 'semantic'
       ? null
       : {
           fts: leaves,
-          like: parsed.groups.map(patterns),
+          like: untestable ? [] : like,
           // Groups full text cannot see (`deploy 🚀`: its matches must hold the 🚀 as well).
           blind: parsed.groups
             .filter((_, g) => leaves[g]!.every((l) => l.length === 0))
