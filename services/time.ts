@@ -3,7 +3,8 @@
  * decimal string (a JSON number cannot hold ns precisely), or naive `YYYY-MM-DD HH:MM:SS` in TZ.
  */
 
-const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$/;
+// RFC 3339 allows any number of fractional digits; those past nanoseconds are dropped (truncated).
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d{1,64})?([Zz]|[+-]\d{2}:\d{2})$/;
 const NAIVE = /^(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$/;
 const UNIX_NS = /^\d{1,19}$/;
 // 1970 .. 2262 (int64 ns range); anything else is a client bug.
@@ -114,7 +115,7 @@ export function parseSentAt(value: string, zone: string): bigint | string {
       number,
     ];
     if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
-    const frac = (m[7] ?? '.').slice(1).padEnd(9, '0');
+    const frac = (m[7] ?? '.').slice(1, 10).padEnd(9, '0');
     const tz = m[8]!;
     let offsetMin = 0;
     if (tz !== 'Z' && tz !== 'z') {

@@ -98,6 +98,13 @@ void describe('ingestion', () => {
     assert.equal(tool.tool_call_id, 'call_1');
     assert.equal(tool.name, 'ls');
 
+    // RFC 3339 allows more fractional digits than nanoseconds: the rest are dropped.
+    const fine = await t.api.post('/v1/sessions/fine/messages?wait=true', {
+      messages: [user('fine', { sent_at: '2026-01-02T03:04:05.1234567891Z' })],
+    });
+    assert.equal(fine.status, 201, fine.text);
+    assert.equal(((await archived(t.api, 'fine')) as any[])[0].sent_at_ns, '1767323045123456789');
+
     // The last representable instant is accepted and read back exactly.
     const edge = await t.api.post('/v1/sessions/edge/messages?wait=true', {
       messages: [user('edge', { sent_at: '2262-04-11T23:47:16.854775807Z' })],
