@@ -409,6 +409,39 @@ void describe('summarize job', () => {
     assert.equal(healed.next_attempt_at, null);
   });
 
+  void test('a reset that keeps a stalled summary clears its failures, so new messages are summarised next', async () => {
+    const inBackOff = async (session: string) =>
+      !(
+        await pageSummaryCandidates(svc.deps.db, { afterTenantId: '', afterSessionId: '', limit: 1000 })
+      ).some((c) => c.id === session);
+    // A written summary that stalled afterwards, and a placeholder that holds only failures.
+    const written = sid('stall-written');
+    await archive(written, [user('[T:w1] question'), assistant('[T:w2] answer')]);
+    fake.onChat(echoSummary);
+    assert.equal((await summarize(written)).version, 1);
+    await archive(written, [user('[T:w3] more'), assistant('[T:w4] reply')]);
+    const placeholder = sid('stall-placeholder');
+    await archive(placeholder, [user('[T:p1] question'), assistant('[T:p2] answer')]);
+    fake.onChat(() => ({ content: 'garbage' }));
+    for (let i = 0; i < 5; i++) {
+      await summarize(written);
+      await summarize(placeholder);
+    }
+    for (const s of [written, placeholder]) {
+      assert.equal((await api.get(`/v1/sessions/${s}`)).body.summary.status, 'stalled');
+      assert.equal((await api.post(`/v1/sessions/${s}/reset`)).status, 200);
+      await archive(s, [user('[T:n1] new question'), assistant('[T:n2] new answer')]);
+      assert.equal(await inBackOff(s), false, 'the sweep takes it up again');
+    }
+    const kept = await api.get(`/v1/sessions/${written}/summary`);
+    assert.equal(kept.status, 200);
+    assert.equal(kept.body.version, 1);
+    assert.equal(kept.body.status, 'ok');
+    assert.equal((await api.get(`/v1/sessions/${placeholder}`)).body.summary, null);
+    fake.onChat(echoSummary);
+    assert.equal((await summarize(written)).version, 2);
+  });
+
   void test('an imported summary without a cursor only gets its cursor set, with no LLM call', async () => {
     const s = sid('import');
     const seqs = await archive(s, [user('[T:i1] old'), assistant('[T:i2] history')]);

@@ -52,6 +52,24 @@ export async function detachSessionUsage(q: Queryable, tenantId: string, session
 }
 
 /** True when a written summary (not a version-0 placeholder) exists. */
+/**
+ * A summary kept by a reset starts the new history without the cleared one's failures: the
+ * messages that made its chunks fail are gone, and a stall's back-off (up to 6 h) would hold back
+ * the new ones. A placeholder that holds only failures (version 0) goes.
+ */
+export async function clearSummaryFailures(q: Queryable, tenantId: string, sessionId: string): Promise<void> {
+  await q.query('DELETE FROM summaries WHERE tenant_id = $1 AND session_id = $2 AND version = 0', [
+    tenantId,
+    sessionId,
+  ]);
+  await q.query(
+    `UPDATE summaries SET status = 'ok', failures = 0, last_error = NULL, next_attempt_at = NULL
+     WHERE tenant_id = $1 AND session_id = $2
+       AND (status <> 'ok' OR failures > 0 OR next_attempt_at IS NOT NULL)`,
+    [tenantId, sessionId],
+  );
+}
+
 export async function hasWrittenSummary(q: Queryable, tenantId: string, sessionId: string): Promise<boolean> {
   const r = await q.query(
     'SELECT 1 FROM summaries WHERE tenant_id = $1 AND session_id = $2 AND summary IS NOT NULL AND version > 0',

@@ -2,6 +2,7 @@ import { withTransaction } from '../../db/pool.js';
 import type { Queryable } from '../../db/pool.js';
 import {
   deleteSessionMessages,
+  clearSummaryFailures,
   deleteSessionSummary,
   deleteSessionSummaryLease,
   deleteSessionVectorRows,
@@ -85,6 +86,7 @@ export async function clearSession(
     const messagesRemoved = await deleteSessionMessages(tx, tenantId, sessionId);
     await deleteSessionVectorRows(tx, tenantId, sessionId);
     if (dropSummary) await deleteSessionSummary(tx, tenantId, sessionId);
+    else await clearSummaryFailures(tx, tenantId, sessionId);
     if (mode.kind === 'delete') {
       await deleteSessionSummaryLease(tx, tenantId, sessionId);
       await detachSessionUsage(tx, tenantId, sessionId);
