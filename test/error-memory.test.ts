@@ -6,7 +6,7 @@ import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import { Redis } from 'ioredis';
 import { CANDIDATES_PER_TERM, openErrorMemory } from '../services/error-memory/error-store.js';
-import { normaliseSymptom } from '../services/error-memory/normalise.js';
+import { normaliseSymptom, significantTerms } from '../services/error-memory/normalise.js';
 import { buildQuery, indexTerms, relevance } from '../services/error-memory/ranking.js';
 import type { ErrorMemory, ErrorRecord } from '../services/error-memory/types.js';
 import { makeErrorHandler, notFoundHandler } from '../services/http-errors.js';
@@ -527,6 +527,112 @@ void describe('dedupe', () => {
     assert.deepEqual([rec.action, rec.outcome, rec.hits], ['systemctl start postgresql', 'resolved', 3]);
   });
 
+  void test('a quoted code or value with digits in it is kept as written, so such errors stay apart', async () => {
+    const tenant = newTenant();
+    const pairs: Array<[string, string]> = [
+      ['{"code":"ERR_HTTP2_STREAM_CANCEL"}', '{"code":"ERR_HTTP2_GOAWAY_SESSION"}'],
+      ["code: 'ERR_HTTP2_STREAM_CANCEL'", "code: 'ERR_HTTP2_GOAWAY_SESSION'"],
+      ['{"error":"sha256_checksum_mismatch"}', '{"error":"md5_checksum_mismatch_x"}'],
+      ['{"reason":"s3_bucket_not_found_404"}', '{"reason":"s3_bucket_access_denied"}'],
+      ['{"error":"quota_exceeded_2"}', '{"error":"quota_exceeded_3"}'],
+    ];
+    for (const [n, [a, b]] of pairs.entries()) {
+      assert.notEqual(normaliseSymptom(a), normaliseSymptom(b), `${a} vs ${b}`);
+      const first = await write(tenant, { tool_name: `tool_${n}`, symptom: a });
+      const second = await write(tenant, { tool_name: `tool_${n}`, symptom: b });
+      assert.equal(first.status, 201, a);
+      assert.equal(second.status, 201, `${b} is not ${a}`);
+    }
+    assert.equal(normaliseSymptom('{"error":"ERR_HTTP2_X","line":12}'), '{"error":"err_http2_x","line":<n>}');
+    // Private-use characters in the text itself are left as they are.
+    assert.equal(normaliseSymptom('\uE000 {"code":"e1_x"} \uE001'), '\uE000 {"code":"e1_x"} \uE001');
+  });
+
+  void test('negative codes, codes in brackets and statuses after responded, status of or got stay apart', () => {
+    const pairs: Array<[string, string]> = [
+      ['Process exited with code -1073741819', 'Process exited with code -1073741515'],
+      ['exited with exit code -11', 'exited with exit code -6'],
+      ['{"code":-32601,"message":"Server error"}', '{"code":-32602,"message":"Server error"}'],
+      ['SQLSTATE[08006]: connection failure', 'SQLSTATE[08001]: connection failure'],
+      ['exit(1)', 'exit(2)'],
+      ['upstream responded with 403', 'upstream responded with 404'],
+      ['request failed with a status of 403', 'request failed with a status of 404'],
+      ['got 403 from server', 'got 500 from server'],
+    ];
+    for (const [a, b] of pairs) assert.notEqual(normaliseSymptom(a), normaliseSymptom(b), `${a} vs ${b}`);
+    // Counts and noise still merge.
+    const same: Array<[string, string]> = [
+      ['Error 1 of 3: upload timed out', 'Error 2 of 3: upload timed out'],
+      ['got 3 rows from server', 'got 7 rows from server'],
+      ['retry -1 of 5', 'retry -2 of 5'],
+      ['status (1 of 3) failed', 'status (2 of 3) failed'],
+    ];
+    for (const [a, b] of same) assert.equal(normaliseSymptom(a), normaliseSymptom(b), `${a} vs ${b}`);
+  });
+
+  void test('a version of three parts after its package stays as written; dates, addresses and decimals do not', () => {
+    const apart: Array<[string, string]> = [
+      ['numpy 1.24.0 is incompatible', 'numpy 2.0.0 is incompatible'],
+      ['requires node >= 18.0.0', 'requires node >= 20.0.0'],
+      ['pip install requests==2.31.0 failed', 'pip install requests==2.28.1 failed'],
+      ['cannot resolve lodash@4.17.21', 'cannot resolve lodash@4.17.20'],
+      ['node v18.0.0 is not supported', 'node v18.0.1 is not supported'],
+      ['python3.12: module not found', 'python3.11: module not found'],
+    ];
+    for (const [a, b] of apart) assert.notEqual(normaliseSymptom(a), normaliseSymptom(b), `${a} vs ${b}`);
+    const same: Array<[string, string]> = [
+      ['backup on 12.05.2024 failed', 'backup on 01.06.2025 failed'],
+      ['connect 10.0.0.1 refused', 'connect 192.168.1.20 refused'],
+      ['load 1.5 over limit', 'load 2.75 over limit'],
+    ];
+    for (const [a, b] of same) assert.equal(normaliseSymptom(a), normaliseSymptom(b), `${a} vs ${b}`);
+  });
+
+  void test('a merge replaces action, outcome and cause together, and recomputes the class and embedding', async () => {
+    const tenant = newTenant();
+    const symptom = 'request to upstream failed';
+    const classOf = async (id: string) => redis.hget(recKey(tenant, id), 'error_class');
+    const first = await write(tenant, {
+      tool_name: 'http',
+      symptom,
+      action: 'a1',
+      outcome: 'failed',
+      cause: 'timed out waiting for the proxy',
+    });
+    const id: string = first.body.id;
+    assert.equal(await classOf(id), 'timeout');
+    await write(tenant, {
+      tool_name: 'http',
+      symptom,
+      action: 'a2',
+      outcome: 'abandoned',
+      cause: 'permission denied',
+    });
+    let rec = (await call(tenant, 'GET', `/${id}`)).body;
+    assert.deepEqual([rec.action, rec.outcome, rec.cause], ['a2', 'abandoned', 'permission denied']);
+    assert.equal(await classOf(id), 'permission');
+    await write(tenant, { tool_name: 'http', symptom, action: 'a3', outcome: 'resolved' });
+    rec = (await call(tenant, 'GET', `/${id}`)).body;
+    assert.deepEqual([rec.action, rec.outcome, rec.cause, rec.hits], ['a3', 'resolved', null, 3]);
+    assert.equal(await classOf(id), 'other', 'the class is of the symptom and the resulting cause');
+    // A failed attempt after the fix changes neither the fix, its cause nor the class.
+    await write(tenant, { tool_name: 'http', symptom, action: 'a4', outcome: 'failed', cause: 'timed out' });
+    rec = (await call(tenant, 'GET', `/${id}`)).body;
+    assert.deepEqual([rec.action, rec.outcome, rec.cause, rec.hits], ['a3', 'resolved', null, 4]);
+    assert.equal(await classOf(id), 'other');
+
+    const embed = (text: string) => localEmbed(text, 64);
+    const embedded = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 90, embed });
+    extraStores.push(embedded);
+    const t = newTenant();
+    const input = { tool_name: 'pip', symptom: 'No matching distribution found', action: 'pin' };
+    const made = await embedded.write(t, { ...input, outcome: 'failed', cause: 'index offline' });
+    await embedded.write(t, { ...input, outcome: 'resolved', cause: 'wrong python version' });
+    const stored = JSON.parse((await redis.hget(recKey(t, made.id), 'embedding')) ?? 'null');
+    const want = embed(`${input.symptom}\nwrong python version`).map((x) => Math.round(x * 1e5) / 1e5);
+    assert.deepEqual(stored, want);
+  });
+
   void test('8 concurrent identical writes create exactly one record', async () => {
     const tenant = newTenant();
     const replies = await Promise.all(
@@ -736,6 +842,46 @@ void describe('search and lookup', () => {
         query,
       );
     }
+  });
+
+  void test('a number is a term only where dedupe keeps it as a code: a shared line number finds nothing', async () => {
+    const t = newTenant();
+    assert.deepEqual(
+      significantTerms('SyntaxError: unexpected token at line 12, port 5432, in 2024 on 10.0.0.1'),
+      ['syntaxerror', 'unexpected', 'token', 'line', 'port'],
+    );
+    assert.deepEqual(
+      significantTerms('ORA-12541; exit code 137; status 404; exit code -11; SQLSTATE[08006]'),
+      ['ora', '12541', 'exit', 'code', '137', 'status', '404', '11', 'sqlstate', '08006'],
+    );
+    const worker = await write(t, {
+      tool_name: 'node',
+      symptom: 'segfault in worker 12',
+      action: 'restart it',
+    });
+    const rec = (await call(t, 'GET', `/${worker.body.id}`)).body;
+    assert.ok(
+      !indexTerms({ ...rec, created_ms: 0, last_hit_ms: 0, error_class: 'other', embedding: null }).includes(
+        '12',
+      ),
+    );
+    const lookup = await call(t, 'POST', '/lookup', {
+      tool_name: 'node',
+      error: 'SyntaxError: unexpected token at line 12',
+    });
+    assert.deepEqual([lookup.body.related_errors, lookup.body.records], ['NONE', []]);
+    assert.deepEqual(buildQuery('failed at line 12', undefined, undefined).terms, ['failed', 'line']);
+    // A code still finds its record by itself.
+    const ora = await write(t, {
+      tool_name: 'sqlplus',
+      symptom: 'ORA-12541: TNS:no listener',
+      action: 'start it',
+    });
+    const found = await call(t, 'POST', '/search', { query: 'ORA-12541' });
+    assert.deepEqual(
+      found.body.records.map((r: ErrorRecord) => r.id),
+      [ora.body.id],
+    );
   });
 
   void test('an embedder, when given, is stored with the record and used', async () => {

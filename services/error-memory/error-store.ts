@@ -74,6 +74,9 @@ function loadCreateClient(): CreateClient {
 }
 
 const sha1 = (text: string) => createHash('sha1').update(text).digest('hex');
+/** An embedding as the record stores it: JSON, five decimals. */
+const storedEmbedding = (vector: readonly number[]) =>
+  JSON.stringify(vector.map((x) => Math.round(x * 1e5) / 1e5));
 
 const TRANSIENT_REPLY = /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\b/;
 
@@ -253,6 +256,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       const existing = await client.get(dedupeKey);
       if (existing !== null) {
         const [before] = await fetchMany(k, [existing]);
+        // What the record's class and embedding become if this attempt's cause replaces its own.
+        const text = `${before?.symptom ?? symptom}\n${cause ?? ''}`;
         const merged = await evalScript(
           MERGE_SCRIPT,
           [k.rec(existing), dedupeKey],
@@ -267,6 +272,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
             keywords.join(KEYWORD_SEPARATOR),
             String(MAX_KEYWORDS_STORED),
             input.session_id ?? '',
+            classifyError(text),
+            opts.embed ? storedEmbedding(opts.embed(text)) : '',
           ],
         );
         if (merged === 1) {
@@ -304,7 +311,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         cause: cause ?? undefined,
         dedupe,
         session_id: input.session_id,
-        embedding: vector ? JSON.stringify(vector.map((x) => Math.round(x * 1e5) / 1e5)) : undefined,
+        embedding: vector ? storedEmbedding(vector) : undefined,
       });
       await client.pExpire(k.rec(id), ttlMs);
       // The record exists before its dedupe key does, so a duplicate that finds the key always

@@ -36,10 +36,20 @@ const CODE_WORDS =
   'status_code|statuscode|http_status|status|code|errorcode|error_code|exitcode|exit_code|exit|errno|rc|signal|sqlstate|hresult|curl: \\(|ora-|' +
   'http(?:\\/\\d+(?:\\.\\d+)?)?|错误代码|錯誤代碼|错误码|錯誤碼|状态码|狀態碼|エラーコード|ステータスコード|상태 코드|오류 코드';
 const VALUE_BEFORE = new RegExp(`(?<![\\p{L}\\p{N}_])(?:${NAME_WORDS})["'\`]?\\s*[:=]\\s*$`, 'u');
-const CODE_BEFORE = new RegExp(`(?<![\\p{L}\\p{N}_])(?:${CODE_WORDS})["'\`]?[ \\t]*[:=]?[ \\t]*$`, 'u');
-// After `error`, `returned`, `responded`... only a number of three or more digits is a code (an
-// HTTP status, `ERROR 1045`): `Error 1 of 3` and `error: 3 tests failed` are counts.
-const ERROR_BEFORE = /(?<![\p{L}\p{N}_])(?:error|returned|responded|response)["'`]?[ \t]*[:=]?[ \t([]*$/u;
+// The code may be negative (`exit code -11`, `"code":-32601`) and follow its word in brackets
+// (`SQLSTATE[08006]`, `exit(1)`).
+const CODE_BEFORE = new RegExp(
+  `(?<![\\p{L}\\p{N}_])(?:${CODE_WORDS})(?:["'\`]?[ \\t]*[:=]?[ \\t]*|[\\[(])-?$`,
+  'u',
+);
+// After `error`, `returned`, `responded (with)`, `status of`... only a number of three or more
+// digits is a code (an HTTP status, `ERROR 1045`): `Error 1 of 3` and `error: 3 tests failed` are
+// counts.
+const ERROR_BEFORE =
+  /(?<![\p{L}\p{N}_])(?:error|returned|responded|response|answered|status[ \t]+of)(?:[ \t]+with)?["'`]?[ \t]*[:=]?[ \t([]*-?$/u;
+// `got 403 from server`: a status between `got` and `from`.
+const GOT_BEFORE = /(?<![\p{L}\p{N}_])got[ \t]+$/u;
+const FROM_AFTER = /^[ \t]+from\b/u;
 // An HTTP status is also known by the reason phrase after it: `404 Client Error`, `(502) Bad Gateway`.
 const REASON_AFTER =
   /^[)\]]?[ \t]*(?:client error|server error|not found|forbidden|unauthori[sz]ed|bad request|bad gateway|internal server error|service unavailable|gateway time-?out|too many requests|conflict|method not allowed|not acceptable|unprocessable|payment required|gone|precondition failed|request time-?out|not implemented)\b/u;
@@ -52,7 +62,7 @@ const PATH_START = /^(?:[a-z]:[\\/]|\\\\|~?\/|\.\.?[\\/])/;
  * or `,`, followed by `:`) is a key, and one after a word naming the error (VALUE_BEFORE) is what
  * tells errors apart: both are kept. `cannot access 'build.log':` and `parsing "12a":` are values.
  */
-function maskQuoted(quoted: string, offset: number, whole: string): string {
+function maskQuoted(quoted: string, offset: number, whole: string, hold: (kept: string) => string): string {
   const inner = quoted.slice(1, -1);
   if (PATH_START.test(inner)) return '<q>';
   if (/\s/u.test(inner)) return quoted;
@@ -62,16 +72,43 @@ function maskQuoted(quoted: string, offset: number, whole: string): string {
   // The whole value of such a word (`{"error":"invalid_grant"}`, `code: 'ERR_X'`), not a name
   // inside a sentence after it (`error: 'foo' undeclared`).
   const isValue = VALUE_BEFORE.test(before) && /^[ \t]*(?:[,;}\])]|\r?\n|$)/.test(after);
-  return isKey || isValue ? quoted : '<q>';
+  if (!(isKey || isValue)) return '<q>';
+  // Kept as written: the masks after this one must not read ids or numbers into it
+  // (`"err_http2_stream_cancel"`). A key or value of letters alone is left in place, as no mask
+  // changes it and CODE_BEFORE reads the key before a number (`{"code":429}`).
+  return /^[\p{L}\p{M}_]*$/u.test(inner) ? quoted : `${quoted[0]}${hold(inner)}${quoted.slice(-1)}`;
+}
+
+/**
+ * Whether the number at `offset` of `whole` is a code that tells errors apart (a status, exit or
+ * error code by its word or its reason phrase), rather than a count, port, line or address.
+ * Also what makes a number a significant term.
+ */
+function isCodeNumber(n: string, offset: number, whole: string): boolean {
+  const before = whole.slice(Math.max(0, offset - 24), offset);
+  if (CODE_BEFORE.test(before)) return true;
+  if (/^\d{3,}$/.test(n) && ERROR_BEFORE.test(before)) return true;
+  if (!/^[1-5]\d\d$/.test(n)) return false;
+  const after = whole.slice(offset + n.length, offset + n.length + 40);
+  return REASON_AFTER.test(after) || (GOT_BEFORE.test(before) && FROM_AFTER.test(after));
+}
+
+// A version of three parts after the word it is a version of: `numpy 1.24.0`, `foo@1.2.3`,
+// `requests==2.31.0`, `node >= 18.0.0`. Not after a stop word (`on 1.2.3`), not a date
+// (`12.05.2024`); four parts are an IPv4 address and two may be any decimal (`took 1.5 s`).
+const VERSION = /^\d{1,4}\.\d{1,4}\.\d{1,6}$/;
+const DATE_LIKE = /^\d{1,2}\.\d{1,2}\.\d{4}$/;
+const VERSION_BEFORE =
+  /(?<![\p{L}\p{N}_<])(\p{L}[\p{L}\p{N}_-]*)(?:[ \t]*(?:[<>=~^!]=?|==|@)[ \t]*|[ \t]+)$/u;
+
+function isVersion(n: string, offset: number, whole: string): boolean {
+  if (!VERSION.test(n) || DATE_LIKE.test(n)) return false;
+  const word = VERSION_BEFORE.exec(whole.slice(Math.max(0, offset - 40), offset))?.[1];
+  return word !== undefined && !STOP_WORDS.has(word);
 }
 
 function maskNumber(n: string, offset: number, whole: string): string {
-  const before = whole.slice(Math.max(0, offset - 24), offset);
-  if (CODE_BEFORE.test(before)) return n;
-  if (/^\d{3,}$/.test(n) && ERROR_BEFORE.test(before)) return n;
-  if (/^[1-5]\d\d$/.test(n) && REASON_AFTER.test(whole.slice(offset + n.length, offset + n.length + 40)))
-    return n;
-  return '<n>';
+  return isCodeNumber(n, offset, whole) || isVersion(n, offset, whole) ? n : '<n>';
 }
 
 /** `0x80070005` after `error`, `hresult`... is an error code, elsewhere an address or an id. */
@@ -97,9 +134,12 @@ const QUOTED_RE =
 const TIMESTAMP_RE =
   /\b\d{4}-\d{2}-\d{2}(?:[t ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:z|[+-]\d{2}:?\d{2})?)?\b|\b(?:(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*,?\s+)?(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\s+\d{1,2},?\s+(?:\d{4}\s+)?\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s+[a-z]{2,5}(?=\s+\d{4}\b))?(?:\s+\d{4}\b)?/g;
 const DURATION_RE = /(?<![\p{L}\p{N}.])(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h|d))+(?![\p{L}\p{N}])/gu;
-// Digits glued to a Latin, Greek or Cyrillic letter are part of a word (`python3`, `ipv6`); CJK
-// text has no spaces, so a number beside a CJK character is still a number (`第12行`).
-const NUMBER_RE = /(?<![\p{Script=Latin}\p{Script=Greek}\p{Script=Cyrillic}\p{N}_])\d+(?:\.\d+)*/gu;
+// Digits glued to a Latin, Greek or Cyrillic letter are part of a word (`python3`, `ipv6`), and
+// so are the dotted parts after them (`v1.2.3`, `python3.12`: a number does not start after a
+// digit and a dot); CJK text has no spaces, so a number beside a CJK character is still a number
+// (`第12行`).
+const NUMBER_RE =
+  /(?<![\p{Script=Latin}\p{Script=Greek}\p{Script=Cyrillic}\p{N}_])(?<!\p{N}\.)\d+(?:\.\d+)*/gu;
 
 // Applied after URLs, quoted values, timestamps and durations (they may contain paths and
 // numbers); numbers last.
@@ -137,14 +177,41 @@ export const MAX_SYMPTOM_CHARS = 8000;
  * are read.
  */
 export function normaliseSymptom(symptom: string): string {
-  let s = takeCodePoints(symptom.normalize('NFKC').toLowerCase(), MAX_SYMPTOM_CHARS)
+  const text = takeCodePoints(symptom.normalize('NFKC').toLowerCase(), MAX_SYMPTOM_CHARS);
+  const held = holder(text);
+  let s = text
     .replace(URL_RE, '<url>')
-    .replace(QUOTED_RE, maskQuoted)
+    .replace(QUOTED_RE, (q: string, offset: number, whole: string) => maskQuoted(q, offset, whole, held.hold))
     .replace(TIMESTAMP_RE, '<time>')
     .replace(DURATION_RE, '<n>');
   s = s.replace(/\b0x[0-9a-f]+\b/g, maskHex);
   for (const [re, mask] of MASKS) s = s.replace(re, mask);
-  return s.replace(NUMBER_RE, maskNumber).replace(/\s+/g, ' ').trim();
+  return held.restore(s.replace(NUMBER_RE, maskNumber).replace(/\s+/g, ' ').trim());
+}
+
+const PRIVATE_USE = /\p{Co}/gu;
+
+/**
+ * Sets kept text aside while the masks run: each piece becomes one private-use character that
+ * does not occur in `text` (no mask reads or changes it), and `restore` puts the pieces back. An
+ * 8,000-character text leaves thousands of the 137,000 private-use characters free.
+ */
+function holder(text: string): { hold: (kept: string) => string; restore: (s: string) => string } {
+  const held = new Map<string, string>();
+  let used: Set<string> | undefined;
+  let next = 0xe000;
+  const step = (cp: number) => (cp === 0xf8ff ? 0xf0000 : cp === 0xffffd ? 0x100000 : cp + 1);
+  return {
+    hold: (kept) => {
+      used ??= new Set(text.match(PRIVATE_USE) ?? []);
+      while (used.has(String.fromCodePoint(next))) next = step(next);
+      const ch = String.fromCodePoint(next);
+      next = step(next);
+      held.set(ch, kept);
+      return ch;
+    },
+    restore: (s) => (held.size === 0 ? s : s.replace(PRIVATE_USE, (ch) => held.get(ch) ?? ch)),
+  };
 }
 
 const CJK = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]/u;
@@ -165,16 +232,24 @@ const STOP_WORDS = new Set(
  * Significant terms, in order of first appearance, without repeats: lower-cased words of two or
  * more characters that are not stop words, plus overlapping bigrams of CJK runs (CJK is written
  * without spaces, so words cannot be split on them). No stemming: "timeouts" is not "timeout".
+ * A number is a term only where dedupe keeps it as a code (`status 404`, `ORA-12541`, `exit code
+ * 137`): line numbers, ports, years and counts would make unrelated records share a term. Index
+ * and queries both take their terms from here.
  */
 export function significantTerms(text: string, max = Infinity): string[] {
   const terms = new Set<string>();
-  for (const match of text.normalize('NFKC').toLowerCase().matchAll(RUN)) {
+  const norm = text.normalize('NFKC').toLowerCase();
+  for (const match of norm.matchAll(RUN)) {
     const run = match[0];
     if (CJK.test(run)) {
       // Stops at `max` within a run too: a CJK run of thousands of characters is one match.
       const chars = Array.from(run);
       for (let i = 0; i + 1 < chars.length && terms.size < max; i++) terms.add(`${chars[i]}${chars[i + 1]}`);
-    } else if (Array.from(run).length >= 2 && !STOP_WORDS.has(run)) {
+    } else if (
+      Array.from(run).length >= 2 &&
+      !STOP_WORDS.has(run) &&
+      !(/^[0-9]+$/.test(run) && !isCodeNumber(run, match.index, norm))
+    ) {
       terms.add(run);
     }
     if (terms.size >= max) break;

@@ -7,11 +7,15 @@
  */
 
 /**
- * Merge a duplicate into an existing record: hits, time, keywords and session always; action,
- * outcome and cause too, except that a failed or abandoned attempt never replaces a resolved fix
- * (the fix is what a later lookup needs; a newer fix does replace it).
+ * Merge a duplicate into an existing record: hits, time, keywords (the union, up to the maximum)
+ * and session (when given) always. The attempt's action, outcome and cause replace the record's
+ * together, a cause left out clearing the old one (an earlier attempt's cause is not this fix's),
+ * with the error class and embedding computed from the record's symptom and that cause; except
+ * that a failed or abandoned attempt never replaces a resolved fix (the fix is what a later
+ * lookup needs; a newer fix does replace it).
  * KEYS: record, dedupe key. ARGV: id, ttl ms, now ms, action, outcome, has cause (0/1), cause,
- * keywords joined by \31, max keywords, session id ('' = keep).
+ * keywords joined by \31, max keywords, session id ('' = keep), error class, embedding ('' =
+ * keep).
  * Returns 1, or 0 when the record is gone.
  */
 export const MERGE_SCRIPT = String.raw`
@@ -19,8 +23,13 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'hits', 1)
 redis.call('HSET', KEYS[1], 'last_hit_ms', ARGV[3])
 if redis.call('HGET', KEYS[1], 'outcome') ~= 'resolved' or ARGV[5] == 'resolved' then
-  redis.call('HSET', KEYS[1], 'action', ARGV[4], 'outcome', ARGV[5])
-  if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'cause', ARGV[7]) end
+  redis.call('HSET', KEYS[1], 'action', ARGV[4], 'outcome', ARGV[5], 'error_class', ARGV[11])
+  if ARGV[6] == '1' then
+    redis.call('HSET', KEYS[1], 'cause', ARGV[7])
+  else
+    redis.call('HDEL', KEYS[1], 'cause')
+  end
+  if ARGV[12] ~= '' then redis.call('HSET', KEYS[1], 'embedding', ARGV[12]) end
 end
 if ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'session_id', ARGV[10]) end
 if ARGV[8] ~= '' then
