@@ -297,6 +297,7 @@ const noFilters = (sessionId: string) => ({
   windowSize: null,
   excludeFts: [],
   excludeLike: [],
+  excludeWords: [],
 });
 
 interface Case {

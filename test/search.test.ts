@@ -619,6 +619,33 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     ]);
   });
 
+  const LONG_TERMS = ['a', 'b', 'c', 'd'].map((c) => c.repeat(64)).join(' ');
+
+  void test('keyword: full-text matches rank above substring-only ones; -2 leaves out what 2 finds; a CJK character past the budget stays in the AND', async () => {
+    const s = sid('tier');
+    const seqs = await archive(api, s, [
+      user('step 3 of the install guide'),
+      ...Array.from({ length: 40 }, (_, i) => user(`step ${300 + i} of the filler guide`)),
+      user('step 2.0 migration notes'),
+      user('plain migration notes'),
+      ...[' 錯誤', '', '', ''].map((tail) => user(`${LONG_TERMS}${tail}`)),
+    ]);
+    const [step3] = seqs;
+    // The phrase is inside "step 300" … "step 339" too; the newest of them took the substring
+    // bonus (0.1) above the phrase's full-text rank (~0.09), and the one exact match was dropped.
+    const phrase = await search(api, s, { query: '"step 3"', match: 'keyword', limit: 3 });
+    assert.equal(phrase.body.hits[0]!.seq, step3);
+    assert.ok(phrase.body.hits[0]!.score > phrase.body.hits[1]!.score);
+    assert.equal((await hitSeqs(api, s, { query: '"step 3"', match: 'keyword', limit: 1 }))[0], step3);
+    assert.equal((await hitSeqs(api, s, { query: '"step 3"', match: 'hybrid', limit: 1 }))[0], step3);
+    // Full text reads `2.0` as a token of its own; `2` finds it as a word, so `-2` leaves it out.
+    assert.deepEqual(await hitSeqs(api, s, { query: 'migration 2', match: 'keyword' }), [seqs[41]]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'migration -2', match: 'keyword' }), [seqs[42]]);
+    // Four terms of 64 fill the substring budget: 錯 is left to full text, and the AND keeps it
+    // (the substring match ANDed the four alone, and the three messages without 錯 were hits).
+    assert.deepEqual(await hitSeqs(api, s, { query: `${LONG_TERMS} 錯`, match: 'keyword' }), [seqs[43]]);
+  });
+
   void test('keyword: a query reaches full text with at most 256 words and bigrams', async () => {
     const s = sid('ftscap');
     // Ten different 31-character CJK phrases (30 bigrams each), each inside a message of its own.
@@ -1252,6 +1279,7 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
       windowSize: null,
       excludeFts: [] as Array<Array<{ kind: 'english-words'; text: string }>>,
       excludeLike: [] as string[],
+      excludeWords: [] as string[],
       keyword: null,
       embedding: localEmbed(parsed.embedText, svc.config.embedding.dimensions),
       k: 8,
@@ -1323,6 +1351,7 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
       windowSize: null,
       excludeFts: [],
       excludeLike: [],
+      excludeWords: [],
       keyword: null,
       embedding: query,
       k: 32,

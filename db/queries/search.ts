@@ -4,7 +4,7 @@ import type { Queryable } from '../pool.js';
 import type { StoredMessageRow } from './messages.js';
 import type { FtsLeaf } from '../../services/search/parse-query.js';
 import type { OwnIndexes } from '../../services/search/indexed-sessions.js';
-import { RRF_K, SUBSTRING_BONUS } from '../../services/search/rank-hits.js';
+import { FULL_TEXT_TIER, RRF_K, SUBSTRING_BONUS } from '../../services/search/rank-hits.js';
 
 /**
  * Search queries over the archive (tier 3: `messages.search_tsv`, GIN `messages_fts`) and the
@@ -110,6 +110,8 @@ export interface SearchFilters {
   /** Excluded terms: a message matching any of them by full text or by substring is dropped. */
   excludeFts: FtsLeaf[][];
   excludeLike: string[];
+  /** Excluded terms of one letter or digit, as whole-word regular expressions (wordRegex). */
+  excludeWords: string[];
 }
 
 const MAX_SEQ = '9223372036854775807';
@@ -167,7 +169,8 @@ function stateCte(p: Params, windowSize: number | null): string {
     WHERE s.tenant_id = $1 AND s.id = $2 AND s.deleted_at IS NULL)`;
 }
 
-const hasExclusions = (f: SearchFilters) => f.excludeFts.length > 0 || f.excludeLike.length > 0;
+const hasExclusions = (f: SearchFilters) =>
+  f.excludeFts.length > 0 || f.excludeLike.length > 0 || f.excludeWords.length > 0;
 
 /**
  * CTE `ex`, present when there are excluded terms: `fts`, one tsquery per excluded term (the AND
@@ -192,7 +195,8 @@ function exclusionCte(p: Params, f: SearchFilters): string {
     .map(([kind, query]) => `WHEN '${kind}' THEN ${query('l.text')}`)
     .join(' ')} END`;
   return `ex AS (
-    SELECT coalesce(array_agg(t.q), '{}') AS fts, ${p.add(f.excludeLike)}::text[] AS likes
+    SELECT coalesce(array_agg(t.q), '{}') AS fts, ${p.add(f.excludeLike)}::text[] AS likes,
+      ${p.add(f.excludeWords)}::text[] AS words
     FROM (
       SELECT string_agg('(' || l.q::text || ')', ' & ')::tsquery AS q
       FROM (SELECT l.term, ${leaf} AS q
@@ -211,6 +215,7 @@ function filterSql(p: Params, f: SearchFilters, seqCol = 'm.seq'): string {
   if (hasExclusions(f)) {
     out.push(`NOT (m.search_tsv @@ ANY ((SELECT fts FROM ex)::tsquery[]))`);
     out.push(`NOT (coalesce(m.content, '') ILIKE ANY ((SELECT likes FROM ex)::text[]))`);
+    out.push(`NOT (coalesce(m.content, '') ~* ANY ((SELECT words FROM ex)::text[]))`);
   }
   return out.map((c) => ` AND ${c}`).join('');
 }
@@ -461,7 +466,7 @@ function semanticCte(
  * and fetches what is missing (`walkRows`).
  */
 function orderSql(match: SearchArgs['match']): string {
-  const kwScore = `CASE WHEN by_fts THEN rank::text::float8 ELSE 0 END
+  const kwScore = `CASE WHEN by_fts THEN ${FULL_TEXT_TIER}::float8 + rank::text::float8 ELSE 0 END
     + CASE WHEN by_substring THEN ${SUBSTRING_BONUS}::float8 ELSE 0 END`;
   const source =
     match === 'keyword'

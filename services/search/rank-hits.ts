@@ -12,10 +12,18 @@ export interface Candidate {
 }
 
 export const SUBSTRING_BONUS = 0.1;
+/**
+ * Added to a full-text match's score, so that every message full text matched ranks above every
+ * message that only the substring match found (inside words: `index` in `reindexed`, `step 3` in
+ * `step 300`): the bonus alone outranked full-text ranks (about 0.09), and the newest substring
+ * matches pushed the one message with the words themselves out of the hits.
+ */
+export const FULL_TEXT_TIER = 1;
 
 /**
- * Keyword score: `ts_rank_cd(…, 32)` (cover density, normalised to 0..1) plus a fixed bonus when
- * the message also (or only) contains a query term verbatim. Ties: newer first.
+ * Keyword score: for a full-text match FULL_TEXT_TIER plus `ts_rank_cd(…, 32)` (cover density,
+ * normalised to 0..1), plus a fixed bonus when the message also (or only) contains the query's
+ * terms verbatim. Ties: newer first.
  */
 export function rankKeyword(
   rows: Array<{ seq: number; rank: number; byFts: boolean; bySubstring: boolean }>,
@@ -23,7 +31,7 @@ export function rankKeyword(
   return rows
     .map((r) => ({
       seq: r.seq,
-      score: (r.byFts ? r.rank : 0) + (r.bySubstring ? SUBSTRING_BONUS : 0),
+      score: (r.byFts ? FULL_TEXT_TIER + r.rank : 0) + (r.bySubstring ? SUBSTRING_BONUS : 0),
       archive: r.byFts,
       recent: r.bySubstring,
     }))

@@ -199,6 +199,8 @@ async function run(
       .map((t) => t.text)
       .filter((t) => substrings.has(t))
       .map(likePattern),
+    // `-2` leaves out what `2` finds (`step 2.0`, `step-2`, which full text reads as other tokens).
+    excludeWords: parsed.exclude.map((t) => wordRegex(t.text)).filter((w): w is string => w !== null),
   };
   // A term's substring test: a LIKE pattern, or for a term of one ASCII letter or digit a
   // whole-word regular expression.
@@ -210,13 +212,14 @@ async function run(
     });
   const like = parsed.groups.map(patterns);
   // The substring match ANDs the groups it can test. A group of words it cannot test (over
-  // MAX_SUBSTRING_CHARS, or past the query's budget) would leave the AND a word short: `step
-  // <long id>` matched every recent "step", each with the substring bonus, above the one message
-  // with both. Full text alone answers such a query. (A group of single characters it cannot test,
-  // punctuation or a stop letter, constrains neither half.)
+  // MAX_SUBSTRING_CHARS, or past the query's budget, a single CJK character too) would leave the
+  // AND a word short: `step <long id>` matched every recent "step", each with the substring bonus,
+  // above the one message with both. Full text alone answers such a query. (A group of single
+  // ASCII characters it cannot test, punctuation or a stop letter, constrains neither half.)
+  const oneAscii = (text: string) => text.length === 1 && text.charCodeAt(0) < 0x80;
   const untestable = parsed.groups.some(
     (terms, g) =>
-      like[g]!.length === 0 && terms.some((t) => codePoints(t.text) > 1 && /[\p{L}\p{N}]/u.test(t.text)),
+      like[g]!.length === 0 && terms.some((t) => /[\p{L}\p{N}]/u.test(t.text) && !oneAscii(t.text)),
   );
   const leaves = budgetLeaves(parsed.groups.map((terms) => terms.map(ftsLeaves)));
   const keyword =
