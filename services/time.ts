@@ -4,7 +4,7 @@
  */
 
 // RFC 3339 allows any number of fractional digits; those past nanoseconds are dropped (truncated).
-const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d{1,64})?([Zz]|[+-]\d{2}:\d{2})$/;
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$/;
 const NAIVE = /^(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$/;
 const UNIX_NS = /^\d{1,19}$/;
 // 1970 .. 2262 (int64 ns range); anything else is a client bug.

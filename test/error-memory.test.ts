@@ -584,6 +584,7 @@ void describe('dedupe', () => {
       ['backup on 12.05.2024 failed', 'backup on 01.06.2025 failed'],
       ['connect 10.0.0.1 refused', 'connect 192.168.1.20 refused'],
       ['load 1.5 over limit', 'load 2.75 over limit'],
+      ['backup 2024.01.15 failed', 'backup 2024.02.15 failed'],
     ];
     for (const [a, b] of same) assert.equal(normaliseSymptom(a), normaliseSymptom(b), `${a} vs ${b}`);
   });
@@ -882,6 +883,16 @@ void describe('search and lookup', () => {
       found.body.records.map((r: ErrorRecord) => r.id),
       [ora.body.id],
     );
+    // A bare code of three or more digits in a query finds the records that hold it as a code.
+    const killed = await write(t, { tool_name: 'docker', symptom: 'container exited with exit code 137' });
+    for (const query of ['137', '12541']) {
+      const bare = await call(t, 'POST', '/search', { query });
+      assert.deepEqual(
+        bare.body.records.map((r: ErrorRecord) => r.id),
+        [query === '137' ? killed.body.id : ora.body.id],
+        query,
+      );
+    }
   });
 
   void test('an embedder, when given, is stored with the record and used', async () => {

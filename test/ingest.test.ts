@@ -104,6 +104,10 @@ void describe('ingestion', () => {
     });
     assert.equal(fine.status, 201, fine.text);
     assert.equal(((await archived(t.api, 'fine')) as any[])[0].sent_at_ns, '1767323045123456789');
+    const finer = await t.api.post('/v1/sessions/fine/messages', {
+      messages: [user('finer', { sent_at: `2026-01-02T03:04:05.${'9'.repeat(80)}Z` })],
+    });
+    assert.equal(finer.status, 202, finer.text);
 
     // The last representable instant is accepted and read back exactly.
     const edge = await t.api.post('/v1/sessions/edge/messages?wait=true', {

@@ -97,7 +97,7 @@ function isCodeNumber(n: string, offset: number, whole: string): boolean {
 // `requests==2.31.0`, `node >= 18.0.0`. Not after a stop word (`on 1.2.3`), not a date
 // (`12.05.2024`); four parts are an IPv4 address and two may be any decimal (`took 1.5 s`).
 const VERSION = /^\d{1,4}\.\d{1,4}\.\d{1,6}$/;
-const DATE_LIKE = /^\d{1,2}\.\d{1,2}\.\d{4}$/;
+const DATE_LIKE = /^(?:\d{1,2}\.\d{1,2}\.\d{4}|\d{4}\.\d{1,2}\.\d{1,2})$/;
 const VERSION_BEFORE =
   /(?<![\p{L}\p{N}_<])(\p{L}[\p{L}\p{N}_-]*)(?:[ \t]*(?:[<>=~^!]=?|==|@)[ \t]*|[ \t]+)$/u;
 
@@ -234,9 +234,10 @@ const STOP_WORDS = new Set(
  * without spaces, so words cannot be split on them). No stemming: "timeouts" is not "timeout".
  * A number is a term only where dedupe keeps it as a code (`status 404`, `ORA-12541`, `exit code
  * 137`): line numbers, ports, years and counts would make unrelated records share a term. Index
- * and queries both take their terms from here.
+ * and queries both take their terms from here; a query (`query`) keeps numbers of three or more
+ * digits too, so that a bare code (`403`, `137`, `-32601`) finds the records that hold it as one.
  */
-export function significantTerms(text: string, max = Infinity): string[] {
+export function significantTerms(text: string, max = Infinity, query = false): string[] {
   const terms = new Set<string>();
   const norm = text.normalize('NFKC').toLowerCase();
   for (const match of norm.matchAll(RUN)) {
@@ -248,7 +249,7 @@ export function significantTerms(text: string, max = Infinity): string[] {
     } else if (
       Array.from(run).length >= 2 &&
       !STOP_WORDS.has(run) &&
-      !(/^[0-9]+$/.test(run) && !isCodeNumber(run, match.index, norm))
+      !(/^[0-9]+$/.test(run) && !(query && run.length >= 3) && !isCodeNumber(run, match.index, norm))
     ) {
       terms.add(run);
     }

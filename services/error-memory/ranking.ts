@@ -48,7 +48,7 @@ export function buildQuery(
 ): RankQuery {
   return {
     // Both ends: a JS stack trace puts the message first, a Python traceback puts it last.
-    terms: headAndTail(significantTerms(text), MAX_QUERY_TERMS),
+    terms: headAndTail(significantTerms(text, Infinity, true), MAX_QUERY_TERMS),
     errorClass: classifyError(text),
     toolName,
     vector: embed ? embed(text) : null,
