@@ -261,6 +261,40 @@ void describe('graceful shutdown', () => {
     }
   });
 
+  void test('a summarize?wait=true and a context min_seq wait answer before the deadline, not cut off', async () => {
+    const fake = await startFakeOpenAI();
+    // The summary call answers only after 20 s; the summarize wait is 60 s, the deadline 3 s.
+    fake.onChat(() => ({ delayMs: 20_000, then: { content: '{}' } }));
+    const svc = await startTestService({
+      env: { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'test', SHUTDOWN_TIMEOUT_MS: '3000' },
+    });
+    try {
+      const t = await svc.newTenant();
+      const posted = await t.api.post('/v1/sessions/s/messages?wait=true', {
+        messages: [
+          { role: 'user', content: 'hello' },
+          { role: 'assistant', content: 'hi' },
+        ],
+      });
+      assert.equal(posted.status, 201);
+      const summarizing = t.api.post('/v1/sessions/s/summarize?wait=true');
+      await eventually(async () => fake.chatRequests().length === 1, 10_000, 'the summary call');
+      // A seq that never comes: the context waits its 5 s, past the deadline.
+      const context = t.api.post('/v1/sessions/s/context', { min_seq: 99 });
+      await new Promise((r) => setTimeout(r, 200));
+      const stopped = svc.stop();
+      const [summary, ctx] = await Promise.all([summarizing, context]);
+      assert.equal(summary.status, 202, summary.text);
+      assert.match(summary.body.job_id, /^summary\./);
+      assert.equal(ctx.status, 200, ctx.text);
+      assert.equal(ctx.headers.get('x-mnemos-min-seq'), 'timeout');
+      await stopped;
+    } finally {
+      await fake.close();
+      await deleteRedisPrefix(svc.config.prefix);
+    }
+  });
+
   void test('a drain blocked in Postgres at the deadline holds neither stop() nor the ?wait=true waiting for it', async () => {
     const svc = await startTestService({ env: { SHUTDOWN_TIMEOUT_MS: '2000' } });
     const locker = new pg.Client({ connectionString: svc.config.databaseUrl });

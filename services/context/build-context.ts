@@ -27,10 +27,12 @@ export interface ContextResponse {
   relevance: 'filtered' | 'all' | 'none';
 }
 
+/** `signal`: ends a `min_seq` wait early, as a timeout (the process is shutting down). */
 export type ContextBuilder = (
   tenantId: string,
   sessionId: string,
   req: ContextRequest,
+  signal?: AbortSignal,
 ) => Promise<{ body: ContextResponse; minSeqTimedOut: boolean }>;
 
 const holds = (row: ContextRow | null, seq: number) =>
@@ -47,14 +49,14 @@ export function makeContextBuilder(deps: CoreDeps): ContextBuilder {
   const load = (tenantId: string, sessionId: string, maxMessages: number) =>
     loadContext(deps.db, { tenantId, sessionId, maxMessages });
 
-  return async (tenantId, sessionId, req) => {
+  return async (tenantId, sessionId, req, signal) => {
     const maxMessages = req.max_messages ?? deps.config.maxHistoryMessages;
     let row = await load(tenantId, sessionId, maxMessages);
     let minSeqTimedOut = false;
     // No row at all: nothing was ever accepted for this session (accepting creates the row before
     // answering 202), so there is nothing to wait for. A tombstone may be revived by the wait.
     if (req.min_seq !== undefined && row !== null && !holds(row, req.min_seq)) {
-      await waitArchived(deps, tenantId, sessionId, req.min_seq, MIN_SEQ_WAIT_MS);
+      await waitArchived(deps, tenantId, sessionId, req.min_seq, MIN_SEQ_WAIT_MS, signal);
       row = await load(tenantId, sessionId, maxMessages);
       minSeqTimedOut = !holds(row, req.min_seq);
     }

@@ -2,6 +2,7 @@ import { Router } from 'express';
 import { z } from 'zod';
 import type { ContextBuilder } from '../context/build-context.js';
 import { AppError } from '../errors.js';
+import { waitSignal } from '../messages/accept-messages.js';
 import { assertSessionId, hasBadChars, MAX_CONTENT_BYTES } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { noQuery, parseInput } from '../validate.js';
@@ -47,7 +48,7 @@ export function makeContextRoutes(build: ContextBuilder): Router {
       );
     }
     const tenantId = res.locals.tenantId as string;
-    const out = await build(tenantId, sid, body);
+    const out = await build(tenantId, sid, body, waitSignal(res));
     if (out.minSeqTimedOut) res.setHeader(MIN_SEQ_HEADER, 'timeout');
     res.json(out.body);
   });

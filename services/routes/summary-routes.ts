@@ -8,6 +8,7 @@ import type { SummaryRow } from '../../db/queries/summaries.js';
 import { usageByWindow } from '../../db/queries/usage.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound, unavailable } from '../errors.js';
+import { waitSignal } from '../messages/accept-messages.js';
 import { assertSessionId } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { enqueueSummarize } from '../summary/enqueue-summarize.js';
@@ -91,8 +92,16 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
     res.json(summaryView(row));
   });
 
-  /** Polls a job until it completes or fails; null on deadline. A vanished job counts as done. */
-  async function finished(id: string, deadline: number): Promise<{ state: string; result: unknown } | null> {
+  /**
+   * Polls a job until it completes or fails; null on deadline, or once `signal` fires (the process
+   * is shutting down: the request answers its 202 before its connection is cut). A vanished job
+   * counts as done.
+   */
+  async function finished(
+    id: string,
+    deadline: number,
+    signal: AbortSignal,
+  ): Promise<{ state: string; result: unknown } | null> {
     let delay = 25;
     for (;;) {
       // State first, then the job: a job read before it completed has no return value yet.
@@ -107,7 +116,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
         return { state, result: job?.returnvalue ?? null };
       }
       if (state === 'failed') return { state, result: null };
-      if (Date.now() + delay > deadline) return null;
+      if (Date.now() + delay > deadline || signal.aborted) return null;
       await new Promise((r) => setTimeout(r, delay));
       delay = Math.min(delay * 2, 250);
     }
@@ -137,6 +146,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
       return;
     }
     const deadline = Date.now() + SUMMARIZE_WAIT_MS;
+    const signal = waitSignal(res);
     // Joined a run that was already going: it may have read the archive before this request, so
     // wait for it and then run once more to include everything archived now.
     const existing = await queue.getJob(id).catch(() => null);
@@ -145,13 +155,13 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
       existing !== null &&
       (existing.data as { requestId?: string }).requestId !== requestId;
     if (joined && (await existing.getState().catch(() => 'unknown')) === 'active') {
-      if (!(await finished(id, deadline))) {
+      if (!(await finished(id, deadline, signal))) {
         res.status(202).json({ job_id: `summary.${id}` });
         return;
       }
       id = await enqueue();
     }
-    const done = await finished(id, deadline);
+    const done = await finished(id, deadline, signal);
     if (!done) {
       res.status(202).json({ job_id: `summary.${id}` });
       return;
