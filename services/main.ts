@@ -195,7 +195,24 @@ export async function startService(
 export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []): Promise<void> {
   const config = loadConfig(process.env);
   const logger = makeLogger(config.logLevel);
+  // Workers take jobs before the listener is up: a signal during the start is held until the
+  // service can stop in order (Node's default action, exit 143, left the job a worker had just
+  // taken active until BullMQ's stall check, 30-60 s). A start that hangs still ends: by the
+  // deadline, or at once on a second signal.
+  let early: string | null = null;
+  const onEarly = (sig: string) => {
+    if (early !== null) process.exit(1);
+    early = sig;
+    logger.info({ sig }, 'signal during start: stopping once started');
+    setTimeout(() => process.exit(1), config.shutdownTimeoutMs + 5000).unref();
+  };
+  const earlyTerm = () => onEarly('SIGTERM');
+  const earlyInt = () => onEarly('SIGINT');
+  process.on('SIGTERM', earlyTerm);
+  process.on('SIGINT', earlyInt);
   const svc = await startService(mode, config, { logger, extensions });
+  process.off('SIGTERM', earlyTerm);
+  process.off('SIGINT', earlyInt);
   if (svc.url) {
     logger.info({ url: svc.url }, `mnemos ${mode} listening on ${svc.url}`);
     // A worker serves health, readiness and metrics only: no keys, Bull Board or OpenAPI to show.
@@ -242,6 +259,7 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
   };
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
+  if (early !== null) onSignal(early);
 }
 
 /** An error answered before the app runs, in the API's error shape; the connection closes. */
