@@ -230,12 +230,15 @@ export interface KeyAuthenticator {
 export function makeKeyAuthenticator(db: Db, now: () => number = Date.now): KeyAuthenticator {
   type KeyRow = { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null;
   const cache = new Map<string, { row: KeyRow; at: number }>();
-  // One database read per key at a time: the requests that find the entry too old share it.
+  // One database read per key at a time: the requests that find the entry too old share it. A
+  // read that began before a clear() (a revocation here) answers its own requests but is not cached.
   const reading = new Map<string, Promise<{ row: KeyRow; at: number }>>();
+  let epoch = 0;
   const read = (id: string) => {
     let p = reading.get(id);
     if (!p) {
       const at = now();
+      const began = epoch;
       p = findApiKey(db, id)
         .then((r) => {
           const entry = {
@@ -244,11 +247,15 @@ export function makeKeyAuthenticator(db: Db, now: () => number = Date.now): KeyA
               : null,
             at,
           };
-          if (cache.size > 10_000) cache.clear();
-          cache.set(id, entry);
+          if (began === epoch) {
+            if (cache.size > 10_000) cache.clear();
+            cache.set(id, entry);
+          }
           return entry;
         })
-        .finally(() => reading.delete(id));
+        .finally(() => {
+          if (reading.get(id) === p) reading.delete(id);
+        });
       reading.set(id, p);
     }
     return p;
@@ -277,7 +284,9 @@ export function makeKeyAuthenticator(db: Db, now: () => number = Date.now): KeyA
       return { tenantId: row.tenant_id, keyId, verifiedAt };
     },
     clear() {
+      epoch++;
       cache.clear();
+      reading.clear();
     },
   };
 }

@@ -6,6 +6,7 @@ import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { loadConfig, ConfigError } from '../services/config.js';
 import { listRoutes } from '../services/openapi.js';
+import { makeKeyAuthenticator } from '../services/tenants.js';
 import {
   ADMIN_TOKEN,
   ADMIN_URL,
@@ -256,6 +257,32 @@ void describe('tenants, keys and the admin API', () => {
     assert.equal((await api(svc.base, second.body.api_key).get('/v1/sessions')).status, 401);
     assert.equal((await tenantApi.get('/v1/sessions')).status, 200, 'other keys keep working');
     assert.equal((await admin().del(`/v1/admin/keys/${second.body.key_id}`)).status, 404);
+  });
+
+  void test('a key read from the database before its revocation here is not cached after it', async () => {
+    const created = await admin().post('/v1/admin/tenants', { name: 'revoke-race' });
+    const keyId = (created.body.api_key as string).split('_')[1]!;
+    // The key's row is read, then its answer is held back while the key is revoked.
+    let hold: Promise<void> | null = null;
+    let release!: () => void;
+    const gated: Db = {
+      ...svc.deps.db,
+      query: (async (text: string, params?: unknown[], opts?: Parameters<Db['query']>[2]) => {
+        const r = await svc.deps.db.query(text, params, opts);
+        if (hold && text.includes('FROM api_keys WHERE id')) await hold;
+        return r;
+      }) as Db['query'],
+    };
+    const keys = makeKeyAuthenticator(gated);
+    hold = new Promise<void>((r) => (release = r));
+    const before = keys.authenticate(created.body.api_key);
+    await new Promise((r) => setTimeout(r, 100));
+    await svc.deps.db.query('UPDATE api_keys SET revoked_at = now() WHERE id = $1', [keyId]);
+    keys.clear();
+    release();
+    hold = null;
+    assert.notEqual(await before, null, 'the read that began before answers its own request');
+    assert.equal(await keys.authenticate(created.body.api_key), null, 'and is not trusted afterwards');
   });
 
   void test('admin routes refuse query parameters they do not know; a tenant is erased by id or name', async () => {
