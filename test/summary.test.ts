@@ -756,6 +756,22 @@ void describe('once per session', () => {
     assert.equal(rows.rows.length, 0);
   });
 
+  void test('a chunk that fails after a reset cleared its messages counts no failure', async () => {
+    const s = sid('resetfail');
+    await archive(s, [user('[T:r1] q'), assistant('[T:r2] a')]);
+    fake.onChat(echoSummary);
+    assert.equal((await summarize(s)).version, 1);
+    await archive(s, [user('[T:r3] q'), assistant('[T:r4] a')]);
+    fake.onChat(() => ({ delayMs: 400, then: { content: 'garbage' } }));
+    const run = summarizeSession(svc.deps, { tenantId, sessionId: s });
+    await eventually(async () => fake.chatRequests().length === 2, 5000, 'the chunk call');
+    assert.equal((await api.post(`/v1/sessions/${s}/reset`)).status, 200);
+    await run;
+    const kept = await api.get(`/v1/sessions/${s}/summary`);
+    assert.equal(kept.status, 200);
+    assert.deepEqual([kept.body.version, kept.body.failures, kept.body.last_error], [1, 0, null]);
+  });
+
   void test('summarize?wait=true on a session deleted while it ran answers 404, not a summary state', async () => {
     const s = sid('waitdel');
     await archive(s, [user('[T:wd1] q'), assistant('[T:wd2] a')]);

@@ -265,6 +265,7 @@ async function runLocked(
         const recorded = await recordSummaryFailure(db, {
           tenantId,
           sessionId,
+          generation: ctx.generation,
           error: answer.error,
           stallAfter: STALL_AFTER_FAILURES,
           backoffBaseSeconds: BACKOFF_BASE_SECONDS,

@@ -251,12 +251,15 @@ export async function updateSummaryGuarded(
  * Counts a failed run. The first failure of a session without a summary creates a placeholder
  * row (version 0, summary null, cursor 0) so the failure is visible. From `stallAfter`
  * consecutive failures on, the row is `stalled` with an exponential back-off the sweep respects.
+ * Only while the session is still at `generation`: a run over messages that a reset cleared
+ * meanwhile counts for nothing (its failure would outlive them).
  */
 export async function recordSummaryFailure(
   q: Queryable,
   a: {
     tenantId: string;
     sessionId: string;
+    generation: number;
     error: string;
     stallAfter: number;
     backoffBaseSeconds: number;
@@ -266,7 +269,8 @@ export async function recordSummaryFailure(
   const r = await q.query<{ failures: number; status: string; next_attempt_at: Date | null }>(
     `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version, status, failures, last_error, updated_at)
      SELECT $1, $2, 'null'::jsonb, 0, 0, CASE WHEN 1 >= $4::int THEN 'stalled' ELSE 'ok' END, 1, $3, now()
-     WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL)
+     WHERE EXISTS (SELECT 1 FROM sessions
+                   WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL AND generation = $7)
      ON CONFLICT (tenant_id, session_id) DO UPDATE SET
        failures = summaries.failures + 1,
        last_error = EXCLUDED.last_error,
@@ -275,8 +279,9 @@ export async function recordSummaryFailure(
          THEN now() + make_interval(secs => least($6::double precision,
            $5::double precision * power(2, summaries.failures + 1 - $4::int)))
          ELSE NULL END
+     WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 AND generation = $7)
      RETURNING failures, status, next_attempt_at`,
-    [a.tenantId, a.sessionId, a.error, a.stallAfter, a.backoffBaseSeconds, a.backoffMaxSeconds],
+    [a.tenantId, a.sessionId, a.error, a.stallAfter, a.backoffBaseSeconds, a.backoffMaxSeconds, a.generation],
   );
   return r.rows[0] ?? null;
 }
