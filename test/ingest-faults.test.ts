@@ -489,6 +489,33 @@ void describe('ingestion under faults and many processes', () => {
     );
   });
 
+  void test('a worker process stopped while Redis is down does not wait out the whole grace period', async () => {
+    const redis = await startPrivateRedis();
+    const dbUrl = await createTestDatabase();
+    const prefix = testPrefix();
+    const env = {
+      DATABASE_URL: dbUrl,
+      REDIS_URL: redis.url,
+      MNEMOS_PREFIX: prefix,
+      SHUTDOWN_TIMEOUT_MS: '15000',
+    };
+    const worker = await spawnService('worker', env);
+    cleanups.push(async () => {
+      await worker.kill();
+      await redis.stop();
+      await dropTestDatabase(dbUrl);
+    });
+    await redis.kill();
+    // Long enough for its connections to notice.
+    await new Promise((r) => setTimeout(r, 2000));
+    const started = Date.now();
+    await worker.stop();
+    const took = Date.now() - started;
+    // BullMQ's graceful close never ends without Redis: the worker waited all 15 s for it.
+    assert.ok(took < 8000, `the worker took ${took} ms to exit`);
+    assert.equal(worker.child.exitCode, 0);
+  });
+
   void test('erasing a tenant while Redis is down is a 503 with retry-after, and the retry erases it', async () => {
     const { redis, svc } = await onPrivateRedis();
     const t = await svc.newTenant();

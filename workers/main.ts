@@ -103,10 +103,18 @@ export async function startWorkers(
     workers,
     async close(timeoutMs: number) {
       clearInterval(scheduleTimer);
+      const after = (ms: number) => new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), ms).unref());
+      // Redis unreachable: a graceful close never resolves (BullMQ waits for Redis), and no job
+      // can record its end anyway. Their locks expire and they are retried, as past a deadline.
+      if (connection.status !== 'ready') {
+        deps.logger.warn('Redis is unreachable at shutdown: not waiting for jobs (they are retried)');
+        await Promise.race([Promise.allSettled(workers.map((w) => w.close(true))), after(1000)]);
+        connection.disconnect();
+        return;
+      }
       // Let in-flight jobs finish; past the deadline force-close (their locks expire and another
       // worker re-runs them: every processor is idempotent).
       const graceful = Promise.all(workers.map((w) => w.close()));
-      const after = (ms: number) => new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), ms).unref());
       if ((await Promise.race([graceful, after(timeoutMs)])) === 'timeout') {
         deps.logger.warn(
           'jobs still running at the shutdown deadline: left to be retried (their locks expire)',

@@ -54,7 +54,8 @@ export async function startPrivateRedis(opts: { aof?: boolean; dir?: string } = 
   };
   const kill = async () => {
     const c = child;
-    if (!c || c.exitCode !== null) return;
+    // Killed already (a SIGKILL leaves exitCode null): its exit event has fired.
+    if (!c || c.exitCode !== null || c.signalCode !== null) return;
     await new Promise<void>((resolve) => {
       c.once('exit', () => resolve());
       c.kill('SIGKILL');
