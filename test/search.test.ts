@@ -629,6 +629,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       user('step 2.0 migration notes'),
       user('plain migration notes'),
       ...[' 錯誤', '', '', ''].map((tail) => user(`${LONG_TERMS}${tail}`)),
+      user(`${LONG_TERMS} 🚀 here`),
     ]);
     const [step3] = seqs;
     // The phrase is inside "step 300" … "step 339" too; the newest of them took the substring
@@ -644,6 +645,11 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     // Four terms of 64 fill the substring budget: 錯 is left to full text, and the AND keeps it
     // (the substring match ANDed the four alone, and the three messages without 錯 were hits).
     assert.deepEqual(await hitSeqs(api, s, { query: `${LONG_TERMS} 錯`, match: 'keyword' }), [seqs[43]]);
+    // A symbol only the substring match can test is taken before long words (shortest first):
+    // past the budget it was left out of both halves, and every message with the words was a hit.
+    assert.deepEqual(await hitSeqs(api, s, { query: `${LONG_TERMS} 🚀`, match: 'keyword' }), [seqs[47]]);
+    const without = await hitSeqs(api, s, { query: `${LONG_TERMS} -🚀`, match: 'keyword', limit: 32 });
+    assert.ok(without.includes(seqs[43]!) && !without.includes(seqs[47]!), String(without));
   });
 
   void test('keyword: a query reaches full text with at most 256 words and bigrams', async () => {

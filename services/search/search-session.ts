@@ -94,22 +94,29 @@ export function searchDuration(registry: Registry): Histogram<'match'> {
 
 /**
  * The terms matched as substrings: each usable (at most MAX_SUBSTRING_CHARS), and together at
- * most MAX_SUBSTRING_BUDGET code points, the positive terms first. Every pattern is tested
- * against every candidate row, at up to the row's length times the pattern's: 64 alternatives of
- * 64 characters each (`a…b or a…c or …`) would cost 64 times the worst single term.
+ * most MAX_SUBSTRING_BUDGET code points, the shortest first (positive before excluded at equal
+ * length): a symbol or an emoji, which only the substring match can test, is never left out for a
+ * long word, which full text tests too. Every pattern is tested against every candidate row, at
+ * up to the row's length times the pattern's: 64 alternatives of 64 characters each
+ * (`a…b or a…c or …`) would cost 64 times the worst single term.
  */
 function substringTerms(parsed: ReturnType<typeof parseSearchQuery>): Set<string> {
   const out = new Set<string>();
   let budget = MAX_SUBSTRING_BUDGET;
-  for (const term of [...parsed.groups.flat(), ...parsed.exclude]) {
-    if (out.has(term.text) || !usableSubstring(term.text)) continue;
-    const size = codePoints(term.text);
-    if (size > budget) continue;
-    budget -= size;
+  const usable = [...parsed.groups.flat(), ...parsed.exclude]
+    .filter((t) => usableSubstring(t.text))
+    .map((t) => ({ text: t.text, size: codePoints(t.text) }))
+    .sort((a, b) => a.size - b.size);
+  for (const term of usable) {
+    if (out.has(term.text) || term.size > budget) continue;
+    budget -= term.size;
     out.add(term.text);
   }
   return out;
 }
+
+/** A single ASCII character: punctuation or a stop letter constrains neither half of keyword search. */
+const oneAscii = (text: string) => text.length === 1 && text.charCodeAt(0) < 0x80;
 
 /**
  * Searches one session (SPEC §4 "Search"): keyword, semantic or hybrid candidates, ranked, then
@@ -211,23 +218,33 @@ async function run(
       return word ? [word] : [];
     });
   const like = parsed.groups.map(patterns);
-  // The substring match ANDs the groups it can test. A group of words it cannot test (over
-  // MAX_SUBSTRING_CHARS, or past the query's budget, a single CJK character too) would leave the
-  // AND a word short: `step <long id>` matched every recent "step", each with the substring bonus,
-  // above the one message with both. Full text alone answers such a query. (A group of single
-  // ASCII characters it cannot test, punctuation or a stop letter, constrains neither half.)
-  const oneAscii = (text: string) => text.length === 1 && text.charCodeAt(0) < 0x80;
-  const untestable = parsed.groups.some(
-    (terms, g) =>
-      like[g]!.length === 0 && terms.some((t) => /[\p{L}\p{N}]/u.test(t.text) && !oneAscii(t.text)),
+  // The substring match ANDs the groups it can test. A group it cannot test (a term over
+  // MAX_SUBSTRING_CHARS, or past the query's budget) would leave the AND a term short: `step
+  // <long id>` matched every recent "step", each with the substring bonus, above the one message
+  // with both. Full text alone answers such a query; and none answers it when full text cannot
+  // see that group either (a symbol past the budget): no keyword hits then, rather than hits
+  // without it. (A group of single ASCII characters it cannot test, punctuation or a stop letter,
+  // constrains neither half.)
+  const untestable = parsed.groups.map(
+    (terms, g) => like[g]!.length === 0 && terms.some((t) => !oneAscii(t.text)),
   );
   const leaves = budgetLeaves(parsed.groups.map((terms) => terms.map(ftsLeaves)));
+  const unanswerable = untestable.some((u, g) => u && leaves[g]!.every((l) => l.length === 0));
+  // Likewise an excluded term that nothing can test: no message can be shown not to hold it.
+  const unexcludable = parsed.exclude.some(
+    (t) =>
+      !oneAscii(t.text) && !substrings.has(t.text) && wordRegex(t.text) === null && ftsLeaves(t).length === 0,
+  );
+  if (unexcludable) {
+    if (!(await getSession(deps.db, tenantId, sessionId))) throw notFound('session');
+    return { hits: [] };
+  }
   const keyword =
-    params.match === 'semantic'
+    params.match === 'semantic' || unanswerable
       ? null
       : {
           fts: leaves,
-          like: untestable ? [] : like,
+          like: untestable.some(Boolean) ? [] : like,
           // Groups full text cannot see (`deploy 🚀`: its matches must hold the 🚀 as well).
           blind: parsed.groups
             .filter((_, g) => leaves[g]!.every((l) => l.length === 0))
