@@ -137,11 +137,16 @@ const rememberMount: RequestHandler = (req, res, next) => {
   next();
 };
 
-/** The matched route pattern, never the raw path (it holds tenant-chosen session ids). */
+/**
+ * The matched route pattern, never the raw path (it holds tenant-chosen session ids). An answer
+ * given before a route matched (a 401, a 429, a 503 of the key check) is labelled by where it was
+ * mounted (`/v1/sessions/*`), so that dashboards can tell them apart; `unmatched` is a path that
+ * no router took.
+ */
 function routeLabel(req: express.Request, res: express.Response): string {
   const path: unknown = req.route?.path;
-  if (path === undefined) return 'unmatched';
   const mount = typeof res.locals.mount === 'string' ? res.locals.mount : req.baseUrl;
+  if (path === undefined) return typeof res.locals.mount === 'string' && mount ? `${mount}/*` : 'unmatched';
   // A router's own several-path routes (Bull Board) are labelled by the mount alone.
   if (typeof path !== 'string') return mount || 'unmatched';
   return path === '/' ? mount || '/' : `${mount}${path}`;

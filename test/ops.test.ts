@@ -44,6 +44,9 @@ void describe('operations', () => {
     assert.equal((await t.api.get('/v1/jobs/ingest.nope')).status, 404);
     assert.equal((await t.api.get('/v1/sessions/secret-session-name/messages?limit=0')).status, 400);
     assert.equal((await t.api.get('/v1/sessions?limit=1')).status, 200);
+    // Answered before any route matched: labelled by the mount, not lumped with unknown paths.
+    assert.equal((await api(svc.base, 'mn_wrong').get('/v1/sessions/x/messages')).status, 401);
+    assert.equal((await fetch(`${svc.base}/no/such/path`)).status, 404);
     await sampleQueues(svc.deps);
     const text = await (await fetch(`${svc.base}/metrics`)).text();
     const labelled = (route: string, status: number) =>
@@ -53,6 +56,8 @@ void describe('operations', () => {
     assert.match(text, labelled('/v1/jobs/:id', 404));
     assert.match(text, labelled('/v1/sessions/:sid/messages', 400));
     assert.match(text, labelled('/v1/sessions', 200));
+    assert.match(text, labelled('/v1/sessions/\\*', 401));
+    assert.match(text, labelled('unmatched', 404));
     assert.equal(metricValue(text, 'mnemos_messages_accepted_total'), acceptedBefore + 2);
     assert.equal(metricValue(text, 'mnemos_messages_archived_total'), archivedBefore + 2);
     assert.match(
