@@ -133,7 +133,8 @@ const readJsonBody: RequestHandler[] = [
  * `req.baseUrl` is its parent's again (a 404 of `/v1/jobs/:id` was labelled `/:id`).
  */
 const rememberMount: RequestHandler = (req, res, next) => {
-  res.locals.mount = req.baseUrl;
+  // Routing ignores case: the label must not (`/V1/SESSIONS` would be a label of its own).
+  res.locals.mount = req.baseUrl.toLowerCase();
   next();
 };
 

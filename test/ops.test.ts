@@ -46,6 +46,9 @@ void describe('operations', () => {
     assert.equal((await t.api.get('/v1/sessions?limit=1')).status, 200);
     // Answered before any route matched: labelled by the mount, not lumped with unknown paths.
     assert.equal((await api(svc.base, 'mn_wrong').get('/v1/sessions/x/messages')).status, 401);
+    // Routing ignores case; labels must not, or each spelling would be a series of its own.
+    assert.equal((await api(svc.base, 'mn_wrong').get('/V1/SESSIONS/x/messages')).status, 401);
+    assert.equal((await t.api.get('/V1/Sessions?limit=1')).status, 200);
     assert.equal((await fetch(`${svc.base}/no/such/path`)).status, 404);
     await sampleQueues(svc.deps);
     const text = await (await fetch(`${svc.base}/metrics`)).text();
@@ -58,6 +61,7 @@ void describe('operations', () => {
     assert.match(text, labelled('/v1/sessions', 200));
     assert.match(text, labelled('/v1/sessions/\\*', 401));
     assert.match(text, labelled('unmatched', 404));
+    assert.doesNotMatch(text, /route="[^"]*[A-Z][^"]*"/, 'no label in the client’s spelling');
     assert.equal(metricValue(text, 'mnemos_messages_accepted_total'), acceptedBefore + 2);
     assert.equal(metricValue(text, 'mnemos_messages_archived_total'), archivedBefore + 2);
     assert.match(

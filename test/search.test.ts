@@ -652,6 +652,28 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.ok(without.includes(seqs[43]!) && !without.includes(seqs[47]!), String(without));
   });
 
+  void test('keyword: an exclusion is honoured past the substring budget and past 64 terms, or nothing is returned', async () => {
+    const s = sid('exclbudget');
+    // 37 words of 7 letters: 259 code points, past the substring budget of 256.
+    const words = Array.from({ length: 37 }, (_, i) => `w${String(i).padStart(2, '0')}xqzv`);
+    const [withBecause, without] = await archive(api, s, [
+      user(`${words.join(' ')} because`),
+      user(`${words.join(' ')} plain`),
+    ]);
+    // `because` is a stop word: full text cannot exclude it, so its substring test goes first.
+    assert.deepEqual(await hitSeqs(api, s, { query: `${words.join(' ')} -because`, match: 'keyword' }), [
+      without,
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: `${words.join(' ')} -plain`, match: 'keyword' }), [
+      withBecause,
+    ]);
+    // An exclusion past the 64 terms a query is read for is not tested: no hits rather than hits
+    // that may hold it, in every mode.
+    const many = Array.from({ length: 64 }, (_, i) => words[i % 37]).join(' ');
+    for (const match of ['keyword', 'semantic', 'hybrid'])
+      assert.deepEqual(await hitSeqs(api, s, { query: `${many} -plain`, match }), [], match);
+  });
+
   void test('keyword: a query reaches full text with at most 256 words and bigrams', async () => {
     const s = sid('ftscap');
     // Ten different 31-character CJK phrases (30 bigrams each), each inside a message of its own.

@@ -23,6 +23,8 @@ export interface ParsedQuery {
   /** AND of groups; each group is an OR of terms. */
   groups: QueryTerm[][];
   exclude: QueryTerm[];
+  /** Excluded terms past MAX_KEYWORD_TERMS: not tested, so the search cannot honour them. */
+  excludedPastLimit: number;
   /** The positive terms as plain text, for embedding (semantic search ignores the syntax). */
   embedText: string;
 }
@@ -83,6 +85,7 @@ export function parseSearchQuery(query: string): ParsedQuery {
   // Whether the previous token was a positive term, i.e. an `or` now joins the last group.
   let lastWasPositive = false;
   let kept = 0;
+  let excludedPastLimit = 0;
   for (const t of tokenize(query)) {
     if (t.kind === 'or') {
       pendingOr = lastWasPositive;
@@ -91,6 +94,7 @@ export function parseSearchQuery(query: string): ParsedQuery {
     const term = { text: t.text, phrase: t.phrase };
     if (t.negated) {
       if (kept < MAX_KEYWORD_TERMS) exclude.push(term);
+      else excludedPastLimit++;
       kept++;
       pendingOr = false;
       lastWasPositive = false;
@@ -106,7 +110,7 @@ export function parseSearchQuery(query: string): ParsedQuery {
     pendingOr = false;
     lastWasPositive = true;
   }
-  return { groups, exclude, embedText: positive.join(' ') };
+  return { groups, exclude, excludedPastLimit, embedText: positive.join(' ') };
 }
 
 /**

@@ -94,19 +94,22 @@ export function searchDuration(registry: Registry): Histogram<'match'> {
 
 /**
  * The terms matched as substrings: each usable (at most MAX_SUBSTRING_CHARS), and together at
- * most MAX_SUBSTRING_BUDGET code points, the shortest first (positive before excluded at equal
- * length): a symbol or an emoji, which only the substring match can test, is never left out for a
- * long word, which full text tests too. Every pattern is tested against every candidate row, at
+ * most MAX_SUBSTRING_BUDGET code points: the excluded terms first (a positive term left out only
+ * turns the substring list off, see `untestable`; an excluded one left out is tested by full text
+ * alone, which skips stop words), then the shortest first: a symbol or an emoji, which only the
+ * substring match can test, is never left out for a long word, which full text tests too. Every pattern is tested against every candidate row, at
  * up to the row's length times the pattern's: 64 alternatives of 64 characters each
  * (`a…b or a…c or …`) would cost 64 times the worst single term.
  */
 function substringTerms(parsed: ReturnType<typeof parseSearchQuery>): Set<string> {
   const out = new Set<string>();
   let budget = MAX_SUBSTRING_BUDGET;
-  const usable = [...parsed.groups.flat(), ...parsed.exclude]
-    .filter((t) => usableSubstring(t.text))
-    .map((t) => ({ text: t.text, size: codePoints(t.text) }))
-    .sort((a, b) => a.size - b.size);
+  const bySize = (terms: QueryTerm[]) =>
+    terms
+      .filter((t) => usableSubstring(t.text))
+      .map((t) => ({ text: t.text, size: codePoints(t.text) }))
+      .sort((a, b) => a.size - b.size);
+  const usable = [...bySize(parsed.exclude), ...bySize(parsed.groups.flat())];
   for (const term of usable) {
     if (out.has(term.text) || term.size > budget) continue;
     budget -= term.size;
@@ -230,12 +233,13 @@ async function run(
   );
   const leaves = budgetLeaves(parsed.groups.map((terms) => terms.map(ftsLeaves)));
   const unanswerable = untestable.some((u, g) => u && leaves[g]!.every((l) => l.length === 0));
-  // Likewise an excluded term that nothing can test: no message can be shown not to hold it.
+  // Likewise an excluded term that nothing can test, or one past the query's 64 terms: no message
+  // can be shown not to hold it.
   const unexcludable = parsed.exclude.some(
     (t) =>
       !oneAscii(t.text) && !substrings.has(t.text) && wordRegex(t.text) === null && ftsLeaves(t).length === 0,
   );
-  if (unexcludable) {
+  if (unexcludable || parsed.excludedPastLimit > 0) {
     if (!(await getSession(deps.db, tenantId, sessionId))) throw notFound('session');
     return { hits: [] };
   }
