@@ -240,22 +240,32 @@ void describe('graceful shutdown', () => {
     await deleteRedisPrefix(svc.config.prefix);
   });
 
-  void test('a job that outlives SHUTDOWN_TIMEOUT_MS is left to be retried, and stop() ends soon after the deadline', async () => {
+  /** A service whose summary calls answer only after 20 s, a tenant, and a session `s` of two messages. */
+  async function withSlowSummaries(shutdownTimeoutMs: string) {
     const fake = await startFakeOpenAI();
-    // The summary call answers only after 20 s: the job is still running at the deadline.
     fake.onChat(() => ({ delayMs: 20_000, then: { content: '{}' } }));
     const svc = await startTestService({
-      env: { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'test', SHUTDOWN_TIMEOUT_MS: '2000' },
+      env: { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'test', SHUTDOWN_TIMEOUT_MS: shutdownTimeoutMs },
     });
+    const cleanup = async () => {
+      await fake.close();
+      await deleteRedisPrefix(svc.config.prefix);
+    };
+    const t = await svc.newTenant();
+    const posted = await t.api.post('/v1/sessions/s/messages?wait=true', {
+      messages: [
+        { role: 'user', content: 'hello' },
+        { role: 'assistant', content: 'hi' },
+      ],
+    });
+    assert.equal(posted.status, 201);
+    return { fake, svc, t, cleanup };
+  }
+
+  void test('a job that outlives SHUTDOWN_TIMEOUT_MS is left to be retried, and stop() ends soon after the deadline', async () => {
+    // The summary call is still running at the deadline.
+    const { fake, svc, t, cleanup } = await withSlowSummaries('2000');
     try {
-      const t = await svc.newTenant();
-      const posted = await t.api.post('/v1/sessions/s/messages?wait=true', {
-        messages: [
-          { role: 'user', content: 'hello' },
-          { role: 'assistant', content: 'hi' },
-        ],
-      });
-      assert.equal(posted.status, 201);
       assert.equal((await t.api.post('/v1/sessions/s/summarize')).status, 202);
       await eventually(async () => fake.chatRequests().length === 1, 10_000, 'the summary call');
       const started = Date.now();
@@ -265,27 +275,14 @@ void describe('graceful shutdown', () => {
       // job, 20 s. The bound is loose: this is about not waiting for the job, not about speed.
       assert.ok(took < 8000, `stop() took ${took} ms`);
     } finally {
-      await fake.close();
-      await deleteRedisPrefix(svc.config.prefix);
+      await cleanup();
     }
   });
 
   void test('a summarize?wait=true and a context min_seq wait answer before the deadline, not cut off', async () => {
-    const fake = await startFakeOpenAI();
-    // The summary call answers only after 20 s; the summarize wait is 60 s, the deadline 3 s.
-    fake.onChat(() => ({ delayMs: 20_000, then: { content: '{}' } }));
-    const svc = await startTestService({
-      env: { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'test', SHUTDOWN_TIMEOUT_MS: '3000' },
-    });
+    // The summarize wait is 60 s, the deadline 3 s.
+    const { fake, svc, t, cleanup } = await withSlowSummaries('3000');
     try {
-      const t = await svc.newTenant();
-      const posted = await t.api.post('/v1/sessions/s/messages?wait=true', {
-        messages: [
-          { role: 'user', content: 'hello' },
-          { role: 'assistant', content: 'hi' },
-        ],
-      });
-      assert.equal(posted.status, 201);
       const summarizing = t.api.post('/v1/sessions/s/summarize?wait=true');
       await eventually(async () => fake.chatRequests().length === 1, 10_000, 'the summary call');
       // A seq that never comes: the context waits its 5 s, past the deadline.
@@ -299,8 +296,7 @@ void describe('graceful shutdown', () => {
       assert.equal(ctx.headers.get('x-mnemos-min-seq'), 'timeout');
       await stopped;
     } finally {
-      await fake.close();
-      await deleteRedisPrefix(svc.config.prefix);
+      await cleanup();
     }
   });
 
