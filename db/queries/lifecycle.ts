@@ -51,7 +51,6 @@ export async function detachSessionUsage(q: Queryable, tenantId: string, session
   return r.rowCount ?? 0;
 }
 
-/** True when a written summary (not a version-0 placeholder) exists. */
 /**
  * A summary kept by a reset starts the new history without the cleared one's failures: the
  * messages that made its chunks fail are gone, and a stall's back-off (up to 6 h) would hold back
@@ -70,6 +69,7 @@ export async function clearSummaryFailures(q: Queryable, tenantId: string, sessi
   );
 }
 
+/** True when a written summary (not a version-0 placeholder) exists. */
 export async function hasWrittenSummary(q: Queryable, tenantId: string, sessionId: string): Promise<boolean> {
   const r = await q.query(
     'SELECT 1 FROM summaries WHERE tenant_id = $1 AND session_id = $2 AND summary IS NOT NULL AND version > 0',
