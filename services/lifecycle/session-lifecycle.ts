@@ -1,8 +1,8 @@
 import { withTransaction } from '../../db/pool.js';
 import type { Queryable } from '../../db/pool.js';
 import {
-  deleteSessionMessages,
   clearSummaryFailures,
+  deleteSessionMessages,
   deleteSessionSummary,
   deleteSessionSummaryLease,
   deleteSessionVectorRows,
