@@ -667,6 +667,16 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await hitSeqs(api, s, { query: `${words.join(' ')} -plain`, match: 'keyword' }), [
       withBecause,
     ]);
+    // Enough short exclusions still fill the budget before `because`, which full text cannot test
+    // either (its tsquery is empty): no hits rather than hits that may hold it.
+    const fillers = Array.from({ length: 43 }, (_, i) => `-zq${String(i).padStart(2, '0')}vk`).join(' ');
+    assert.deepEqual(
+      await hitSeqs(api, s, { query: `${words[0]} ${fillers} -because`, match: 'keyword' }),
+      [],
+    );
+    assert.deepEqual(await hitSeqs(api, s, { query: `${words[0]} -zq00vk -because`, match: 'keyword' }), [
+      without,
+    ]);
     // An exclusion past the 64 terms a query is read for is not tested: no hits rather than hits
     // that may hold it, in every mode.
     const many = Array.from({ length: 64 }, (_, i) => words[i % 37]).join(' ');

@@ -24,6 +24,7 @@ import {
 } from './parse-query.js';
 import type { QueryTerm } from './parse-query.js';
 import { hasLocalFeatures } from '../llm/local-embedder.js';
+import { onlyStopWords } from './english-stop-words.js';
 import { ownIndexes } from './indexed-sessions.js';
 import { embedQuery } from './query-embedding.js';
 import { fuseRrf, rankKeyword, rankSemantic, selectHits } from './rank-hits.js';
@@ -235,9 +236,13 @@ async function run(
   const unanswerable = untestable.some((u, g) => u && leaves[g]!.every((l) => l.length === 0));
   // Likewise an excluded term that nothing can test, or one past the query's 64 terms: no message
   // can be shown not to hold it.
+  // (Full text cannot test a term of stop words only, `because`: its tsquery is empty.)
+  const ftsTestable = (t: QueryTerm) =>
+    ftsLeaves(t).some(
+      (leaf) => leaf.kind === 'cjk-phrase' || leaf.kind === 'cjk-prefix' || !onlyStopWords(leaf.text),
+    );
   const unexcludable = parsed.exclude.some(
-    (t) =>
-      !oneAscii(t.text) && !substrings.has(t.text) && wordRegex(t.text) === null && ftsLeaves(t).length === 0,
+    (t) => !oneAscii(t.text) && !substrings.has(t.text) && wordRegex(t.text) === null && !ftsTestable(t),
   );
   if (unexcludable || parsed.excludedPastLimit > 0) {
     if (!(await getSession(deps.db, tenantId, sessionId))) throw notFound('session');
