@@ -118,10 +118,11 @@ export function makePgDb(opts: {
   // cannot go on the main pool: it would also make every unnamed statement generic.
   // The named statements are searches (db/queries/search.ts): their pool has the search timeout.
   const searchTimeoutMs = opts.searchTimeoutMs ?? 0;
+  const quarter = Math.max(1, Math.ceil(max / 4));
   let named: pg.Pool | null = null;
-  const namedPool = () => (named ??= newPool(Math.max(1, Math.ceil(max / 4)), true, searchTimeoutMs));
+  const namedPool = () => (named ??= newPool(quarter, true, searchTimeoutMs));
   let searching: pg.Pool | null = null;
-  const searchPool = () => (searching ??= newPool(Math.max(1, Math.ceil(max / 4)), false, searchTimeoutMs));
+  const searchPool = () => (searching ??= newPool(quarter, false, searchTimeoutMs));
   return {
     kind: 'postgres',
     binaryParams: true,
@@ -270,7 +271,6 @@ export function pgCode(err: unknown): string | undefined {
     : undefined;
 }
 
-/** True for errors that mean "Postgres is not reachable right now" (connection refused, shutdown, timeout). */
 /**
  * pg-pool's error when no connection of the pool came free within `connectionTimeoutMillis`: the
  * pool is busy (or Postgres does not answer a connect; isPgUnavailable counts it as down).
@@ -278,6 +278,7 @@ export function pgCode(err: unknown): string | undefined {
 export const isPoolWaitTimeout = (err: unknown): boolean =>
   err instanceof Error && /timeout exceeded when trying to connect/.test(err.message);
 
+/** True for errors that mean "Postgres is not reachable right now" (connection refused, shutdown, timeout). */
 export function isPgUnavailable(err: unknown): boolean {
   const code = pgCode(err);
   if (code && /^(08|57P0[1-3]|53300)/.test(code)) return true;

@@ -110,7 +110,7 @@ export async function acceptMessages(
           ),
         );
       }
-      // A retry whose messages all wait in the inbox already: the request it retries may have
+      // A retry some of whose messages wait in the inbox already: the request it retries may have
       // run but lost its answer (and with it the flush it would have asked for: the session is
       // armed, so this accept asks for none). One flush per session at a time for such retries,
       // so that a retry storm does not queue one per retry.

@@ -8,9 +8,10 @@ import type { AcceptedMessage } from './message-input.js';
  * of the list into the archive in one transaction. See docs/ingestion.md.
  *
  * Keys (P = MNEMOS_PREFIX): P:sess:<tenant>:<sid> hash {seq, gen, armed, archived};
- * P:inbox:<tenant>:<sid> list of "<seq> <gen> <json>"; P:ids:<tenant>:<sid> hash
- * message id (the client's, or the one the server gave) → "<seq> <fp> <sent_ns>" (idempotency of not-yet-archived or recent messages: pruned
- * of ids archived over an hour ago, and gone 24 h after the session's last accept); the sess hash
+ * P:inbox:<tenant>:<sid> list of "<seq> <gen> <json>"; P:ids:<tenant>:<sid> hash message id
+ * (the client's, or the one the server gave) → "<seq> <fp> <sent_ns>" (idempotency of
+ * not-yet-archived or recent messages: pruned of ids archived over an hour ago, and gone 24 h
+ * after the session's last accept); the sess hash
  * also holds the prune's mark and time (idsmark, idsat);
  * P:armed zset of "<tenant> <sid>" by the time a flush was requested or a drain last took entries
  * (the ingest sweeper's list).
@@ -138,7 +139,7 @@ return 1
 // otherwise re-stamp the armed score, so that it says since when the session has waited without
 // progress (archivingBehind, the ingest sweeper), not since when its inbox has been non-empty.
 // The head is read 16 entries at a time: entries can be megabytes, and only those read are trimmed.
-// Once per IDS_PRUNE_MS per session it also prunes the client-id hash: the ids whose messages were
+// Once per IDS_PRUNE_MS per session it also prunes the id hash: the ids whose messages were
 // archived by the previous prune (at least that long ago) are dropped, so the hash holds about one
 // such period of a busy session instead of every id it ever took (its 24 h expiry is renewed by
 // every accept). Dedupe of archived ids is the API's archive lookup; the Redis entry only covers

@@ -22,7 +22,7 @@ import {
   usableSubstring,
   wordRegex,
 } from './parse-query.js';
-import type { QueryTerm } from './parse-query.js';
+import type { FtsLeaf, QueryTerm } from './parse-query.js';
 import { hasLocalFeatures } from '../llm/local-embedder.js';
 import { onlyStopWords } from './english-stop-words.js';
 import { ownIndexes } from './indexed-sessions.js';
@@ -98,9 +98,10 @@ export function searchDuration(registry: Registry): Histogram<'match'> {
  * most MAX_SUBSTRING_BUDGET code points: the excluded terms first (a positive term left out only
  * turns the substring list off, see `untestable`; an excluded one left out is tested by full text
  * alone, which skips stop words), then the shortest first: a symbol or an emoji, which only the
- * substring match can test, is never left out for a long word, which full text tests too. Every pattern is tested against every candidate row, at
- * up to the row's length times the pattern's: 64 alternatives of 64 characters each
- * (`a…b or a…c or …`) would cost 64 times the worst single term.
+ * substring match can test, is never left out for a long word, which full text tests too. Every
+ * pattern is tested against every candidate row, at up to the row's length times the pattern's:
+ * 64 alternatives of 64 characters each (`a…b or a…c or …`) would cost 64 times the worst single
+ * term.
  */
 function substringTerms(parsed: ReturnType<typeof parseSearchQuery>): Set<string> {
   const out = new Set<string>();
@@ -199,13 +200,32 @@ async function run(
 ): Promise<{ hits: DetailedHit[] }> {
   const parsed = parseSearchQuery(params.query);
   const substrings = substringTerms(parsed);
+  const excludeLeaves = parsed.exclude.map(ftsLeaves);
+  // An excluded term that nothing can test, or one past the query's 64 terms: no message can be
+  // shown not to hold it. (Full text cannot test a term of stop words only, `because`: its
+  // tsquery is empty.)
+  const ftsTestable = (leaves: FtsLeaf[]) =>
+    leaves.some(
+      (leaf) => leaf.kind === 'cjk-phrase' || leaf.kind === 'cjk-prefix' || !onlyStopWords(leaf.text),
+    );
+  const unexcludable = parsed.exclude.some(
+    (t, i) =>
+      !oneAscii(t.text) &&
+      !substrings.has(t.text) &&
+      wordRegex(t.text) === null &&
+      !ftsTestable(excludeLeaves[i]!),
+  );
+  if (unexcludable || parsed.excludedPastLimit > 0) {
+    if (!(await getSession(deps.db, tenantId, sessionId))) throw notFound('session');
+    return { hits: [] };
+  }
   const days = params.time_range === 'all' ? null : TIME_RANGE_DAYS[params.time_range];
   const filters: SearchFilters = {
     tenantId,
     sessionId,
     sinceNs: days === null ? null : (nowNs() - BigInt(days) * DAY_NS).toString(),
     windowSize: params.exclude_window ? deps.config.maxHistoryMessages : null,
-    excludeFts: parsed.exclude.map(ftsLeaves).filter((leaves) => leaves.length > 0),
+    excludeFts: excludeLeaves.filter((leaves) => leaves.length > 0),
     excludeLike: parsed.exclude
       .map((t) => t.text)
       .filter((t) => substrings.has(t))
@@ -234,20 +254,6 @@ async function run(
   );
   const leaves = budgetLeaves(parsed.groups.map((terms) => terms.map(ftsLeaves)));
   const unanswerable = untestable.some((u, g) => u && leaves[g]!.every((l) => l.length === 0));
-  // Likewise an excluded term that nothing can test, or one past the query's 64 terms: no message
-  // can be shown not to hold it.
-  // (Full text cannot test a term of stop words only, `because`: its tsquery is empty.)
-  const ftsTestable = (t: QueryTerm) =>
-    ftsLeaves(t).some(
-      (leaf) => leaf.kind === 'cjk-phrase' || leaf.kind === 'cjk-prefix' || !onlyStopWords(leaf.text),
-    );
-  const unexcludable = parsed.exclude.some(
-    (t) => !oneAscii(t.text) && !substrings.has(t.text) && wordRegex(t.text) === null && !ftsTestable(t),
-  );
-  if (unexcludable || parsed.excludedPastLimit > 0) {
-    if (!(await getSession(deps.db, tenantId, sessionId))) throw notFound('session');
-    return { hits: [] };
-  }
   const keyword =
     params.match === 'semantic' || unanswerable
       ? null
@@ -255,9 +261,8 @@ async function run(
           fts: leaves,
           like: untestable.some(Boolean) ? [] : like,
           // Groups full text cannot see (`deploy 🚀`: its matches must hold the 🚀 as well).
-          blind: parsed.groups
+          blind: like
             .filter((_, g) => leaves[g]!.every((l) => l.length === 0))
-            .map(patterns)
             .filter((alternatives) => alternatives.length > 0),
         };
   let embedding: number[] | null = null;

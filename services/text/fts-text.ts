@@ -14,6 +14,8 @@
  * was always cut at FTS_EN_SAFE, and the end of a long message was never found by full text.
  */
 
+import { isHighSurrogate } from './code-points.js';
+
 export const FTS_EN_MAX = 1_048_576;
 export const FTS_EN_SAFE = 65_536;
 export const FTS_CJK_CAP = 32_768;
@@ -78,7 +80,7 @@ export function cjkBigrams(text: string, capChars = Infinity): string[] {
 export function cutUnits(s: string, max: number): string {
   if (s.length <= max) return s;
   const last = s.charCodeAt(max - 1);
-  return s.slice(0, last >= 0xd800 && last <= 0xdbff ? max - 1 : max);
+  return s.slice(0, isHighSurrogate(last) ? max - 1 : max);
 }
 
 /**
