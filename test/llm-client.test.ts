@@ -269,10 +269,17 @@ void describe('llm client: chat', () => {
     assert.equal(fake.chatRequests().length, 1);
   });
 
-  void test('empty content is invalid_response', async () => {
-    fake.queueChat({ content: '' });
-    await rejectsWith(client().chat(chatReq()), (err) => assert.equal(err.kind, 'invalid_response'));
+  void test('empty content is invalid_response, and its billed usage is still recorded', async () => {
+    fake.queueChat({ content: '', usage: { prompt_tokens: 250, completion_tokens: 10 } });
+    const usages: LlmUsage[] = [];
+    await rejectsWith(client({ onUsage: (u) => void usages.push(u) }).chat(chatReq()), (err) =>
+      assert.equal(err.kind, 'invalid_response'),
+    );
     assert.equal(fake.chatRequests().length, 1);
+    assert.deepEqual(
+      usages.map((u) => [u.inputTokens, u.outputTokens]),
+      [[250, 10]],
+    );
   });
 
   void test('a hanging endpoint times out per attempt and is retryable', async () => {

@@ -276,6 +276,17 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
         // other failed attempt.
         const content = firstChoiceText(raw);
         if (content === undefined) {
+          // An answer without text is billed like any other: its usage is recorded.
+          const usage = readUsage(raw);
+          await reportUsage({
+            purpose: req.purpose,
+            model: req.model,
+            inputTokens: usage.prompt,
+            outputTokens: usage.completion,
+            tenantId: req.tenantId,
+            sessionId: req.sessionId ?? null,
+            startedAt,
+          });
           throw new LlmError('chat completion has no text content in choices[0]', {
             kind: 'invalid_response',
             retryable: false,
