@@ -724,6 +724,21 @@ void describe('export and import', () => {
     );
     assert.equal(badSummary.status, 400);
     assert.match(badSummary.body.error.details.problems[0].path, /^lines\[2\]\.summary/);
+    // Text Postgres's jsonb cannot hold is bad input too (it was a 500 at the summary's insert).
+    for (const bad of ['Do: a\u0000b', 'Do: a\ud800b']) {
+      const summary = {
+        key_decisions: [bad],
+        past_discussions: [],
+        current_discussion: { topic: 't', description: 'd', perspectives: 'p', direction: 'x' },
+      };
+      const r = await t.api.post(
+        `/v1/sessions/${s}/import`,
+        `${JSON.stringify({ role: 'user', content: 'x' })}\n${JSON.stringify({ type: 'summary', summary })}\n`,
+        ndjson,
+      );
+      assert.equal(r.status, 400, JSON.stringify(r.body));
+      assert.equal(r.body.error.details.problems[0].path, 'lines[2].summary.key_decisions[0]');
+    }
 
     // An export line says its time twice; an edit of one of them is refused, not ignored.
     const instant = { sent_at: '2026-01-01T00:00:00.000000001Z', sent_at_ns: '1767225600000000001' };

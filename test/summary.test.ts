@@ -347,10 +347,19 @@ void describe('summarize job', () => {
     assert.match(bad.last_error, /key_decisions\[0\]/);
     assert.doesNotMatch(bad.last_error, /use tabs/, 'no model text in last_error');
 
+    // Text Postgres's jsonb cannot hold: a failed chunk, counted, not a job whose save fails
+    // and is retried (and billed) until BullMQ gives up, with no failure recorded.
+    fake.queueChat({ content: validSummary([], ['Do: a\u0000b']) });
+    const nul = await summarize(s);
+    assert.equal(nul.outcome, 'failed');
+    assert.equal(nul.failures, 2);
+    assert.match(nul.last_error, /key_decisions\[0\]: NUL characters/);
+    assert.equal(fake.chatRequests().length, 2, 'one call per failed chunk, no retries');
+
     fake.queueChat({ status: 400 });
     const err = await summarize(s);
     assert.equal(err.outcome, 'failed');
-    assert.equal(err.failures, 2);
+    assert.equal(err.failures, 3);
     assert.equal(err.last_error, 'llm bad_request (HTTP 400)');
     const job = await api.get(`/v1/jobs/${err.job_id as string}`);
     assert.equal(job.body.state, 'failed');

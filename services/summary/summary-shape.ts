@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { hasBadChars } from '../messages/message-input.js';
 import { fieldPath } from '../validate.js';
 
 /**
@@ -13,7 +14,13 @@ const MAX_FIELD_CHARS = 4000;
 // Models like typographic apostrophes; the marker is defined with a plain one.
 const normaliseMarker = (s: string) => s.trim().replace(/^Don[\u2019\u02bc`´]t:/, "Don't:");
 
-const text = z.string().max(MAX_FIELD_CHARS);
+// Postgres's jsonb cannot hold NUL or a lone surrogate: text with them is not a summary (a model's
+// answer with them is a failed chunk, an import's a 400), never a statement that fails to save.
+const BAD_CHARS_MESSAGE = 'NUL characters and lone surrogates are not allowed';
+const text = z
+  .string()
+  .max(MAX_FIELD_CHARS)
+  .refine((s) => !hasBadChars(s), BAD_CHARS_MESSAGE);
 
 // `perspectives` is one string in the shape; a list of viewpoints is accepted and joined.
 const perspectives = z.union([
@@ -34,7 +41,8 @@ export const summarySchema = z.object({
           z
             .string()
             .max(MAX_FIELD_CHARS)
-            .regex(/^(Do|Don't): \S/, `must start with "Do: " or "Don't: "`),
+            .regex(/^(Do|Don't): \S/, `must start with "Do: " or "Don't: "`)
+            .refine((s) => !hasBadChars(s), BAD_CHARS_MESSAGE),
         ),
     )
     .max(MAX_KEY_DECISIONS),
