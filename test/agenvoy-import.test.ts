@@ -1083,6 +1083,211 @@ void describe('agenvoy import', () => {
     );
   });
 
+  void test('only user messages have their time header parsed: tool results and replies keep their text and place', async () => {
+    // Setup: a compacted turn (history.db only) and a turn in both files whose tool result and
+    // reply start with lines that look like a header; a system prompt that does too.
+    const t0 = taipei('2025-06-01 09:00:00');
+    const t1 = taipei('2025-06-01 10:00:00');
+    const oldOut = 'sendAt: 2024-01-01 00:00:00\nold output';
+    const out = 'send_at: 2024-01-01 00:00:00\nstatus: ok\nrows: 42';
+    const echo = 'sendAt: 2025-06-01 10:00:05\nthat is the header you sent';
+    const system = '當前時間: 2025-06-01 08:00:00\nyou are terse';
+    const ask = header('2025-06-01 10:00:00', 'how many rows?');
+    const dir = agenvoyDir(
+      {
+        'roles-28': {
+          'history.json': [
+            { role: 'system', content: system },
+            { role: 'user', content: ask },
+            {
+              role: 'assistant',
+              content: null,
+              tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'sql', arguments: '{}' } }],
+            },
+            { role: 'tool', tool_call_id: 'call_1', content: [{ type: 'text', text: out }] },
+            { role: 'assistant', content: echo },
+          ],
+        },
+      },
+      [
+        {
+          session: 'roles-28',
+          sendAt: t0,
+          role: 'user',
+          content: header('2025-06-01 09:00:00', 'old question'),
+        },
+        { session: 'roles-28', sendAt: plus(t0, 1e9), role: 'tool', content: oldOut },
+        { session: 'roles-28', sendAt: plus(t0, 2e9), role: 'assistant', content: 'old answer' },
+        { session: 'roles-28', sendAt: t1, role: 'user', content: ask },
+        { session: 'roles-28', sendAt: plus(t1, 2e9), role: 'tool', content: out },
+        { session: 'roles-28', sendAt: plus(t1, 3e9), role: 'assistant', content: echo },
+      ],
+    );
+
+    // Action
+    const read = await readOne(dir, 'roles-28', TZ);
+
+    // Assert: text as written, in conversation order, each reply after its user message.
+    assert.deepEqual(
+      read.listing.map((m) => [m.role, m.content]),
+      [
+        ['user', 'old question'],
+        ['assistant', null],
+        ['tool', oldOut],
+        ['assistant', 'old answer'],
+        ['system', system],
+        ['user', 'how many rows?'],
+        ['assistant', null],
+        ['tool', out],
+        ['assistant', echo],
+      ],
+    );
+    assert.deepEqual([read.stats.fromJson, read.stats.fromDb, read.stats.duplicates], [5, 3, 3]);
+    const times = read.listing.slice(5).map((m) => BigInt(m.sent_at_ns));
+    assert.ok(
+      times.every((ns, i) => i === 0 || ns > times[i - 1]!),
+      times.join(' '),
+    );
+    assert.ok(BigInt(read.listing[4]!.sent_at_ns) < times[0]!, 'the system prompt precedes the user message');
+  });
+
+  void test('a bare time header ends at its second time line, which stays in the text', () => {
+    assert.deepEqual(
+      splitTimeHeader(
+        'sendAt: 2025-06-02 09:10:00\nsend_at: 2019-01-01 00:00:00\nwhy does this record fail?',
+      ),
+      {
+        text: 'send_at: 2019-01-01 00:00:00\nwhy does this record fail?',
+        time: '2025-06-02 09:10:00',
+        workDir: null,
+      },
+    );
+    assert.deepEqual(
+      splitTimeHeader(
+        '工作目錄: /w\nsendAt: 2025-06-02 09:10:00\n工作目錄: /x\nsendAt: 2019-01-01 00:00:00\nhi',
+      ),
+      {
+        text: 'sendAt: 2019-01-01 00:00:00\nhi',
+        time: '2025-06-02 09:10:00',
+        workDir: '/x',
+      },
+    );
+    assert.deepEqual(splitTimeHeader('sendAt: 2025-06-02 09:10:00\n工作目錄: /w\nhi'), {
+      text: 'hi',
+      time: '2025-06-02 09:10:00',
+      workDir: '/w',
+    });
+  });
+
+  void test('content parts other than text and image_url are noted when dropped, and named when nothing is left', async () => {
+    // Setup
+    const dir = agenvoyDir(
+      {
+        'parts-29': {
+          'history.json': [
+            {
+              role: 'user',
+              content: [
+                { type: 'text', text: 'sendAt: 2025-06-03 10:00:00\nwhat does this say?' },
+                { type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } },
+                { type: 'file', file: { file_id: 'f1' } },
+              ],
+            },
+            { role: 'assistant', content: 'hello' },
+            {
+              role: 'user',
+              content: [{ type: 'input_audio', input_audio: { data: 'BBBB', format: 'mp3' } }],
+            },
+            { role: 'assistant', content: 'sorry?' },
+          ],
+        },
+      },
+      [],
+    );
+
+    // Action
+    const read = await readOne(dir, 'parts-29', TZ);
+
+    // Assert
+    assert.deepEqual(read.contents, ['what does this say?', 'hello', 'sorry?']);
+    assert.ok(
+      read.notes.includes('history.json[0]: dropped 2 unsupported part(s) (input_audio, file)'),
+      read.notes.join('\n'),
+    );
+    assert.equal(read.stats.skipped, 1);
+    const skipped = read.notes.find((n) => n.startsWith('skipped history.json[2] (user): '));
+    assert.ok(skipped, read.notes.join('\n'));
+    assert.match(skipped, /input_audio/);
+    assert.doesNotMatch(skipped, /only on an assistant message with tool_calls/);
+  });
+
+  void test('sessions that only history.db holds are reported, not imported', async () => {
+    // Setup: one session directory; history.db also holds twelve sessions without one.
+    const rows: RawRow[] = Array.from({ length: 12 }, (_, i) => ({
+      session: `ghost-${String(i + 1).padStart(2, '0')}`,
+      sendAt: taipei('2025-06-04 10:00:00'),
+      role: 'user',
+      content: 'hello',
+    }));
+    rows.push({ session: 'real-30', sendAt: taipei('2025-06-04 10:00:00'), role: 'user', content: 'hi' });
+    const dir = agenvoyDir({ 'real-30': { 'history.json': [{ role: 'user', content: 'hi' }] } }, rows);
+    const t = await svc.newTenant();
+
+    // Action
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ });
+    const only = await importAgenvoySessions(svc.deps, t.tenantId, dir, {
+      timeZone: TZ,
+      only: ['ghost-03', 'real-30'],
+    });
+
+    // Assert: named in the notes (the report --json prints), the full list beside them.
+    assert.deepEqual(
+      report.sessions.map((s) => [s.session_id, s.status]),
+      [['real-30', 'imported']],
+    );
+    assert.deepEqual(report.notes, [
+      'history.db holds 12 session(s) with no directory (ghost-01, ghost-02, ghost-03, ghost-04, ghost-05, ghost-06, ghost-07, ghost-08, ghost-09, ghost-10, and 2 more): not imported',
+    ]);
+    assert.equal(report.historyDbOnly.length, 12);
+    assert.deepEqual(only.notes, [
+      'history.db holds 1 session(s) with no directory (ghost-03): not imported',
+    ]);
+    assert.deepEqual(only.missing, ['ghost-03']);
+  });
+
+  void test("a history.json that is a directory, or a history.db that is not Agenvoy's, is named", async () => {
+    // Setup
+    const dir = agenvoyDir(
+      { 'isdir-31': {}, 'fine-32': { 'history.json': [{ role: 'user', content: 'hi' }] } },
+      [],
+    );
+    mkdirSync(path.join(dir, 'isdir-31', 'history.json'));
+    const t = await svc.newTenant();
+    const storeDb = path.join(dir, '..', '.store', 'history.db');
+
+    // Action / Assert: a directory fails its session with the file named.
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ });
+    const isdir = report.sessions.find((s) => s.session_id === 'isdir-31')!;
+    assert.equal(isdir.status, 'failed');
+    assert.match(isdir.notes.join(' '), /^history\.json is a directory, not a file/);
+
+    // A history.db that is no SQLite database, or has no messages table: the command fails, naming it.
+    writeFileSync(storeDb, 'this is not a database, just some text that is long enough for a header');
+    await assert.rejects(
+      importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ }),
+      (err: Error) => err.message.includes(path.resolve(storeDb)) && /not a database/.test(err.message),
+    );
+    rmSync(storeDb);
+    const db = openSqlite(storeDb);
+    db.exec('CREATE TABLE other (x INTEGER)');
+    db.close();
+    await assert.rejects(
+      importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ }),
+      (err: Error) =>
+        err.message.includes(path.resolve(storeDb)) && /no such table: messages/.test(err.message),
+    );
+  });
+
   void test('local times around daylight-saving changes keep their order', () => {
     const utc = (naive: string, zone: string) => {
       const ns = parseSentAt(naive, zone);

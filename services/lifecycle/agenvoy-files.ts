@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { AppError } from '../errors.js';
 
@@ -38,6 +38,11 @@ export function badUtf8At(b: Uint8Array): number {
  */
 export async function readText(file: string): Promise<string | undefined> {
   if (!existsSync(file)) return undefined;
+  const info = await stat(file);
+  if (!info.isFile()) {
+    const what = info.isDirectory() ? 'is a directory, not a file' : 'is not a regular file';
+    throw new AppError(400, 'invalid_file', `${path.basename(file)} ${what} (${file})`, { file });
+  }
   const bytes = await readFile(file);
   try {
     // Strips a byte-order mark (editors on Windows write one).

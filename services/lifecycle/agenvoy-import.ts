@@ -15,7 +15,8 @@ import type { SqliteDb } from './sqlite.js';
 
 /**
  * Reads Agenvoy's per-session files (SPEC §5 `import agenvoy`): `<sessions>/<sid>/history.json`
- * (OpenAI-style messages; user turns may start with a `當前時間:`/`sendAt:` header in local time),
+ * (OpenAI-style messages; user turns may start with a `當前時間:`/`sendAt:` header in local time;
+ * other roles' text is kept as written),
  * `summary.json`, the summary cursor from `.summary_cursor` (local `YYYY-MM-DD HH:MM:SS` or unix
  * time) or the older `summary.meta.json`, and the archive `.store/history.db` (SQLite table
  * `messages(session_id, send_at unix ns, role, content)`) beside or inside the sessions directory,
@@ -65,18 +66,32 @@ function flatten(content: unknown): string {
   return '';
 }
 
-function normaliseContent(content: unknown): { content: unknown; header: SplitHeader | null } {
+/**
+ * A history.json message's content as mnemos stores it. Only a user message's header is read and
+ * stripped (Agenvoy stamps the user's input; a tool result or reply that starts with such lines
+ * is kept as written). Parts other than text and image_url are dropped and named in `dropped`.
+ */
+function normaliseContent(
+  content: unknown,
+  isUser: boolean,
+): { content: unknown; header: SplitHeader | null; dropped: string[] } {
+  const dropped: string[] = [];
   if (typeof content === 'string') {
+    if (!isUser) return { content, header: null, dropped };
     const h = splitTimeHeader(content);
-    return { content: h.text, header: h.time ? h : null };
+    return { content: h.text, header: h.time ? h : null, dropped };
   }
   if (Array.isArray(content)) {
     let header: SplitHeader | null = null;
     const parts = content
-      .filter((p): p is Record<string, unknown> => !!p && typeof p === 'object')
+      .filter((p): p is Record<string, unknown> => {
+        if (p && typeof p === 'object' && !Array.isArray(p)) return true;
+        dropped.push(p === null ? 'null' : Array.isArray(p) ? 'array' : typeof p);
+        return false;
+      })
       .map((p, i) => {
         if (p.type === 'text' && typeof p.text === 'string') {
-          if (i === 0) {
+          if (i === 0 && isUser) {
             const h = splitTimeHeader(p.text);
             if (h.time) header = h;
             return { type: 'text', text: h.text };
@@ -89,12 +104,14 @@ function normaliseContent(content: unknown): { content: unknown; header: SplitHe
             img.detail === 'auto' || img.detail === 'low' || img.detail === 'high' ? img.detail : undefined;
           return { type: 'image_url', image_url: { url: img.url, ...(detail ? { detail } : {}) } };
         }
+        const type = typeof p.type === 'string' && p.type ? p.type : 'untyped';
+        dropped.push(type === 'text' || type === 'image_url' ? `malformed ${type}` : type);
         return null;
       })
       .filter((p) => p !== null);
-    return { content: parts.length > 0 ? parts : null, header };
+    return { content: parts.length > 0 ? parts : null, header, dropped };
   }
-  return { content: content ?? null, header: null };
+  return { content: content ?? null, header: null, dropped };
 }
 
 function normaliseToolCalls(calls: unknown): unknown[] | undefined {
@@ -200,6 +217,8 @@ export async function readAgenvoySession(
   if (!Array.isArray(history)) throw new AppError(400, 'invalid_file', 'history.json is not an array');
 
   const json: Draft[] = [];
+  /** Messages that lost content parts mnemos does not store (the first MAX_SKIP_NOTES are named). */
+  let partNotes = 0;
   for (const [index, m] of (history as Array<Record<string, unknown>>).entries()) {
     const at = `history.json[${index}]`;
     if (!m || typeof m !== 'object' || Array.isArray(m)) {
@@ -210,10 +229,23 @@ export async function readAgenvoySession(
       skip(at, `role ${JSON.stringify(m.role ?? null)} is none of ${[...ROLES].join(', ')}`);
       continue;
     }
-    const { content, header } = normaliseContent(m.content);
+    const { content, header, dropped } = normaliseContent(m.content, m.role === 'user');
     const raw: Record<string, unknown> = { role: m.role, content };
     const calls = normaliseToolCalls(m.tool_calls);
     if (calls) raw.tool_calls = calls;
+    if (dropped.length > 0) {
+      const types = [...new Set(dropped)].join(', ');
+      if (content === null && !(m.role === 'assistant' && calls)) {
+        skip(
+          `${at} (${m.role})`,
+          `its only content part(s) are unsupported (${types}): mnemos keeps text and image_url parts`,
+        );
+        continue;
+      }
+      partNotes++;
+      if (partNotes <= MAX_SKIP_NOTES)
+        notes.push(`${at}: dropped ${dropped.length} unsupported part(s) (${types})`);
+    }
     if (typeof m.tool_call_id === 'string' && m.tool_call_id) raw.tool_call_id = m.tool_call_id;
     if (typeof m.name === 'string' && m.name) raw.name = m.name;
     if (header?.workDir) raw.metadata = { work_dir: header.workDir };
@@ -227,6 +259,11 @@ export async function readAgenvoySession(
       source: 'json',
       at,
     });
+  }
+  if (partNotes > MAX_SKIP_NOTES) {
+    notes.push(
+      `… and ${partNotes - MAX_SKIP_NOTES} more message(s) of history.json with unsupported parts dropped`,
+    );
   }
   const unreadTimes = json.filter((d) => d.naive && toNs(d.naive, givenZone) === null).map((d) => d.naive!);
   if (unreadTimes.length > 0) {
@@ -266,7 +303,9 @@ export async function readAgenvoySession(
           );
         }
       }
-      const h = splitTimeHeader(r.content);
+      // Only the user's input carries Agenvoy's header (see normaliseContent).
+      const h: SplitHeader =
+        role === 'user' ? splitTimeHeader(r.content) : { text: r.content, time: null, workDir: null };
       const raw: Record<string, unknown> = { role, content: h.text };
       const meta: Record<string, unknown> = {};
       if (h.workDir) meta.work_dir = h.workDir;

@@ -5,6 +5,7 @@ import { AppError } from '../errors.js';
 import { findHistoryDb, listAgenvoySessions, readAgenvoySession } from './agenvoy-import.js';
 import { importSession } from './import-session.js';
 import { openSqlite } from './sqlite.js';
+import type { SqliteDb } from './sqlite.js';
 
 /** `mnemos import agenvoy <sessions_dir> --tenant`: every session directory, one report each. */
 
@@ -32,15 +33,36 @@ export async function importAgenvoySessions(
   invalidDirs: string[];
   /** `only` ids with no session directory. */
   missing: string[];
+  /** Sessions history.db holds rows of but no directory exists for (within `only`): not imported. */
+  historyDbOnly: string[];
+  /** About the whole import (not one session), e.g. the sessions only history.db holds. */
+  notes: string[];
   sessions: AgenvoySessionReport[];
 }> {
   const timeZone = opts.timeZone ?? deps.config.timeZone;
   const dir = path.resolve(sessionsDir);
   const { ids, invalid } = await listAgenvoySessions(dir);
   const historyDb = findHistoryDb(dir);
-  const db = historyDb ? openSqlite(historyDb, { readonly: true }) : null;
+  const db = historyDb ? openHistoryDb(historyDb) : null;
   const reports: AgenvoySessionReport[] = [];
+  const notes: string[] = [];
+  let historyDbOnly: string[] = [];
   try {
+    if (db && historyDb) {
+      // A session is a directory (its history.json, summary and cursor); history.db rows of a
+      // session without one are not imported, but named so they are not lost unnoticed.
+      const dirs = new Set([...ids, ...invalid]);
+      historyDbOnly = dbSessionIds(db, historyDb).filter(
+        (sid) => !dirs.has(sid) && (!opts.only || opts.only.includes(sid)),
+      );
+      if (historyDbOnly.length > 0) {
+        const named = historyDbOnly.slice(0, MAX_NAMED);
+        const more = historyDbOnly.length - named.length;
+        notes.push(
+          `history.db holds ${historyDbOnly.length} session(s) with no directory (${named.join(', ')}${more > 0 ? `, and ${more} more` : ''}): not imported`,
+        );
+      }
+    }
     for (const sid of ids) {
       if (opts.only && !opts.only.includes(sid)) continue;
       const report: AgenvoySessionReport = {
@@ -97,5 +119,42 @@ export async function importAgenvoySessions(
     db?.close();
   }
   const missing = (opts.only ?? []).filter((sid) => !ids.includes(sid));
-  return { historyDb, invalidDirs: invalid, missing, sessions: reports };
+  return { historyDb, invalidDirs: invalid, missing, historyDbOnly, notes, sessions: reports };
+}
+
+/** Session ids named in the report's note on sessions only history.db holds (the rest counted). */
+const MAX_NAMED = 10;
+
+/** A failure to read history.db, naming the file (SQLite's own messages do not). */
+function historyDbError(file: string, err: unknown): AppError {
+  const why = err instanceof Error ? err.message : String(err);
+  return new AppError(
+    400,
+    'invalid_file',
+    `${file} is not a readable Agenvoy history.db (${why}): it must be an SQLite database with a messages table`,
+    { file },
+  );
+}
+
+function openHistoryDb(file: string): SqliteDb {
+  try {
+    return openSqlite(file, { readonly: true });
+  } catch (err) {
+    throw historyDbError(file, err);
+  }
+}
+
+/** The sessions history.db holds rows of, sorted; reading them also checks the file is Agenvoy's. */
+function dbSessionIds(db: SqliteDb, file: string): string[] {
+  try {
+    const rows = db.prepare('SELECT DISTINCT session_id AS sid FROM messages').all() as Array<{
+      sid: unknown;
+    }>;
+    return rows
+      .map((r) => r.sid)
+      .filter((sid): sid is string => typeof sid === 'string')
+      .sort();
+  } catch (err) {
+    throw historyDbError(file, err);
+  }
 }

@@ -19,7 +19,11 @@ export interface SplitHeader {
   workDir: string | null;
 }
 
-/** Strips a leading time header (fenced `---` block or bare lines) from message text. */
+/**
+ * Strips a leading time header (fenced `---` block or bare lines) from a user message's text (the
+ * only role Agenvoy stamps). Bare lines: one time line, with `工作目錄:` lines before or after it;
+ * a second time line ends the header and stays in the text (the user wrote it).
+ */
 export function splitTimeHeader(text: string): SplitHeader {
   const fenced = FENCED.exec(text);
   if (fenced) {
@@ -41,6 +45,7 @@ export function splitTimeHeader(text: string): SplitHeader {
     if (!m) break;
     if (m[1] === '工作目錄' || m[1] === 'workDir' || m[1] === 'work_dir') workDir = m[2] || null;
     else {
+      if (time !== null) break;
       const t = new RegExp(`^${NAIVE_TIME}$`).exec(m[2]!);
       if (!t) break;
       time = t[1]!;

@@ -145,6 +145,7 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
           print(JSON.stringify(report));
         } else {
           print(`history.db: ${report.historyDb ?? 'not found'}`);
+          for (const n of report.notes) print(`note: ${n}`);
           for (const s of report.sessions) print(describe(s));
           for (const d of report.invalidDirs) print(`${d}: skipped (not a valid session id)`);
           for (const d of report.missing) print(`${d}: failed (no such session directory in ${dir})`);
