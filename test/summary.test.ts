@@ -467,6 +467,52 @@ void describe('summarize job', () => {
     assert.equal(fake.chatRequests().length, 0);
   });
 
+  void test('a summary imported without a cursor covers what came with it: later messages are summarised', async () => {
+    const ndjson = { 'content-type': 'application/x-ndjson' };
+    const imported = JSON.parse(validSummary(['imported'])) as unknown;
+    const line = (role: string, content: string, at: string) =>
+      JSON.stringify({ type: 'message', role, content, sent_at: at });
+    const withMessages = sid('impcur');
+    const r = await api.post(
+      `/v1/sessions/${withMessages}/import`,
+      [
+        line('user', '[T:o1] old', '2025-06-01T00:00:01Z'),
+        line('assistant', '[T:o2] answer', '2025-06-01T00:00:02Z'),
+        JSON.stringify({ type: 'summary', summary: imported }),
+      ].join('\n'),
+      ndjson,
+    );
+    assert.equal(r.status, 201, JSON.stringify(r.body));
+    assert.equal(r.body.summary.cursor_seq, 2, 'the newest imported message');
+    const summaryOnly = sid('impcur0');
+    const only = await api.post(
+      `/v1/sessions/${summaryOnly}/import`,
+      JSON.stringify({ type: 'summary', summary: imported }),
+      ndjson,
+    );
+    assert.equal(only.status, 201, JSON.stringify(only.body));
+    assert.equal(only.body.summary.cursor_seq, 0, 'covers no message');
+
+    fake.onChat(echoSummary);
+    for (const [s, tag] of [
+      [withMessages, 'a'],
+      [summaryOnly, 'b'],
+    ] as const) {
+      // Posted after the import, before any summary job: the job used to set the cursor to the
+      // newest message then, so these were never summarised.
+      const seqs = await archive(s, [
+        user(`[T:${tag}1] answer in German from now on`),
+        assistant(`[T:${tag}2] ok`),
+      ]);
+      const done = await summarize(s);
+      assert.equal(done.outcome, 'summarized');
+      assert.equal(done.cursor_seq, seqs[1]);
+      const call = fake.chatRequests().at(-1)!;
+      assert.deepEqual(tokensIn(transcriptOf(call)), [`[T:${tag}1]`, `[T:${tag}2]`]);
+      assert.match(systemOf(call), /imported/, 'merged into the imported summary');
+    }
+  });
+
   void test('usage is recorded for every call and served by GET /v1/usage', async () => {
     const s = sid('usage');
     await archive(s, [user('[T:u1] q'), assistant('[T:u2] a')]);

@@ -56,10 +56,13 @@ export function sortForImport(messages: ImportMessage[]): ImportMessage[] {
 /**
  * The cursor over the new numbering: the end of the longest prefix of the imported (time-ordered)
  * messages that the old cursor covers. Conservative when the old order differs: a message may be
- * summarised again, never skipped. `base` is the seq before the first imported message.
+ * summarised again, never skipped. `base` is the seq before the first imported message. A summary
+ * without a cursor is taken to cover what was imported with it: the cursor is the newest imported
+ * message (`base` when there is none), set here rather than by the next summary job, which would
+ * set it to the newest message then and so skip whatever was posted since the import.
  */
-export function mapCursor(cursor: ImportCursor, sorted: ImportMessage[], base: number): number | null {
-  if (cursor.kind === 'none') return null;
+export function mapCursor(cursor: ImportCursor, sorted: ImportMessage[], base: number): number {
+  if (cursor.kind === 'none') return base + sorted.length;
   let covered = 0;
   for (const m of sorted) {
     let inside: boolean;
@@ -128,7 +131,7 @@ export async function importSession(
       const base = Math.max(Number(counter), Number(row.next_seq) - 1);
       let summary: ImportOutcome['summary'] = null;
       if (input.summary) {
-        const cursorSeq = sorted.length > 0 ? mapCursor(input.summary.cursor, sorted, base) : null;
+        const cursorSeq = mapCursor(input.summary.cursor, sorted, base);
         const version = await upsertImportedSummary(tx, {
           tenantId,
           sessionId,
