@@ -135,6 +135,46 @@ void describe('context without a decision model', () => {
     ]);
   });
 
+  void test('an input posted first moves to the end as posted: its name, its one text part', async () => {
+    const named = sid('named');
+    await archive(t.api, named, [{ role: 'user', name: 'bob', content: 'hi named' }]);
+    const r1 = await context(t.api, named, { input: 'hi named' });
+    assert.deepEqual(r1.body.messages, [{ role: 'user', name: 'bob', content: 'hi named' }]);
+    const parts = sid('parts');
+    await archive(t.api, parts, [{ role: 'user', content: [{ type: 'text', text: 'hello parts' }] }]);
+    const r2 = await context(t.api, parts, { input: 'hello parts' });
+    assert.equal(r2.body.messages.length, 1, JSON.stringify(r2.body.messages));
+    assert.deepEqual(r2.body.messages[0].content, [{ type: 'text', text: 'hello parts' }]);
+  });
+
+  void test('a window of huge messages ends at 32 MiB, and so does a page of messages', async () => {
+    const s = sid('huge');
+    // 1 MiB of a control character is 6 MiB as JSON (\u0001): seven are 42 MiB.
+    for (let i = 0; i < 7; i++)
+      await archive(t.api, s, [{ role: 'assistant', content: `${i}${'\u0001'.repeat(1024 * 1024 - 8)}` }]);
+    const r = await context(t.api, s, { max_messages: 16 });
+    assert.equal(r.status, 200);
+    // Newest first while less than 32 MiB came before: 6 of them (36 MiB).
+    assert.deepEqual(r.body.window, { from_seq: 2, to_seq: 7 });
+    assert.deepEqual(
+      r.body.messages.map((m: Msg) => String(m.content)[0]),
+      ['1', '2', '3', '4', '5', '6'],
+    );
+    const page = await t.api.get(`/v1/sessions/${s}/messages?limit=500`);
+    assert.equal(page.status, 200);
+    assert.deepEqual(
+      page.body.messages.map((m: { seq: number }) => m.seq),
+      [1, 2, 3, 4, 5, 6],
+    );
+    assert.equal(page.body.next, 6);
+    const rest = await t.api.get(`/v1/sessions/${s}/messages?limit=500&after_seq=6`);
+    assert.deepEqual(
+      rest.body.messages.map((m: { seq: number }) => m.seq),
+      [7],
+    );
+    assert.equal(rest.body.next, null);
+  });
+
   void test('with a summary: turn context after the window and before the input, system block set', async () => {
     const s = sid('summary');
     await archive(t.api, s, turns(4));

@@ -1,4 +1,5 @@
 import type { Queryable } from '../pool.js';
+import { PAGE_MAX_BYTES } from './messages.js';
 
 /** One archived message as the context endpoint needs it (content = parts when structured). */
 export interface WindowMessageRow {
@@ -28,8 +29,9 @@ const WINDOW_JSON = `json_build_object('seq', w.seq, 'role', w.role,
   'tool_call_id', w.tool_call_id, 'tool_calls', w.tool_calls)`;
 
 /**
- * Session state, summary and hot window (the last `maxMessages` messages at or after the cutoff)
- * in one round trip and one snapshot. The window comes back as one JSON array, oldest first; the
+ * Session state, summary and hot window (the last `maxMessages` messages at or after the cutoff,
+ * newest first up to PAGE_MAX_BYTES: at least one, then as many as fit) in one round trip and one
+ * snapshot. The window comes back as one JSON array, oldest first; the
  * window scan walks the primary key backwards and stops after `maxMessages` rows. Kept this
  * simple on purpose: planning dominates the cost of such a query (pgbench: a variant that also
  * did the tool-run extension in SQL took twice as long), and the extension is rarely needed.
@@ -43,12 +45,13 @@ export async function loadContext(
     `SELECT s.start_seq, s.next_seq, s.deleted_at IS NOT NULL AS deleted, sm.summary,
        sm.version AS summary_version,
        (SELECT json_agg(${WINDOW_JSON} ORDER BY w.seq) FROM (
-          SELECT m.seq, m.role, m.content, m.parts, m.name, m.tool_call_id, m.tool_calls FROM messages m
+          SELECT m.seq, m.role, m.content, m.parts, m.name, m.tool_call_id, m.tool_calls,
+            sum(m.bytes) OVER (ORDER BY m.seq DESC) - m.bytes AS bytes_before FROM messages m
           WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq >= s.start_seq AND s.deleted_at IS NULL
-          ORDER BY m.seq DESC LIMIT $3::int) w) AS messages
+          ORDER BY m.seq DESC LIMIT $3::int) w WHERE w.bytes_before < $4) AS messages
      FROM sessions s LEFT JOIN summaries sm ON sm.tenant_id = $1 AND sm.session_id = $2
      WHERE s.tenant_id = $1 AND s.id = $2`,
-    [a.tenantId, a.sessionId, a.maxMessages],
+    [a.tenantId, a.sessionId, a.maxMessages, PAGE_MAX_BYTES],
   );
   return r.rows[0] ?? null;
 }
@@ -62,16 +65,20 @@ export async function loadToolRunBefore(
   q: Queryable,
   a: { tenantId: string; sessionId: string; beforeSeq: number; startSeq: number },
 ): Promise<WindowMessageRow[]> {
+  // All of the run or nothing; nothing past PAGE_MAX_BYTES either (the window then starts with
+  // results whose call it does not hold, which the well-formed window drops).
   const r = await q.query<{ messages: WindowMessageRow[] | null }>(
-    `SELECT json_agg(${WINDOW_JSON} ORDER BY w.seq) AS messages FROM (
-       SELECT m.seq, m.role, m.content, m.parts, m.name, m.tool_call_id, m.tool_calls FROM messages m
+    `WITH w AS (
+       SELECT m.seq, m.role, m.content, m.parts, m.name, m.tool_call_id, m.tool_calls, m.bytes FROM messages m
        WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq < $3::bigint
          AND m.seq >= (SELECT p.seq FROM messages p
            WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.seq < $3::bigint AND p.seq >= $4::bigint
              AND p.role <> 'tool'
            ORDER BY p.seq DESC LIMIT 1)
-       ORDER BY m.seq DESC LIMIT ${MAX_TOOL_RUN + 1}) w`,
-    [a.tenantId, a.sessionId, a.beforeSeq, a.startSeq],
+       ORDER BY m.seq DESC LIMIT ${MAX_TOOL_RUN + 1})
+     SELECT CASE WHEN (SELECT sum(bytes) FROM w) <= $5 THEN (SELECT json_agg(${WINDOW_JSON} ORDER BY w.seq) FROM w)
+       END AS messages`,
+    [a.tenantId, a.sessionId, a.beforeSeq, a.startSeq, PAGE_MAX_BYTES],
   );
   return r.rows[0]?.messages ?? [];
 }

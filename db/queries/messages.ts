@@ -178,6 +178,38 @@ export async function pageMessages(
   return r.rows;
 }
 
+/**
+ * The most a page of messages (the listing, the agent tools) or a context window carries, in the
+ * messages' stored `bytes`, which is about their JSON's length: at least one message, then as
+ * many as fit. 500 messages of 1 MiB of control characters (6 MiB each as JSON) were one 3 GB
+ * string that Node cannot make (a 500; a context window of 95 of them, aggregated in SQL, was a
+ * row the driver could not read, and the process died).
+ */
+export const PAGE_MAX_BYTES = 32 * 1024 * 1024;
+
+/**
+ * pageMessages under PAGE_MAX_BYTES: `cut` says that messages within the page's limit were left
+ * out for their size (the caller then offers the next page).
+ */
+export async function pageMessagesWithin(
+  q: Queryable,
+  a: Parameters<typeof pageMessages>[1],
+): Promise<{ rows: StoredMessageRow[]; cut: boolean }> {
+  const dir = a.desc ? 'DESC' : 'ASC';
+  const r = await q.query<StoredMessageRow & { fetched: number }>(
+    `WITH p AS (
+       SELECT ${MSG_COLS}, sum(bytes) OVER (ORDER BY seq ${dir}) - bytes AS bytes_before FROM messages
+       WHERE tenant_id = $1 AND session_id = $2
+         AND ($3::bigint IS NULL OR seq > $3) AND ($4::bigint IS NULL OR seq < $4)
+       ORDER BY seq ${dir} LIMIT $5)
+     SELECT ${MSG_COLS}, (SELECT count(*) FROM p)::int AS fetched FROM p
+     WHERE bytes_before < $6 ORDER BY seq ${dir}`,
+    [a.tenantId, a.sessionId, a.afterSeq, a.beforeSeq, a.limit, PAGE_MAX_BYTES],
+  );
+  const fetched = r.rows[0]?.fetched ?? 0;
+  return { rows: r.rows.map(({ fetched: _, ...row }) => row), cut: fetched > r.rows.length };
+}
+
 export async function maxArchivedSeq(q: Queryable, tenantId: string, sessionId: string): Promise<number> {
   const r = await q.query<{ m: string | null }>(
     'SELECT max(seq) AS m FROM messages WHERE tenant_id = $1 AND session_id = $2',

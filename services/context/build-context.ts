@@ -99,10 +99,14 @@ export function makeContextBuilder(deps: CoreDeps): ContextBuilder {
     const messages = window.messages;
     const last = messages[messages.length - 1];
     // The input was already posted (post first, then ask with min_seq): it is the message being
-    // answered, so it moves after the turn context instead of appearing twice.
-    if (input !== undefined && last?.role === 'user' && last.content === input) messages.pop();
+    // answered, so it moves after the turn context instead of appearing twice, as posted (its
+    // `name`, its content as one text part).
+    const posted =
+      input !== undefined && last?.role === 'user' && isText(last.content, input)
+        ? messages.pop()
+        : undefined;
     if (summary) messages.push(turnContextMessage(summary));
-    if (input !== undefined) messages.push({ role: 'user', content: input });
+    if (input !== undefined) messages.push(posted ?? { role: 'user', content: input });
     return {
       body: {
         messages,
@@ -115,4 +119,12 @@ export function makeContextBuilder(deps: CoreDeps): ContextBuilder {
       minSeqTimedOut,
     };
   };
+}
+
+/** Content that is `text`: the string itself, or one text part of it. */
+function isText(content: unknown, text: string): boolean {
+  if (typeof content === 'string') return content === text;
+  if (!Array.isArray(content) || content.length !== 1) return false;
+  const part: unknown = content[0];
+  return isRecord(part) && part.type === 'text' && part.text === text;
 }

@@ -1,6 +1,6 @@
 import { Router } from 'express';
 import { z } from 'zod';
-import { pageMessages } from '../../db/queries/messages.js';
+import { pageMessagesWithin } from '../../db/queries/messages.js';
 import type { StoredMessageRow } from '../../db/queries/messages.js';
 import { getSession, listSessions } from '../../db/queries/sessions.js';
 import { getSummaryState } from '../../db/queries/summaries.js';
@@ -109,7 +109,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     const desc = q.order === 'desc';
     const session = await getSession(deps.db, tenantId, sid);
     if (!session) throw notFound('session');
-    const rows = await pageMessages(deps.db, {
+    const { rows, cut } = await pageMessagesWithin(deps.db, {
       tenantId,
       sessionId: sid,
       afterSeq: q.after_seq ?? null,
@@ -117,10 +117,11 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
       limit: limit + 1,
       desc,
     });
+    // A page also ends at PAGE_MAX_BYTES of messages: `next` then continues after the last shown.
     const page = pageOf(rows, limit);
     const messages = page.items.map(toStoredMessage);
     const last = messages[messages.length - 1];
-    res.json({ messages, next: page.more && last ? last.seq : null });
+    res.json({ messages, next: (page.more || cut) && last ? last.seq : null });
   });
 
   router.get('/', async (req, res) => {
