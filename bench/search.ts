@@ -294,7 +294,7 @@ const noFilters = (sessionId: string) => ({
   tenantId: TENANT,
   sessionId,
   sinceNs: null,
-  windowSize: null,
+  window: null,
   excludeFts: [],
   excludeLike: [],
   excludeWords: [],

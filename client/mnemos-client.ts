@@ -272,6 +272,8 @@ export function createMnemosClient(options: MnemosClientOptions) {
         limit?: number;
         timeRange?: TimeRange;
         excludeWindow?: boolean;
+        /** With excludeWindow: the context answer's `window.from_seq` (another window size). */
+        windowFromSeq?: number;
       },
     ): Promise<SearchHit[]> {
       const body = await call<{ hits: SearchHit[] }>({
@@ -284,6 +286,7 @@ export function createMnemosClient(options: MnemosClientOptions) {
           limit: opts.limit,
           time_range: opts.timeRange,
           exclude_window: opts.excludeWindow,
+          window_from_seq: opts.windowFromSeq,
         },
         idempotent: true,
       });
@@ -304,17 +307,20 @@ export function createMnemosClient(options: MnemosClientOptions) {
     /**
      * Runs one tool call; `args` as the model produced them (the JSON string, or parsed). Resolves
      * with the text for the tool message; bad arguments give guidance text, not an error.
+     * `windowFromSeq`: the context answer's `window.from_seq`, so that `chat_history` search
+     * leaves out the window the agent has (needed when context was asked for another size).
      */
     async runTool(
       sid: string,
       name: string,
       args: string | Record<string, unknown>,
-      opts: CallOptions = {},
+      opts: CallOptions & { windowFromSeq?: number } = {},
     ): Promise<string> {
       const body = await call<{ content: string }>({
         ...callOpts(opts),
         method: 'POST',
         path: `${session(sid)}/tools/${enc(name)}`,
+        query: { window_from_seq: opts.windowFromSeq },
         json: args,
         // write_error merges into an existing record: a repeat would count one hit too many.
         idempotent: name !== 'write_error',

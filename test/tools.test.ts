@@ -123,7 +123,7 @@ void describe('agent tools', () => {
       ['chat_history', { mode: 'search' }, /needs a non-empty keyword/],
       ['chat_history', { mode: 'read', from_seq: 5 }, /needs from_seq and to_seq/],
       ['chat_history', { mode: 'read', from_seq: 5, to_seq: 2 }, /to_seq must not be below/],
-      ['chat_history', { keyword: 'x', limit: 99 }, /limit must be between 1 and 32/],
+      ['chat_history', { keyword: 'x', limit: 99 }, /limit must be an integer between 1 and 32/],
       ['chat_history', { keyword: 'x', colour: 'red' }, /unknown field\(s\) colour/],
       ['chat_history', { keyword: 'x', time_range: 'forever' }, /time_range/],
       ['chat_history', [1, 2], /send a JSON object/],
@@ -199,6 +199,96 @@ void describe('agent tools', () => {
     // Following the note reads on where the answer stopped.
     const rest = await call(a.api, 'long', 'chat_history', { mode: 'read', from_seq: next, to_seq: 12 });
     assert.equal(seqsOf(rest)[0], next);
+  });
+
+  void test('a read of more than 50 messages that the output limit cuts names one place to read on', async () => {
+    // 60 messages of ~400 characters: a read fetches 50, of which ~26 fit the answer.
+    const many = Array.from({ length: 60 }, (_, i) => user(`msg${i + 1} ${'z'.repeat(400)}`));
+    assert.equal((await a.api.post('/v1/sessions/many/messages?wait=true', { messages: many })).status, 201);
+    const read = await call(a.api, 'many', 'chat_history', { mode: 'read', from_seq: 1, to_seq: 60 });
+    const shown = [...read.matchAll(/· #(\d+)\]/g)].map((m) => Number(m[1]));
+    assert.ok(shown.length > 5 && shown.length < 50, `shown ${shown.length}`);
+    // The header used to say "read on from #51" beside a note saying #27: a model following the
+    // header never saw #27-#50.
+    const readOn = [...read.matchAll(/"from_seq":(\d+)/g)].map((m) => Number(m[1]));
+    assert.deepEqual(readOn, [shown.length + 1], read.slice(0, 200));
+    assert.doesNotMatch(read, /read on from #/);
+    // All 50 fit when they are short: then the note names the 51st.
+    const short = Array.from({ length: 60 }, (_, i) => user(`short ${i + 1}`));
+    assert.equal(
+      (await a.api.post('/v1/sessions/many2/messages?wait=true', { messages: short })).status,
+      201,
+    );
+    const all = await call(a.api, 'many2', 'chat_history', { mode: 'read', from_seq: 1, to_seq: 60 });
+    assert.match(all, /more messages after #50: read on with \{"mode":"read","from_seq":51,"to_seq":60\}/);
+  });
+
+  void test('search leaves out the window the agent has: ?window_from_seq= for a context of another size', async () => {
+    const messages = Array.from({ length: 30 }, (_, i) => user(`marker${String(i + 1).padStart(3, '0')}`));
+    assert.equal((await a.api.post('/v1/sessions/win/messages?wait=true', { messages })).status, 201);
+    const ctx = await a.api.post('/v1/sessions/win/context', { max_messages: 4 });
+    assert.equal(ctx.body.window.from_seq, 27);
+    // #20 is in the default window (the last 16: #15-#30) but not in this agent's 4 messages.
+    const args = { keyword: 'marker020', match: 'keyword' };
+    assert.match(await call(a.api, 'win', 'chat_history', args), /No earlier messages match/);
+    const r = await a.api.post('/v1/sessions/win/tools/chat_history?window_from_seq=27', args);
+    assert.equal(r.status, 200);
+    assert.match(r.body.content, /^> .*#20\] marker020/m);
+    const inWindow = await a.api.post('/v1/sessions/win/tools/chat_history?window_from_seq=27', {
+      keyword: 'marker028',
+      match: 'keyword',
+    });
+    assert.match(inWindow.body.content, /No earlier messages match/);
+    assert.equal(
+      (await a.api.post('/v1/sessions/win/tools/chat_history?window_from_seq=x', args)).status,
+      400,
+    );
+    // The same on the search route.
+    const search = (body: object) =>
+      a.api.post('/v1/sessions/win/search', { query: 'marker020', match: 'keyword', ...body });
+    assert.deepEqual(
+      (await search({ exclude_window: true, window_from_seq: 27 })).body.hits.map((h: any) => h.seq),
+      [20],
+    );
+    assert.deepEqual((await search({ exclude_window: true })).body.hits, []);
+    const contradictory = await search({ window_from_seq: 27 });
+    assert.equal(contradictory.status, 400);
+    assert.equal(contradictory.body.error.details.problems[0].path, 'window_from_seq');
+  });
+
+  void test('a broken call gets guidance on a session with no messages yet, and null means absent', async () => {
+    for (const [args, re] of [
+      [{ mode: 'bogus' }, /mode must be "search", "read" or "list"/],
+      [{ mode: 'read', from_seq: 9, to_seq: 1 }, /to_seq must not be below from_seq/],
+      [
+        { mode: 'list', limit: 33 },
+        /limit must be an integer between 1 and 32.*\{"mode":"list","limit":10\}/,
+      ],
+    ] as const) {
+      const text = await call(a.api, 'never-posted', 'chat_history', args);
+      assert.match(text, re);
+    }
+    assert.equal(
+      await call(a.api, 'never-posted', 'chat_history', { mode: 'list' }),
+      'No messages in this conversation yet.',
+    );
+    // Models in strict mode send null for an optional field.
+    const written = await call(a.api, 's1', 'write_error', {
+      tool_name: 'nulltool',
+      symptom: 'disk quota exceeded on /data',
+      action: 'raised the quota',
+      outcome: 'resolved',
+      cause: null,
+      keywords: null,
+    });
+    assert.match(written, /^Recorded as err_/);
+    const found = await call(a.api, 's1', 'error_history', {
+      keyword: 'disk quota exceeded',
+      tool_name: null,
+      limit: null,
+    });
+    assert.match(found, /the closest first/);
+    assert.match(found, /tool: nulltool/);
   });
 
   void test('output stays bounded however many long hits match', async () => {

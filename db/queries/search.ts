@@ -105,8 +105,12 @@ export interface SearchFilters {
   sessionId: string;
   /** Only messages sent at or after this (unix ns); null = all time. */
   sinceNs: string | null;
-  /** Leave out the context window of this many messages (exclude_window); null = keep it. */
-  windowSize: number | null;
+  /**
+   * The context window to leave out (exclude_window): the last `size` messages, drawn as the
+   * context endpoint draws them, or every message from `fromSeq` on (the `window.from_seq` the
+   * agent's context answer gave); null = keep it.
+   */
+  window: { size: number } | { fromSeq: number } | null;
   /** Excluded terms: a message matching any of them by full text or by substring is dropped. */
   excludeFts: FtsLeaf[][];
   excludeLike: string[];
@@ -132,22 +136,23 @@ export const SESSION_SCAN_MAX_MESSAGES = 2000;
 const SUBSTRING_SCAN_ROWS = 500;
 
 /**
- * CTE `st`: the session's cutoff (`start_seq`) and, when `windowSize` is given, the first seq of
- * its context window (`window_from`), drawn as the context endpoint draws it
- * (db/queries/context.ts): the last `windowSize` messages of the hot history; when that starts
+ * CTE `st`: the session's cutoff (`start_seq`) and, when a window is given, the first seq of its
+ * context window (`window_from`): the caller's `fromSeq`, or drawn as the context endpoint draws
+ * it (db/queries/context.ts): the last `size` messages of the hot history; when that starts
  * with a tool result, extended back to the nearest earlier non-tool message if it is the
  * assistant message with tool_calls the results answer. No row when the tenant has no such live
  * session, so every query built on it finds nothing for a foreign or missing session.
  */
-function stateCte(p: Params, windowSize: number | null): string {
+function stateCte(p: Params, window: SearchFilters['window']): string {
   // Without a window to find, a plain lookup (the window subqueries cost planning time).
-  if (windowSize === null) {
+  if (window === null || 'fromSeq' in window) {
+    const from = window === null ? 'NULL' : p.add(window.fromSeq);
     return `st AS (
-      SELECT start_seq, NULL::bigint AS window_from, message_count <= ${SESSION_SCAN_MAX_MESSAGES} AS small,
+      SELECT start_seq, ${from}::bigint AS window_from, message_count <= ${SESSION_SCAN_MAX_MESSAGES} AS small,
         greatest(start_seq, next_seq - ${SUBSTRING_SCAN_ROWS}) AS scan_from
       FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL)`;
   }
-  const size = p.add(windowSize);
+  const size = p.add(window.size);
   return `st AS (
     SELECT s.start_seq,
       CASE WHEN head.role = 'tool' AND prev.role = 'assistant' AND prev.tool_calls IS NOT NULL
@@ -211,7 +216,7 @@ function filterSql(p: Params, f: SearchFilters, seqCol = 'm.seq'): string {
   const out: string[] = [];
   if (f.sinceNs !== null) out.push(`m.sent_at_ns >= ${p.add(f.sinceNs)}::bigint`);
   // An empty hot history has no window, so nothing is left out.
-  if (f.windowSize !== null) out.push(`${seqCol} < coalesce((SELECT window_from FROM st), ${MAX_SEQ})`);
+  if (f.window !== null) out.push(`${seqCol} < coalesce((SELECT window_from FROM st), ${MAX_SEQ})`);
   if (hasExclusions(f)) {
     out.push(`NOT (m.search_tsv @@ ANY ((SELECT fts FROM ex)::tsquery[]))`);
     out.push(`NOT (coalesce(m.content, '') ILIKE ANY ((SELECT likes FROM ex)::text[]))`);
@@ -499,7 +504,7 @@ export async function searchCandidates(
   opts: { prepared?: boolean } = {},
 ): Promise<SearchPrefetch> {
   const p = paramList([a.tenantId, a.sessionId]);
-  const ctes = [stateCte(p, a.windowSize)];
+  const ctes = [stateCte(p, a.window)];
   if (hasExclusions(a)) ctes.push(exclusionCte(p, a));
   // Added on first use: a parameter that no clause mentions has no type, an error in Postgres.
   let kParam: string | null = null;

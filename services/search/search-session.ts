@@ -54,8 +54,16 @@ export const searchBodySchema = z
     limit: z.number().int().min(1).max(MAX_LIMIT).default(8),
     time_range: z.enum(['1d', '7d', '1m', '1y', 'all']).default('all'),
     exclude_window: z.boolean().default(false),
+    // The first seq of the agent's context window (`window.from_seq` of its context answer), for
+    // a window other than the default one of MAX_HISTORY_MESSAGES (context's `max_messages`).
+    window_from_seq: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
   })
-  .strict();
+  .strict()
+  .refine((b) => b.window_from_seq === undefined || b.exclude_window, {
+    message:
+      'window_from_seq is the start of the window exclude_window leaves out: send exclude_window: true with it',
+    path: ['window_from_seq'],
+  });
 
 export type SearchParams = z.output<typeof searchBodySchema>;
 export type SearchMatch = SearchParams['match'];
@@ -224,7 +232,11 @@ async function run(
     tenantId,
     sessionId,
     sinceNs: days === null ? null : (nowNs() - BigInt(days) * DAY_NS).toString(),
-    windowSize: params.exclude_window ? deps.config.maxHistoryMessages : null,
+    window: !params.exclude_window
+      ? null
+      : params.window_from_seq !== undefined
+        ? { fromSeq: params.window_from_seq }
+        : { size: deps.config.maxHistoryMessages },
     excludeFts: excludeLeaves.filter((leaves) => leaves.length > 0),
     excludeLike: parsed.exclude
       .map((t) => t.text)

@@ -1,4 +1,4 @@
-import { pageMessages } from '../../db/queries/messages.js';
+import { pageMessagesWithin } from '../../db/queries/messages.js';
 import { wallClock } from '../time.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
@@ -90,16 +90,18 @@ function bounded(blocks: string[], header: string): string {
 /**
  * Message lines under the output budget: as many as fit, from the start (`keep: 'first'`) or from
  * the end (`keep: 'last'`, for the newest messages), in order, with `more(n, line)` saying how many
- * were left out and where they are (`line` = the index of the first or last one left out).
+ * were left out and where they are (`line` = the index of the first or last one left out), and
+ * `tail`, when given, said after the lines when all of them fit.
  */
 function boundedLines(
   lines: string[],
   header: string,
   keep: 'first' | 'last',
   more: (left: number, at: number) => string,
+  tail?: string,
 ): string {
   // Room for the note about what was left out (its numbers are at most 16 digits each).
-  const budget = MAX_OUTPUT_CHARS - header.length - more(0, 0).length - 40;
+  const budget = MAX_OUTPUT_CHARS - header.length - Math.max(more(0, 0).length, tail?.length ?? 0) - 40;
   const order = keep === 'first' ? lines.map((_, i) => i) : lines.map((_, i) => lines.length - 1 - i);
   let used = 0;
   let shown = 0;
@@ -108,7 +110,7 @@ function boundedLines(
     used += lines[i]!.length + 1;
     shown++;
   }
-  if (shown === lines.length) return `${header}\n\n${lines.join('\n')}`;
+  if (shown === lines.length) return `${header}\n\n${lines.join('\n')}${tail ? `\n\n${tail}` : ''}`;
   const left = lines.length - shown;
   if (keep === 'first') {
     return `${header}\n\n${lines.slice(0, shown).join('\n')}\n\n${more(left, shown)}`;
@@ -141,19 +143,24 @@ function intArg(
   key: string,
   tool: ToolName,
   example: string,
+  range?: { min: number; max: number },
 ): number | undefined {
   const v = args[key];
   if (v === undefined || v === null) return undefined;
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
   // Above 2^53 a number is no longer exact (and past 2^63 it is no seq Postgres can compare).
-  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < 0)
-    throw guidance(
-      tool,
-      `${key} must be a non-negative integer (at most ${Number.MAX_SAFE_INTEGER})`,
-      example,
-    );
+  const min = range?.min ?? 0;
+  const max = range?.max ?? Number.MAX_SAFE_INTEGER;
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || n < min || n > max) {
+    const what = range ? `an integer between ${min} and ${max}` : `a non-negative integer (at most ${max})`;
+    throw guidance(tool, `${key} must be ${what}`, example);
+  }
   return n;
 }
+
+/** The arguments without their null values: models in strict mode send null for an optional field. */
+const withoutNulls = (args: Record<string, unknown>) =>
+  Object.fromEntries(Object.entries(args).filter(([, v]) => v !== null));
 
 /** A field that, when given, must be a string (a number or object is not silently ignored). */
 function stringArg(args: Record<string, unknown>, key: string, tool: ToolName, example: string): void {
@@ -162,20 +169,39 @@ function stringArg(args: Record<string, unknown>, key: string, tool: ToolName, e
     throw guidance(tool, `${key} must be a string`, example);
 }
 
-async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: Record<string, unknown>) {
-  const ex = EXAMPLES.chat_history;
+/** One valid call of each `chat_history` mode, for guidance about that mode. */
+const CHAT_EXAMPLES = {
+  search: EXAMPLES.chat_history,
+  read: '{"mode":"read","from_seq":120,"to_seq":130}',
+  list: '{"mode":"list","limit":10}',
+};
+
+/**
+ * `chat_history`. `windowFromSeq`: the first seq of the agent's context window, when the backend
+ * gave it (the route's `?window_from_seq=`); else search leaves out the default window.
+ */
+async function chatHistory(
+  deps: ToolDeps,
+  tenantId: string,
+  sid: string,
+  args: Record<string, unknown>,
+  windowFromSeq: number | undefined,
+) {
   const allowed = ['mode', 'keyword', 'match', 'time_range', 'limit', 'from_seq', 'to_seq'];
   const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
-  if (unknown.length) throw guidance('chat_history', `unknown field(s) ${unknown.join(', ')}`, ex);
-  stringArg(args, 'keyword', 'chat_history', ex);
+  const ex0 = EXAMPLES.chat_history;
+  if (unknown.length) throw guidance('chat_history', `unknown field(s) ${unknown.join(', ')}`, ex0);
+  stringArg(args, 'keyword', 'chat_history', ex0);
   const keyword = typeof args.keyword === 'string' ? args.keyword.trim() : undefined;
   const mode = args.mode ?? (keyword ? 'search' : 'list');
-  const limit = intArg(args, 'limit', 'chat_history', ex) ?? 8;
-  if (limit < 1 || limit > 32) throw guidance('chat_history', 'limit must be between 1 and 32', ex);
+  if (mode !== 'search' && mode !== 'read' && mode !== 'list')
+    throw guidance('chat_history', 'mode must be "search", "read" or "list"', ex0);
+  // Every argument is checked before the session is looked up, so that a model's broken call on
+  // an agent's first turn (no messages yet) gets guidance too.
+  const ex = CHAT_EXAMPLES[mode];
+  const limit = intArg(args, 'limit', 'chat_history', ex, { min: 1, max: 32 }) ?? 8;
   const tz = deps.core.config.timeZone;
   const empty = 'No messages in this conversation yet.';
-  const session = await getSession(deps.core.db, tenantId, sid);
-  if (!session) return empty;
 
   if (mode === 'search') {
     if (!keyword) throw guidance('chat_history', 'mode "search" needs a non-empty keyword', ex);
@@ -185,6 +211,7 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
       time_range: args.time_range ?? 'all',
       limit,
       exclude_window: true,
+      window_from_seq: windowFromSeq,
     });
     if (!parsed.success) {
       const i = parsed.error.issues[0]!;
@@ -208,13 +235,13 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
     );
   }
   if (mode === 'read') {
-    const exRead = '{"mode":"read","from_seq":120,"to_seq":130}';
-    const from = intArg(args, 'from_seq', 'chat_history', exRead);
-    const to = intArg(args, 'to_seq', 'chat_history', exRead);
+    const from = intArg(args, 'from_seq', 'chat_history', ex);
+    const to = intArg(args, 'to_seq', 'chat_history', ex);
     if (from === undefined || to === undefined)
-      throw guidance('chat_history', 'mode "read" needs from_seq and to_seq', exRead);
-    if (to < from) throw guidance('chat_history', 'to_seq must not be below from_seq', exRead);
-    const rows = await pageMessages(deps.core.db, {
+      throw guidance('chat_history', 'mode "read" needs from_seq and to_seq', ex);
+    if (to < from) throw guidance('chat_history', 'to_seq must not be below from_seq', ex);
+    if (!(await getSession(deps.core.db, tenantId, sid))) return empty;
+    const { rows, cut } = await pageMessagesWithin(deps.core.db, {
       tenantId,
       sessionId: sid,
       afterSeq: from - 1,
@@ -223,41 +250,47 @@ async function chatHistory(deps: ToolDeps, tenantId: string, sid: string, args: 
       desc: false,
     });
     if (rows.length === 0) return `No messages between #${from} and #${to}.`;
-    const more = rows.length === MAX_READ && Number(rows[rows.length - 1]!.seq) < to;
+    const readOn = (seq: number) => `{"mode":"read","from_seq":${seq},"to_seq":${to}}`;
+    const last = Number(rows[rows.length - 1]!.seq);
+    // More messages in the range than one read shows: the note names the first one not shown,
+    // whether the output limit or the count left it out.
+    const more = (cut || rows.length === MAX_READ) && last < to;
     const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
     return boundedLines(
       body,
-      `Messages #${from}–#${to}${more ? ` (first ${MAX_READ}; read on from #${Number(rows[rows.length - 1]!.seq) + 1})` : ''}:`,
+      `Messages #${from}–#${to}${more ? ` (the first ${MAX_READ} of them)` : ''}:`,
       'first',
       (left, at) =>
-        `…[${left} more message(s) not shown (output limit): read on with {"mode":"read","from_seq":${Number(rows[at]?.seq ?? 0)},"to_seq":${to}}]`,
+        `…[${left} more message(s) not shown (output limit)${more ? ', and more after them' : ''}: read on with ${readOn(Number(rows[at]?.seq ?? 0))}]`,
+      more ? `…[more messages after #${last}: read on with ${readOn(last + 1)}]` : undefined,
     );
   }
-  if (mode === 'list') {
-    const rows = await pageMessages(deps.core.db, {
-      tenantId,
-      sessionId: sid,
-      afterSeq: null,
-      beforeSeq: null,
-      limit,
-      desc: true,
-    });
-    rows.reverse();
-    const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
-    return boundedLines(
-      body,
-      `The last ${rows.length} message(s):`,
-      'last',
-      (left, at) =>
-        `…[${left} earlier message(s) not shown (output limit): read them with {"mode":"read","from_seq":${Number(rows[0]?.seq ?? 0)},"to_seq":${Number(rows[at]?.seq ?? 0)}}]`,
-    );
-  }
-  throw guidance('chat_history', 'mode must be "search", "read" or "list"', ex);
+  // mode "list"
+  if (!(await getSession(deps.core.db, tenantId, sid))) return empty;
+  // Under PAGE_MAX_BYTES: fewer than `limit` of the newest when they are huge.
+  const { rows } = await pageMessagesWithin(deps.core.db, {
+    tenantId,
+    sessionId: sid,
+    afterSeq: null,
+    beforeSeq: null,
+    limit,
+    desc: true,
+  });
+  rows.reverse();
+  const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
+  return boundedLines(
+    body,
+    `The last ${rows.length} message(s):`,
+    'last',
+    (left, at) =>
+      `…[${left} earlier message(s) not shown (output limit): read them with {"mode":"read","from_seq":${Number(rows[0]?.seq ?? 0)},"to_seq":${Number(rows[at]?.seq ?? 0)}}]`,
+  );
 }
 
-async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<string, unknown>) {
+async function errorHistory(deps: ToolDeps, tenantId: string, given: Record<string, unknown>) {
   const ex = EXAMPLES.error_history;
   if (!deps.errors) return 'Error memory is not available on this server.';
+  const args = withoutNulls(given);
   const allowed = ['mode', 'keyword', 'tool_name', 'limit', 'id'];
   const unknown = Object.keys(args).filter((k) => !allowed.includes(k));
   if (unknown.length) throw guidance('error_history', `unknown field(s) ${unknown.join(', ')}`, ex);
@@ -278,10 +311,8 @@ async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<strin
   const keyword = typeof args.keyword === 'string' ? args.keyword.trim() : '';
   if (!keyword)
     throw guidance('error_history', 'mode "search" needs keyword (the error text or its key terms)', ex);
-  const limit = intArg(args, 'limit', 'error_history', ex) ?? 4;
-  if (limit < 1 || limit > 16) throw guidance('error_history', 'limit must be between 1 and 16', ex);
-  if (args.tool_name !== undefined && typeof args.tool_name !== 'string')
-    throw guidance('error_history', 'tool_name must be a string', ex);
+  const limit = intArg(args, 'limit', 'error_history', ex, { min: 1, max: 16 }) ?? 4;
+  stringArg(args, 'tool_name', 'error_history', ex);
   const records = await deps.errors.search(tenantId, {
     query: clip(keyword, 4000),
     limit,
@@ -289,14 +320,18 @@ async function errorHistory(deps: ToolDeps, tenantId: string, args: Record<strin
     tool_name: typeof args.tool_name === 'string' && args.tool_name.trim() ? args.tool_name : undefined,
   });
   if (records.length === 0) return 'NONE: no similar error was recorded before.';
-  return bounded(records.map(formatRecord), `${records.length} similar error(s), resolved fixes first:`);
+  // Ranked by similarity first (README: error memory): a failed attempt can come before a fix.
+  return bounded(
+    records.map(formatRecord),
+    `${records.length} similar error(s), the closest first (an outcome "resolved" record's action is a known fix):`,
+  );
 }
 
 async function writeError(deps: ToolDeps, tenantId: string, sid: string, args: Record<string, unknown>) {
   const ex = EXAMPLES.write_error;
   if (!deps.errors) return 'Error memory is not available on this server.';
   // The record names the session the call came from, not one the model may have made up.
-  const parsed = errorWriteBody.safeParse({ ...args, session_id: sid });
+  const parsed = errorWriteBody.safeParse({ ...withoutNulls(args), session_id: sid });
   if (!parsed.success) {
     const i = parsed.error.issues[0]!;
     throw guidance('write_error', `${i.path.join('.') || 'arguments'}: ${i.message}`, ex);
@@ -314,6 +349,7 @@ export async function runTool(
   sid: string,
   name: string,
   args: unknown,
+  opts: { windowFromSeq?: number | undefined } = {},
 ): Promise<string> {
   if (!(TOOL_NAMES as readonly string[]).includes(name)) {
     throw new AppError(404, 'not_found', `unknown tool "${name}" (tools: ${TOOL_NAMES.join(', ')})`);
@@ -331,7 +367,7 @@ export async function runTool(
     return `Invalid arguments for ${tool}: send a JSON object of arguments (see the tool's parameters).`;
   }
   try {
-    if (tool === 'chat_history') return await chatHistory(deps, tenantId, sid, args);
+    if (tool === 'chat_history') return await chatHistory(deps, tenantId, sid, args, opts.windowFromSeq);
     if (tool === 'error_history') return await errorHistory(deps, tenantId, args);
     return await writeError(deps, tenantId, sid, args);
   } catch (err) {

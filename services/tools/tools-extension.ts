@@ -8,6 +8,21 @@ import { noQuery, parseInput } from '../validate.js';
 import { runTool } from './run-tool.js';
 import { toolDefinitions } from './tool-definitions.js';
 
+/**
+ * `?window_from_seq=`: the first seq of the agent's context window (`window.from_seq` of its
+ * context answer), so that `chat_history` search leaves out the window the agent really has (a
+ * context call with `max_messages` draws another one than the default MAX_HISTORY_MESSAGES).
+ */
+const runQuery = z
+  .object({
+    window_from_seq: z
+      .string()
+      .regex(/^\d{1,15}$/, 'must be a non-negative integer')
+      .transform(Number)
+      .optional(),
+  })
+  .strict();
+
 const toolsMeta: Record<string, RouteMeta> = {
   'GET /': { summary: 'OpenAI function-tool definitions: chat_history, error_history, write_error' },
 };
@@ -16,6 +31,9 @@ const runMeta: Record<string, RouteMeta> = {
     summary:
       'Execute one tool call; the body is the arguments object (or the JSON string the model produced)',
     body: z.union([z.record(z.string(), z.unknown()), z.string()]),
+    // No body is no arguments: `chat_history` then lists the last messages.
+    bodyOptional: true,
+    query: runQuery,
   },
 };
 
@@ -34,7 +52,7 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
   const run = Router();
   run.post('/:sid/tools/:name', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
-    parseInput(noQuery, req.query, 'query');
+    const q = parseInput(runQuery, req.query, 'query');
     const args: unknown = req.body ?? {};
     const content = await runTool(
       { core: deps, errors },
@@ -42,6 +60,7 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
       sid,
       req.params.name!,
       args,
+      { windowFromSeq: q.window_from_seq },
     );
     res.json({ content });
   });
