@@ -41,8 +41,16 @@ if tail then
 end
 local through = tonumber(ARGV[3])
 local removed = 0
+local last = tail and tonumber(string.match(tail, '^(%d+) '))
+if last and last <= through then
+  -- Everything waiting goes (the usual case): no entry is copied into Lua, which for a backlog of
+  -- megabyte entries held Redis for seconds.
+  removed = redis.call('LLEN', KEYS[2])
+  redis.call('DEL', KEYS[2])
+end
+local step = 1
 while true do
-  local head = redis.call('LRANGE', KEYS[2], 0, 499)
+  local head = redis.call('LRANGE', KEYS[2], 0, step - 1)
   if #head == 0 then break end
   local k = 0
   for _, e in ipairs(head) do
@@ -53,6 +61,7 @@ while true do
   redis.call('LTRIM', KEYS[2], k, -1)
   removed = removed + k
   if k < #head then break end
+  if step < 512 then step = step * 2 end
 end
 redis.call('DEL', KEYS[5])
 if redis.call('LLEN', KEYS[2]) == 0 then

@@ -138,7 +138,9 @@ return 1
 // archived mark, and disarm when the inbox is empty (so the next accept requests a new flush);
 // otherwise re-stamp the armed score, so that it says since when the session has waited without
 // progress (archivingBehind, the ingest sweeper), not since when its inbox has been non-empty.
-// The head is read 16 entries at a time: entries can be megabytes, and only those read are trimmed.
+// The head is read 1, 2, 4, 8, then 16 entries at a time: entries can be megabytes, and only those
+// read are trimmed (a drain of two 6 MiB entries read sixteen of them here, 96 MiB of copying that
+// held Redis for seconds when a backlog of such messages waited).
 // Once per IDS_PRUNE_MS per session it also prunes the id hash: the ids whose messages were
 // archived by the previous prune (at least that long ago) are dropped, so the hash holds about one
 // such period of a busy session instead of every id it ever took (its 24 h expiry is renewed by
@@ -149,9 +151,11 @@ const FINISH = `
 local last = tonumber(ARGV[1])
 local k = 0
 local more = true
+local step = 1
 while more do
-  local part = redis.call('LRANGE', KEYS[2], k, k + 15)
-  more = #part == 16
+  local part = redis.call('LRANGE', KEYS[2], k, k + step - 1)
+  more = #part == step
+  if step < 16 then step = step * 2 end
   for _, e in ipairs(part) do
     local s = tonumber(string.match(e, '^(%d+) '))
     if s and s <= last then k = k + 1 else more = false break end
@@ -192,22 +196,27 @@ return {left, k}
 `;
 
 // The head of the inbox for a drain: at most ARGV[1] entries and ARGV[2] bytes, but at least one
-// entry when there is any. Read 16 at a time, so that a backlog of large messages is never copied
-// whole (one drain once read 266 entries of 1 MiB, and Postgres refused their 280 MB of JSON).
+// entry when there is any. Read 1, 2, 4, 8, then 16 at a time, so that a backlog of large messages
+// is never copied whole (one drain once read 266 entries of 1 MiB, and Postgres refused their
+// 280 MB of JSON) nor far past the budget (16 entries of 6 MiB, JSON-escaped control characters,
+// cost Redis 3 s of CPU per read, and every other client waited).
 const READ = `
 local maxn = tonumber(ARGV[1])
 local maxb = tonumber(ARGV[2])
 local out = {}
 local bytes = 0
+local step = 1
 while #out < maxn do
   local from = #out
-  local part = redis.call('LRANGE', KEYS[1], from, math.min(from + 16, maxn) - 1)
+  local want = math.min(step, maxn - from)
+  local part = redis.call('LRANGE', KEYS[1], from, from + want - 1)
   for _, e in ipairs(part) do
     if #out > 0 and bytes + #e > maxb then return out end
     out[#out + 1] = e
     bytes = bytes + #e
   end
-  if #part < 16 then return out end
+  if #part < want then return out end
+  if step < 16 then step = step * 2 end
 end
 return out
 `;
