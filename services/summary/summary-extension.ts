@@ -45,8 +45,17 @@ export const summaryExtension: ExtensionFactory = async (deps): Promise<Extensio
       if (id) {
         const job = await deps.queues.summary.getJob(id);
         const state = job ? await job.getState() : null;
-        if (job && (state === 'waiting' || state === 'delayed' || state === 'prioritized'))
-          await job.remove();
+        if (job && (state === 'waiting' || state === 'delayed' || state === 'prioritized')) {
+          try {
+            await job.remove();
+          } catch (err) {
+            // A worker took it between the two calls ("locked by another worker"): a running job
+            // finds the session's generation moved on and writes nothing (lost_race). Only a job
+            // still waiting is a failure to purge (the reset or delete answered 500 here).
+            const now = await job.getState().catch(() => null);
+            if (now === 'waiting' || now === 'delayed' || now === 'prioritized' || now === null) throw err;
+          }
+        }
       }
       await deleteSummaryLease(deps.db, tenantId, sessionId);
     },
