@@ -172,10 +172,11 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
 
   // Express answers HEAD with a GET route's handler, side effects and all (a HEAD of an error
   // record renewed its TTL, one of an export ran the whole export): under /v1 and /admin it has
-  // no route, as any method a route does not list. The ops routes (probes) keep it.
+  // no route, as any method a route does not list. The ops routes (probes) keep it. So does
+  // OPTIONS, which Express answered itself in plain text, listing HEAD (there is no CORS here).
   app.use(['/v1', '/admin'], (req, _res, next) => {
-    if (req.method === 'HEAD')
-      throw new AppError(404, 'not_found', `no route for HEAD ${req.baseUrl}${req.path}`);
+    if (req.method === 'HEAD' || req.method === 'OPTIONS')
+      throw new AppError(404, 'not_found', `no route for ${req.method} ${req.baseUrl}${req.path}`);
     next();
   });
 

@@ -635,7 +635,7 @@ void describe('tenants, keys and the admin API', () => {
     assert.match(jsonOf(extra).error.message, /^malformed Authorization header/);
   });
 
-  void test('HEAD has no route under /v1 and /admin (it ran GET handlers, side effects and all); probes keep it', async () => {
+  void test('HEAD and OPTIONS have no route under /v1 and /admin (HEAD ran GET handlers); probes keep HEAD', async () => {
     const t = await svc.newTenant();
     assert.equal(
       (await t.api.post('/v1/sessions/h/messages', { messages: [{ role: 'user', content: 'x' }] })).status,
@@ -650,7 +650,19 @@ void describe('tenants, keys and the admin API', () => {
     ]) {
       const r = await t.api.raw(path, { method: 'HEAD' });
       assert.equal(r.status, 404, path);
+      // Express answered OPTIONS itself, in plain text, offering HEAD.
+      const o = await t.api.raw(path, { method: 'OPTIONS' });
+      assert.equal(o.status, 404, `OPTIONS ${path}`);
+      assert.match(o.headers.get('content-type') ?? '', /json/);
     }
+    // A DELETE with options the client believes it sends is refused, and deletes nothing.
+    const del = await t.api.raw('/v1/sessions/h', {
+      method: 'DELETE',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ keep_archive: true }),
+    });
+    assert.equal(del.status, 400);
+    assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 200);
     assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 200);
     assert.equal((await api(svc.base).raw('/healthz', { method: 'HEAD' })).status, 200);
   });

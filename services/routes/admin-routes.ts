@@ -4,7 +4,7 @@ import type { Db } from '../../db/pool.js';
 import { AppError, notFound } from '../errors.js';
 import type { RouteMeta } from '../openapi.js';
 import { MAX_NAME_CHARS, createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
-import { listQuery, noQuery, parseInput } from '../validate.js';
+import { assertNoBody, listQuery, noQuery, parseInput } from '../validate.js';
 import { findTenant } from '../../db/queries/tenants.js';
 
 // Names are checked by createTenant/createKey, with the CLI's rules: at most 128 characters counted
@@ -62,6 +62,7 @@ export function makeAdminRoutes(deps: {
 
   router.delete('/tenants/:id', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
+    assertNoBody(req.body, 'tenant erasure takes no body');
     if (!deps.eraseTenant) throw new AppError(501, 'not_implemented', 'tenant erasure is not available');
     // An id or a name, as the key routes and the CLI take. An id no tenant has any more still goes
     // to eraseTenant: a retry after a failed erasure finishes its clean-up (and answers 404).
@@ -87,6 +88,7 @@ export function makeAdminRoutes(deps: {
 
   router.delete('/keys/:key_id', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
+    assertNoBody(req.body, 'key revocation takes no body');
     const revoked = await revokeKey(deps.db, req.params.key_id!);
     deps.onKeysChanged?.();
     if (!revoked) throw notFound('key');

@@ -129,6 +129,7 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
 
   router.delete('/:id', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
+    assertNoBody(req.body, 'delete takes no body');
     if (!(await errors.remove(tenantOf(res), idParam(req.params.id)))) throw notFound('error record');
     res.status(204).end();
   });
