@@ -278,6 +278,26 @@ void describe('POST /v1/sessions/{sid}/search', () => {
   after(async () => {
     await svc?.stop();
   });
+  void test('a response of huge messages past 32 MiB shows each cut, with a marker', async () => {
+    // 1 MiB of a control character is 6 MiB as JSON (\u0001): 128 such rows in one search were
+    // a 768 MB string the driver could not make, and the process died.
+    const s = `huge-${randomBytes(3).toString('hex')}`;
+    for (let i = 0; i < 7; i++)
+      await archive(api, s, [user(`word${i} ${'\u0001'.repeat(1024 * 1024 - 16)}`)]);
+    const r = await search(api, s, { query: 'word0 or word3 or word6', match: 'keyword', limit: 3 });
+    assert.equal(r.status, 200);
+    const shown = r.body.hits.flatMap((h) => [h, ...h.context]);
+    assert.equal(shown.length, 7, 'every message shown once: 3 hits and their neighbours');
+    for (const m of shown) {
+      const text = String(m.content);
+      assert.ok(text.length < 70_000, `seq ${m.seq}: ${text.length} characters`);
+      assert.match(text, /…\[cut: the search response passed 32 MiB\]$/);
+    }
+    // Below the bound nothing changes.
+    const one = await search(api, s, { query: 'word6', match: 'keyword', limit: 1 });
+    assert.equal(String(one.body.hits[0]!.content).length, 1024 * 1024 - 16 + 'word6 '.length);
+  });
+
   /** The cutoff moved to `seq` (as compaction would) without waiting for one. */
   const moveCutoff = (session: string, seq: number) =>
     svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
