@@ -10,14 +10,24 @@ import { QUEUE_NAMES } from '../../workers/queues.js';
  */
 
 // (A paused queue keeps its jobs in the wait list.)
-const STATES = ['waiting', 'prioritized', 'delayed', 'waiting-children', 'failed', 'completed'] as const;
+/** Jobs that would still run. */
+export const PENDING_STATES = ['waiting', 'prioritized', 'delayed', 'waiting-children'] as const;
+/** Jobs that ran: kept for Bull Board (failed ones until retried or removed, completed ones an hour). */
+export const FINISHED_STATES = ['failed', 'completed'] as const;
+type State = (typeof PENDING_STATES)[number] | (typeof FINISHED_STATES)[number];
+const STATES: readonly State[] = [...PENDING_STATES, ...FINISHED_STATES];
 const PAGE = 1000;
 
 type Match = (data: Record<string, unknown>) => boolean;
 
-async function matchingIds(queue: Queue, match: Match, maxPerState: number): Promise<string[]> {
+async function matchingIds(
+  queue: Queue,
+  match: Match,
+  maxPerState: number,
+  states: readonly State[],
+): Promise<string[]> {
   const ids: string[] = [];
-  for (const state of STATES) {
+  for (const state of states) {
     for (let start = 0; start < maxPerState; start += PAGE) {
       const end = Math.min(start + PAGE, maxPerState) - 1;
       const jobs = await queue.getJobs([state], start, end, true);
@@ -36,12 +46,13 @@ export async function removeQueuedJobs(
   queues: QueueRegistry,
   match: Match,
   maxPerState: number,
+  states: readonly State[] = STATES,
 ): Promise<number> {
   let removed = 0;
   for (const name of QUEUE_NAMES) {
     const queue = queues[name] as unknown as Queue;
     // Collect first, remove after: removing while paging would shift the pages.
-    for (const id of await matchingIds(queue, match, maxPerState)) {
+    for (const id of await matchingIds(queue, match, maxPerState, states)) {
       removed += (await queue.remove(id).catch(() => 0)) === 1 ? 1 : 0;
     }
   }
