@@ -123,15 +123,22 @@ program
   )
   .option('--batch-size <n>', 'messages per embeddings call', '128')
   .option('--force', 'rebuild even when the index matches, or take over a run that looks alive')
-  .action((o: { batchSize: string; force?: boolean }) =>
-    withDb(async (db) => {
+  .action((o: { batchSize: string; force?: boolean }) => {
+    // Checked before anything starts (it printed that the rebuild began, then "got NaN").
+    if (!/^\d{1,4}$/.test(o.batchSize) || Number(o.batchSize) < 1 || Number(o.batchSize) > 2048)
+      throw new AppError(
+        400,
+        'invalid_option',
+        `--batch-size must be a whole number from 1 to 2048, got "${o.batchSize}"`,
+      );
+    return withDb(async (db) => {
       await reembedCommand(db, loadConfig(process.env), {
         batchSize: Number(o.batchSize),
         force: o.force === true,
         print,
       });
-    }),
-  );
+    });
+  });
 
 try {
   await program.parseAsync(process.argv);
