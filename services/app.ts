@@ -1,5 +1,6 @@
 import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
+import querystring from 'node:querystring';
 import { createBullBoard } from '@bull-board/api';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
@@ -157,7 +158,10 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   const app = express();
   app.disable('x-powered-by');
   app.set('trust proxy', false);
-  app.set('query parser', 'simple');
+  // Node's querystring keeps the first 1,000 pieces and drops the rest without a word (empty ones
+  // count): `DELETE /v1/errors?` + 1,000 `&` + `tool_name=psql` purged every tool's records. Every
+  // piece is read (a URL is bounded by the 16 KB header limit anyway).
+  app.set('query parser', (qs: string) => querystring.parse(qs, undefined, undefined, { maxKeys: 0 }));
 
   app.use(requestId);
   app.use((req, res, next) => {

@@ -43,11 +43,19 @@ export const limitParam = z
 /** The query of a route that takes no parameters: an unknown one is a 400, not silently ignored. */
 export const noQuery = z.object({}).strict();
 
-/** For a POST that takes no body: absent or `{}` is fine, anything else a 400 saying `message`. */
-export function assertNoBody(body: unknown, message: string): void {
+/**
+ * For a POST that takes no body: absent or `{}` is fine, anything else a 400 saying `message`. A
+ * DELETE (`strict`) takes none at all: `{}` is what a client sends for `{tool_name: undefined}`,
+ * and the purge it meant to filter then deleted every record.
+ */
+export function assertNoBody(body: unknown, message: string, opts: { strict?: boolean } = {}): void {
   const empty =
     body === undefined ||
-    (typeof body === 'object' && body !== null && !Array.isArray(body) && Object.keys(body).length === 0);
+    (!opts.strict &&
+      typeof body === 'object' &&
+      body !== null &&
+      !Array.isArray(body) &&
+      Object.keys(body).length === 0);
   if (empty) return;
   throw new AppError(400, 'validation_failed', `body: ${message}`, { problems: [{ path: 'body', message }] });
 }

@@ -662,8 +662,24 @@ void describe('tenants, keys and the admin API', () => {
       body: JSON.stringify({ keep_archive: true }),
     });
     assert.equal(del.status, 400);
+    // `{}` too: it is what a client sends for {tool_name: undefined}, and a purge then took all.
+    const empty = await t.api.raw('/v1/sessions/h', {
+      method: 'DELETE',
+      headers: { 'content-type': 'application/json' },
+      body: '{}',
+    });
+    assert.equal(empty.status, 400);
     assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 200);
-    assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 200);
+    // Every piece of a query string is read: Node's parser dropped what came after 1,000 of them.
+    const padded = `/v1/sessions/h/messages?${'&'.repeat(1000)}bogus=1`;
+    assert.equal((await t.api.raw(padded, { method: 'GET' })).status, 400);
+    // No body at all (what clients send for a DELETE) still deletes.
+    const none = await t.api.raw('/v1/sessions/h', {
+      method: 'DELETE',
+      headers: { 'content-type': 'application/json', 'content-length': '0' },
+    });
+    assert.equal(none.status, 204);
+    assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 404);
     assert.equal((await api(svc.base).raw('/healthz', { method: 'HEAD' })).status, 200);
   });
 

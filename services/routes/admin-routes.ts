@@ -62,7 +62,7 @@ export function makeAdminRoutes(deps: {
 
   router.delete('/tenants/:id', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
-    assertNoBody(req.body, 'tenant erasure takes no body');
+    assertNoBody(req.body, 'tenant erasure takes no body', { strict: true });
     if (!deps.eraseTenant) throw new AppError(501, 'not_implemented', 'tenant erasure is not available');
     // An id or a name, as the key routes and the CLI take. An id no tenant has any more still goes
     // to eraseTenant: a retry after a failed erasure finishes its clean-up (and answers 404).
@@ -88,7 +88,7 @@ export function makeAdminRoutes(deps: {
 
   router.delete('/keys/:key_id', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
-    assertNoBody(req.body, 'key revocation takes no body');
+    assertNoBody(req.body, 'key revocation takes no body', { strict: true });
     const revoked = await revokeKey(deps.db, req.params.key_id!);
     deps.onKeysChanged?.();
     if (!revoked) throw notFound('key');

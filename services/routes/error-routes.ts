@@ -122,14 +122,16 @@ export function makeErrorRoutes(deps: { errors: ErrorMemory }): express.Router {
     if (req.originalUrl.split('?')[0]!.endsWith('/')) throw notFound('error record');
     // Its filter is a query parameter: `{"tool_name":"psql"}` in a body would otherwise be ignored,
     // and every record of the tenant purged instead of one tool's.
-    assertNoBody(req.body, 'the purge takes no body: pass the filter in the query (?tool_name=)');
+    assertNoBody(req.body, 'the purge takes no body: pass the filter in the query (?tool_name=)', {
+      strict: true,
+    });
     const query = parseInput(errorPurgeQuery, req.query, 'query');
     res.json({ deleted: await errors.purge(tenantOf(res), query) });
   });
 
   router.delete('/:id', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
-    assertNoBody(req.body, 'delete takes no body');
+    assertNoBody(req.body, 'delete takes no body', { strict: true });
     if (!(await errors.remove(tenantOf(res), idParam(req.params.id)))) throw notFound('error record');
     res.status(204).end();
   });

@@ -85,7 +85,9 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     parseInput(noQuery, req.query, 'query');
     // Options a client believes it sends (`{"keep_archive":true}`) are refused, not ignored: this
     // deletes everything.
-    assertNoBody(req.body, 'delete takes no body and no options: it removes the whole session');
+    assertNoBody(req.body, 'delete takes no body and no options: it removes the whole session', {
+      strict: true,
+    });
     const tenantId = res.locals.tenantId as string;
     const r = await clearSession(deps, ctx.extensions, tenantId, sid, { kind: 'delete' });
     if (r.kind !== 'done') throw notFound('session');
