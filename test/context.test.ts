@@ -175,6 +175,39 @@ void describe('context without a decision model', () => {
     assert.equal(rest.body.next, null);
   });
 
+  void test('a window inside a tool-call run of huge results keeps the call, trimmed to the results it shows', async () => {
+    const s = sid('hugerun');
+    const calls = Array.from({ length: 7 }, (_, i) => ({
+      id: `call${i}`,
+      type: 'function',
+      function: { name: 'fetch', arguments: `{"page":${i}}` },
+    }));
+    await archive(t.api, s, [
+      { role: 'user', content: 'fetch the pages' },
+      { role: 'assistant', content: null, tool_calls: calls },
+    ]);
+    // 7 results of 6 MiB as JSON: the run in front of a 1-message window is 36 MiB.
+    for (let i = 0; i < 7; i++)
+      await archive(t.api, s, [
+        { role: 'tool', tool_call_id: `call${i}`, content: `${i}${'\u0001'.repeat(1024 * 1024 - 8)}` },
+      ]);
+    const r = await context(t.api, s, { max_messages: 1 });
+    assert.equal(r.status, 200);
+    // It was empty: the run did not fit, and the lone result was an orphan.
+    assert.deepEqual(
+      r.body.messages.map((m: Msg) => [
+        m.role,
+        m.tool_call_id ?? null,
+        ((m.tool_calls ?? []) as Array<{ id: string }>).map((c) => c.id),
+      ]),
+      [
+        ['assistant', null, ['call6']],
+        ['tool', 'call6', []],
+      ],
+    );
+    assert.deepEqual(r.body.window, { from_seq: 2, to_seq: 9 });
+  });
+
   void test('with a summary: turn context after the window and before the input, system block set', async () => {
     const s = sid('summary');
     await archive(t.api, s, turns(4));

@@ -65,19 +65,23 @@ export async function loadToolRunBefore(
   q: Queryable,
   a: { tenantId: string; sessionId: string; beforeSeq: number; startSeq: number },
 ): Promise<WindowMessageRow[]> {
-  // All of the run or nothing; nothing past PAGE_MAX_BYTES either (the window then starts with
-  // results whose call it does not hold, which the well-formed window drops).
+  // All of the run when it fits in PAGE_MAX_BYTES; else the assistant message alone, whose calls
+  // the well-formed window then trims to those the window's results answer (with nothing, a run
+  // of huge results left no message at all: each was an orphan).
   const r = await q.query<{ messages: WindowMessageRow[] | null }>(
-    `WITH w AS (
+    `WITH head AS (
+       SELECT p.seq FROM messages p
+       WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.seq < $3::bigint AND p.seq >= $4::bigint
+         AND p.role <> 'tool'
+       ORDER BY p.seq DESC LIMIT 1),
+     w AS (
        SELECT m.seq, m.role, m.content, m.parts, m.name, m.tool_call_id, m.tool_calls, m.bytes FROM messages m
-       WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq < $3::bigint
-         AND m.seq >= (SELECT p.seq FROM messages p
-           WHERE p.tenant_id = $1 AND p.session_id = $2 AND p.seq < $3::bigint AND p.seq >= $4::bigint
-             AND p.role <> 'tool'
-           ORDER BY p.seq DESC LIMIT 1)
+       WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq < $3::bigint AND m.seq >= (SELECT seq FROM head)
        ORDER BY m.seq DESC LIMIT ${MAX_TOOL_RUN + 1})
-     SELECT CASE WHEN (SELECT sum(bytes) FROM w) <= $5 THEN (SELECT json_agg(${WINDOW_JSON} ORDER BY w.seq) FROM w)
-       END AS messages`,
+     SELECT CASE WHEN (SELECT sum(bytes) FROM w) <= $5
+       THEN (SELECT json_agg(${WINDOW_JSON} ORDER BY w.seq) FROM w)
+       ELSE (SELECT json_agg(${WINDOW_JSON}) FROM messages w
+             WHERE w.tenant_id = $1 AND w.session_id = $2 AND w.seq = (SELECT seq FROM head)) END AS messages`,
     [a.tenantId, a.sessionId, a.beforeSeq, a.startSeq, PAGE_MAX_BYTES],
   );
   return r.rows[0]?.messages ?? [];

@@ -83,9 +83,10 @@ export function makeContextBuilder(deps: CoreDeps): ContextBuilder {
 
     let rows: WindowMessageRow[] = row.messages ?? [];
     const head = rows[0];
-    if (head?.role === 'tool' && rows.length >= maxMessages) {
+    if (head?.role === 'tool') {
       // The window starts inside a tool-call run: extend it back to the assistant message the
-      // results answer (a second, small query, only in this case).
+      // results answer (a second, small query, only in this case). Also when the window is
+      // shorter than maxMessages: PAGE_MAX_BYTES may have cut it.
       const run = await loadToolRunBefore(deps.db, {
         tenantId,
         sessionId,
