@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -1287,6 +1287,183 @@ void describe('agenvoy import', () => {
       (err: Error) =>
         err.message.includes(path.resolve(storeDb)) && /no such table: messages/.test(err.message),
     );
+  });
+
+  void test('a user message whose header is in a later text part is read, stored and merged once', async () => {
+    // Setup: content arrays as Agenvoy's clients send them; history.db holds what Agenvoy writes
+    // there (the non-empty text parts joined by newlines, the header kept).
+    const fenced = (time: string) => `---\n當前時間: ${time}\n---`;
+    const image = { type: 'image_url', image_url: { url: 'https://x/y.png' } };
+    const audio = { type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } };
+    const t1 = taipei('2025-06-02 10:00:00');
+    const t2 = taipei('2025-06-02 11:00:00');
+    const t3 = taipei('2025-06-02 12:00:00');
+    const dir = agenvoyDir(
+      {
+        'parts-33': {
+          'history.json': [
+            {
+              role: 'user',
+              content: [
+                image,
+                { type: 'text', text: `${fenced('2025-06-02 10:00:00')}\nwhat is in this image?` },
+              ],
+            },
+            { role: 'assistant', content: 'a cat' },
+            {
+              role: 'user',
+              content: [
+                { type: 'text', text: fenced('2025-06-02 11:00:00') },
+                { type: 'text', text: 'and this one?' },
+              ],
+            },
+            { role: 'assistant', content: 'a dog' },
+            {
+              role: 'user',
+              content: [audio, { type: 'text', text: `${fenced('2025-06-02 12:00:00')}\ntranscribe` }],
+            },
+            { role: 'assistant', content: 'hello world' },
+          ],
+        },
+      },
+      [
+        {
+          session: 'parts-33',
+          sendAt: t1,
+          role: 'user',
+          content: `${fenced('2025-06-02 10:00:00')}\nwhat is in this image?`,
+        },
+        { session: 'parts-33', sendAt: plus(t1, 2e9), role: 'assistant', content: 'a cat' },
+        {
+          session: 'parts-33',
+          sendAt: t2,
+          role: 'user',
+          content: `${fenced('2025-06-02 11:00:00')}\nand this one?`,
+        },
+        { session: 'parts-33', sendAt: plus(t2, 2e9), role: 'assistant', content: 'a dog' },
+        {
+          session: 'parts-33',
+          sendAt: t3,
+          role: 'user',
+          content: `${fenced('2025-06-02 12:00:00')}\ntranscribe`,
+        },
+        { session: 'parts-33', sendAt: plus(t3, 2e9), role: 'assistant', content: 'hello world' },
+      ],
+    );
+
+    // Action
+    const read = await readOne(dir, 'parts-33', TZ);
+
+    // Assert: headers stripped, the part a header filled dropped, each at its own time, once.
+    assert.deepEqual(
+      read.listing.map((m) => [m.role, m.content, m.parts]),
+      [
+        ['user', 'what is in this image?', [image, { type: 'text', text: 'what is in this image?' }]],
+        ['assistant', 'a cat', null],
+        ['user', 'and this one?', [{ type: 'text', text: 'and this one?' }]],
+        ['assistant', 'a dog', null],
+        ['user', 'transcribe', [{ type: 'text', text: 'transcribe' }]],
+        ['assistant', 'hello world', null],
+      ],
+    );
+    assert.deepEqual([read.stats.fromJson, read.stats.fromDb, read.stats.duplicates], [6, 0, 6]);
+    const users = read.listing.filter((m) => m.role === 'user').map((m) => m.sent_at_ns);
+    assert.deepEqual(users, [t1, t2, t3]);
+    assert.ok(
+      read.notes.includes('history.json[4]: dropped 1 unsupported part(s) (input_audio)'),
+      read.notes.join('\n'),
+    );
+  });
+
+  void test("a history.db whose messages table lacks Agenvoy's columns fails the command before any import, naming it", async () => {
+    // Setup: a messages table without send_at.
+    const dir = agenvoyDir({ 'cols-34': { 'history.json': [{ role: 'user', content: 'hi' }] } }, []);
+    const storeDb = path.join(dir, '..', '.store', 'history.db');
+    rmSync(storeDb);
+    const db = openSqlite(storeDb);
+    db.exec('CREATE TABLE messages (session_id TEXT, role TEXT, content TEXT)');
+    db.exec("INSERT INTO messages VALUES ('cols-34', 'user', 'hi')");
+    db.close();
+    const t = await svc.newTenant();
+
+    // Action / Assert
+    await assert.rejects(
+      importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ }),
+      (err: Error) => err.message.includes(path.resolve(storeDb)) && /send_at/.test(err.message),
+    );
+    assert.equal((await t.api.get('/v1/sessions/cols-34/messages')).status, 404);
+  });
+
+  void test('an unreadable cursor costs only the cursor, and its note says the import sets it', async () => {
+    // Setup: a cursor that is no time, one that is a directory, a summary.meta.json without a time.
+    const hi = [{ role: 'user', content: header('2025-06-05 10:00:00', 'hi') }];
+    const dir = agenvoyDir(
+      {
+        'badcur-35': { 'history.json': hi, 'summary.json': SUMMARY, '.summary_cursor': 'yesterday' },
+        'dircur-36': { 'history.json': hi, 'summary.json': SUMMARY },
+        'badmeta-37': { 'history.json': hi, 'summary.json': SUMMARY, 'summary.meta.json': {} },
+        'metacur-39': {
+          'history.json': hi,
+          'summary.json': SUMMARY,
+          '.summary_cursor': 'yesterday',
+          'summary.meta.json': { last_message_time: '2025-06-05 10:00:00' },
+        },
+      },
+      [],
+    );
+    mkdirSync(path.join(dir, 'dircur-36', '.summary_cursor'));
+
+    // Action
+    const reads = await Promise.all(
+      ['badcur-35', 'dircur-36', 'badmeta-37'].map((sid) => readOne(dir, sid, TZ)),
+    );
+
+    // Assert: the summary is kept without a cursor; no note says the summary job sets it.
+    for (const read of reads) {
+      assert.deepEqual(read.input.summary?.cursor, { kind: 'none' }, read.sessionId);
+      assert.equal(read.notes.length, 1, read.notes.join('\n'));
+      assert.match(read.notes[0]!, /the cursor is the newest imported message/);
+      assert.doesNotMatch(read.notes[0]!, /summary job/);
+    }
+    assert.match(reads[0]!.notes[0]!, /^\.summary_cursor /);
+    assert.match(reads[1]!.notes[0]!, /^\.summary_cursor is a directory/);
+    assert.match(reads[2]!.notes[0]!, /^summary\.meta\.json /);
+    // summary.meta.json's time is the cursor when .summary_cursor holds none.
+    const meta = await readOne(dir, 'metacur-39', TZ);
+    assert.deepEqual(meta.input.summary?.cursor, {
+      kind: 'sent_at',
+      ns: BigInt(taipei('2025-06-05 10:00:00')),
+      wholeSeconds: true,
+    });
+    assert.deepEqual(meta.notes, [
+      '.summary_cursor holds no time ("yesterday"): no cursor from it; the cursor is summary.meta.json\'s "last_message_time"',
+    ]);
+  });
+
+  void test('a session directory that is a symlink is imported', async () => {
+    // Setup: sessions/link-38 points at a directory elsewhere; history.db holds its copy.
+    const dir = agenvoyDir({}, [
+      { session: 'link-38', sendAt: taipei('2025-06-06 10:00:00'), role: 'user', content: 'hi' },
+    ]);
+    const target = mkdtempSync(path.join(tmpdir(), 'agenvoy-target-'));
+    roots.push(target);
+    writeFileSync(
+      path.join(target, 'history.json'),
+      JSON.stringify([{ role: 'user', content: header('2025-06-06 10:00:00', 'hi') }]),
+    );
+    mkdirSync(dir, { recursive: true });
+    symlinkSync(target, path.join(dir, 'link-38'));
+    const t = await svc.newTenant();
+
+    // Action
+    const report = await importAgenvoySessions(svc.deps, t.tenantId, dir, { timeZone: TZ });
+
+    // Assert
+    assert.deepEqual(
+      report.sessions.map((s) => [s.session_id, s.status, s.imported, s.duplicates_merged]),
+      [['link-38', 'imported', 1, 1]],
+    );
+    assert.deepEqual(report.notes, []);
   });
 
   void test('local times around daylight-saving changes keep their order', () => {

@@ -70,6 +70,12 @@ function flatten(content: unknown): string {
  * A history.json message's content as mnemos stores it. Only a user message's header is read and
  * stripped (Agenvoy stamps the user's input; a tool result or reply that starts with such lines
  * is kept as written). Parts other than text and image_url are dropped and named in `dropped`.
+ *
+ * In a content array the header is in the first non-empty text part, whatever parts come before
+ * it (an image, audio): history.db holds the non-empty text parts joined by newlines, header
+ * first. A text part the header fills entirely is dropped, so the stored content flattens to the
+ * text history.db holds with its header stripped (`[header, "and this one?"]` → "and this one?",
+ * not "\nand this one?").
  */
 function normaliseContent(
   content: unknown,
@@ -83,17 +89,27 @@ function normaliseContent(
   }
   if (Array.isArray(content)) {
     let header: SplitHeader | null = null;
+    let firstText = true;
+    /** The header filled its text part: a message of nothing else is "" (as a header-only string). */
+    let emptied = false;
     const parts = content
       .filter((p): p is Record<string, unknown> => {
         if (p && typeof p === 'object' && !Array.isArray(p)) return true;
         dropped.push(p === null ? 'null' : Array.isArray(p) ? 'array' : typeof p);
         return false;
       })
-      .map((p, i) => {
+      .map((p) => {
         if (p.type === 'text' && typeof p.text === 'string') {
-          if (i === 0 && isUser) {
+          if (isUser && firstText && p.text !== '') {
+            firstText = false;
             const h = splitTimeHeader(p.text);
-            if (h.time) header = h;
+            if (h.time) {
+              header = h;
+              if (h.text === '') {
+                emptied = true;
+                return null;
+              }
+            }
             return { type: 'text', text: h.text };
           }
           return { type: 'text', text: p.text };
@@ -109,7 +125,7 @@ function normaliseContent(
         return null;
       })
       .filter((p) => p !== null);
-    return { content: parts.length > 0 ? parts : null, header, dropped };
+    return { content: parts.length > 0 ? parts : emptied ? '' : null, header, dropped };
   }
   return { content: content ?? null, header: null, dropped };
 }
@@ -550,33 +566,51 @@ function headerTimes(json: Draft[], archive: Map<string, bigint[]>, key: (d: Dra
   }
 }
 
+/**
+ * The summary cursor: `.summary_cursor`, else `summary.meta.json`'s `last_message_time`. A file
+ * that cannot be read (no time in it, a directory) costs only the cursor, with a note; text that
+ * is not UTF-8 refuses the session, like every file. Without a cursor the import sets it to the
+ * newest imported message (import-session.ts `mapCursor`).
+ */
 async function readCursor(dir: string, timeZone: string, notes: string[]): Promise<ImportCursor> {
-  const cursorFile = path.join(dir, '.summary_cursor');
-  const cursor = await readText(cursorFile);
-  if (cursor !== undefined) {
-    const c = parseCursorValue(cursor, timeZone);
-    if (c) return c;
-    notes.push('.summary_cursor is unreadable: the summary job sets the cursor');
-  }
-  const metaFile = path.join(dir, 'summary.meta.json');
-  const meta = (await readJson(metaFile).catch((err: unknown) => {
+  const problems: string[] = [];
+  const unreadable = (err: unknown) => {
     if (err instanceof AppError && err.code === 'invalid_utf8') throw err;
-    notes.push(`${(err as Error).message}: no cursor from it (the summary job sets the cursor)`);
+    problems.push((err as Error).message);
     return undefined;
-  })) as { last_message_time?: unknown } | undefined;
-  if (meta === undefined) return { kind: 'none' };
-  const c =
-    meta && typeof meta === 'object' && typeof meta.last_message_time === 'string'
-      ? parseCursorValue(meta.last_message_time, timeZone)
-      : null;
-  if (c) return c;
-  notes.push(
-    'summary.meta.json has no readable "last_message_time": no cursor from it (the summary job sets the cursor)',
-  );
-  return { kind: 'none' };
+  };
+  let cursor: ImportCursor | null = null;
+  let from = '';
+  const text = await readText(path.join(dir, '.summary_cursor')).catch(unreadable);
+  if (text !== undefined) {
+    cursor = parseCursorValue(text, timeZone);
+    const shown = text.trim();
+    if (!cursor)
+      problems.push(
+        `.summary_cursor holds no time (${JSON.stringify(shown.slice(0, 40))}${shown.length > 40 ? '…' : ''})`,
+      );
+  }
+  if (!cursor) {
+    const meta = (await readJson(path.join(dir, 'summary.meta.json')).catch(unreadable)) as
+      { last_message_time?: unknown } | undefined;
+    if (meta !== undefined) {
+      cursor =
+        meta && typeof meta === 'object' && typeof meta.last_message_time === 'string'
+          ? parseCursorValue(meta.last_message_time, timeZone)
+          : null;
+      if (cursor) from = `summary.meta.json's "last_message_time"`;
+      else problems.push('summary.meta.json has no readable "last_message_time"');
+    }
+  }
+  const then = from || 'the newest imported message (set by the import)';
+  for (const p of problems) notes.push(`${p}: no cursor from it; the cursor is ${then}`);
+  return cursor ?? { kind: 'none' };
 }
 
-/** Session directories under `sessionsDir` (names that are valid session ids; others are reported). */
+/**
+ * Session directories under `sessionsDir` (names that are valid session ids; others are reported).
+ * A symlink to a directory is one too (a session moved to another disk and linked back).
+ */
 export async function listAgenvoySessions(
   sessionsDir: string,
 ): Promise<{ ids: string[]; invalid: string[] }> {
@@ -584,7 +618,13 @@ export async function listAgenvoySessions(
   const ids: string[] = [];
   const invalid: string[] = [];
   for (const e of entries) {
-    if (!e.isDirectory() || e.name.startsWith('.')) continue;
+    if (e.name.startsWith('.')) continue;
+    if (!e.isDirectory()) {
+      if (!e.isSymbolicLink()) continue;
+      // A dangling link, or one to a file, is no session.
+      const target = await stat(path.join(sessionsDir, e.name)).catch(() => null);
+      if (!target?.isDirectory()) continue;
+    }
     try {
       ids.push(assertSessionId(e.name));
     } catch {

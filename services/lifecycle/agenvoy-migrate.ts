@@ -125,13 +125,16 @@ export async function importAgenvoySessions(
 /** Session ids named in the report's note on sessions only history.db holds (the rest counted). */
 const MAX_NAMED = 10;
 
+/** The columns of Agenvoy's `messages` table the import reads. */
+const DB_COLUMNS = ['session_id', 'send_at', 'role', 'content'];
+
 /** A failure to read history.db, naming the file (SQLite's own messages do not). */
 function historyDbError(file: string, err: unknown): AppError {
   const why = err instanceof Error ? err.message : String(err);
   return new AppError(
     400,
     'invalid_file',
-    `${file} is not a readable Agenvoy history.db (${why}): it must be an SQLite database with a messages table`,
+    `${file} is not a readable Agenvoy history.db (${why}): it must be an SQLite database with a messages(${DB_COLUMNS.join(', ')}) table`,
     { file },
   );
 }
@@ -144,9 +147,22 @@ function openHistoryDb(file: string): SqliteDb {
   }
 }
 
-/** The sessions history.db holds rows of, sorted; reading them also checks the file is Agenvoy's. */
+/**
+ * The sessions history.db holds rows of, sorted; reading them also checks the file is Agenvoy's
+ * (an SQLite database with a `messages` table of Agenvoy's columns), before anything is imported.
+ */
 function dbSessionIds(db: SqliteDb, file: string): string[] {
   try {
+    const columns = new Set(
+      (db.prepare("SELECT name FROM pragma_table_info('messages')").all() as Array<{ name: string }>).map(
+        (c) => c.name.toLowerCase(),
+      ),
+    );
+    const missing = DB_COLUMNS.filter((c) => !columns.has(c));
+    if (columns.size === 0) throw new Error('no such table: messages');
+    if (missing.length > 0) {
+      throw new Error(`its messages table has no column ${missing.join(', ')}`);
+    }
     const rows = db.prepare('SELECT DISTINCT session_id AS sid FROM messages').all() as Array<{
       sid: unknown;
     }>;
