@@ -272,8 +272,11 @@ export function createMnemosClient(options: MnemosClientOptions) {
         limit?: number;
         timeRange?: TimeRange;
         excludeWindow?: boolean;
-        /** With excludeWindow: the context answer's `window.from_seq` (another window size). */
-        windowFromSeq?: number;
+        /**
+         * With excludeWindow: the context answer's `window.from_seq` (another window size); null
+         * (an empty window) is left out, which leaves out the same nothing.
+         */
+        windowFromSeq?: number | null;
       },
     ): Promise<SearchHit[]> {
       const body = await call<{ hits: SearchHit[] }>({
@@ -286,7 +289,7 @@ export function createMnemosClient(options: MnemosClientOptions) {
           limit: opts.limit,
           time_range: opts.timeRange,
           exclude_window: opts.excludeWindow,
-          window_from_seq: opts.windowFromSeq,
+          window_from_seq: opts.windowFromSeq ?? undefined,
         },
         idempotent: true,
       });
@@ -314,13 +317,13 @@ export function createMnemosClient(options: MnemosClientOptions) {
       sid: string,
       name: string,
       args: string | Record<string, unknown>,
-      opts: CallOptions & { windowFromSeq?: number } = {},
+      opts: CallOptions & { windowFromSeq?: number | null } = {},
     ): Promise<string> {
       const body = await call<{ content: string }>({
         ...callOpts(opts),
         method: 'POST',
         path: `${session(sid)}/tools/${enc(name)}`,
-        query: { window_from_seq: opts.windowFromSeq },
+        query: { window_from_seq: opts.windowFromSeq ?? undefined },
         json: args,
         // write_error merges into an existing record: a repeat would count one hit too many.
         idempotent: name !== 'write_error',

@@ -221,6 +221,10 @@ void describe('agent tools', () => {
     );
     const all = await call(a.api, 'many2', 'chat_history', { mode: 'read', from_seq: 1, to_seq: 60 });
     assert.match(all, /more messages after #50: read on with \{"mode":"read","from_seq":51,"to_seq":60\}/);
+    // Exactly 50 left in the range: nothing to read on (it offered #61, where nothing was).
+    const exact = await call(a.api, 'many2', 'chat_history', { mode: 'read', from_seq: 11, to_seq: 500 });
+    assert.equal([...exact.matchAll(/· #(\d+)\]/g)].length, 50);
+    assert.doesNotMatch(exact, /read on|the first/);
   });
 
   void test('search leaves out the window the agent has: ?window_from_seq= for a context of another size', async () => {

@@ -188,12 +188,12 @@ export async function pageMessages(
 export const PAGE_MAX_BYTES = 32 * 1024 * 1024;
 
 /**
- * pageMessages under PAGE_MAX_BYTES: `cut` says that messages within the page's limit were left
- * out for their size (the caller then offers the next page).
+ * pageMessages under `maxBytes` (PAGE_MAX_BYTES by default): `cut` says that messages within the
+ * page's limit were left out for their size (the caller then offers the next page).
  */
 export async function pageMessagesWithin(
   q: Queryable,
-  a: Parameters<typeof pageMessages>[1],
+  a: Parameters<typeof pageMessages>[1] & { maxBytes?: number },
 ): Promise<{ rows: StoredMessageRow[]; cut: boolean }> {
   const dir = a.desc ? 'DESC' : 'ASC';
   const r = await q.query<StoredMessageRow & { fetched: number }>(
@@ -204,7 +204,7 @@ export async function pageMessagesWithin(
        ORDER BY seq ${dir} LIMIT $5)
      SELECT ${MSG_COLS}, (SELECT count(*) FROM p)::int AS fetched FROM p
      WHERE bytes_before < $6 ORDER BY seq ${dir}`,
-    [a.tenantId, a.sessionId, a.afterSeq, a.beforeSeq, a.limit, PAGE_MAX_BYTES],
+    [a.tenantId, a.sessionId, a.afterSeq, a.beforeSeq, a.limit, a.maxBytes ?? PAGE_MAX_BYTES],
   );
   const fetched = r.rows[0]?.fetched ?? 0;
   return { rows: r.rows.map(({ fetched: _, ...row }) => row), cut: fetched > r.rows.length };

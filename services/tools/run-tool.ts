@@ -17,6 +17,12 @@ import type { ToolName } from './tool-definitions.js';
 export const MAX_LINE_CHARS = 1200;
 export const MAX_OUTPUT_CHARS = 12_000;
 const MAX_READ = 50;
+/**
+ * A `read` or `list` fetches at most this much: its answer shows ~10 lines of 1,200 characters of
+ * huge messages, and six concurrent reads of 32 MiB pages (the listing's bound) held the event
+ * loop for seconds.
+ */
+const TOOL_PAGE_BYTES = 8 * 1024 * 1024;
 
 export interface ToolDeps {
   core: Pick<CoreDeps, 'db' | 'config' | 'llm' | 'logger' | 'metrics'>;
@@ -246,19 +252,23 @@ async function chatHistory(
       sessionId: sid,
       afterSeq: from - 1,
       beforeSeq: to + 1,
-      limit: MAX_READ,
+      // One more than shown: "more after them" only when there are.
+      limit: MAX_READ + 1,
       desc: false,
+      maxBytes: TOOL_PAGE_BYTES,
     });
+    const over = rows.length > MAX_READ;
+    if (over) rows.pop();
     if (rows.length === 0) return `No messages between #${from} and #${to}.`;
     const readOn = (seq: number) => `{"mode":"read","from_seq":${seq},"to_seq":${to}}`;
     const last = Number(rows[rows.length - 1]!.seq);
     // More messages in the range than one read shows: the note names the first one not shown,
     // whether the output limit or the count left it out.
-    const more = (cut || rows.length === MAX_READ) && last < to;
+    const more = (cut || over) && last < to;
     const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
     return boundedLines(
       body,
-      `Messages #${from}–#${to}${more ? ` (the first ${MAX_READ} of them)` : ''}:`,
+      `Messages #${from}–#${to}${more ? ` (the first ${rows.length} of them)` : ''}:`,
       'first',
       (left, at) =>
         `…[${left} more message(s) not shown (output limit)${more ? ', and more after them' : ''}: read on with ${readOn(Number(rows[at]?.seq ?? 0))}]`,
@@ -267,7 +277,7 @@ async function chatHistory(
   }
   // mode "list"
   if (!(await getSession(deps.core.db, tenantId, sid))) return empty;
-  // Under PAGE_MAX_BYTES: fewer than `limit` of the newest when they are huge.
+  // Under TOOL_PAGE_BYTES: fewer than `limit` of the newest when they are huge.
   const { rows } = await pageMessagesWithin(deps.core.db, {
     tenantId,
     sessionId: sid,
@@ -275,6 +285,7 @@ async function chatHistory(
     beforeSeq: null,
     limit,
     desc: true,
+    maxBytes: TOOL_PAGE_BYTES,
   });
   rows.reverse();
   const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
