@@ -180,6 +180,9 @@ export async function startService(
         s.listen(config.port, config.host);
       });
       server.keepAliveTimeout = 65_000;
+      // A request must arrive whole within 2 minutes (Node's default, 5, let a key's slow or
+      // stalled bodies hold up to 8 MiB each per connection that long: a tester held 800 MB).
+      server.requestTimeout = 120_000;
       const addr = server.address();
       const port = typeof addr === 'object' && addr ? addr.port : config.port;
       url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
