@@ -280,19 +280,34 @@ void describe('POST /v1/sessions/{sid}/search', () => {
   });
   void test('a response of huge messages past 32 MiB shows each cut, with a marker', async () => {
     // 1 MiB of a control character is 6 MiB as JSON (\u0001): 128 such rows in one search were
-    // a 768 MB string the driver could not make, and the process died.
+    // a 768 MB string the driver could not make, and the process died. Tool calls' arguments
+    // (bounded only by the 8 MiB body) did the same.
     const s = `huge-${randomBytes(3).toString('hex')}`;
     for (let i = 0; i < 7; i++)
       await archive(api, s, [user(`word${i} ${'\u0001'.repeat(1024 * 1024 - 16)}`)]);
+    const call = {
+      id: 'c1',
+      type: 'function',
+      function: { name: 'f', arguments: 'b'.repeat(3 * 1024 * 1024) },
+    };
+    await archive(api, s, [{ role: 'assistant', content: 'calling', tool_calls: [call] }]);
     const r = await search(api, s, { query: 'word0 or word3 or word6', match: 'keyword', limit: 3 });
     assert.equal(r.status, 200);
     const shown = r.body.hits.flatMap((h) => [h, ...h.context]);
-    assert.equal(shown.length, 7, 'every message shown once: 3 hits and their neighbours');
-    for (const m of shown) {
+    assert.equal(shown.length, 8, 'every message shown once: 3 hits and their neighbours');
+    for (const m of shown.filter((x) => x.seq !== 8)) {
       const text = String(m.content);
       assert.ok(text.length < 70_000, `seq ${m.seq}: ${text.length} characters`);
       assert.match(text, /…\[cut: the search response passed 32 MiB\]$/);
     }
+    // #8 is the context after the hit #7.
+    const after = shown.find((m) => m.seq === 8) as unknown as {
+      content: string;
+      tool_calls: (typeof call)[];
+    };
+    assert.equal(after.content, 'calling', 'short content stays whole');
+    const args = after.tool_calls[0]!.function.arguments;
+    assert.equal(args, `${'b'.repeat(65_536)} …[cut]`);
     // Below the bound nothing changes.
     const one = await search(api, s, { query: 'word6', match: 'keyword', limit: 1 });
     assert.equal(String(one.body.hits[0]!.content).length, 1024 * 1024 - 16 + 'word6 '.length);

@@ -3,7 +3,8 @@
 -- character is `\u0001`): 128 such messages were one `rows` value of 768 MB, more than a string
 -- the Node driver can make, and the process died reading it. When the shown messages' stored
 -- `bytes` pass 32 MiB (PAGE_MAX_BYTES of db/queries/messages.ts), each one's content is cut to its
--- first 65,536 code points with a marker, and structured content (parts) is shown as that text.
+-- first 65,536 code points with a marker, structured content (parts) is shown as that text, and
+-- each tool call's `arguments` (only the 8 MiB body bounds them) is cut to 65,536 code points.
 -- Unchanged otherwise.
 CREATE OR REPLACE FUNCTION mnemos_search_walk(p_tenant text, p_session text, p_ord bigint[], p_limit integer,
                                               p_have bigint[])
@@ -49,7 +50,15 @@ BEGIN
             WHEN s.parts IS NULL AND (s.content IS NULL OR length(s.content) <= 65536) THEN s.content
             ELSE left(coalesce(s.content, ''), 65536) || ' …[cut: the search response passed 32 MiB]' END,
        CASE WHEN big.cut THEN NULL ELSE s.parts END,
-       s.name, s.tool_call_id, s.tool_calls, s.metadata, s.sent_at_ns::text, s.fingerprint))
+       s.name, s.tool_call_id,
+       CASE WHEN NOT big.cut OR jsonb_typeof(s.tool_calls) IS DISTINCT FROM 'array' THEN s.tool_calls
+            ELSE (SELECT jsonb_agg(CASE WHEN jsonb_typeof(c -> 'function' -> 'arguments') = 'string'
+                                          AND length(c -> 'function' ->> 'arguments') > 65536
+                    THEN jsonb_set(c, '{function,arguments}',
+                                   to_jsonb(left(c -> 'function' ->> 'arguments', 65536) || ' …[cut]'))
+                    ELSE c END ORDER BY k)
+                  FROM jsonb_array_elements(s.tool_calls) WITH ORDINALITY AS t(c, k)) END,
+       s.metadata, s.sent_at_ns::text, s.fingerprint))
      FROM sel s, big);
 END
 $$;
