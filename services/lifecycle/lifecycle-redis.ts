@@ -35,13 +35,10 @@ local cur = redis.call('HGET', KEYS[1], 'gen')
 if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, '', 0} end
 local top = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local tail = redis.call('LINDEX', KEYS[2], -1)
-if tail then
-  local t = tonumber(string.match(tail, '^(%d+) '))
-  if t and t > top then top = t end
-end
+local last = tail and tonumber(string.match(tail, '^(%d+) '))
+if last and last > top then top = last end
 local through = tonumber(ARGV[3])
 local removed = 0
-local last = tail and tonumber(string.match(tail, '^(%d+) '))
 if last and last <= through then
   -- Everything waiting goes (the usual case): no entry is copied into Lua, which for a backlog of
   -- megabyte entries held Redis for seconds.

@@ -17,6 +17,10 @@ export const SWEEP_SCHEDULER_ID = 'summary-sweep';
  * queue's processor, the sweep's schedule (only with an LLM configured), and the routes
  * `GET /v1/sessions/:sid/summary`, `POST /v1/sessions/:sid/summarize` and `GET /v1/usage`.
  */
+/** A job state in which the job has not started: it can be removed. */
+const queued = (state: string | null) =>
+  state === 'waiting' || state === 'delayed' || state === 'prioritized';
+
 export const summaryExtension: ExtensionFactory = async (deps): Promise<Extension> => {
   const metrics = makeSummaryMetrics(deps.metrics.registry, deps.db);
   return {
@@ -45,7 +49,7 @@ export const summaryExtension: ExtensionFactory = async (deps): Promise<Extensio
       if (id) {
         const job = await deps.queues.summary.getJob(id);
         const state = job ? await job.getState() : null;
-        if (job && (state === 'waiting' || state === 'delayed' || state === 'prioritized')) {
+        if (job && queued(state)) {
           try {
             await job.remove();
           } catch (err) {
@@ -53,7 +57,7 @@ export const summaryExtension: ExtensionFactory = async (deps): Promise<Extensio
             // finds the session's generation moved on and writes nothing (lost_race). Only a job
             // still waiting is a failure to purge (the reset or delete answered 500 here).
             const now = await job.getState().catch(() => null);
-            if (now === 'waiting' || now === 'delayed' || now === 'prioritized' || now === null) throw err;
+            if (now === null || queued(now)) throw err;
           }
         }
       }
