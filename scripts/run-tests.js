@@ -3,7 +3,8 @@
 // once, runs every test file in parallel (each clones its own database from the template and uses
 // its own Redis prefix), then drops this run's databases and any a crashed earlier run left behind.
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { randomBytes } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
@@ -31,11 +32,15 @@ if (!process.env.TEST_SKIP_SETUP) {
 
 const runId = `${Math.floor(Date.now() / 1000)}_${randomBytes(3).toString('hex')}`;
 const template = `mnemos_tpl_${runId}`;
+// Every JSON answer any test receives is checked against the schema /openapi.json documents for
+// it (services/response-check.ts); mismatches land in this file and fail the run below.
+const contractFile = path.join(tmpdir(), `mnemos-contract-${runId}.jsonl`);
 const env = {
   ...process.env,
   TEST_DATABASE_ADMIN_URL: adminUrl,
   MNEMOS_TEST_TEMPLATE: template,
   MNEMOS_TEST_RUN: runId,
+  MNEMOS_CHECK_RESPONSES: contractFile,
 };
 
 run(process.execPath, ['--import', 'tsx', 'test/support/global-setup.ts', 'setup'], { env });
@@ -61,4 +66,16 @@ spawnSync(process.execPath, ['--import', 'tsx', 'test/support/global-setup.ts', 
   cwd: root,
   env,
 });
-process.exit(result.status ?? 1);
+let status = result.status ?? 1;
+if (existsSync(contractFile)) {
+  const lines = readFileSync(contractFile, 'utf8').trim().split('\n').filter(Boolean);
+  rmSync(contractFile, { force: true });
+  if (lines.length > 0) {
+    const distinct = [...new Set(lines)];
+    console.error(`[test] ${lines.length} answers did not match their documented schema (/openapi.json):`);
+    for (const l of distinct.slice(0, 30)) console.error(`  ${l}`);
+    if (distinct.length > 30) console.error(`  … and ${distinct.length - 30} more distinct ones`);
+    if (status === 0) status = 1;
+  }
+}
+process.exit(status);

@@ -13,6 +13,7 @@ import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
 import { makeErrorHandler, notFoundHandler } from './http-errors.js';
 import { buildOpenApi } from './openapi.js';
+import { responseChecker } from './response-check.js';
 import type { Mounted, RouteMeta } from './openapi.js';
 import { adminRoutesMeta, makeAdminRoutes } from './routes/admin-routes.js';
 import { jobRoutesMeta, makeJobRoutes, makeOpsRoutes, opsRoutesMeta } from './routes/ops-routes.js';
@@ -186,6 +187,8 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
 
   const mounts: Mounted[] = [];
   const openapi = () => buildOpenApi(mounts, VERSION);
+  const checker = responseChecker(mounts);
+  if (checker) app.use(checker);
 
   const ops = makeOpsRoutes(deps, openapi);
   app.use('/', rememberMount, ops);
@@ -247,6 +250,8 @@ export function makeOpsApp(deps: CoreDeps): express.Express {
   const app = express();
   app.disable('x-powered-by');
   app.use(requestId);
+  const checker = responseChecker([{ prefix: '', router: express.Router(), meta: opsRoutesMeta }]);
+  if (checker) app.use(checker);
   app.use(
     '/',
     makeOpsRoutes(deps, () => ({

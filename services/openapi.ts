@@ -1,5 +1,6 @@
 import type { Router } from 'express';
 import { z } from 'zod';
+import { SESSION_ID_RE } from './messages/message-input.js';
 
 /**
  * The OpenAPI document is derived from the routers that are actually mounted (so a route cannot
@@ -17,6 +18,13 @@ export interface RouteMeta {
   auth?: 'tenant' | 'admin' | 'none';
   /** Success status(es); default 200. */
   success?: number | number[];
+  /**
+   * The JSON body per status (success statuses, and others whose body is not the error shape,
+   * like /readyz's 503). A success status without one has no JSON body (204, text, JSON Lines).
+   */
+  responses?: Record<number, z.ZodType>;
+  /** Media type of a success answer that is not JSON (metrics, export). */
+  produces?: string;
 }
 
 export interface Mounted {
@@ -51,12 +59,21 @@ export function listRoutes(
 
 const toOpenApiPath = (p: string) => p.replace(/:([A-Za-z_]+)/g, '{$1}');
 
-function jsonSchema(s: z.ZodType): unknown {
+function jsonSchema(s: z.ZodType, io: 'input' | 'output' = 'input'): unknown {
   try {
-    return z.toJSONSchema(s, { io: 'input', unrepresentable: 'any' });
+    return z.toJSONSchema(s, { io, unrepresentable: 'any' });
   } catch {
     return { type: 'object' };
   }
+}
+
+function responseEntry(meta: RouteMeta | undefined, code: number): Record<string, unknown> {
+  const description = code < 300 ? 'success' : `answer with status ${code}`;
+  const schema = meta?.responses?.[code];
+  if (schema)
+    return { description, content: { 'application/json': { schema: jsonSchema(schema, 'output') } } };
+  if (meta?.produces && code < 300) return { description, content: { [meta.produces]: {} } };
+  return { description };
 }
 
 export function buildOpenApi(mounts: Mounted[], version: string): Record<string, unknown> {
@@ -70,11 +87,14 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
         name: x[1],
         in: 'path',
         required: true,
-        schema: { type: 'string' },
+        // A session id is the client's: its rule is part of the contract.
+        schema: x[1] === 'sid' ? { type: 'string', pattern: SESSION_ID_RE.source } : { type: 'string' },
       })),
       responses: {
         ...Object.fromEntries(
-          [meta?.success ?? 200].flat().map((code) => [String(code), { description: 'success' }]),
+          [...new Set([...[meta?.success ?? 200].flat(), ...Object.keys(meta?.responses ?? {}).map(Number)])]
+            .sort((a, b) => a - b)
+            .map((code) => [String(code), responseEntry(meta, code)]),
         ),
         default: {
           description: 'error',

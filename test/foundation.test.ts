@@ -707,6 +707,37 @@ void describe('tenants, keys and the admin API', () => {
     // A context call without a body is valid (the docs' minimal request): the schema says so.
     assert.equal(doc.paths['/v1/sessions/{sid}/context'].post.requestBody.required, false);
     assert.equal(doc.paths['/v1/sessions/{sid}/messages'].post.requestBody.required, true);
+    const posted = doc.paths['/v1/sessions/{sid}/messages'].post;
+    const messagesSchema = posted.requestBody.content['application/json'].schema.properties.messages;
+    assert.deepEqual([messagesSchema.minItems, messagesSchema.maxItems], [1, 1000]);
+    assert.equal(
+      posted.parameters.find((p: { name: string }) => p.name === 'sid').schema.pattern,
+      '^[A-Za-z0-9._:@-]{1,256}$',
+    );
+    // Every success that has a body documents it: a JSON schema (which `npm test` holds every
+    // answer to, services/response-check.ts) or the media type of a text answer.
+    const media = (path: string, method: string, code: string) =>
+      Object.keys(doc.paths[path][method].responses[code].content ?? {});
+    for (const [path, ops] of Object.entries(
+      doc.paths as Record<string, Record<string, { responses: Record<string, unknown> }>>,
+    )) {
+      for (const [method, op] of Object.entries(ops)) {
+        for (const code of Object.keys(op.responses).filter((c) => c !== 'default' && c !== '204')) {
+          assert.equal(
+            media(path, method, code).length,
+            1,
+            `${method.toUpperCase()} ${path} ${code} has no body schema`,
+          );
+        }
+      }
+    }
+    assert.deepEqual(media('/metrics', 'get', '200'), ['text/plain; version=0.0.4']);
+    assert.deepEqual(media('/v1/sessions/{sid}/export', 'get', '200'), ['application/x-ndjson']);
+    assert.deepEqual(media('/readyz', 'get', '503'), ['application/json']);
+    const hit =
+      doc.paths['/v1/sessions/{sid}/search'].post.responses['200'].content['application/json'].schema;
+    assert.deepEqual(hit.required, ['hits']);
+    assert.equal(hit.additionalProperties, false);
     const t = await svc.newTenant();
     for (const [path, ops] of Object.entries(
       doc.paths as Record<string, Record<string, { summary: string }>>,

@@ -1,4 +1,12 @@
 import type { Extension, ExtensionFactory } from '../extension.js';
+import {
+  errorListAnswer,
+  errorLookupAnswer,
+  errorPurgeAnswer,
+  errorRecord,
+  errorSearchAnswer,
+  errorWriteAnswer,
+} from '../openapi-responses.js';
 import { localEmbed } from '../llm/local-embedder.js';
 import type { RouteMeta } from '../openapi.js';
 import {
@@ -18,19 +26,30 @@ const meta: Record<string, RouteMeta> = {
     summary: 'Record a tool error and its fix (merged into an existing record when the symptom matches)',
     body: errorWriteBody,
     success: [201, 200],
+    responses: { 201: errorWriteAnswer, 200: errorWriteAnswer },
   },
   'POST /search': {
     summary: 'Search error memory by tool and terms (renews TTL of returned records)',
     body: errorSearchBody,
+    responses: { 200: errorSearchAnswer },
   },
   'POST /lookup': {
     summary: 'The related_errors hint for a failed tool call (renews TTL)',
     body: errorLookupBody,
+    responses: { 200: errorLookupAnswer },
   },
-  'GET /:id': { summary: 'Read one record (renews TTL)' },
-  'GET /': { summary: 'List records for dashboards (does not renew TTL)', query: errorListQuery },
+  'GET /:id': { summary: 'Read one record (renews TTL)', responses: { 200: errorRecord } },
+  'GET /': {
+    summary: 'List records for dashboards (does not renew TTL)',
+    query: errorListQuery,
+    responses: { 200: errorListAnswer },
+  },
   'DELETE /:id': { summary: 'Delete one record', success: 204 },
-  'DELETE /': { summary: 'Purge records (optionally of one tool_name)', query: errorPurgeQuery },
+  'DELETE /': {
+    summary: 'Purge records (optionally of one tool_name)',
+    query: errorPurgeQuery,
+    responses: { 200: errorPurgeAnswer },
+  },
 };
 
 const SWEEP_EVERY_MS = 15 * 60_000;

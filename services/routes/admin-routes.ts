@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { keyCreated, keyListAnswer, tenantCreated, tenantListAnswer } from '../openapi-responses.js';
 import { z } from 'zod';
 import type { Db } from '../../db/pool.js';
 import { AppError, notFound } from '../errors.js';
@@ -18,8 +19,14 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
     body: tenantBody,
     auth: 'admin',
     success: 201,
+    responses: { 201: tenantCreated },
   },
-  'GET /tenants': { summary: 'List tenants, oldest first', query: listQuery, auth: 'admin' },
+  'GET /tenants': {
+    summary: 'List tenants, oldest first',
+    query: listQuery,
+    auth: 'admin',
+    responses: { 200: tenantListAnswer },
+  },
   'DELETE /tenants/:id': {
     summary: 'Erase a tenant and all its data (Postgres and Redis)',
     auth: 'admin',
@@ -31,11 +38,13 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
     bodyOptional: true,
     auth: 'admin',
     success: 201,
+    responses: { 201: keyCreated },
   },
   'GET /tenants/:id/keys': {
     summary: "List a tenant's keys, oldest first (never the secret)",
     query: listQuery,
     auth: 'admin',
+    responses: { 200: keyListAnswer },
   },
   'DELETE /keys/:key_id': { summary: 'Revoke an API key', auth: 'admin', success: 204 },
 };

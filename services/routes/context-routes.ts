@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { contextAnswer } from '../openapi-responses.js';
 import { z } from 'zod';
 import type { ContextBuilder } from '../context/build-context.js';
 import { AppError } from '../errors.js';
@@ -26,6 +27,7 @@ export const contextRoutesMeta: Record<string, RouteMeta> = {
     summary: 'The next turn: hot window, relevant summary as turn context, input; system block to append',
     body: contextBody,
     bodyOptional: true,
+    responses: { 200: contextAnswer },
   },
 };
 

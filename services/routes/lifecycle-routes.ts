@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { importAnswer, resetAnswer } from '../openapi-responses.js';
 import type { Response } from 'express';
 import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
@@ -32,6 +33,7 @@ export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
     summary:
       'Clear the archive, recent vectors, cutoff and pending messages; the summary and its cursor survive unless ?keep_summary=false (seq continues)',
     query: resetQuery,
+    responses: { 200: resetAnswer },
   },
   'DELETE /:sid': {
     summary:
@@ -41,6 +43,7 @@ export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
   'GET /:sid/export': {
     summary:
       'The whole session as JSON Lines (application/x-ndjson): message lines in seq order, then the summary line',
+    produces: 'application/x-ndjson',
   },
   'POST /:sid/import': {
     summary:
@@ -48,6 +51,7 @@ export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
     body: z.object({ messages: z.array(messageSchema) }),
     bodyTypes: ['application/json', 'application/x-ndjson', 'application/jsonl'],
     query: importQuery,
+    responses: { 201: importAnswer, 202: importAnswer },
     success: [201, 202],
   },
 };

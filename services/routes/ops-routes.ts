@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { healthAnswer, jobAnswer, openapiDocument, readyAnswer } from '../openapi-responses.js';
 import { pendingMigrations } from '../../db/migrate.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound } from '../errors.js';
@@ -22,10 +23,18 @@ async function timed<T>(p: Promise<T>, ms: number): Promise<T> {
 }
 
 export const opsRoutesMeta: Record<string, RouteMeta> = {
-  'GET /healthz': { summary: 'Liveness: the process is up', auth: 'none' },
-  'GET /readyz': { summary: 'Readiness with per-dependency status (503 when not ready)', auth: 'none' },
-  'GET /metrics': { summary: 'Prometheus metrics', auth: 'none' },
-  'GET /openapi.json': { summary: 'This document', auth: 'none' },
+  'GET /healthz': { summary: 'Liveness: the process is up', auth: 'none', responses: { 200: healthAnswer } },
+  'GET /readyz': {
+    summary: 'Readiness with per-dependency status (503 when not ready)',
+    auth: 'none',
+    responses: { 200: readyAnswer, 503: readyAnswer },
+  },
+  'GET /metrics': { summary: 'Prometheus metrics', auth: 'none', produces: 'text/plain; version=0.0.4' },
+  'GET /openapi.json': {
+    summary: 'This document',
+    auth: 'none',
+    responses: { 200: openapiDocument },
+  },
 };
 
 export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
@@ -67,7 +76,10 @@ export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
 }
 
 export const jobRoutesMeta: Record<string, RouteMeta> = {
-  'GET /:id': { summary: "State of one of the tenant's jobs (id as returned, e.g. summary.42)" },
+  'GET /:id': {
+    summary: "State of one of the tenant's jobs (id as returned, e.g. summary.42)",
+    responses: { 200: jobAnswer },
+  },
 };
 
 /** Job ids given to clients are `<queue>.<bullmq id>`; only the owning tenant can read them. */

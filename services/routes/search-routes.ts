@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { searchAnswer } from '../openapi-responses.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
 import { assertSessionId } from '../messages/message-input.js';
@@ -13,6 +14,7 @@ export const searchRoutesMeta: Record<string, RouteMeta> = {
     summary:
       'Search a session: keyword (archive full text + recent substring), semantic (recent vectors) or hybrid',
     body: searchBodySchema,
+    responses: { 200: searchAnswer },
   },
 };
 

@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { messagePage, postMessagesAnswer, sessionInfo, sessionList } from '../openapi-responses.js';
 import { z } from 'zod';
 import { pageMessagesWithin } from '../../db/queries/messages.js';
 import type { StoredMessageRow } from '../../db/queries/messages.js';
@@ -8,7 +9,13 @@ import type { CoreDeps } from '../deps.js';
 import { notFound } from '../errors.js';
 import { acceptMessages, confirmArchived, waitArchived, waitSignal } from '../messages/accept-messages.js';
 import { inboxKeys } from '../messages/inbox.js';
-import { SESSION_ID_RE, assertSessionId, messageSchema, parseMessages } from '../messages/message-input.js';
+import {
+  MAX_MESSAGES_PER_REQUEST,
+  SESSION_ID_RE,
+  assertSessionId,
+  messageSchema,
+  parseMessages,
+} from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { nsToRfc3339 } from '../time.js';
 import { limitParam, listQuery, noQuery, pageOf, parseInput } from '../validate.js';
@@ -68,13 +75,18 @@ export function toStoredMessage(r: StoredMessageRow): StoredMessage {
 export const sessionRoutesMeta: Record<string, RouteMeta> = {
   'POST /:sid/messages': {
     summary: 'Append messages (202 accepted; 201 durable with ?wait=true)',
-    body: z.object({ messages: z.array(messageSchema) }),
+    body: z.object({ messages: z.array(messageSchema).min(1).max(MAX_MESSAGES_PER_REQUEST) }),
     query: postQuery,
     success: [202, 201],
+    responses: { 202: postMessagesAnswer, 201: postMessagesAnswer },
   },
-  'GET /:sid/messages': { summary: 'Page through the archive in seq order', query: pageQuery },
-  'GET /': { summary: 'List sessions', query: sessionListQuery },
-  'GET /:sid': { summary: 'Session counters, cutoff and summary state' },
+  'GET /:sid/messages': {
+    summary: 'Page through the archive in seq order',
+    query: pageQuery,
+    responses: { 200: messagePage },
+  },
+  'GET /': { summary: 'List sessions', query: sessionListQuery, responses: { 200: sessionList } },
+  'GET /:sid': { summary: 'Session counters, cutoff and summary state', responses: { 200: sessionInfo } },
 };
 
 export function makeSessionRoutes(deps: CoreDeps): Router {

@@ -1,4 +1,10 @@
 import { randomUUID } from 'node:crypto';
+import {
+  summarizeDone,
+  summarizeQueued,
+  summaryView as summaryViewAnswer,
+  usageAnswer,
+} from '../openapi-responses.js';
 import { Router } from 'express';
 import type { Response } from 'express';
 import { z } from 'zod';
@@ -34,12 +40,14 @@ const usageQuery = z
 export const summaryRoutesMeta: Record<string, RouteMeta> = {
   'GET /:sid/summary': {
     summary: "The session's rolling summary, its version, cursor and status (404 when none)",
+    responses: { 200: summaryViewAnswer },
   },
   'POST /:sid/summarize': {
     summary:
       'Summarise now (202 with the job id; ?wait=true waits for the result). 409 when no LLM is configured',
     query: summarizeQuery,
     success: [202, 200],
+    responses: { 202: summarizeQueued, 200: summarizeDone },
   },
 };
 
@@ -47,6 +55,7 @@ export const usageRoutesMeta: Record<string, RouteMeta> = {
   'GET /': {
     summary: 'LLM usage by purpose and model over a window (24h, 7d, 28d), optionally for one session',
     query: usageQuery,
+    responses: { 200: usageAnswer },
   },
 };
 

@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { toolAnswer, toolList } from '../openapi-responses.js';
 import { z } from 'zod';
 import type { ErrorMemory } from '../error-memory/types.js';
 import type { Extension, ExtensionFactory } from '../extension.js';
@@ -24,7 +25,10 @@ const runQuery = z
   .strict();
 
 const toolsMeta: Record<string, RouteMeta> = {
-  'GET /': { summary: 'OpenAI function-tool definitions: chat_history, error_history, write_error' },
+  'GET /': {
+    summary: 'OpenAI function-tool definitions: chat_history, error_history, write_error',
+    responses: { 200: toolList },
+  },
 };
 const runMeta: Record<string, RouteMeta> = {
   'POST /:sid/tools/:name': {
@@ -34,6 +38,7 @@ const runMeta: Record<string, RouteMeta> = {
     // No body is no arguments: `chat_history` then lists the last messages.
     bodyOptional: true,
     query: runQuery,
+    responses: { 200: toolAnswer },
   },
 };
 
