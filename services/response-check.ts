@@ -34,13 +34,14 @@ function check(mounts: Mounted[], file: string, req: Request, status: number, bo
   const meta =
     typeof routePath === 'string'
       ? mounts
-          .filter((m) => m.prefix === req.baseUrl)
+          // Express matches paths case-insensitively: /V1/Sessions is /v1/sessions.
+          .filter((m) => m.prefix === req.baseUrl.toLowerCase())
           .map((m) => m.meta[key])
           .find(Boolean)
       : undefined;
   const schema = meta?.responses?.[status] ?? (status >= 400 ? errorAnswer : undefined);
   const where = meta
-    ? `${key.split(' ')[0]} ${req.baseUrl}${routePath === '/' ? '' : String(routePath)}`
+    ? `${key.split(' ')[0]} ${req.baseUrl.toLowerCase()}${routePath === '/' ? '' : String(routePath)}`
     : `${req.method} ${req.originalUrl.split('?')[0]}`;
   if (!schema) {
     appendFileSync(
