@@ -142,6 +142,10 @@ void describe('agent tools', () => {
       ['error_history', { keyword: ['psql'] }, /keyword must be a string/],
       ['error_history', { mode: 'search' }, /needs keyword/],
       ['error_history', { mode: 'read', id: 'nope' }, /needs an id like err_/],
+      // What POST /v1/errors/search refuses (a lone surrogate in a tool name was a 500 here).
+      ['error_history', { keyword: 'refused', tool_name: '\ud800' }, /tool_name: NUL .* lone surrogates/],
+      ['error_history', { keyword: 'refused', tool_name: 'x'.repeat(129) }, /tool_name: .*<=128/],
+      ['error_history', { keyword: 'refused\u0000' }, /keyword: NUL .* lone surrogates/],
       [
         'write_error',
         { tool_name: 'shell', symptom: 'boom' },

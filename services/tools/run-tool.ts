@@ -7,7 +7,7 @@ import type { ErrorMemory, ErrorRecord } from '../error-memory/types.js';
 import { ERROR_ID_RE } from '../error-memory/types.js';
 import { toStoredMessage } from '../routes/session-routes.js';
 import type { StoredMessage } from '../routes/session-routes.js';
-import { errorWriteBody } from '../routes/error-routes.js';
+import { errorSearchBody, errorWriteBody } from '../routes/error-routes.js';
 import { searchBodySchema, searchSessionDetailed } from '../search/search-session.js';
 import type { DetailedHit } from '../search/search-session.js';
 import { TOOL_NAMES } from './tool-definitions.js';
@@ -324,12 +324,20 @@ async function errorHistory(deps: ToolDeps, tenantId: string, given: Record<stri
     throw guidance('error_history', 'mode "search" needs keyword (the error text or its key terms)', ex);
   const limit = intArg(args, 'limit', 'error_history', ex, { min: 1, max: 16 }) ?? 4;
   stringArg(args, 'tool_name', 'error_history', ex);
-  const records = await deps.errors.search(tenantId, {
+  // A blank tool name (models send "" or " " for "any") filters nothing. Otherwise the arguments
+  // obey what `POST /v1/errors/search` does (a lone surrogate in a tool name was a 500 here).
+  const toolName = typeof args.tool_name === 'string' && args.tool_name.trim() ? args.tool_name : undefined;
+  const parsed = errorSearchBody.safeParse({
     query: clip(keyword, 4000),
     limit,
-    // A blank tool name (models send "" or " " for "any") filters nothing.
-    tool_name: typeof args.tool_name === 'string' && args.tool_name.trim() ? args.tool_name : undefined,
+    ...(toolName === undefined ? {} : { tool_name: toolName }),
   });
+  if (!parsed.success) {
+    const i = parsed.error.issues[0]!;
+    const field = i.path[0] === 'query' ? 'keyword' : i.path.join('.');
+    throw guidance('error_history', `${field}: ${i.message}`, ex);
+  }
+  const records = await deps.errors.search(tenantId, parsed.data);
   if (records.length === 0) return 'NONE: no similar error was recorded before.';
   // Ranked by similarity first (README: error memory): a failed attempt can come before a fix.
   return bounded(
