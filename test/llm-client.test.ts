@@ -250,6 +250,31 @@ void describe('llm client: chat', () => {
     assert.equal(fake.chatRequests().length, 1);
   });
 
+  void test("an endpoint's error text, which may quote the input, stays out of the error; its type and code stay", async () => {
+    fake.queueChat({
+      status: 400,
+      body: {
+        error: {
+          message: "Invalid input: input_value='my password is hunter2'",
+          type: 'invalid_request_error',
+          code: 'context_length_exceeded',
+        },
+      },
+    });
+    await rejectsWith(client().chat(chatReq()), (err) => {
+      assert.equal(err.message, 'llm endpoint answered 400 (invalid_request_error, context_length_exceeded)');
+    });
+    fake.queueEmbeddings({
+      status: 401,
+      body: { error: { message: 'Incorrect API key provided: sk-ab***cd' } },
+    });
+    const embed = client().embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['x'] });
+    await rejectsWith(embed, (err) => {
+      assert.equal(err.message, 'llm endpoint answered 401');
+      assert.equal(err.kind, 'auth');
+    });
+  });
+
   void test('401 is an auth error, not retried', async () => {
     fake.queueChat({ status: 401 });
     await rejectsWith(client({ apiKey: 'sk-test' }).chat(chatReq()), (err) => {

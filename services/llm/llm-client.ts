@@ -445,7 +445,13 @@ function classify(err: unknown, ctx: ClassifyContext): LlmError {
 }
 
 function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmError {
-  const detail = `llm endpoint answered ${status}: ${truncate(err.message)}`;
+  // The endpoint's own error text stays out: gateways quote the input in it (message content, a
+  // prompt, a masked key), and this message reaches logs, BullMQ's failed reasons, GET /v1/jobs
+  // and Redis's event streams. OpenAI's machine-readable type and code say what went wrong.
+  const tags = [err.type, err.code].filter(
+    (t): t is string => typeof t === 'string' && /^[A-Za-z0-9_.-]{1,64}$/.test(t),
+  );
+  const detail = `llm endpoint answered ${status}${tags.length > 0 ? ` (${tags.join(', ')})` : ''}`;
   const retryAfterMs = retryAfter(err.headers, maxDelayMs);
   const withDelay = retryAfterMs === undefined ? {} : { retryAfterMs };
   if (status === 429)
