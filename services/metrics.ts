@@ -41,6 +41,11 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       help: 'Unreadable inbox entries moved to the per-session dead-letter list',
       registers: [registry],
     }),
+    ingestInboxMoved: new Counter({
+      name: 'mnemos_ingest_inbox_moved_total',
+      help: 'Drains rolled back because the inbox no longer held what they read (Redis came back behind them)',
+      registers: [registry],
+    }),
     jobDuration: new Histogram({
       name: 'mnemos_job_duration_seconds',
       help: 'Job processing time by queue',

@@ -263,6 +263,67 @@ void describe('ingestion under faults and many processes', () => {
     );
   });
 
+  void test('Redis back behind a drain that waits on Postgres: the drain rolls back, the new message takes the seq', async () => {
+    const { redis, prefix, svc } = await onPrivateRedis();
+    const t = await svc.newTenant();
+    const post = (path: string, body: unknown) => t.api.post(`/v1/sessions/s/messages${path}`, body);
+    assert.equal((await post('?wait=true', { messages: [user('m1', { id: 'm1' })] })).status, 201);
+    // A slow commit, as the tester staged it: the drain reads A, then waits on its INSERT.
+    const pg = makePgDb({ connectionString: svc.config.databaseUrl!, max: 2 });
+    cleanups.push(() => pg.close());
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    const locking = pg.transaction(async (tx) => {
+      await tx.query('LOCK TABLE messages IN EXCLUSIVE MODE');
+      await held;
+    });
+    try {
+      const a = await post('', { messages: [user('A', { id: 'A' })] });
+      assert.deepEqual(a.body.messages, [{ id: 'A', seq: 2 }]);
+      await eventually(
+        async () => {
+          const r = await pg.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO messages%'`,
+          );
+          return r.rows[0]!.n > 0 ? true : null;
+        },
+        20_000,
+        'a drain waits on its INSERT',
+      );
+      // Redis comes back without its last second: A's entry, its id and its seq are gone.
+      const admin = new Redis(redis.url);
+      const keys = inboxKeys(prefix, t.tenantId, 's');
+      await admin.del(keys.inbox);
+      await admin.hdel(keys.ids, 'A');
+      await admin.hset(keys.sess, 'seq', 1, 'archived', 1);
+      admin.disconnect();
+      const b = await post('', { messages: [user('B', { id: 'B' })] });
+      assert.deepEqual(b.body.messages, [{ id: 'B', seq: 2 }]);
+    } finally {
+      release();
+      await locking;
+    }
+    // Before, the drain committed A at seq 2 and then skipped B as a replay of it: B, accepted
+    // after Redis came back, was lost without a trace. A was in the lost second.
+    await eventually(
+      async () => {
+        const all = (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.id}`);
+        return all.length === 2 ? all : null;
+      },
+      20_000,
+      'both archived',
+    );
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.id}`),
+      ['1:m1', '2:B'],
+    );
+    const again = await post('?wait=true', { messages: [user('B', { id: 'B' })] });
+    assert.equal(again.status, 201);
+    const metrics = await fetch(`${svc.base}/metrics`).then((r) => r.text());
+    assert.match(metrics, /mnemos_ingest_inbox_moved_total [1-9]/);
+  });
+
   void test('Redis back from before a reset or delete: re-posted ids of the cleared history are new messages', async () => {
     const { redis, prefix, svc } = await onPrivateRedis();
     const t = await svc.newTenant();

@@ -10,6 +10,7 @@ import {
   defineInboxScripts,
   finishDrain,
   finishDrainCounted,
+  inboxStillHolds,
   inboxKeys,
   readInbox,
 } from '../services/messages/inbox.js';
@@ -85,6 +86,9 @@ export function toArchiveRow(seq: number, m: AcceptedMessage): ArchiveInsertRow 
   };
 }
 
+/** A drain's inbox head is no longer what it read: its transaction is rolled back. */
+class InboxMoved extends Error {}
+
 /**
  * Drains one session's inbox into the archive, in seq order, batch by batch. Each batch is one
  * transaction that holds the session's row lock, so any number of workers may run this for the
@@ -147,6 +151,11 @@ export async function drainSession(
           bytes,
           lastSentNs,
         });
+        // Redis may have come back behind this drain (an AOF without its last second) while it
+        // waited on Postgres, and handed the seqs it read to new messages: committing would
+        // archive lost messages at those seqs, and drop the new ones as replays. The lost ones go
+        // (they were in the lost second); the new ones are drained next round.
+        if (!(await inboxStillHolds(deps.redis, keys, entries))) throw new InboxMoved();
         return {
           lastRead,
           unreadable,
@@ -159,6 +168,14 @@ export async function drainSession(
         };
       });
     } catch (err) {
+      if (err instanceof InboxMoved) {
+        deps.metrics.ingestInboxMoved.inc();
+        deps.logger.warn(
+          { tenantId },
+          'the inbox changed under a drain (Redis restarted behind it?): rolled back, reading it again',
+        );
+        continue;
+      }
       // The tenant was erased while work was queued: its inbox has nowhere to go. (Or another
       // deployment, with another database, shares this MNEMOS_PREFIX: say so, and count it.)
       if (pgCode(err) === '23503') {

@@ -221,6 +221,21 @@ end
 return out
 `;
 
+// Before a drain commits: is the inbox head still what it read? KEYS[1] inbox; ARGV: the count of
+// entries read, the start of the first entry read and of the last ("<seq> <gen> {"id":…": which
+// message at which seq). 0 when Redis came back behind the drain (an AOF that lost its last
+// second, a failover to a lagging replica) and may have handed the seqs it read to new messages.
+const CHECK = `
+local n = tonumber(ARGV[1])
+local function holds(i, head)
+  local e = redis.call('LINDEX', KEYS[1], i)
+  return e and string.sub(e, 1, #head) == head
+end
+if not holds(0, ARGV[2]) then return 0 end
+if n > 1 and not holds(n - 1, ARGV[3]) then return 0 end
+return 1
+`;
+
 // Reset/delete: pending message work goes, the generation moves on, the seq counter stays.
 // ARGV: new generation, armed member.
 const CLEAR = `
@@ -260,6 +275,7 @@ const scripts = {
   finish: { name: 'mnemosFinish', body: FINISH },
   clear: { name: 'mnemosClear', body: CLEAR },
   read: { name: 'mnemosRead', body: READ },
+  check: { name: 'mnemosCheck', body: CHECK },
 } satisfies Record<string, Script>;
 
 type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unknown>>;
@@ -268,7 +284,7 @@ type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unkn
 export function defineInboxScripts(redis: Redis): void {
   const r = redis as ScriptedRedis;
   if (typeof r.mnemosAccept === 'function') return;
-  const numberOfKeys = { accept: 4, seed: 2, finish: 4, clear: 4, read: 1 } as const;
+  const numberOfKeys = { accept: 4, seed: 2, finish: 4, clear: 4, read: 1, check: 1 } as const;
   for (const [k, s] of Object.entries(scripts)) {
     redis.defineCommand(s.name, { numberOfKeys: numberOfKeys[k as keyof typeof numberOfKeys], lua: s.body });
   }
@@ -344,6 +360,28 @@ export async function readInbox(
     }
     return { seq: Number(e.slice(0, a)), gen: Number(e.slice(a + 1, b)), message, raw: e };
   });
+}
+
+/** The start of an entry that names it: seq, generation and the message id (256 code units). */
+function entryHead(raw: string): string {
+  const head = raw.slice(0, 256);
+  // Never half a surrogate pair: its UTF-8 would not be the entry's bytes.
+  return /[\uD800-\uDBFF]$/.test(head) ? head.slice(0, -1) : head;
+}
+
+/**
+ * Whether the inbox still starts with the entries a drain read (compared by their heads): false
+ * when Redis lost them meanwhile and the drain must not commit (see CHECK).
+ */
+export async function inboxStillHolds(redis: Redis, keys: InboxKeys, read: InboxEntry[]): Promise<boolean> {
+  if (read.length === 0) return true;
+  const r = await (redis as ScriptedRedis).mnemosCheck!(
+    keys.inbox,
+    read.length,
+    entryHead(read[0]!.raw),
+    entryHead(read[read.length - 1]!.raw),
+  );
+  return Number(r) === 1;
 }
 
 /** Returns how many entries are still waiting after the trim. */
