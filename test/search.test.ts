@@ -19,9 +19,11 @@ import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import { refreshTableStatistics } from '../services/search/table-statistics.js';
 import {
   FTS_CJK_PASS,
+  FTS_ARGS_PASS,
   FTS_LONG_PASS,
   backfillCjkTsvectors,
   backfillLongTsvectors,
+  backfillToolCallTsvectors,
 } from '../services/search/fts-backfill.js';
 import type { SearchHit, SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -561,6 +563,38 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       );
       assert.equal(tsv.rows[0]!.stale, true, 'a short row is left as it is');
     });
+  });
+
+  void test('keyword: words inside tool-call arguments are found (JSON escapes decoded); old rows are re-derived', async () => {
+    const s = sid('args');
+    // As Python's json.dumps sends them: non-ASCII as \u escapes, newlines and tabs escaped.
+    const args = JSON.stringify({ script: 'cd /srv\nrestart nginx\tquickly', note: '記憶系統' }).replace(
+      /[\u0080-\uffff]/g,
+      (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
+    );
+    assert.match(args, /\\u8a18/);
+    const call = { id: 'call_1', type: 'function', function: { name: 'shell', arguments: args } };
+    const [seq] = await archive(api, s, [
+      { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', tool_call_id: 'call_1', content: 'ok' },
+    ]);
+    for (const query of ['restart', 'quickly', '記憶', 'nginx', 'shell', 'script']) {
+      assert.deepEqual(await hitSeqs(api, s, { query, match: 'keyword' }), [seq], query);
+    }
+    // What rows archived before 2026-12-02 hold: the raw JSON indexed.
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = to_tsvector('english', 'shell ' || (tool_calls->0->'function'->>'arguments'))
+       WHERE tenant_id = $1 AND session_id = $2 AND seq = $3`,
+      [tenantId, s, seq],
+    );
+    assert.deepEqual(await hitSeqs(api, s, { query: 'restart', match: 'keyword' }), []);
+    await withPassRestarted(FTS_ARGS_PASS, async (deps) => {
+      for (let done = false; !done;) {
+        ({ done } = await backfillToolCallTsvectors(deps, { batch: 3, maxBatches: 2 }));
+      }
+    });
+    assert.deepEqual(await hitSeqs(api, s, { query: 'restart', match: 'keyword' }), [seq]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '記憶系統', match: 'keyword' }), [seq]);
   });
 
   void test('keyword: mixed CJK and English queries', async () => {

@@ -49,8 +49,38 @@ export type AfterArchive = (a: {
 /** The text the archive's tsvector is derived from: name, content and tool-call names and arguments. */
 export function searchableText(m: Pick<AcceptedMessage, 'name' | 'content' | 'tool_calls'>): string {
   const calls = (m.tool_calls ?? []) as Array<{ function?: { name?: string; arguments?: string } }>;
-  const callText = calls.map((c) => `${c.function?.name ?? ''} ${c.function?.arguments ?? ''}`).join('\n');
+  const callText = calls
+    .map((c) => `${c.function?.name ?? ''}\n${argumentsText(c.function?.arguments ?? '')}`)
+    .join('\n');
   return [m.name ?? '', m.content ?? '', callText].filter(Boolean).join('\n');
+}
+
+/**
+ * A tool call's arguments as words: the keys and values of its JSON, decoded, one per line. The
+ * raw JSON glued escapes to the next word (`"cd /srv\nrestart"` indexed `nrestart`, `\u8a18` hex
+ * fragments), so those words were never found. Arguments that are not JSON are taken as they are.
+ */
+export function argumentsText(args: string): string {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(args);
+  } catch {
+    return args;
+  }
+  const out: string[] = [];
+  // Iterative: arguments may nest deeper than the stack allows (only the body limit bounds them).
+  const stack: unknown[] = [parsed];
+  while (stack.length > 0) {
+    const v = stack.pop();
+    if (typeof v === 'string') out.push(v);
+    else if (typeof v === 'number' || typeof v === 'boolean') out.push(String(v));
+    else if (Array.isArray(v)) for (let i = v.length - 1; i >= 0; i--) stack.push(v[i]);
+    else if (v !== null && typeof v === 'object') {
+      const entries = Object.entries(v);
+      for (let i = entries.length - 1; i >= 0; i--) stack.push(entries[i]![1], entries[i]![0]);
+    }
+  }
+  return out.join('\n');
 }
 
 /**

@@ -36,11 +36,11 @@ export async function archiveKeysAfter(
   q: Queryable,
   after: ArchiveKey | null,
   limit: number,
-): Promise<Array<ArchiveKey & { bytes: number }>> {
+): Promise<Array<ArchiveKey & { bytes: number; calls: boolean }>> {
   // Two statements, not one with `$1 IS NULL OR …`: the row comparison alone lets the primary key
   // serve the range, so that each batch reads only its own rows.
-  const cols = 'tenant_id, session_id, seq, bytes';
-  const r = await q.query<ArchiveKey & { bytes: number }>(
+  const cols = 'tenant_id, session_id, seq, bytes, tool_calls IS NOT NULL AS calls';
+  const r = await q.query<ArchiveKey & { bytes: number; calls: boolean }>(
     after
       ? `SELECT ${cols} FROM messages WHERE (tenant_id, session_id, seq) > ($1, $2, $3::bigint)
          ORDER BY tenant_id, session_id, seq LIMIT $4`

@@ -11,6 +11,7 @@ import { FTS_EN_SAFE, hasCjk } from '../text/fts-text.js';
 
 export const FTS_CJK_PASS = 'fts-cjk-v2';
 export const FTS_LONG_PASS = 'fts-long-v3';
+export const FTS_ARGS_PASS = 'fts-args-v4';
 
 interface BackfillOptions {
   batch?: number;
@@ -52,6 +53,24 @@ export function backfillLongTsvectors(
 }
 
 /**
+ * The third pass: rows with tool calls, whose arguments were indexed as raw JSON before
+ * 2026-12-02 (escapes glued to the next word), get them indexed as their decoded keys and values
+ * (`argumentsText` in workers/ingest.ts). Only rows with tool calls are read.
+ */
+export function backfillToolCallTsvectors(
+  deps: Pick<CoreDeps, 'db' | 'logger'>,
+  opts: BackfillOptions = {},
+): Promise<BackfillResult> {
+  return backfillPass(deps, opts, {
+    name: FTS_ARGS_PASS,
+    what: 'rows with tool calls',
+    minBytes: 0,
+    callsOnly: true,
+    wants: () => true,
+  });
+}
+
+/**
  * A pass walks the archive in primary-key order, `batch` rows (and at most 16 MiB of messages) at
  * a time, at most `maxBatches` per run, and records where it stopped (maintenance_state,
  * migrations 010 and 011); once through, it is done and every later run is one SELECT. Rows
@@ -62,7 +81,13 @@ export function backfillLongTsvectors(
 async function backfillPass(
   deps: Pick<CoreDeps, 'db' | 'logger'>,
   opts: BackfillOptions,
-  p: { name: string; what: string; minBytes: number; wants: (text: string) => boolean },
+  p: {
+    name: string;
+    what: string;
+    minBytes: number;
+    callsOnly?: boolean;
+    wants: (text: string) => boolean;
+  },
 ): Promise<BackfillResult> {
   const out = { scanned: 0, updated: 0, done: true };
   const pass = await loadPass(deps.db, p.name);
@@ -78,7 +103,7 @@ async function backfillPass(
     // Messages of up to 1 MiB each: read no more than a drain writes at once (at least one).
     let size = 0;
     const take = keys.filter((k, j) => (size += k.bytes) <= (opts.maxBytes ?? DRAIN_MAX_BYTES) || j === 0);
-    const candidates = take.filter((k) => k.bytes >= p.minBytes);
+    const candidates = take.filter((k) => k.bytes >= p.minBytes && (!p.callsOnly || k.calls));
     const rows = candidates.length > 0 ? await archiveTexts(deps.db, candidates) : [];
     const wanted = rows.flatMap((r) => {
       const text = searchableText(r);

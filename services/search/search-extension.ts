@@ -3,7 +3,7 @@ import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
 import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
 import { refreshTableStatistics } from './table-statistics.js';
-import { backfillCjkTsvectors, backfillLongTsvectors } from './fts-backfill.js';
+import { backfillCjkTsvectors, backfillLongTsvectors, backfillToolCallTsvectors } from './fts-backfill.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
 
 const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
@@ -29,6 +29,7 @@ export const searchExtension: ExtensionFactory = async (deps) => {
       'fts-backfill': async () => ({
         cjk: await backfillCjkTsvectors(deps),
         long: await backfillLongTsvectors(deps),
+        args: await backfillToolCallTsvectors(deps),
       }),
     },
     async schedule() {
