@@ -1204,6 +1204,33 @@ void describe('tenant isolation', () => {
     );
   });
 
+  void test('deleting an id that does not exist answers 404 and leaves nothing behind', async () => {
+    // A tenant without records: no key of it may appear, however many ids are tried.
+    const empty = newTenant();
+    for (let i = 0; i < 3; i++) {
+      const res = await call(empty, 'DELETE', `/err_${'abcdefghijklmnopqrs'}${'a234567'[i]}`);
+      assert.equal(res.status, 404);
+    }
+    assert.deepEqual(await scanKeys(`${PREFIX}:err:${empty}:*`), []);
+    assert.equal(await redis.sismember(`${PREFIX}:err:tenants`, empty), 0);
+
+    // A tenant with records: its keys are as they were, and its record is still there.
+    const t = newTenant();
+    const { body } = await write(t, { tool_name: 'git', symptom: 'fatal: not a git repository' });
+    const before = await scanKeys(`${PREFIX}:err:${t}:*`);
+    assert.equal((await call(t, 'DELETE', '/err_aaaaaaaaaaaaaaaaaaaa')).status, 404);
+    assert.deepEqual((await scanKeys(`${PREFIX}:err:${t}:*`)).sort(), before.sort());
+    assert.equal(await redis.exists(`${PREFIX}:err:${t}:dead`), 0);
+    assert.equal((await call(t, 'GET', `/${body.id}`)).status, 200);
+    // Deleting it twice: the second is a 404 that marks nothing more.
+    assert.equal((await call(t, 'DELETE', `/${body.id}`)).status, 204);
+    assert.deepEqual(await redis.smembers(`${PREFIX}:err:${t}:dead`), [body.id]);
+    assert.equal((await call(t, 'DELETE', `/${body.id}`)).status, 404);
+    assert.deepEqual(await redis.smembers(`${PREFIX}:err:${t}:dead`), [body.id]);
+    await errors.sweepExpired();
+    assert.deepEqual(await scanKeys(`${PREFIX}:err:${t}:*`), []);
+  });
+
   void test('purge by tool deletes only that tool; purge without one deletes all', async () => {
     const t = newTenant();
     await write(t, { tool_name: 'npm', symptom: 'ERESOLVE unable to resolve dependency tree' });

@@ -440,16 +440,29 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     return { records: records.map(toApiRecord), next };
   }
 
-  async function removeIds(k: ErrorKeys, ids: readonly string[]): Promise<number> {
+  /**
+   * Deletes the records and marks them for the sweep. Ids without a record are marked only when
+   * `indexed` (read from an index, whose term keys still hold them): an id a client made up must
+   * leave nothing behind, as the dead set has no expiry and a tenant without records is never swept.
+   */
+  async function removeIds(
+    k: ErrorKeys,
+    ids: readonly string[],
+    indexed: 'indexed' | 'given',
+  ): Promise<number> {
     const tools = await Promise.all(
       ids.map((id) => evalScript(DELETE_SCRIPT, [k.rec(id)], [id, k.dedupePrefix])),
     );
-    const m = client.multi();
-    m.zRem(k.all, [...ids]);
-    for (const tool of new Set(tools)) if (typeof tool === 'string') m.zRem(k.tool(tool), [...ids]);
-    m.sAdd(k.dead, [...ids]);
-    await m.exec();
-    return tools.filter((t) => typeof t === 'string').length;
+    const deleted = ids.filter((_, i) => typeof tools[i] === 'string');
+    const marked = indexed === 'indexed' ? ids : deleted;
+    if (marked.length > 0) {
+      const m = client.multi();
+      m.zRem(k.all, [...marked]);
+      for (const tool of new Set(tools)) if (typeof tool === 'string') m.zRem(k.tool(tool), [...marked]);
+      m.sAdd(k.dead, [...marked]);
+      await m.exec();
+    }
+    return deleted.length;
   }
 
   async function purge(
@@ -464,7 +477,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     for (;;) {
       const ids = await client.zRange(source, 0, BATCH - 1);
       if (ids.length === 0) break;
-      deleted += await removeIds(k, ids);
+      deleted += await removeIds(k, ids, 'indexed');
       await client.zRem(source, ids);
       progress();
     }
@@ -479,7 +492,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         doomed = ids.filter((_, i) => tools[i] === tool);
       }
       if (doomed.length > 0) {
-        deleted += await removeIds(k, doomed);
+        deleted += await removeIds(k, doomed, 'given');
         await client.zRem(k.pending, doomed);
       }
       offset += ids.length - doomed.length;
@@ -513,7 +526,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       doomed.push(...chunk.filter((_, j) => states[j] === 'orphan'));
       await client.zRem(k.pending, chunk);
     }
-    return doomed.length > 0 ? removeIds(k, doomed) : 0;
+    return doomed.length > 0 ? removeIds(k, doomed, 'given') : 0;
   }
 
   /**
@@ -593,7 +606,9 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     list: (tenantId, input) => guard(() => list(tenantId, input)),
 
     remove: (tenantId, id) =>
-      guard(async () => (ERROR_ID_RE.test(id) ? (await removeIds(keys(tenantId), [id])) === 1 : false)),
+      guard(async () =>
+        ERROR_ID_RE.test(id) ? (await removeIds(keys(tenantId), [id], 'given')) === 1 : false,
+      ),
 
     purge: (tenantId, input) => guard((progress) => purge(tenantId, input, progress), 'progress'),
 
