@@ -489,7 +489,8 @@ void describe('dedupe', () => {
     assert.deepEqual(termsIn('term', naming), current);
     assert.deepEqual(termsIn('tterm', naming), current);
     const registered = await redis.smembers(`${PREFIX}:err:${tenant}:ikeys`);
-    assert.equal(registered.length, 1 + 2 * current.length, 'emptied term keys leave the registry');
+    // Its tool's key, the resolved records' key and two per term.
+    assert.equal(registered.length, 2 + 2 * current.length, 'emptied term keys leave the registry');
     assert.equal(await redis.exists(`${PREFIX}:err:${tenant}:term:zqfirst`), 0);
     assert.deepEqual(
       (await call(tenant, 'POST', '/search', { query: word(29) })).body.records.map((r: ErrorRecord) => r.id),
@@ -986,6 +987,64 @@ void describe('crowded terms', () => {
     assert.ok(!(await found('connection refused')).includes(oldHttp), 'crowded out before the hit');
     assert.deepEqual(await found('zqlone'), [oldHttp]);
     assert.equal((await found('connection refused'))[0], oldHttp);
+  });
+});
+
+void describe('crowded by failed attempts', () => {
+  // A known error (failed, 6 hits) and a fix of a longer form of it, then more newer failed
+  // records of the same tool sharing every term of the error than a lookup reads (MAX_FETCHED).
+  const tenant = newTenant();
+  const symptom = 'permission denied writing cache directory';
+  let known = '';
+  let fix = '';
+  before(async () => {
+    for (let i = 0; i < 6; i++) {
+      known = (
+        await writeMany(tenant, [{ tool_name: 'shell', symptom, action: 'sudo', outcome: 'failed' }])
+      )[0]!;
+    }
+    fix = (
+      await writeMany(tenant, [
+        { tool_name: 'shell', symptom: `${symptom} as root`, action: 'chown -R app /var/cache/app' },
+      ])
+    )[0]!;
+    await writeMany(
+      tenant,
+      Array.from({ length: 300 }, (_, i) => ({
+        tool_name: 'shell',
+        symptom: `${symptom} ${word(i)}`,
+        action: 'retried',
+        outcome: 'failed',
+      })),
+    );
+  });
+
+  void test('a lookup still finds the fix and the record of exactly this error, and renews them', async () => {
+    await redis.pexpire(recKey(tenant, known), DAY_MS);
+    await redis.pexpire(recKey(tenant, fix), DAY_MS);
+    const res = await call(tenant, 'POST', '/lookup', { tool_name: 'shell', error: symptom });
+    assert.deepEqual(
+      res.body.records.slice(0, 2).map((r: ErrorRecord) => [r.id, r.outcome, r.hits]),
+      [
+        [fix, 'resolved', 1],
+        [known, 'failed', 6],
+      ],
+    );
+    assert.match(
+      res.body.related_errors,
+      /^- \[resolved\] shell: permission denied writing cache directory as root → fix: chown/,
+    );
+    near(await redis.pttl(recKey(tenant, known)), TTL_MS);
+    near(await redis.pttl(recKey(tenant, fix)), TTL_MS);
+  });
+
+  void test('a search by tool finds both; a search of every tool still finds the fix', async () => {
+    const search = async (body: Record<string, unknown>) =>
+      (await call(tenant, 'POST', '/search', { limit: 16, ...body })).body.records.map(
+        (r: ErrorRecord) => r.id,
+      );
+    assert.deepEqual((await search({ tool_name: 'shell', query: symptom })).slice(0, 2), [fix, known]);
+    assert.equal((await search({ query: 'permission denied cache' }))[0], fix);
   });
 });
 

@@ -7,7 +7,11 @@
  *   T:term:<term>                      ZSET id → last write or hit ms (search candidates)
  *   T:tterm:<tool>:<term>              ZSET id → last write or hit ms, of one tool's records (so a
  *                                      lookup by tool is not crowded out by other tools' records)
- *   T:ikeys                            SET of the tool and term keys above (for the sweep)
+ *   T:resolved                         ZSET id → created ms of the records whose outcome is resolved
+ *                                      (a record never leaves it while it lives: a failed attempt
+ *                                      does not replace a fix); ranking reads the fixes first
+ *                                      when more candidates than it reads share the query's terms
+ *   T:ikeys                            SET of the tool, term and resolved keys above (for the sweep)
  *   T:dead                             SET of ids known gone, still to be swept out of T:ikeys
  *   T:pending                          ZSET id → ms of records being created: registered before the
  *                                      record is saved, removed once it has its expiry and its
@@ -41,6 +45,7 @@ export function errorKeys(prefix: string, tenantId: string) {
     tool: (tool: string) => `${base}:tool:${encodeURIComponent(tool)}`,
     term: (term: string) => `${base}:term:${term}`,
     toolTerm: (tool: string, term: string) => `${base}:tterm:${encodeURIComponent(tool)}:${term}`,
+    resolved: `${base}:resolved`,
     ikeys: `${base}:ikeys`,
     dead: `${base}:dead`,
     pending: `${base}:pending`,

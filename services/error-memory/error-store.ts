@@ -74,6 +74,9 @@ function loadCreateClient(): CreateClient {
 }
 
 const sha1 = (text: string) => createHash('sha1').update(text).digest('hex');
+/** What a record's dedupe key is named by: its tool and normalised symptom (both trimmed). */
+export const dedupeOf = (tool: string, symptom: string) =>
+  `${encodeURIComponent(tool)}:${sha1(normaliseSymptom(symptom))}`;
 /** An embedding as the record stores it: JSON, five decimals. */
 const storedEmbedding = (vector: readonly number[]) =>
   JSON.stringify(vector.map((x) => Math.round(x * 1e5) / 1e5));
@@ -203,7 +206,11 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     m.zAdd(k.all, { score: rec.created_ms, value: rec.id });
     m.zAdd(toolKey, { score: rec.created_ms, value: rec.id });
     for (const key of termKeys) m.zAdd(key, { score: rec.last_hit_ms, value: rec.id });
-    m.sAdd(k.ikeys, [toolKey, ...termKeys]);
+    // A merge re-indexes, so a record that became resolved joins here; none ever leaves but by
+    // the sweep, as a failed attempt never replaces a fix.
+    const resolved = rec.outcome === 'resolved' ? [k.resolved] : [];
+    for (const key of resolved) m.zAdd(key, { score: rec.created_ms, value: rec.id });
+    m.sAdd(k.ikeys, [toolKey, ...termKeys, ...resolved]);
     m.sAdd(tenantsKey, tenantId);
     m.zRem(k.pending, rec.id);
     await m.exec();
@@ -249,7 +256,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const action = input.action.trim();
     const cause = input.cause?.trim() || null;
     const keywords = normaliseKeywords(input.keywords ?? []);
-    const dedupe = `${encodeURIComponent(tool)}:${sha1(normaliseSymptom(symptom))}`;
+    const dedupe = dedupeOf(tool, symptom);
     const dedupeKey = k.dedupePrefix + dedupe;
     for (let attempt = 0; attempt < WRITE_ATTEMPTS; attempt++) {
       const at = now();
@@ -338,9 +345,12 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     // tenant-wide keys are read too; what only those find must pass the tool filter.
     const read = (key: string) => client.zRange(key, 0, CANDIDATES_PER_TERM - 1, { REV: true });
     const own = q.terms.map((t) => (toolName === undefined ? k.term(t) : k.toolTerm(toolName, t)));
-    const [upgraded, ownLists] = await Promise.all([
+    // The record of exactly this error (its dedupe key): a candidate however many newer records
+    // share its terms. Without a tool there is no such key.
+    const [upgraded, ownLists, exact] = await Promise.all([
       toolName === undefined ? true : client.exists(k.version).then((n) => n === 1),
       Promise.all(own.map(read)),
+      toolName === undefined ? null : client.get(k.dedupePrefix + dedupeOf(toolName, text.trim())),
     ]);
     const wide = upgraded ? [] : q.terms.map((t) => k.term(t));
     const wideLists = await Promise.all(wide.map(read));
@@ -375,8 +385,18 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       }
       ids = ids.filter((id) => !otherTools.has(id));
     }
-    // Bounded work: read only the candidates that share the most query terms.
-    ids.sort((a, b) => (seen.get(b)?.count ?? 0) - (seen.get(a)?.count ?? 0));
+    // Bounded work: read only the candidates that share the most query terms, and of those that
+    // share as many, resolved ones first (of the first CANDIDATES_PER_TERM; the sort is stable,
+    // so newest first after that): newer failed attempts at an error must not crowd its fix out.
+    const byCount = (a: string, b: string) => (seen.get(b)?.count ?? 0) - (seen.get(a)?.count ?? 0);
+    ids.sort(byCount);
+    if (ids.length > MAX_FETCHED) {
+      const head = ids.slice(0, CANDIDATES_PER_TERM);
+      const scores = await client.zmScore(k.resolved, head);
+      const fixes = new Set(head.filter((_, i) => scores[i] !== null && scores[i] !== undefined));
+      ids.sort((a, b) => byCount(a, b) || Number(fixes.has(b)) - Number(fixes.has(a)));
+    }
+    if (exact !== null) ids = [exact, ...ids.filter((id) => id !== exact)];
     ids = ids.slice(0, MAX_FETCHED);
     const fetched = await fetchMany(k, ids);
     const gone = ids.filter((_, i) => fetched[i] === null);
