@@ -24,7 +24,12 @@ import { performance } from 'node:perf_hooks';
 import { Redis } from 'ioredis';
 import { errorKeys } from '../services/error-memory/error-keys.js';
 // The baseline reads what the store reads, within the store's own limits.
-import { CANDIDATES_PER_TERM, MAX_FETCHED, openErrorMemory } from '../services/error-memory/error-store.js';
+import {
+  CANDIDATES_PER_TERM,
+  MAX_FETCHED,
+  dedupeOf,
+  openErrorMemory,
+} from '../services/error-memory/error-store.js';
 import { KEYWORD_SEPARATOR, normaliseSymptom } from '../services/error-memory/normalise.js';
 import { buildQuery, rankRecords } from '../services/error-memory/ranking.js';
 import { toStoredError } from '../services/error-memory/stored-error.js';
@@ -630,7 +635,11 @@ async function main(): Promise<void> {
     );
     const pl = redis.pipeline();
     for (const key of perTerm.flat()) pl.zrevrange(key, 0, CANDIDATES_PER_TERM - 1);
-    const flat = ((await pl.exec()) ?? []).map(([, v]) => v as string[]);
+    // With a tool, the record of exactly this error (its dedupe key) is a candidate too.
+    if (tool !== undefined) pl.get(k.dedupePrefix + dedupeOf(tool, text.trim()));
+    const replies = ((await pl.exec()) ?? []).map(([, v]) => v);
+    const exact = tool === undefined ? null : (replies.pop() as string | null);
+    const flat = replies as string[][];
     const count = new Map<string, number>();
     const ofTool = new Set<string>();
     let at = 0;
@@ -657,7 +666,16 @@ async function main(): Promise<void> {
       const other = new Set(unchecked.filter((_, i) => scores[i] === null));
       ids = ids.filter((id) => !other.has(id));
     }
-    ids.sort((x, y) => (count.get(y) ?? 0) - (count.get(x) ?? 0));
+    const byCount = (x: string, y: string) => (count.get(y) ?? 0) - (count.get(x) ?? 0);
+    ids.sort(byCount);
+    if (ids.length > MAX_FETCHED) {
+      // Of the candidates sharing as many terms, resolved ones first.
+      const head = ids.slice(0, CANDIDATES_PER_TERM);
+      const scores = await redis.zmscore(k.resolved, ...head);
+      const fixes = new Set(head.filter((_, i) => scores[i] !== null));
+      ids.sort((x, y) => byCount(x, y) || Number(fixes.has(y)) - Number(fixes.has(x)));
+    }
+    if (exact !== null) ids = [exact, ...ids.filter((id) => id !== exact)];
     ids = ids.slice(0, MAX_FETCHED);
     const b1 = performance.now();
     const hp = redis.pipeline();
