@@ -1,4 +1,4 @@
-import { isPgUnavailable } from '../db/pool.js';
+import { isPgUnavailable, pgCode } from '../db/pool.js';
 
 /**
  * The one application error class. Every 4xx/5xx the API sends is an AppError rendered as
@@ -30,6 +30,21 @@ export const unavailable = (dependency: string, retryAfterSeconds = 2) =>
   );
 
 /**
+ * Redis replies that refuse a command for now (out of memory under `noeviction`, a replica after a
+ * failover, a failing snapshot, still loading, a busy script, a cluster in transition).
+ */
+export const REDIS_TRANSIENT_REPLY =
+  /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\b/;
+
+/**
+ * Postgres states that pass (a tester saw each as a 500): a read-only database or a standby after a
+ * failover (25006), a statement or lock timeout set on the role or database (57014, 55P03),
+ * insufficient resources (53xxx: disk full, out of memory, too many connections), serialisation
+ * failures and deadlocks (40001, 40P01).
+ */
+const PG_TRANSIENT = /^(?:25006|57014|55P03|53\d{3}|40001|40P01)$/;
+
+/**
  * Redis and Postgres faults are 503s with retry-after, never 500s: `err` as that AppError when it
  * says a dependency cannot be reached, else unchanged. The error handler applies it to whatever
  * reaches it (services/http-errors.ts), so routes need not; services that other callers use too
@@ -37,8 +52,9 @@ export const unavailable = (dependency: string, retryAfterSeconds = 2) =>
  */
 export function asDependencyError(err: unknown): unknown {
   if (err instanceof AppError) return err;
-  if (isPgUnavailable(err)) return unavailable('postgres');
+  if (isPgUnavailable(err) || PG_TRANSIENT.test(pgCode(err) ?? '')) return unavailable('postgres');
   const msg = err instanceof Error ? err.message : '';
+  if (REDIS_TRANSIENT_REPLY.test(msg)) return unavailable('redis');
   // ioredis's MaxRetriesPerRequestError says "Reached the max retries per request limit": matched
   // by its name too, since its message does not carry it.
   if (

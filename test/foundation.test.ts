@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
@@ -891,5 +892,49 @@ void describe('dependency errors', () => {
     assert.equal(mapped.headers?.['retry-after'], '2');
     const other = new Error('something else');
     assert.equal(asDependencyError(other), other);
+  });
+
+  void test('Postgres states that pass and Redis refusals are 503s with retry-after, not 500s', async () => {
+    const { asDependencyError, AppError } = await import('../services/errors.js');
+    const is503 = (err: unknown, dependency: string) => {
+      const mapped = asDependencyError(err);
+      assert.ok(mapped instanceof AppError, `${String(err)} stays a 500`);
+      assert.equal(mapped.status, 503);
+      assert.deepEqual(mapped.details, { dependency });
+      assert.ok(mapped.headers?.['retry-after']);
+    };
+    // Real errors from a real Postgres: a read-only database (a standby after a failover) and a
+    // statement timeout set on the role or database.
+    const db = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    try {
+      const readOnly = await db
+        .transaction(async (tx) => {
+          await tx.query('SET TRANSACTION READ ONLY');
+          await tx.query('CREATE TEMP TABLE t (x int)');
+        })
+        .catch((e: unknown) => e);
+      is503(readOnly, 'postgres');
+      const timedOut = await db
+        .transaction(async (tx) => {
+          await tx.query("SET LOCAL statement_timeout = '10ms'");
+          await tx.query('SELECT pg_sleep(1)');
+        })
+        .catch((e: unknown) => e);
+      is503(timedOut, 'postgres');
+      const bug = await db.query('SELECT nope').catch((e: unknown) => e);
+      assert.equal(asDependencyError(bug), bug, 'a bug stays a 500');
+    } finally {
+      await db.close();
+    }
+    // A real Redis out of memory under noeviction.
+    const redis = await startPrivateRedis();
+    const client = new Redis(redis.url);
+    try {
+      await client.config('SET', 'maxmemory', '1');
+      is503(await client.set('k', 'v').catch((e: unknown) => e), 'redis');
+    } finally {
+      client.disconnect();
+      await redis.stop();
+    }
   });
 });

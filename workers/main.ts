@@ -74,7 +74,20 @@ export async function startWorkers(
     const queueConcurrency =
       name === 'embed' ? Math.min(concurrency, deps.config.embedConcurrency) : concurrency;
     const w = new Worker(name, timedProcessor, { ...common, concurrency: queueConcurrency });
-    w.on('error', (err) => deps.logger.warn({ queue: name, err: { message: err.message } }, 'worker error'));
+    // While Redis refuses commands (out of memory, say) BullMQ emits an error per poll: 1,000–3,000
+    // a second, 1.5 GB of log an hour. One line per queue per 5 s, with the count left out.
+    let lastWarn = 0;
+    let quiet = 0;
+    w.on('error', (err) => {
+      const now = Date.now();
+      if (now - lastWarn < 5000) {
+        quiet++;
+        return;
+      }
+      deps.logger.warn({ queue: name, err: { message: err.message }, suppressed: quiet }, 'worker error');
+      lastWarn = now;
+      quiet = 0;
+    });
     w.on('failed', (job, err) => {
       // Final: no attempt left, or a permanent fault (UnrecoverableError skips the rest).
       const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';

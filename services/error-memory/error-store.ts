@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
-import { AppError, unavailable } from '../errors.js';
+import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { KEYWORD_SEPARATOR, classifyError, normaliseKeywords, normaliseSymptom } from './normalise.js';
 import {
@@ -80,8 +80,6 @@ export const dedupeOf = (tool: string, symptom: string) =>
 /** An embedding as the record stores it: JSON, five decimals. */
 const storedEmbedding = (vector: readonly number[]) =>
   JSON.stringify(vector.map((x) => Math.round(x * 1e5) / 1e5));
-
-const TRANSIENT_REPLY = /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\b/;
 
 export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMemory> {
   const ttlMs = Math.max(1, Math.round(opts.ttlDays * 86_400_000));
@@ -163,7 +161,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     } catch (err) {
       if (err instanceof AppError) throw err;
       const message = err instanceof Error ? err.message : '';
-      if (!client.isReady || TRANSIENT_REPLY.test(message)) throw unavailable('redis');
+      if (!client.isReady || REDIS_TRANSIENT_REPLY.test(message)) throw unavailable('redis');
       throw err;
     } finally {
       settled = true;
