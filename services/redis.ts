@@ -27,6 +27,7 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
           enableReadyCheck: true,
           retryStrategy: (times) => Math.min(100 * 2 ** Math.min(times, 6), 5000),
         });
+  if (role === 'producer') watchStaleConnection(redis, logger);
   let lastWarn = 0;
   redis.on('error', (err: Error) => {
     // Reconnect loops emit an error per attempt; keep the log readable.
@@ -37,6 +38,33 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
     }
   });
   return redis;
+}
+
+export const STALE_CHECK_EVERY_MS = 5000;
+
+/**
+ * A connection that dies without a reset (a partition, a failover behind a VIP, a proxy that keeps
+ * acknowledging) stays "ready" in ioredis for ever: each command times out (a 503), none reconnects,
+ * and a tester watched a process answer 503 for 6 minutes with Redis healthy. A PING every 5 s on
+ * a ready connection that gets no answer within the command timeout reconnects it. (A busy or
+ * loading Redis answers PING with an error at once: that is no reason to reconnect.)
+ */
+function watchStaleConnection(redis: Redis, logger?: Logger): void {
+  let pinging = false;
+  const timer = setInterval(() => {
+    if (pinging || redis.status !== 'ready') return;
+    pinging = true;
+    redis
+      .ping()
+      .catch((err: Error) => {
+        if (!/Command timed out/.test(err.message) || redis.status !== 'ready') return;
+        logger?.warn('redis connection gave no answer to a ping: reconnecting');
+        redis.disconnect(true);
+      })
+      .finally(() => (pinging = false));
+  }, STALE_CHECK_EVERY_MS);
+  timer.unref();
+  redis.once('end', () => clearInterval(timer));
 }
 
 /** Waits until the connection is ready or the deadline passes. */
