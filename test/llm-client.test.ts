@@ -457,6 +457,39 @@ void describe('llm client: embed', () => {
     assert.equal(fake.embeddingRequests().length, 2);
   });
 
+  void test("a value beyond float4's range or a vector of zero length in float4 is invalid_response", async () => {
+    const answer = (...vectors: number[][]) => ({
+      status: 200,
+      body: { data: vectors.map((embedding, index) => ({ index, embedding })) },
+    });
+    fake.queueEmbeddings(
+      // 1e39 is a finite double but Infinity as a float4 (what pgvector stores).
+      answer([0.5, 0.5], [1e39, 0.5]),
+      answer([0, 0]),
+      // Each value is a float4 (1e-23), but their squares, summed in float4, are 0.
+      answer([0.5, 0.5], [1e-23, 1e-23]),
+      answer([1e20, 1e20]),
+      // Small but fine: stored as is.
+      answer([1e-10, 1e18]),
+    );
+    const llm = client();
+    const embed = (n: number) =>
+      llm.embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['a', 'b'].slice(0, n) });
+    const expectBad = (message: RegExp, index: number) => (err: LlmError) => {
+      assert.equal(err.kind, 'invalid_response');
+      assert.equal(err.retryable, false);
+      assert.equal(err.name, 'BadVectorError');
+      assert.equal((err as LlmError & { index: number }).index, index);
+      assert.match(err.message, message);
+    };
+    await rejectsWith(embed(2), expectBad(/vector 1 has values beyond float4's range/, 1));
+    await rejectsWith(embed(1), expectBad(/vector 0 has zero length in float4/, 0));
+    await rejectsWith(embed(2), expectBad(/vector 1 has zero length in float4/, 1));
+    await rejectsWith(embed(1), expectBad(/vector 0 has a length beyond float4's range/, 0));
+    assert.deepEqual(await embed(1), [[1e-10, 1e18]]);
+    assert.equal(fake.embeddingRequests().length, 5, 'none is retried');
+  });
+
   void test('empty input makes no request', async () => {
     assert.deepEqual(await client().embed({ ...CTX, purpose: 'embedding', model: 'e', input: [] }), []);
     assert.equal(fake.requests.length, 0);

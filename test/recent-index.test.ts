@@ -191,6 +191,73 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     assert.equal(resent, false, 'the skipped message is not sent again');
   });
 
+  /** Skip marks of the tenant's session, once there are at least `n`. */
+  async function skipsFor(
+    tenantId: string,
+    sid: string,
+    n: number,
+  ): Promise<Array<{ seq: number; reason: string }>> {
+    return eventually(
+      async () => {
+        const r = await svc.deps.db.query<{ seq: string; reason: string }>(
+          'SELECT seq, reason FROM message_vector_skips WHERE tenant_id = $1 AND session_id = $2 ORDER BY seq',
+          [tenantId, sid],
+        );
+        return r.rows.length >= n ? r.rows.map((x) => ({ seq: Number(x.seq), reason: x.reason })) : null;
+      },
+      30_000,
+      `${n} skip marks in ${sid}`,
+    );
+  }
+
+  /** The fake answers a text holding one of `bad`'s words with that vector, every other text normally. */
+  function answerBadVectors(bad: Record<string, (dimensions: number) => number[]>): void {
+    const badFor = (text: string) => Object.entries(bad).find(([word]) => text.includes(word))?.[1];
+    fake.onEmbeddings((body: { input: string[]; dimensions?: number }) => {
+      if (!body.input.some((text) => badFor(text))) return undefined;
+      const d = body.dimensions ?? 1536;
+      const data = body.input.map((text, index) => ({
+        object: 'embedding',
+        index,
+        embedding: badFor(text)?.(d) ?? localEmbed(text, d).map((v) => Math.fround(v)),
+      }));
+      return { status: 200, body: { object: 'list', data, usage: { prompt_tokens: 1, total_tokens: 1 } } };
+    });
+  }
+
+  void test('a vector the database cannot hold (beyond float4, or of zero length) is skipped alone; the session goes on', async () => {
+    const t = await svc.newTenant();
+    answerBadVectors({
+      // A valid JSON double that is Infinity as a float4: Postgres refuses the row.
+      poisonbig: (d) => localEmbed('big', d).map((v, i) => (i === 0 ? 1e39 : v)),
+      // Zero in float4: its cosine distance to anything is NaN.
+      poisontiny: (d) => new Array<number>(d).fill(1e-50),
+      poisonzero: (d) => new Array<number>(d).fill(0),
+    });
+    try {
+      // Alone in its batch: the canary tells the input's fault from the endpoint's.
+      const [big] = await post(t.api, 'bad', [user('poisonbig message')]);
+      assert.deepEqual(await skipsFor(t.tenantId, 'bad', 1), [{ seq: big, reason: 'bad_vector' }]);
+
+      const seqs = await post(t.api, 'bad', [
+        user('kiwi fruit'),
+        assistant('poisontiny answer'),
+        user('poisonzero question'),
+        assistant('mango salad'),
+      ]);
+      const [later] = await post(t.api, 'bad', [user('lemon tart')]);
+      const v = await vectorsFor(svc, t.tenantId, 'bad', [seqs[0]!, seqs[3]!, later!]);
+      assert.deepEqual([...v.keys()], [seqs[0], seqs[3], later]);
+      assert.deepEqual(await skipsFor(t.tenantId, 'bad', 3), [
+        { seq: big, reason: 'bad_vector' },
+        { seq: seqs[1], reason: 'bad_vector' },
+        { seq: seqs[2], reason: 'bad_vector' },
+      ]);
+    } finally {
+      fake.onEmbeddings(null);
+    }
+  });
+
   void test('start-up refuses another embedder and names `mnemos reembed`; reembed 1536 → 384 fixes it', async () => {
     const t = await svc.newTenant();
     const seqs = await post(t.api, 'move', [

@@ -548,9 +548,8 @@ function readEmbeddings(body: unknown, expected: number, dimensions: number | un
     const embedding = item['embedding'];
     if (!Array.isArray(embedding) || embedding.length === 0)
       throw invalid(`vector ${index} is not a number array`);
-    if (!embedding.every((v): v is number => typeof v === 'number' && Number.isFinite(v))) {
-      throw invalid(`vector ${index} has non-finite values`);
-    }
+    const fault = vectorFault(embedding);
+    if (fault) throw new BadVectorError(`invalid embeddings response: vector ${index} ${fault}`, index);
     if (dimensions !== undefined && embedding.length !== dimensions) {
       throw invalid(`vector ${index} has ${embedding.length} dimensions, expected ${dimensions}`);
     }
@@ -560,6 +559,41 @@ function readEmbeddings(body: unknown, expected: number, dimensions: number | un
     if (!v) throw invalid(`missing vector ${i}`);
     return v;
   });
+}
+
+/**
+ * An embeddings answer whose vector `index` is unusable: a value that is no number, is not
+ * finite, or is beyond float4's range (the stored type: 1e39 is a valid JSON double that becomes
+ * Infinity, and Postgres refuses the row), or a vector whose length is zero in float4 (all zeros,
+ * or values that round to 0 such as 1e-50: its cosine distance to anything is NaN). Like any
+ * invalid_response it is not retried; unlike the others (a wrong count, a wrong dimension) it may
+ * be the fault of one input, so the recent index isolates it (embedIsolating).
+ */
+export class BadVectorError extends LlmError {
+  readonly index: number;
+  constructor(message: string, index: number) {
+    super(message, { kind: 'invalid_response', retryable: false });
+    this.name = 'BadVectorError';
+    this.index = index;
+  }
+}
+
+/**
+ * Why `values` cannot be stored and compared as a pgvector `vector`, or undefined. Its squared
+ * length is summed in float4, as pgvector's cosine distance does: a sum of 0 (every square
+ * underflows) or of Infinity makes that distance NaN or meaningless.
+ */
+function vectorFault(values: unknown[]): string | undefined {
+  let squares = 0;
+  for (const v of values) {
+    if (typeof v !== 'number' || !Number.isFinite(v)) return 'has non-finite values';
+    const f = Math.fround(v);
+    if (!Number.isFinite(f)) return "has values beyond float4's range";
+    squares = Math.fround(squares + Math.fround(f * f));
+  }
+  if (squares === 0) return 'has zero length in float4';
+  if (!Number.isFinite(squares)) return "has a length beyond float4's range";
+  return undefined;
 }
 
 function isNetworkLike(err: unknown): boolean {

@@ -1,5 +1,5 @@
 import type { Config } from '../config.js';
-import { LlmError } from '../llm/llm-client.js';
+import { BadVectorError, LlmError } from '../llm/llm-client.js';
 import type { LlmClient } from '../llm/llm-client.js';
 import { LOCAL_EMBEDDING_MODEL, hasLocalFeatures, localEmbed } from '../llm/local-embedder.js';
 
@@ -150,12 +150,33 @@ export interface EmbedOutcome {
   skipped: Array<{ index: number; reason: string }>;
 }
 
+/** What a canary probe sends: short, plain, accepted by any working embeddings endpoint. */
+export const CANARY_TEXT = 'mnemos embedding probe';
+
 /**
- * Embeds a batch; when the endpoint refuses it with a 400, embeds the inputs one by one so a
- * single poison input (too long for a model whose limit we do not know, say) cannot block the
- * rest. If every input is refused alone too, the fault is the configuration (unknown model, bad
- * parameter), not the data: the original error is thrown and nothing is marked skipped.
- * Retryable errors (429, 5xx, timeouts) always propagate so the job retries later.
+ * An answer that may be the fault of one input: a 400 (too long for a model whose limit we do not
+ * know, say) or a vector that cannot be stored (see BadVectorError). Retryable errors are not.
+ */
+function refusesInput(err: unknown): err is LlmError {
+  return (
+    err instanceof LlmError && !err.retryable && (err.kind === 'bad_request' || err instanceof BadVectorError)
+  );
+}
+
+function skipReason(err: LlmError): string {
+  if (err instanceof BadVectorError) return 'bad_vector';
+  return `${err.kind}${err.status ? ` ${err.status}` : ''}`;
+}
+
+/**
+ * Embeds a batch; when the endpoint refuses it (a 400, or an unusable vector: refusesInput),
+ * embeds the inputs one by one so a single poison input cannot block the rest. When every input
+ * is refused alone (a batch of one included), a fixed short text (CANARY_TEXT) is embedded: if the
+ * endpoint accepts it, the inputs are at fault and are all marked skipped, however many; if it is
+ * refused too, the fault is the configuration (unknown model, bad parameter, an endpoint that
+ * answers only zero vectors) and not the data: the batch's error is thrown and nothing is marked.
+ * Retryable errors (429, 5xx, timeouts) always propagate so the job retries later, the canary's
+ * included.
  */
 export async function embedIsolating(
   embedder: Embedder,
@@ -166,20 +187,30 @@ export async function embedIsolating(
   try {
     return { vectors: await embedder.embed(texts, ctx), skipped: [] };
   } catch (err) {
-    if (!(err instanceof LlmError) || err.retryable || err.kind !== 'bad_request' || texts.length < 2)
-      throw err;
+    if (!refusesInput(err)) throw err;
     const vectors: Array<number[] | null> = [];
     const skipped: Array<{ index: number; reason: string }> = [];
     for (const [index, text] of texts.entries()) {
+      let refusal: LlmError = err;
+      if (texts.length > 1) {
+        try {
+          vectors.push((await embedder.embed([text], ctx))[0] ?? null);
+          continue;
+        } catch (one) {
+          if (!refusesInput(one)) throw one;
+          refusal = one;
+        }
+      }
+      vectors.push(null);
+      skipped.push({ index, reason: skipReason(refusal) });
+    }
+    if (skipped.length === texts.length) {
       try {
-        vectors.push((await embedder.embed([text], ctx))[0] ?? null);
-      } catch (one) {
-        if (!(one instanceof LlmError) || one.retryable || one.kind !== 'bad_request') throw one;
-        vectors.push(null);
-        skipped.push({ index, reason: `${one.kind}${one.status ? ` ${one.status}` : ''}` });
+        await embedder.embed([CANARY_TEXT], ctx);
+      } catch (canary) {
+        throw refusesInput(canary) ? err : canary;
       }
     }
-    if (skipped.length === texts.length) throw err;
     return { vectors, skipped };
   }
 }

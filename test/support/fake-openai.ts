@@ -37,7 +37,9 @@ export interface FakeOpenAI {
   onChat(handler: ((body: any) => ChatScript) | null): void;
   /** Consumed FIFO by POST /v1/embeddings; 'ok' (or an empty queue) is a normal answer. */
   queueEmbeddings(...items: EmbeddingScript[]): void;
-  /** Clears queues, handler and recorded requests. */
+  /** Answers POST /v1/embeddings when the queue is empty; undefined (or no handler) is 'ok'. */
+  onEmbeddings(handler: ((body: any) => EmbeddingScript | undefined) | null): void;
+  /** Clears queues, handlers and recorded requests. */
   reset(): void;
   close(): Promise<void>;
 }
@@ -52,6 +54,7 @@ export async function startFakeOpenAI(opts: { port?: number } = {}): Promise<Fak
   const chatQueue: ChatScript[] = [];
   const embeddingQueue: EmbeddingScript[] = [];
   let chatHandler: ((body: any) => ChatScript) | null = null;
+  let embeddingsHandler: ((body: any) => EmbeddingScript | undefined) | null = null;
   let nextId = 1;
 
   // Hanging and keep-alive connections would otherwise keep close() (and the test run) waiting.
@@ -89,7 +92,7 @@ export async function startFakeOpenAI(opts: { port?: number } = {}): Promise<Fak
       return;
     }
     if (req.method === 'POST' && path === EMBEDDINGS_PATH) {
-      await answerEmbeddings(res, embeddingQueue.shift() ?? 'ok', body);
+      await answerEmbeddings(res, embeddingQueue.shift() ?? embeddingsHandler?.(body) ?? 'ok', body);
       return;
     }
     if (req.method === 'GET' && path === MODELS_PATH) {
@@ -216,12 +219,16 @@ export async function startFakeOpenAI(opts: { port?: number } = {}): Promise<Fak
       chatHandler = handler;
     },
     queueEmbeddings: (...items) => void embeddingQueue.push(...items),
+    onEmbeddings: (handler) => {
+      embeddingsHandler = handler;
+    },
     reset: () => {
       // In place, so a test holding `fake.requests` keeps seeing the live list.
       requests.length = 0;
       chatQueue.length = 0;
       embeddingQueue.length = 0;
       chatHandler = null;
+      embeddingsHandler = null;
     },
     close: () =>
       new Promise<void>((resolve, reject) => {
