@@ -277,7 +277,7 @@ function readWalk(r: WalkResult): { around: Map<number, number[]>; rows: StoredM
 }
 
 type KeywordJson = Array<[number, number | null, boolean, boolean]>;
-/** A NaN score (a zero vector's cosine distance) comes as the JSON string "NaN". */
+/** A NaN score would come as the JSON string "NaN" (semanticCte leaves NaN out). */
 type SemanticJson = Array<[number, number | string]>;
 
 const EMPTY_KC = `kc AS (SELECT NULL::bigint AS seq, NULL::real AS rank, false AS by_fts, false AS by_substring WHERE false)`;
@@ -433,9 +433,12 @@ function semanticCte(
   const needsArchive = a.sinceNs !== null || hasExclusions(a);
   // The nearest k, then only those with a positive cosine similarity: a message that shares
   // nothing with the query (score 0 with the lexical local embedder) is no match, however near
-  // it ranks. (A NaN score, from a zero vector, compares above every number and stays.)
+  // it ranks. A NaN score (a zero vector's, stored before the LLM client refused them) compares
+  // above every number in SQL, so it is left out by name: such a message matched every query
+  // with a score the API wrote as null. (In the k-NN's ORDER BY NaN sorts last, so it takes a
+  // place only when fewer than k others exist.)
   const positive = (nearest: string) =>
-    `sc AS (SELECT seq, score FROM (${nearest}) nearest WHERE score > ${MIN_SEMANTIC_SCORE})`;
+    `sc AS (SELECT seq, score FROM (${nearest}) nearest WHERE score > ${MIN_SEMANTIC_SCORE} AND score <> 'NaN')`;
   if (needsArchive && sortFirst) {
     return positive(`
     SELECT c.seq, 1 - c.distance AS score
@@ -467,8 +470,8 @@ function semanticCte(
  * The candidates in the order searchSession ranks them (rank-hits.ts), computed the same way in
  * float8 so that the walk usually picks what `selectHits` picks: the keyword score is the rank as
  * the client reads it (its float4 text) plus the substring bonus; hybrid is reciprocal-rank
- * fusion. Ties: newer first. Should the orders ever differ (a NaN score), searchSession notices
- * and fetches what is missing (`walkRows`).
+ * fusion. Ties: newer first. Should the orders ever differ (a NaN score did, before the semantic
+ * list left it out), searchSession notices and fetches what is missing (`walkRows`).
  */
 function orderSql(match: SearchArgs['match']): string {
   const kwScore = `CASE WHEN by_fts THEN ${FULL_TEXT_TIER}::float8 + rank::text::float8 ELSE 0 END
