@@ -258,6 +258,54 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     }
   });
 
+  void test('a whole batch refused input by input is skipped when the endpoint takes other text; a configuration fault marks nothing', async () => {
+    const t = await svc.newTenant();
+    // Each of these is refused, alone or not (too long for the model, say): 130 in a row, more than
+    // a batch (EMBED_BATCH, 128).
+    fake.onEmbeddings((body: { input: string[] }) =>
+      body.input.some((text) => text.includes('poisonfour')) ? { status: 400 } : undefined,
+    );
+    try {
+      const refused = await post(
+        t.api,
+        'refused',
+        Array.from({ length: 130 }, (_, i) => (i % 2 ? assistant : user)(`long doc ${i} poisonfour`)),
+      );
+      const [good] = await post(t.api, 'refused', [user('good message oscar')]);
+      const v = await vectorsFor(svc, t.tenantId, 'refused', [good!]);
+      assert.deepEqual([...v.keys()], [good]);
+      const skips = await skipsFor(t.tenantId, 'refused', 130);
+      assert.deepEqual(
+        skips,
+        refused.map((seq) => ({ seq, reason: 'bad_request 400' })),
+      );
+
+      // Every call refused, whatever the input (an unknown model, say): the canary is refused too,
+      // nothing is marked, and the messages get their vectors once the endpoint takes them.
+      fake.onEmbeddings(() => ({ status: 400 }));
+      const before = fake.embeddingRequests().length;
+      const seqs = await post(t.api, 'misconfigured', [user('first note'), user('second note')]);
+      const sent = () => fake.embeddingRequests().slice(before);
+      // The batch, each input alone, the canary; then the job fails.
+      await eventually(async () => sent().length >= 4);
+      await new Promise((r) => setTimeout(r, 500));
+      assert.deepEqual(
+        sent().map((r) => (r.body as { input: string[] }).input),
+        [['first note', 'second note'], ['first note'], ['second note'], ['mnemos embedding probe']],
+      );
+      const marks = await svc.deps.db.query(
+        `SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = 'misconfigured'`,
+        [t.tenantId],
+      );
+      assert.deepEqual(marks.rows, []);
+      fake.onEmbeddings(null);
+      const [third] = await post(t.api, 'misconfigured', [user('third note')]);
+      await vectorsFor(svc, t.tenantId, 'misconfigured', [...seqs, third!]);
+    } finally {
+      fake.onEmbeddings(null);
+    }
+  });
+
   void test('start-up refuses another embedder and names `mnemos reembed`; reembed 1536 → 384 fixes it', async () => {
     const t = await svc.newTenant();
     const seqs = await post(t.api, 'move', [
