@@ -15,6 +15,7 @@ import {
 import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
 import type { Db, QueryOptions } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
+import { QUERY_EMBED_DEADLINE_MS } from '../services/search/query-embedding.js';
 import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import { refreshTableStatistics } from '../services/search/table-statistics.js';
 import {
@@ -1688,6 +1689,39 @@ void describe('search across compaction and with an LLM embedder', () => {
     const hy = await search(api, s, { query: 'compaction', match: 'hybrid', limit: 32 });
     assert.deepEqual(sorted(hy.body.hits.map((h) => h.seq)), targets);
     for (const h of hy.body.hits) assert.equal(h.source, h.seq >= cutoff ? 'both' : 'archive');
+  });
+
+  void test('a query embedding past its deadline is aborted: no retry after the answer, no usage recorded late', async () => {
+    const s = sid('slow');
+    await archiveSpaced(api, s, [user('grey whale song')]);
+    await ensureVectors(svc, tenantId, s);
+    const usage = async () =>
+      Number(
+        (
+          await svc.deps.db.query<{ n: string }>(
+            `SELECT coalesce(sum(calls), 0)::bigint AS n FROM llm_usage
+             WHERE tenant_id = $1 AND session_id = $2 AND purpose = 'embedding'`,
+            [tenantId, s],
+          )
+        ).rows[0]!.n,
+      );
+    const usedBefore = await usage();
+    const sentBefore = fake.embeddingRequests().length;
+    // Slower than the search's deadline (5 s), within the LLM client's own timeout (60 s).
+    fake.onEmbeddings(() => ({ delayMs: QUERY_EMBED_DEADLINE_MS + 1500 }));
+    try {
+      const started = Date.now();
+      const r = await search(api, s, { query: 'whale', match: 'semantic' });
+      assert.equal(r.status, 200);
+      assert.deepEqual(r.body.hits, []);
+      assert.ok(Date.now() - started >= QUERY_EMBED_DEADLINE_MS - 50, 'answered at the deadline');
+      // Past the moment the endpoint would have answered.
+      await new Promise((resolve) => setTimeout(resolve, 3000));
+      assert.equal(fake.embeddingRequests().length - sentBefore, 1, 'one request, not retried');
+      assert.equal(await usage(), usedBefore, 'no usage recorded after the answer: the call was aborted');
+    } finally {
+      fake.onEmbeddings(null);
+    }
   });
 
   void test('the query is embedded by the LLM endpoint; if that fails, semantic is empty and hybrid is keyword', async () => {

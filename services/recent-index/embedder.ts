@@ -25,6 +25,8 @@ const MAX_REQUEST_INPUTS = 256;
 export interface EmbedContext {
   tenantId: string;
   sessionId: string | null;
+  /** Aborts the call (its retries included): a search that stopped waiting for its query vector. */
+  signal?: AbortSignal;
 }
 
 export interface Embedder {
@@ -127,6 +129,7 @@ export function makeEmbedder(
           input: chunk.texts,
           tenantId: ctx.tenantId,
           sessionId: ctx.sessionId,
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
           ...(sendDimensions ? { dimensions } : {}),
         });
         vectors.forEach((v, j) => {

@@ -19,15 +19,21 @@ export async function embedQuery(
   const input = prepareEmbedText(text);
   if (input === null) return null;
   let timer: NodeJS.Timeout | undefined;
+  // The LLM client's own timeout and retries are sized for jobs; a search answers sooner, and
+  // then aborts the call: its request and any retry (which would run for minutes, its usage
+  // recorded long after the answer).
+  const abort = new AbortController();
   try {
     // No logger: the embed job already warns once about an ignored EMBEDDING_MODEL.
     const embedder = makeEmbedder(deps.config, deps.llm);
-    const call = embedder.embed([input], { tenantId, sessionId });
-    // The LLM client's own timeout and retries are sized for jobs; a search answers sooner.
+    const call = embedder.embed([input], { tenantId, sessionId, signal: abort.signal });
     call.catch(() => undefined);
     const deadline = new Promise<never>((_, reject) => {
       timer = setTimeout(
-        () => reject(Object.assign(new Error('query embedding deadline'), { kind: 'timeout' })),
+        () => {
+          abort.abort();
+          reject(Object.assign(new Error('query embedding deadline'), { kind: 'timeout' }));
+        },
         Math.min(QUERY_EMBED_DEADLINE_MS, deps.config.llmTimeoutMs),
       );
     });
