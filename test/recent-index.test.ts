@@ -7,6 +7,7 @@ import { Redis } from 'ioredis';
 import { vectorParam } from '../db/pool.js';
 import { archivingBehind, defineInboxScripts, finishDrain, inboxKeys } from '../services/messages/inbox.js';
 import { nearestInSession } from '../db/queries/vectors.js';
+import { makeLlmClient } from '../services/llm/llm-client.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import {
   MAX_EMBED_CHARS,
@@ -304,6 +305,31 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     } finally {
       fake.onEmbeddings(null);
     }
+  });
+
+  void test('a rebuild under the same model name gives the messages it skipped a new chance', async () => {
+    const t = await svc.newTenant();
+    fake.onEmbeddings((body: { input: string[] }) =>
+      body.input.some((text) => text.includes('flaky')) ? { status: 400 } : undefined,
+    );
+    let seqs: number[];
+    try {
+      seqs = await post(t.api, 'again', [user('a flaky message'), user('a steady message')]);
+      await vectorsFor(svc, t.tenantId, 'again', [seqs[1]!]);
+      assert.deepEqual(await skipsFor(t.tenantId, 'again', 1), [{ seq: seqs[0], reason: 'bad_request 400' }]);
+    } finally {
+      fake.onEmbeddings(null);
+    }
+    // The endpoint takes it now (a model with a longer window behind the same name, say).
+    const llm = makeLlmClient({ baseURL: fake.url, timeoutMs: 10_000 });
+    const result = await reembed(svc.deps.db, svc.config, makeEmbedder(svc.config, llm), { force: true });
+    assert.equal(result.status, 'rebuilt');
+    assert.equal(result.model, svc.config.embedding.model);
+    assert.deepEqual([...(await vectors(svc, t.tenantId, 'again')).keys()], seqs);
+    const marks = await svc.deps.db.query('SELECT seq FROM message_vector_skips WHERE tenant_id = $1', [
+      t.tenantId,
+    ]);
+    assert.deepEqual(marks.rows, []);
   });
 
   void test('start-up refuses another embedder and names `mnemos reembed`; reembed 1536 → 384 fixes it', async () => {

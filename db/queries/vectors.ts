@@ -223,6 +223,11 @@ export async function insertVectorSkips(
   );
 }
 
+/** Removes every skip mark of `model` (a rebuild for it starts afresh). */
+export async function deleteVectorSkips(q: Queryable, model: string): Promise<void> {
+  await q.query('DELETE FROM message_vector_skips WHERE model = $1', [model]);
+}
+
 /**
  * Removes a session's vectors and skip marks whose message is gone (purge after delete/reset).
  * Rows of messages that still exist are kept: a purge that runs after new messages of the next

@@ -5,6 +5,7 @@ import { insertUsage } from '../../db/queries/usage.js';
 import {
   countEmbeddable,
   createShadowTable,
+  deleteVectorSkips,
   dropShadowTable,
   initVectorIndex,
   insertShadowVectors,
@@ -130,6 +131,10 @@ export async function reembed(
       index.target_model === target.model &&
       index.target_dimensions === target.dimensions;
     await markReembedding(tx, { ...target, id, keepStartedAt: resume });
+    // A fresh rebuild gives every message a new chance with the target model: its skip marks go,
+    // those of an earlier era or of the live index itself when the name stays (--force, or a new
+    // endpoint serving the same model name). A resumed run keeps the marks its predecessor made.
+    if (!resume) await deleteVectorSkips(tx, target.model);
     return { kind: 'claimed' as const, resume, from: { model: index.model, dimensions: index.dimensions } };
   });
   if (claim.kind !== 'claimed') {
