@@ -1,3 +1,5 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
+import type { Socket } from 'node:net';
 import pg from 'pg';
 import type { Logger } from '../services/logger.js';
 
@@ -24,6 +26,12 @@ export interface QueryOptions {
    * the search statement timeout. Ignored in transactions and by PGlite.
    */
   search?: boolean;
+  /**
+   * How long this statement may go without an answer before its connection is closed and it fails
+   * as Postgres unavailable (0 = no bound), in place of the request bound (makePgDb's
+   * requestTimeoutMs). Ignored by PGlite.
+   */
+  timeoutMs?: number;
 }
 
 export interface Queryable {
@@ -50,6 +58,63 @@ export interface Db extends Queryable {
 // convert at the call site. count(*) and seq fit in a double, so those are cast to int in SQL.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
 
+// Whether the code running is an HTTP request's (true), inside asRequest, or background work.
+const requestScope = new AsyncLocalStorage<boolean>();
+
+/**
+ * Runs `fn` as an HTTP request's work (services/app.ts): each Postgres statement it makes, and
+ * anything it starts, gets makePgDb's `requestTimeoutMs` to answer.
+ */
+export const asRequest = <T>(fn: () => T): T => requestScope.run(true, fn);
+
+/**
+ * Runs `fn` as background work though a request started it: its statements wait as long as they
+ * take (tenant erasure, whose statements delete a tenant's rows by the thousand).
+ */
+export const asBackground = <T>(fn: () => T): T => requestScope.run(false, fn);
+
+/** A statement that got no answer within its bound; its connection was closed. A Postgres outage. */
+export class PgNoAnswerError extends Error {
+  readonly code = 'ETIMEDOUT';
+  constructor(ms: number) {
+    super(`Postgres gave no answer within ${ms} ms (connection closed)`);
+    this.name = 'PgNoAnswerError';
+  }
+}
+
+/** Connecting (and the settings each new connection gets) may take this long. */
+const CONNECT_TIMEOUT_MS = 5000;
+
+/**
+ * `pending` (a statement on `client`), or a PgNoAnswerError after `ms` (0 = never), and then the
+ * connection is closed: on a connection that went silent without a reset (a partition, a VIP
+ * failover, a stopped Postgres), node-postgres waits for ever, and a later statement queues behind
+ * the lost one. pg's own `query_timeout` fails the statement but keeps the connection.
+ */
+function answerWithin<R>(
+  client: pg.ClientBase,
+  pending: Promise<R>,
+  ms: number,
+  onCut?: (err: Error) => void,
+): Promise<R> {
+  if (!(ms > 0)) return pending;
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    pending,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        const err = new PgNoAnswerError(ms);
+        onCut?.(err);
+        reject(err);
+        // The statement in flight then fails (Connection terminated), unobserved: the race has
+        // settled. The client may report the end as an error, with no one else listening by then.
+        client.on('error', () => undefined);
+        (client as unknown as { connection?: { stream?: Socket } }).connection?.stream?.destroy();
+      }, ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
 export function makePgDb(opts: {
   connectionString: string;
   max?: number;
@@ -70,6 +135,14 @@ export function makePgDb(opts: {
    * that archive messages.
    */
   searchTimeoutMs?: number;
+  /**
+   * How long a statement made by an HTTP request (asRequest) may go without an answer (0 = no
+   * bound): then its connection is closed and the request answers 503 with retry-after, as when
+   * Postgres is down. A search's statement gets at least `searchTimeoutMs` + 2 s, so that
+   * Postgres's own cancellation answers first. Background work (drains, index builds, migrations,
+   * erasure) is not bounded: its connections have TCP keepalive.
+   */
+  requestTimeoutMs?: number;
 }): Db {
   const warn = (what: string) => (err: Error) =>
     opts.logger?.warn({ err: { message: err.message } }, `could not set ${what}`);
@@ -78,29 +151,42 @@ export function makePgDb(opts: {
       connectionString: opts.connectionString,
       max,
       application_name: opts.applicationName ?? 'mnemos',
-      connectionTimeoutMillis: 5000,
+      connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
       idleTimeoutMillis: 30000,
+      // A connection whose peer is gone without a word (a partition, a failover) is found by the
+      // kernel's probes, after 10 s of silence, and fails: the only bound a background statement has.
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 10_000,
       // For the per-session HNSW indexes of huge sessions (services/recent-index/ann-indexes.ts): a
       // wider search than pgvector's default 40, which lost whole clusters about once in 100–300
       // queries (bench/partial-hnsw.ts), and iterative scans so that a filter (seq >= start_seq)
       // cannot leave a k-NN short of k rows. Set on each new connection before the pool hands it
       // out (not as a startup option, which PgBouncer refuses); placeholders until pgvector loads.
-      // A failure only costs recall or speed, so it is logged, never thrown.
+      // A failure only costs recall or speed, so it is logged, never thrown; no answer at all is
+      // thrown (pg-pool's connect timeout ends before this hook runs, and a connection left in it
+      // would hold its place in the pool for ever).
       // eslint-disable-next-line @typescript-eslint/no-misused-promises -- pg-pool awaits onConnect (pg-pool 3.14 index.js); @types/pg says void
       onConnect: async (client: pg.ClientBase) => {
+        const set = (sql: string, what: string) =>
+          answerWithin(client, client.query(sql), CONNECT_TIMEOUT_MS).then(
+            () => undefined,
+            (err: Error) => {
+              if (err instanceof PgNoAnswerError) throw err;
+              warn(what)(err);
+            },
+          );
         if (opts.idleInTransactionTimeoutMs)
-          await client
-            .query(`SET idle_in_transaction_session_timeout = ${Math.round(opts.idleInTransactionTimeoutMs)}`)
-            .catch(warn('idle_in_transaction_session_timeout'));
-        await client
-          .query(`SET hnsw.ef_search = 100; SET hnsw.iterative_scan = 'relaxed_order'`)
-          .catch(warn('hnsw search options'));
-        if (genericPlans)
-          await client.query('SET plan_cache_mode = force_generic_plan').catch(warn('plan_cache_mode'));
+          await set(
+            `SET idle_in_transaction_session_timeout = ${Math.round(opts.idleInTransactionTimeoutMs)}`,
+            'idle_in_transaction_session_timeout',
+          );
+        await set(
+          `SET hnsw.ef_search = 100; SET hnsw.iterative_scan = 'relaxed_order'`,
+          'hnsw search options',
+        );
+        if (genericPlans) await set('SET plan_cache_mode = force_generic_plan', 'plan_cache_mode');
         if (statementTimeoutMs > 0)
-          await client
-            .query(`SET statement_timeout = ${Math.round(statementTimeoutMs)}`)
-            .catch(warn('statement_timeout'));
+          await set(`SET statement_timeout = ${Math.round(statementTimeoutMs)}`, 'statement_timeout');
       },
     });
     // An idle client losing its connection (Postgres restart) must not crash the process.
@@ -123,13 +209,23 @@ export function makePgDb(opts: {
   const namedPool = () => (named ??= newPool(quarter, true, searchTimeoutMs));
   let searching: pg.Pool | null = null;
   const searchPool = () => (searching ??= newPool(quarter, false, searchTimeoutMs));
+  const requestTimeoutMs = opts.requestTimeoutMs ?? 0;
+  // The bound of a statement made here and now (0 = none).
+  const boundOf = (o?: QueryOptions) =>
+    o?.timeoutMs ??
+    (requestScope.getStore() && requestTimeoutMs > 0
+      ? o?.name || o?.search
+        ? Math.max(requestTimeoutMs, searchTimeoutMs > 0 ? searchTimeoutMs + 2000 : 0)
+        : requestTimeoutMs
+      : 0);
   return {
     kind: 'postgres',
     binaryParams: true,
     query: (text, params, o) =>
       checkedOut(
         o?.name ? namedPool() : o?.search ? searchPool() : pool,
-        (client) => client.query({ name: o?.name, text, values: params as unknown[] }),
+        boundOf(o),
+        (ask) => ask((client) => client.query({ name: o?.name, text, values: params as unknown[] })),
         (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
       ) as never,
     transaction: (fn) => {
@@ -137,17 +233,18 @@ export function makePgDb(opts: {
       let rolledBack = true;
       return checkedOut(
         pool,
-        async (client) => {
-          await client.query('BEGIN');
+        boundOf(),
+        async (ask) => {
+          await ask((client) => client.query('BEGIN'));
           try {
             const result = await fn({
               binaryParams: true,
-              query: (text, params) => client.query(text, params as unknown[]) as never,
+              query: (text, params) => ask((client) => client.query(text, params as unknown[])) as never,
             });
-            await client.query('COMMIT');
+            await ask((client) => client.query('COMMIT'));
             return result;
           } catch (err) {
-            await client.query('ROLLBACK').catch(() => {
+            await ask((client) => client.query('ROLLBACK')).catch(() => {
               rolledBack = false;
             });
             throw err;
@@ -163,12 +260,15 @@ export function makePgDb(opts: {
 }
 
 /**
- * Runs `fn` on a connection checked out of `p`, and gives it back.
+ * Runs `fn` on a connection checked out of `p`, and gives it back. `fn` makes its statements
+ * through `ask`, which bounds each by `boundMs` (answerWithin; 0 = no bound).
  *
  * - While checked out, a client whose connection drops (Postgres restarting, a terminated
  *   backend) emits `error`; pg-pool listens only to idle clients, and an `error` event without a
  *   listener ended the process. Here the query in flight fails instead, and the caller sees that
  *   error (a drain's job is retried, a request answers 503), and the connection is closed.
+ * - A statement without an answer within `boundMs` fails with PgNoAnswerError, and its connection
+ *   is closed, never given back to the pool (it would answer nothing either).
  * - After an error that `fn` throws, the connection is kept if `reusable(err)`: a statement that
  *   failed with severity ERROR leaves its session fine. `pool.query` closes the connection after
  *   any error; a search retried without its semantic list while the recent index has another
@@ -177,7 +277,8 @@ export function makePgDb(opts: {
  */
 async function checkedOut<T>(
   p: pg.Pool,
-  fn: (client: pg.PoolClient) => Promise<T>,
+  boundMs: number,
+  fn: (ask: <R>(statement: (client: pg.PoolClient) => Promise<R>) => Promise<R>) => Promise<T>,
   reusable: (err: unknown) => boolean,
 ): Promise<T> {
   const client = await p.connect();
@@ -187,7 +288,7 @@ async function checkedOut<T>(
   };
   client.on('error', onError);
   try {
-    return await fn(client);
+    return await fn((statement) => answerWithin(client, statement(client), boundMs, onError));
   } catch (err) {
     if (!reusable(err)) broken ??= err instanceof Error ? err : new Error(String(err));
     throw err;

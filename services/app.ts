@@ -6,6 +6,7 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
 import express from 'express';
 import type { RequestHandler, Router } from 'express';
+import { asBackground, asRequest } from '../db/pool.js';
 import { recheckTenant, requireAdmin, requireTenant } from './auth.js';
 import { rateLimit } from './rate-limit.js';
 import { makeKeyAuthenticator } from './tenants.js';
@@ -165,6 +166,8 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.set('query parser', (qs: string) => querystring.parse(qs, undefined, undefined, { maxKeys: 0 }));
 
   app.use(requestId);
+  // Postgres statements made for a request get PG_REQUEST_TIMEOUT_MS to answer (db/pool.ts).
+  app.use((_req, _res, next) => asRequest(next));
   app.use((req, res, next) => {
     const end = deps.metrics.httpDuration.startTimer();
     res.on('finish', () =>
@@ -215,11 +218,19 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     app.use('/admin', rememberMount, requireAdmin(undefined));
   }
 
-  const keys = makeKeyAuthenticator(deps.db);
+  // A backstop behind the pool's own bounds (5 s for a connection, then the statement's), which
+  // answer first. Embedded (PGlite) statements queue behind each other in the process: no outage.
+  const keys = makeKeyAuthenticator(deps.db, Date.now, {
+    readTimeoutMs:
+      deps.db.kind === 'postgres' && deps.config.pgRequestTimeoutMs > 0
+        ? deps.config.pgRequestTimeoutMs + 5000
+        : 0,
+  });
   const admin = makeAdminRoutes({
     db: deps.db,
     onKeysChanged: () => keys.clear(),
-    ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
+    // An erasure deletes rows by the thousand: its statements are not bounded as a request's.
+    ...(opts.eraseTenant ? { eraseTenant: (id: string) => asBackground(() => opts.eraseTenant!(id)) } : {}),
   });
   app.use('/v1/admin', rememberMount, requireAdmin(deps.config.adminToken), readJsonBody, admin);
   // Without MNEMOS_ADMIN_TOKEN the admin routes answer 404: not documented then either.

@@ -135,6 +135,11 @@ const schema = z.object({
     86_400_000,
     'how long Postgres lets a transaction of ours sit idle before ending it, 0 = never',
   ).default(60_000),
+  PG_REQUEST_TIMEOUT_MS: int(
+    0,
+    3_600_000,
+    'how long a request waits for Postgres to answer a statement before a 503, 0 = for ever',
+  ).default(30_000),
   SEARCH_TIMEOUT_MS: int(0, 3_600_000, 'how long a search statement may run, 0 = no limit').default(10_000),
   ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
     8000,
@@ -191,6 +196,11 @@ export interface Config {
   pgPoolSize: number;
   /** Postgres ends a transaction of ours left idle this long (0 = never): a stalled process's locks go. */
   pgIdleInTransactionTimeoutMs: number;
+  /**
+   * A request's Postgres statement without an answer this long (0 = no bound) closes its
+   * connection and answers 503: a connection gone silent without a reset waited for ever.
+   */
+  pgRequestTimeoutMs: number;
   searchTimeoutMs: number;
   /** A session with at least this many vectors gets its own partial HNSW index (0 = never). */
   annMinVectors: number;
@@ -287,6 +297,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     embedMaxDeferMs: e.EMBED_MAX_DEFER_MS,
     pgPoolSize: e.PG_POOL_SIZE,
     pgIdleInTransactionTimeoutMs: e.PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    pgRequestTimeoutMs: e.PG_REQUEST_TIMEOUT_MS,
     searchTimeoutMs: e.SEARCH_TIMEOUT_MS,
     annMinVectors: e.ANN_MIN_VECTORS,
     pgPreparedStatements: e.PG_PREPARED_STATEMENTS,

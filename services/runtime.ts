@@ -33,6 +33,7 @@ export async function openDeps(
           max: opts.poolSize ?? config.pgPoolSize,
           idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
           searchTimeoutMs: config.searchTimeoutMs,
+          requestTimeoutMs: config.pgRequestTimeoutMs,
         })
       : await openEmbedded(config, logger));
   const redis = makeRedis(config.redisUrl, 'producer', logger);

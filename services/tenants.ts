@@ -11,7 +11,7 @@ import {
   touchApiKey,
 } from '../db/queries/tenants.js';
 import type { PageAfter } from '../db/queries/tenants.js';
-import { AppError } from './errors.js';
+import { AppError, unavailable } from './errors.js';
 import { codePoints } from './text/code-points.js';
 import { pageOf } from './validate.js';
 import { hasBadChars } from './messages/message-input.js';
@@ -227,19 +227,37 @@ export interface KeyAuthenticator {
  * key seen in the last few seconds, and `last_used_at` is written at most once a minute per key.
  * A revocation takes effect at once in the process that made it and within KEY_CACHE_MS elsewhere.
  */
-export function makeKeyAuthenticator(db: Db, now: () => number = Date.now): KeyAuthenticator {
+export function makeKeyAuthenticator(
+  db: Db,
+  now: () => number = Date.now,
+  opts: { readTimeoutMs?: number } = {},
+): KeyAuthenticator {
   type KeyRow = { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null;
   const cache = new Map<string, { row: KeyRow; at: number }>();
   // One database read per key at a time: the requests that find the entry too old share it. A
   // read that began before a clear() (a revocation here) answers its own requests but is not cached.
+  // A read without an answer within `readTimeoutMs` fails as Postgres unavailable (503) and is
+  // shared no more: one left waiting on a connection that went silent held every later request
+  // of its key, for ever, after Postgres was back.
   const reading = new Map<string, Promise<{ row: KeyRow; at: number }>>();
   let epoch = 0;
+  const within = <T>(p: Promise<T>): Promise<T> => {
+    const ms = opts.readTimeoutMs ?? 0;
+    if (!(ms > 0)) return p;
+    let timer: NodeJS.Timeout | undefined;
+    return Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(unavailable('postgres')), ms);
+      }),
+    ]).finally(() => clearTimeout(timer));
+  };
   const read = (id: string) => {
     let p = reading.get(id);
     if (!p) {
       const at = now();
       const began = epoch;
-      p = findApiKey(db, id)
+      p = within(findApiKey(db, id))
         .then((r) => {
           const entry = {
             row: r

@@ -45,7 +45,9 @@ export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
   router.get('/readyz', async (_req, res) => {
     const checks: Record<string, string> = {};
     await Promise.all([
-      timed(deps.db.query('SELECT 1'), 2000).then(
+      // Bounded in the pool too, which closes a connection that gave no answer: left waiting,
+      // each probe during an outage held one of the pool's connections for good.
+      timed(deps.db.query('SELECT 1', [], { timeoutMs: 2000 }), 2000).then(
         () => (checks.postgres = 'ok'),
         () => (checks.postgres = 'down'),
       ),
