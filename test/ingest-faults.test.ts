@@ -23,6 +23,7 @@ import {
 import type { Api, ChildService, TestService } from './support/harness.js';
 import { startPrivatePostgres } from './support/private-postgres.js';
 import { startPrivateRedis } from './support/private-redis.js';
+import { startTcpProxy } from './support/tcp-proxy.js';
 
 const user = (content: string, extra: Record<string, unknown> = {}) => ({ role: 'user', content, ...extra });
 
@@ -751,6 +752,74 @@ void describe('ingestion under faults and many processes', () => {
       rows.map((_, i) => i + 1),
     );
     assert.equal(svc.child.exitCode, null);
+  });
+
+  void test('Postgres gone silent without a reset: requests answer 503 with retry-after within the bound, and the same key works once it answers again', async () => {
+    const dbUrl = await createTestDatabase();
+    const proxy = await startTcpProxy(Number(new URL(dbUrl).port || 5432));
+    const proxied = new URL(dbUrl);
+    proxied.port = String(proxy.port);
+    const svc = await startTestService({
+      mode: 'api',
+      databaseUrl: proxied.toString(),
+      env: { PG_REQUEST_TIMEOUT_MS: '2000' },
+    });
+    cleanups.push(async () => {
+      await svc.stop();
+      await proxy.close();
+      await deleteRedisPrefix(svc.config.prefix);
+      await dropTestDatabase(dbUrl);
+    });
+    // Key a is verified (and cached) before the outage, so its requests reach their routes'
+    // statements; key b is first looked up during it.
+    const a = await svc.newTenant();
+    const b = await svc.newTenant();
+    assert.equal((await a.api.get('/v1/sessions')).status, 200);
+
+    // Each call gives up after 20 s: before the fix, they got no answer at all.
+    const call = (t: { api: Api }, method: string, path: string, body?: unknown) => {
+      const began = Date.now();
+      return t.api
+        .raw(path, {
+          method,
+          headers: body === undefined ? {} : { 'content-type': 'application/json' },
+          ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+          signal: AbortSignal.timeout(20_000),
+        })
+        .then((r) => ({ ...r, ms: Date.now() - began }));
+    };
+    proxy.hole();
+    const answers = await Promise.all([
+      call(a, 'POST', '/v1/sessions/s/messages', { messages: [user('during')] }),
+      call(a, 'GET', '/v1/sessions'),
+      call(a, 'GET', '/v1/sessions/s/messages'),
+      call(a, 'POST', '/v1/sessions/s/search', { query: 'during' }),
+      call(a, 'POST', '/v1/sessions/s/context', {}),
+      call(b, 'GET', '/v1/sessions'),
+      call(b, 'POST', '/v1/sessions/s/messages', { messages: [user('during')] }),
+    ]);
+    for (const r of answers) {
+      assert.equal(r.status, 503, r.text);
+      assert.equal(r.body.error.code, 'unavailable');
+      assert.ok(r.headers.get('retry-after'));
+      // 2 s for a statement on a connection that went silent, 5 s for a new connection's start.
+      assert.ok(r.ms < 12_000, `answered in ${r.ms} ms`);
+    }
+
+    proxy.heal();
+    // Connections that went silent are closed as requests find them, never given back: once one
+    // request has its answer, the next ones do too, on the same process and with the same key.
+    await eventually(
+      async () => (await call(b, 'GET', '/v1/sessions')).status === 200,
+      60_000,
+      'key b again',
+    );
+    for (let i = 0; i < 5; i++) {
+      assert.equal((await call(b, 'GET', '/v1/sessions')).status, 200);
+      assert.equal((await call(a, 'GET', '/v1/sessions')).status, 200);
+    }
+    const posted = await call(b, 'POST', '/v1/sessions/s/messages', { messages: [user('after')] });
+    assert.equal(posted.status, 202, posted.text);
   });
 
   void test('a transaction left idle by a stalled process is ended by Postgres, and the session drains again', async () => {
