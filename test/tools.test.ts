@@ -379,6 +379,11 @@ void describe('agent tools', () => {
     });
     assert.match(found, new RegExp(`id: ${id} · tool: psql · outcome: resolved · seen 2×`));
     assert.match(found, /action: started the cluster/);
+    // A pasted trace longer than the REST body takes is cut, not refused.
+    const trace = `psql: connection refused\n${'    at frame (file.js:1:1)\n'.repeat(200)}`;
+    assert.ok(trace.length > 4000);
+    const long = await call(a.api, 's2', 'error_history', { keyword: trace, tool_name: 'psql' });
+    assert.match(long, new RegExp(`id: ${id}`));
     // A blank tool name is "any tool", as models send it.
     const blank = await call(a.api, 's2', 'error_history', {
       keyword: 'psql: connection refused',

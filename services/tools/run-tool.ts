@@ -1,5 +1,6 @@
 import { pageMessagesWithin } from '../../db/queries/messages.js';
 import { wallClock } from '../time.js';
+import { cutUnits } from '../text/fts-text.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
@@ -328,7 +329,9 @@ async function errorHistory(deps: ToolDeps, tenantId: string, given: Record<stri
   // obey what `POST /v1/errors/search` does (a lone surrogate in a tool name was a 500 here).
   const toolName = typeof args.tool_name === 'string' && args.tool_name.trim() ? args.tool_name : undefined;
   const parsed = errorSearchBody.safeParse({
-    query: clip(keyword, 4000),
+    // Cut to what the REST body takes (4,000 UTF-16 units), without clip's marker: a pasted stack
+    // trace is what a model sends here.
+    query: cutUnits(keyword, 4000),
     limit,
     ...(toolName === undefined ? {} : { tool_name: toolName }),
   });
