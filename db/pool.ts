@@ -1,4 +1,3 @@
-import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Socket } from 'node:net';
 import pg from 'pg';
 import type { Logger } from '../services/logger.js';
@@ -52,26 +51,19 @@ export interface Db extends Queryable {
   transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T>;
   close(): Promise<void>;
   readonly kind: 'postgres' | 'embedded';
+  /**
+   * The same database for HTTP requests: each statement gets makePgDb's `requestTimeoutMs` to
+   * answer (background work keeps the unbounded Db). Absent = the Db itself (PGlite).
+   */
+  forRequests?(): Db;
 }
+
+/** `db` as HTTP requests use it (Db.forRequests). */
+export const requestDb = (db: Db): Db => db.forRequests?.() ?? db;
 
 // bigint (int8) as JS number would silently lose precision for unix-ns; keep it as string and
 // convert at the call site. count(*) and seq fit in a double, so those are cast to int in SQL.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
-
-// Whether the code running is an HTTP request's (true), inside asRequest, or background work.
-const requestScope = new AsyncLocalStorage<boolean>();
-
-/**
- * Runs `fn` as an HTTP request's work (services/app.ts): each Postgres statement it makes, and
- * anything it starts, gets makePgDb's `requestTimeoutMs` to answer.
- */
-export const asRequest = <T>(fn: () => T): T => requestScope.run(true, fn);
-
-/**
- * Runs `fn` as background work though a request started it: its statements wait as long as they
- * take (tenant erasure, whose statements delete a tenant's rows by the thousand).
- */
-export const asBackground = <T>(fn: () => T): T => requestScope.run(false, fn);
 
 /** A statement that got no answer within its bound; its connection was closed. A Postgres outage. */
 export class PgNoAnswerError extends Error {
@@ -136,7 +128,7 @@ export function makePgDb(opts: {
    */
   searchTimeoutMs?: number;
   /**
-   * How long a statement made by an HTTP request (asRequest) may go without an answer (0 = no
+   * How long a statement made by an HTTP request (`forRequests()`) may go without an answer (0 = no
    * bound): then its connection is closed and the request answers 503 with retry-after, as when
    * Postgres is down. A search's statement gets at least `searchTimeoutMs` + 2 s, so that
    * Postgres's own cancellation answers first. Background work (drains, index builds, migrations,
@@ -210,53 +202,62 @@ export function makePgDb(opts: {
   let searching: pg.Pool | null = null;
   const searchPool = () => (searching ??= newPool(quarter, false, searchTimeoutMs));
   const requestTimeoutMs = opts.requestTimeoutMs ?? 0;
-  // The bound of a statement made here and now (0 = none).
-  const boundOf = (o?: QueryOptions) =>
+  // The bound of a statement (0 = none): a request's, or background work's. (An AsyncLocalStorage
+  // telling requests apart cost the ingest path half its throughput on Node 20: every promise of
+  // the process pays for its hooks.)
+  const boundOf = (forRequest: boolean, o?: QueryOptions) =>
     o?.timeoutMs ??
-    (requestScope.getStore() && requestTimeoutMs > 0
+    (forRequest && requestTimeoutMs > 0
       ? o?.name || o?.search
         ? Math.max(requestTimeoutMs, searchTimeoutMs > 0 ? searchTimeoutMs + 2000 : 0)
         : requestTimeoutMs
       : 0);
-  return {
-    kind: 'postgres',
-    binaryParams: true,
-    query: (text, params, o) =>
-      checkedOut(
-        o?.name ? namedPool() : o?.search ? searchPool() : pool,
-        boundOf(o),
-        (ask) => ask((client) => client.query({ name: o?.name, text, values: params as unknown[] })),
-        (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
-      ) as never,
-    transaction: (fn) => {
-      // After a ROLLBACK that went through, the connection is clean whatever fn threw.
-      let rolledBack = true;
-      return checkedOut(
-        pool,
-        boundOf(),
-        async (ask) => {
-          await ask((client) => client.query('BEGIN'));
-          try {
-            const result = await fn({
-              binaryParams: true,
-              query: (text, params) => ask((client) => client.query(text, params as unknown[])) as never,
-            });
-            await ask((client) => client.query('COMMIT'));
-            return result;
-          } catch (err) {
-            await ask((client) => client.query('ROLLBACK')).catch(() => {
-              rolledBack = false;
-            });
-            throw err;
-          }
-        },
-        () => rolledBack,
-      );
-    },
-    close: async () => {
-      await Promise.all([pool.end(), named?.end(), searching?.end()]);
-    },
-  };
+  const background = facade(false);
+  const forRequests = requestTimeoutMs > 0 ? facade(true) : background;
+  return background;
+
+  function facade(forRequest: boolean): Db {
+    return {
+      kind: 'postgres',
+      binaryParams: true,
+      query: (text, params, o) =>
+        checkedOut(
+          o?.name ? namedPool() : o?.search ? searchPool() : pool,
+          boundOf(forRequest, o),
+          (ask) => ask((client) => client.query({ name: o?.name, text, values: params as unknown[] })),
+          (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
+        ) as never,
+      transaction: (fn) => {
+        // After a ROLLBACK that went through, the connection is clean whatever fn threw.
+        let rolledBack = true;
+        return checkedOut(
+          pool,
+          boundOf(forRequest),
+          async (ask) => {
+            await ask((client) => client.query('BEGIN'));
+            try {
+              const result = await fn({
+                binaryParams: true,
+                query: (text, params) => ask((client) => client.query(text, params as unknown[])) as never,
+              });
+              await ask((client) => client.query('COMMIT'));
+              return result;
+            } catch (err) {
+              await ask((client) => client.query('ROLLBACK')).catch(() => {
+                rolledBack = false;
+              });
+              throw err;
+            }
+          },
+          () => rolledBack,
+        );
+      },
+      close: async () => {
+        await Promise.all([pool.end(), named?.end(), searching?.end()]);
+      },
+      forRequests: () => forRequests,
+    };
+  }
 }
 
 /**

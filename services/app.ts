@@ -6,7 +6,6 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
 import express from 'express';
 import type { RequestHandler, Router } from 'express';
-import { asBackground, asRequest } from '../db/pool.js';
 import { recheckTenant, requireAdmin, requireTenant } from './auth.js';
 import { rateLimit } from './rate-limit.js';
 import { makeKeyAuthenticator } from './tenants.js';
@@ -14,6 +13,7 @@ import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
 import { makeErrorHandler, notFoundHandler } from './http-errors.js';
 import { buildOpenApi } from './openapi.js';
+import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
 import type { Mounted, RouteMeta } from './openapi.js';
 import { adminRoutesMeta, makeAdminRoutes } from './routes/admin-routes.js';
@@ -166,8 +166,6 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.set('query parser', (qs: string) => querystring.parse(qs, undefined, undefined, { maxKeys: 0 }));
 
   app.use(requestId);
-  // Postgres statements made for a request get PG_REQUEST_TIMEOUT_MS to answer (db/pool.ts).
-  app.use((_req, _res, next) => asRequest(next));
   app.use((req, res, next) => {
     const end = deps.metrics.httpDuration.startTimer();
     res.on('finish', () =>
@@ -220,28 +218,30 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
 
   // A backstop behind the pool's own bounds (5 s for a connection, then the statement's), which
   // answer first. Embedded (PGlite) statements queue behind each other in the process: no outage.
-  const keys = makeKeyAuthenticator(deps.db, Date.now, {
+  // Postgres statements made for a request get PG_REQUEST_TIMEOUT_MS to answer (db/pool.ts).
+  const routeDeps = forRequests(deps);
+  const keys = makeKeyAuthenticator(routeDeps.db, Date.now, {
     readTimeoutMs:
       deps.db.kind === 'postgres' && deps.config.pgRequestTimeoutMs > 0
         ? deps.config.pgRequestTimeoutMs + 5000
         : 0,
   });
   const admin = makeAdminRoutes({
-    db: deps.db,
+    db: routeDeps.db,
     onKeysChanged: () => keys.clear(),
     // An erasure deletes rows by the thousand: its statements are not bounded as a request's.
-    ...(opts.eraseTenant ? { eraseTenant: (id: string) => asBackground(() => opts.eraseTenant!(id)) } : {}),
+    ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
   });
   app.use('/v1/admin', rememberMount, requireAdmin(deps.config.adminToken), readJsonBody, admin);
   // Without MNEMOS_ADMIN_TOKEN the admin routes answer 404: not documented then either.
   if (deps.config.adminToken) mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
   const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody, recheckTenant];
-  const sessions = makeSessionRoutes(deps);
+  const sessions = makeSessionRoutes(routeDeps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });
 
-  const jobs = makeJobRoutes(deps);
+  const jobs = makeJobRoutes(routeDeps);
   app.use('/v1/jobs', tenant, jobs);
   mounts.push({ prefix: '/v1/jobs', router: jobs, meta: jobRoutesMeta });
 

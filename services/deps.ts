@@ -1,3 +1,4 @@
+import { requestDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import type { QueueRegistry } from '../workers/queues.js';
 import type { Config } from './config.js';
@@ -18,3 +19,6 @@ export interface CoreDeps {
   /** Null when no LLM is configured (summaries and the decision model report `disabled`). */
   llm: LlmClient | null;
 }
+
+/** The deps of HTTP routes: their Postgres statements get PG_REQUEST_TIMEOUT_MS to answer. */
+export const forRequests = <D extends { db: Db }>(deps: D): D => ({ ...deps, db: requestDb(deps.db) });

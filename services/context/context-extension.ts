@@ -1,4 +1,5 @@
 import type { Extension, ExtensionFactory } from '../extension.js';
+import { forRequests } from '../deps.js';
 import { contextRoutesMeta, makeContextRoutes } from '../routes/context-routes.js';
 import { makeContextBuilder } from './build-context.js';
 import { relevanceCacheKey } from './relevance.js';
@@ -8,10 +9,15 @@ import { relevanceCacheKey } from './relevance.js';
  * cache in Redis (<prefix>:ctxrel:<tenant>:<sid>), removed with the session or the tenant.
  */
 export const contextExtension: ExtensionFactory = async (deps): Promise<Extension> => {
-  const build = makeContextBuilder(deps);
   return {
     name: 'context',
-    routes: [{ prefix: '/v1/sessions', router: makeContextRoutes(build), meta: contextRoutesMeta }],
+    routes: [
+      {
+        prefix: '/v1/sessions',
+        router: makeContextRoutes(makeContextBuilder(forRequests(deps))),
+        meta: contextRoutesMeta,
+      },
+    ],
     purgeSession: async (tenantId, sessionId) => {
       await deps.redis.del(relevanceCacheKey(deps.config.prefix, tenantId, sessionId));
     },

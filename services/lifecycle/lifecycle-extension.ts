@@ -1,4 +1,5 @@
 import type { Extension, ExtensionFactory } from '../extension.js';
+import { forRequests } from '../deps.js';
 import { lifecycleRoutesMeta, makeLifecycleRoutes } from '../routes/lifecycle-routes.js';
 import { reconcileGenerations } from './session-lifecycle.js';
 import { TEMP_REAPER_EVERY_MS, reapTempSessions } from './temp-reaper.js';
@@ -20,7 +21,7 @@ export const lifecycleExtension: ExtensionFactory = async (deps, opened): Promis
     routes: [
       {
         prefix: '/v1/sessions',
-        router: makeLifecycleRoutes(deps, { extensions }),
+        router: makeLifecycleRoutes(forRequests(deps), { extensions }),
         meta: lifecycleRoutesMeta,
       },
     ],

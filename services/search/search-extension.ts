@@ -1,4 +1,5 @@
 import type { ExtensionFactory } from '../extension.js';
+import { forRequests } from '../deps.js';
 import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
 import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
@@ -22,7 +23,7 @@ export const searchExtension: ExtensionFactory = async (deps) => {
   searchDuration(deps.metrics.registry);
   return {
     name: 'search',
-    routes: [{ prefix: '/v1/sessions', router: makeSearchRoutes(deps), meta: searchRoutesMeta }],
+    routes: [{ prefix: '/v1/sessions', router: makeSearchRoutes(forRequests(deps)), meta: searchRoutesMeta }],
     maintenance: {
       'search-indexes': () => maintainSessionIndexes(deps),
       'table-statistics': () => refreshTableStatistics(deps),

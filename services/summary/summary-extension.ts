@@ -1,4 +1,5 @@
 import { deleteSummaryLease } from '../../db/queries/summaries.js';
+import { forRequests } from '../deps.js';
 import { makeSummaryProcessor } from '../../workers/summarize.js';
 import type { Extension, ExtensionFactory } from '../extension.js';
 import {
@@ -26,8 +27,8 @@ export const summaryExtension: ExtensionFactory = async (deps): Promise<Extensio
   return {
     name: 'summary',
     routes: [
-      { prefix: '/v1/sessions', router: makeSummaryRoutes(deps), meta: summaryRoutesMeta },
-      { prefix: '/v1/usage', router: makeUsageRoutes(deps), meta: usageRoutesMeta },
+      { prefix: '/v1/sessions', router: makeSummaryRoutes(forRequests(deps)), meta: summaryRoutesMeta },
+      { prefix: '/v1/usage', router: makeUsageRoutes(forRequests(deps)), meta: usageRoutesMeta },
     ],
     processors: { summary: makeSummaryProcessor(deps, { metrics }) },
     async schedule() {

@@ -1,4 +1,5 @@
 import { Router } from 'express';
+import { forRequests } from '../deps.js';
 import { toolAnswer, toolList } from '../openapi-responses.js';
 import { z } from 'zod';
 import type { ErrorMemory } from '../error-memory/types.js';
@@ -60,7 +61,7 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
     const q = parseInput(runQuery, req.query, 'query');
     const args: unknown = req.body ?? {};
     const content = await runTool(
-      { core: deps, errors },
+      { core: forRequests(deps), errors },
       res.locals.tenantId as string,
       sid,
       req.params.name!,
