@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import net from 'node:net';
 import { afterEach, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { migrate } from '../db/migrate.js';
@@ -521,26 +520,10 @@ void describe('ingestion under faults and many processes', () => {
 
   void test('a Redis connection that dies without a reset is replaced: 503s stop without a restart', async () => {
     const redis = await startPrivateRedis();
-    // A proxy that can leave its connections open but carry nothing more (a partition, a VIP moved
-    // away): the kernel sends no reset, so only a timeout can tell.
-    const pairs: Array<{ client: net.Socket; upstream: net.Socket }> = [];
-    let dead = false;
-    const proxy = net.createServer((client) => {
-      const upstream = net.connect(Number(new URL(redis.url).port), '127.0.0.1');
-      const pair = { client, upstream };
-      pairs.push(pair);
-      client.on('data', (d) => void (!dead || pairs.includes(pair) ? upstream.write(d) : undefined));
-      upstream.on('data', (d) => void (!dead || pairs.includes(pair) ? client.write(d) : undefined));
-      for (const [a, b] of [
-        [client, upstream],
-        [upstream, client],
-      ] as const) {
-        a.on('error', () => b.destroy());
-        a.on('close', () => b.destroy());
-      }
-    });
-    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
-    const port = (proxy.address() as net.AddressInfo).port;
+    // Connections open but carrying nothing more (a partition, a VIP moved away): the kernel sends
+    // no reset, so only a timeout can tell.
+    const proxy = await startTcpProxy(Number(new URL(redis.url).port));
+    const port = proxy.port;
     const dbUrl = await createTestDatabase();
     const prefix = testPrefix();
     const db = makePgDb({ connectionString: dbUrl, max: 1 });
@@ -554,8 +537,7 @@ void describe('ingestion under faults and many processes', () => {
     // Killed, not stopped: its queues' connections are among the silent ones.
     cleanups.push(async () => {
       await child.kill();
-      for (const p of pairs.splice(0)) p.client.destroy();
-      proxy.close();
+      await proxy.close();
       await redis.stop();
       await dropTestDatabase(dbUrl);
     });
@@ -563,14 +545,13 @@ void describe('ingestion under faults and many processes', () => {
     const post = () => t.api.post('/v1/sessions/s/messages', { messages: [user('hello')] });
     assert.equal((await post()).status, 202);
     // Every open connection goes silent; new ones work.
-    const silent = pairs.splice(0);
-    dead = true;
+    proxy.hole();
+    proxy.heal();
     const during = await post();
     assert.equal(during.status, 503, JSON.stringify(during.body));
     assert.ok(during.headers.get('retry-after'));
     // Before, every request answered 503 until the process restarted: ioredis kept the connection.
     await eventually(async () => ((await post()).status === 202 ? true : null), 30_000, 'a 202 again');
-    for (const p of silent) p.client.destroy();
   });
 
   void test('Redis stopped: writes get 503 with retry-after and nothing is half-written', async () => {
