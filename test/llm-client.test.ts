@@ -266,7 +266,14 @@ void describe('llm client: chat', () => {
     });
     fake.queueEmbeddings({
       status: 401,
-      body: { error: { message: 'Incorrect API key provided: sk-ab***cd' } },
+      // A token or a number where the code goes is no error code either.
+      body: {
+        error: {
+          message: 'Incorrect API key provided: sk-ab***cd',
+          code: 'sk-proj-abc123',
+          type: '4111111111111111',
+        },
+      },
     });
     const embed = client().embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['x'] });
     await rejectsWith(embed, (err) => {

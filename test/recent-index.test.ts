@@ -234,6 +234,9 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
       // Zero in float4: its cosine distance to anything is NaN.
       poisontiny: (d) => new Array<number>(d).fill(1e-50),
       poisonzero: (d) => new Array<number>(d).fill(0),
+      // An empty vector, or one of another dimension, for one input (a re-tester's endpoint).
+      poisonempty: () => [],
+      poisonshort: (d) => localEmbed('short', d).slice(1),
     });
     try {
       // Alone in its batch: the canary tells the input's fault from the endpoint's.
@@ -246,13 +249,16 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
         user('poisonzero question'),
         assistant('mango salad'),
       ]);
+      const odd = await post(t.api, 'bad', [user('poisonempty one'), user('poisonshort two')]);
       const [later] = await post(t.api, 'bad', [user('lemon tart')]);
       const v = await vectorsFor(svc, t.tenantId, 'bad', [seqs[0]!, seqs[3]!, later!]);
       assert.deepEqual([...v.keys()], [seqs[0], seqs[3], later]);
-      assert.deepEqual(await skipsFor(t.tenantId, 'bad', 3), [
+      assert.deepEqual(await skipsFor(t.tenantId, 'bad', 5), [
         { seq: big, reason: 'bad_vector' },
         { seq: seqs[1], reason: 'bad_vector' },
         { seq: seqs[2], reason: 'bad_vector' },
+        { seq: odd[0], reason: 'bad_vector' },
+        { seq: odd[1], reason: 'bad_vector' },
       ]);
     } finally {
       fake.onEmbeddings(null);

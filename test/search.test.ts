@@ -596,6 +596,19 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     });
     assert.deepEqual(await hitSeqs(api, s, { query: 'restart', match: 'keyword' }), [seq]);
     assert.deepEqual(await hitSeqs(api, s, { query: '記憶系統', match: 'keyword' }), [seq]);
+    // Escapes that decode to what the archive row cannot carry (NUL, a lone surrogate): the body's
+    // check sees only their six characters. They blocked the session's drain for good.
+    const odd = {
+      id: 'call_2',
+      type: 'function',
+      function: { name: 'sh', arguments: '{"cmd":"printf a\\u0000b","\\ud800k":"\\udc00 pelican"}' },
+    };
+    const [withOdd, after] = await archive(api, s, [
+      { role: 'assistant', content: null, tool_calls: [odd] },
+      { role: 'tool', tool_call_id: 'call_2', content: 'done' },
+    ]);
+    assert.ok(withOdd && after);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'pelican', match: 'keyword' }), [withOdd]);
   });
 
   void test('keyword: mixed CJK and English queries', async () => {

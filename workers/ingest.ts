@@ -61,6 +61,9 @@ export function searchableText(m: Pick<AcceptedMessage, 'name' | 'content' | 'to
  * fragments), so those words were never found. Arguments that are not JSON are taken as they are.
  */
 export function argumentsText(args: string): string {
+  // Past 256 KiB the raw text, as before: decoding 8 MiB of deeply nested arguments held the event
+  // loop for seconds, and only the first megabyte of a message's text is indexed anyway.
+  if (args.length > ARGUMENTS_DECODE_MAX) return args;
   let parsed: unknown;
   try {
     parsed = JSON.parse(args);
@@ -80,8 +83,13 @@ export function argumentsText(args: string): string {
       for (let i = entries.length - 1; i >= 0; i--) stack.push(entries[i]![1], entries[i]![0]);
     }
   }
-  return out.join('\n');
+  // Decoded, `\u0000` and a lone `\ud800` are real characters, which the archive row's JSON
+  // parameter cannot carry (Postgres refused the row, and the session's drain failed for ever).
+  return out.join('\n').replace(/\0/g, ' ').replace(LONE_SURROGATE, '\uFFFD');
 }
+
+const ARGUMENTS_DECODE_MAX = 256 * 1024;
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 
 /**
  * The capped full-text inputs of an archive row (insertArchiveBatch) from its searchable text.

@@ -448,8 +448,10 @@ function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmE
   // The endpoint's own error text stays out: gateways quote the input in it (message content, a
   // prompt, a masked key), and this message reaches logs, BullMQ's failed reasons, GET /v1/jobs
   // and Redis's event streams. OpenAI's machine-readable type and code say what went wrong.
+  // Words and underscores only (`invalid_request_error`, `context_length_exceeded`): a token or a
+  // number an endpoint puts there is no error code.
   const tags = [err.type, err.code].filter(
-    (t): t is string => typeof t === 'string' && /^[A-Za-z0-9_.-]{1,64}$/.test(t),
+    (t): t is string => typeof t === 'string' && /^[a-z_]{1,64}$/.test(t),
   );
   const detail = `llm endpoint answered ${status}${tags.length > 0 ? ` (${tags.join(', ')})` : ''}`;
   const retryAfterMs = retryAfter(err.headers, maxDelayMs);
@@ -546,13 +548,17 @@ function readEmbeddings(body: unknown, expected: number, dimensions: number | un
     }
     if (vectors[index] !== undefined) throw invalid(`duplicate index ${index}`);
     const embedding = item['embedding'];
-    if (!Array.isArray(embedding) || embedding.length === 0)
-      throw invalid(`vector ${index} is not a number array`);
-    const fault = vectorFault(embedding);
+    if (!Array.isArray(embedding)) throw invalid(`vector ${index} is not a number array`);
+    // An empty vector or one of another dimension may be one input's fault too (a re-tester's
+    // endpoint answered [] for one text, and the session's index stalled): isolated like the rest.
+    // Wrong for every input (a model of another dimension) fails the recent index's probe too.
+    const fault =
+      embedding.length === 0
+        ? 'is empty'
+        : dimensions !== undefined && embedding.length !== dimensions
+          ? `has ${embedding.length} dimensions, expected ${dimensions}`
+          : vectorFault(embedding);
     if (fault) throw new BadVectorError(`invalid embeddings response: vector ${index} ${fault}`, index);
-    if (dimensions !== undefined && embedding.length !== dimensions) {
-      throw invalid(`vector ${index} has ${embedding.length} dimensions, expected ${dimensions}`);
-    }
     vectors[index] = embedding;
   }
   return vectors.map((v, i) => {
