@@ -274,11 +274,16 @@ void describe('ingestion under faults and many processes', () => {
     cleanups.push(() => pg.close());
     let release!: () => void;
     const held = new Promise<void>((r) => (release = r));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((r) => (locked = r));
     const locking = pg.transaction(async (tx) => {
       await tx.query('LOCK TABLE messages IN EXCLUSIVE MODE');
+      locked();
       await held;
     });
     try {
+      // Posted before the lock, A could be archived at once, and no drain would wait.
+      await isLocked;
       const a = await post('', { messages: [user('A', { id: 'A' })] });
       assert.deepEqual(a.body.messages, [{ id: 'A', seq: 2 }]);
       await eventually(
