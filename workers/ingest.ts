@@ -15,6 +15,7 @@ import {
   readInbox,
 } from '../services/messages/inbox.js';
 import type { AcceptedMessage } from '../services/messages/message-input.js';
+import { replaceBadChars } from '../services/messages/message-input.js';
 import type { InboxEntry } from '../services/messages/inbox.js';
 import { ftsDocument } from '../services/text/fts-text.js';
 import { parsePayload } from './queues.js';
@@ -85,11 +86,10 @@ export function argumentsText(args: string): string {
   }
   // Decoded, `\u0000` and a lone `\ud800` are real characters, which the archive row's JSON
   // parameter cannot carry (Postgres refused the row, and the session's drain failed for ever).
-  return out.join('\n').replace(/\0/g, ' ').replace(LONE_SURROGATE, '\uFFFD');
+  return replaceBadChars(out.join('\n'));
 }
 
 const ARGUMENTS_DECODE_MAX = 256 * 1024;
-const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 
 /**
  * The capped full-text inputs of an archive row (insertArchiveBatch) from its searchable text.

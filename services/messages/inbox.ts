@@ -1,4 +1,5 @@
 import type { Redis } from '../redis.js';
+import { cutUnits } from '../text/fts-text.js';
 import type { AcceptedMessage } from './message-input.js';
 
 /**
@@ -362,24 +363,20 @@ export async function readInbox(
   });
 }
 
-/** The start of an entry that names it: seq, generation and the message id (256 code units). */
-function entryHead(raw: string): string {
-  const head = raw.slice(0, 256);
-  // Never half a surrogate pair: its UTF-8 would not be the entry's bytes.
-  return /[\uD800-\uDBFF]$/.test(head) ? head.slice(0, -1) : head;
-}
-
 /**
  * Whether the inbox still starts with the entries a drain read (compared by their heads): false
  * when Redis lost them meanwhile and the drain must not commit (see CHECK).
  */
+/** How much of an entry names it: seq, generation and the message id (cut never mid-pair). */
+const ENTRY_HEAD_UNITS = 256;
+
 export async function inboxStillHolds(redis: Redis, keys: InboxKeys, read: InboxEntry[]): Promise<boolean> {
   if (read.length === 0) return true;
   const r = await (redis as ScriptedRedis).mnemosCheck!(
     keys.inbox,
     read.length,
-    entryHead(read[0]!.raw),
-    entryHead(read[read.length - 1]!.raw),
+    cutUnits(read[0]!.raw, ENTRY_HEAD_UNITS),
+    cutUnits(read[read.length - 1]!.raw, ENTRY_HEAD_UNITS),
   );
   return Number(r) === 1;
 }

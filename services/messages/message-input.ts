@@ -133,6 +133,9 @@ export function stableStringify(v: unknown): string {
 const BAD_CHARS = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 /** True for text Postgres cannot store (NUL) or that is not valid UTF-8 (a lone surrogate). */
 export const hasBadChars = (s: string) => BAD_CHARS.test(s);
+/** `s` with each NUL as a space and each lone surrogate as U+FFFD: text Postgres can store. */
+export const replaceBadChars = (s: string) =>
+  s.replace(new RegExp(BAD_CHARS.source, 'g'), (c) => (c === '\u0000' ? ' ' : '\uFFFD'));
 
 /** Nesting allowed in a message (its free-form `metadata`, and anything rejected after the walk). */
 export const MAX_JSON_DEPTH = 64;
