@@ -15,6 +15,7 @@ import { makeErrorHandler, notFoundHandler } from './http-errors.js';
 import { buildOpenApi } from './openapi.js';
 import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
+import { markZeroLengthBody } from './validate.js';
 import type { Mounted, RouteMeta } from './openapi.js';
 import { adminRoutesMeta, makeAdminRoutes } from './routes/admin-routes.js';
 import { jobRoutesMeta, makeJobRoutes, makeOpsRoutes, opsRoutesMeta } from './routes/ops-routes.js';
@@ -67,6 +68,12 @@ const requireJson: RequestHandler = (req, _res, next) => {
       'unsupported_encoding',
       `charset ${charset} is not supported: send the body in UTF-8`,
     );
+  // `utf8` is UTF-8's common alias, which body-parser (it wants `utf-…`) refused with a 415.
+  if (charset === 'utf8')
+    req.headers['content-type'] = req.headers['content-type']!.replace(
+      /;\s*charset="?utf8"?/i,
+      '; charset=utf-8',
+    );
   if (req.method === 'GET' || req.method === 'HEAD') return next();
   // JSON Lines only where a route reads them: elsewhere such a body went unread, and the route
   // ran as if none had been sent (a reset kept the summary its body asked to drop).
@@ -94,6 +101,8 @@ const requireJson: RequestHandler = (req, _res, next) => {
 };
 
 const badUtf8 = new WeakSet<object>();
+/** Requests whose JSON body had zero bytes (`content-length: 0` with a JSON content-type). */
+const zeroLength = new WeakSet<object>();
 
 /**
  * Answers `Expect: 100-continue` once the caller is authenticated: main.ts takes Node's
@@ -123,10 +132,13 @@ const readJsonBody: RequestHandler[] = [
     // requireJson let only UTF-8 (declared or by default) through.
     verify: (req, _res, buf) => {
       if (!isUtf8(buf)) badUtf8.add(req);
+      if (buf.length === 0) zeroLength.add(req);
     },
   }),
   (req, _res, next) => {
     if (badUtf8.has(req)) throw new AppError(400, 'invalid_utf8', 'request body is not valid UTF-8');
+    if (zeroLength.has(req) && typeof req.body === 'object' && req.body !== null)
+      markZeroLengthBody(req.body);
     next();
   },
 ];

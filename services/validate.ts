@@ -45,6 +45,10 @@ export const limitParam = z
 /** The query of a route that takes no parameters: an unknown one is a 400, not silently ignored. */
 export const noQuery = z.object({}).strict();
 
+/** The `{}`s body-parser made of zero bytes (app.ts marks them): no body was sent. */
+const zeroLengthBodies = new WeakSet<object>();
+export const markZeroLengthBody = (body: object): void => void zeroLengthBodies.add(body);
+
 /**
  * For a POST that takes no body: absent or `{}` is fine, anything else a 400 saying `message`. A
  * DELETE (`strict`) takes none at all: `{}` is what a client sends for `{tool_name: undefined}`,
@@ -53,6 +57,8 @@ export const noQuery = z.object({}).strict();
 export function assertNoBody(body: unknown, message: string, opts: { strict?: boolean } = {}): void {
   const empty =
     body === undefined ||
+    // A zero-length body is no body, whatever its content-type (body-parser reads it as `{}`).
+    (typeof body === 'object' && body !== null && zeroLengthBodies.has(body)) ||
     (!opts.strict &&
       typeof body === 'object' &&
       body !== null &&

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
+import { request } from 'node:http';
 import { Redis } from 'ioredis';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
@@ -549,6 +550,16 @@ void describe('tenants, keys and the admin API', () => {
     );
     assert.equal(vnd.status, 202);
     assert.deepEqual(vnd.body.messages, [{ id: 'v1', seq: 2 }]);
+    // `utf8` is UTF-8's common alias (body-parser knew only `utf-8`: a 415).
+    for (const [n, charset] of ['utf8', '"UTF8"'].entries()) {
+      const r = await t.api.raw('/v1/sessions/s/messages', {
+        method: 'POST',
+        headers: { 'content-type': `application/json; charset=${charset}` },
+        body: JSON.stringify({ messages: [{ id: `w${n}`, role: 'user', content: 'alias ✓' }] }),
+      });
+      assert.equal(r.status, 202, charset);
+      assert.deepEqual(r.body.messages, [{ id: `w${n}`, seq: 3 + n }]);
+    }
   });
 
   void test('Node-level refusals answer in the JSON shape, and 100-continue waits for a valid key', async () => {
@@ -681,6 +692,29 @@ void describe('tenants, keys and the admin API', () => {
     });
     assert.equal(none.status, 204);
     assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 404);
+    // Nor does a body of zero bytes with a JSON content-type, as HTTP wrappers send on every
+    // call (fetch above sent no content-length at all; body-parser reads zero bytes as `{}`).
+    const zeroBytes = (path: string) =>
+      new Promise<number>((resolve, reject) => {
+        const req = request(`${svc.base}${path}`, {
+          method: 'DELETE',
+          headers: {
+            authorization: `Bearer ${t.apiKey}`,
+            'content-type': 'application/json',
+            'content-length': '0',
+          },
+        });
+        req.on('response', (res) => {
+          res.resume();
+          resolve(res.statusCode ?? 0);
+        });
+        req.on('error', reject);
+        req.end();
+      });
+    await t.api.post('/v1/sessions/h2/messages?wait=true', { messages: [{ role: 'user', content: 'x' }] });
+    assert.equal(await zeroBytes('/v1/sessions/h2'), 204);
+    assert.equal((await t.api.raw('/v1/sessions/h2', { method: 'GET' })).status, 404);
+    assert.equal(await zeroBytes('/v1/errors?tool_name=none'), 200);
     assert.equal((await api(svc.base).raw('/healthz', { method: 'HEAD' })).status, 200);
   });
 
