@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
 import { request } from 'node:http';
+import { pino } from 'pino';
 import { Redis } from 'ioredis';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
@@ -716,6 +717,48 @@ void describe('tenants, keys and the admin API', () => {
     assert.equal((await t.api.raw('/v1/sessions/h2', { method: 'GET' })).status, 404);
     assert.equal(await zeroBytes('/v1/errors?tool_name=none'), 200);
     assert.equal((await api(svc.base).raw('/healthz', { method: 'HEAD' })).status, 200);
+  });
+
+  void test('a client that goes away mid-import, or a NUL in an admin path, is not logged as an outage or a gap', async () => {
+    const warnings: string[] = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void warnings.push(line) });
+    const own = await startTestService({ mode: 'api', logger });
+    try {
+      const t = await own.newTenant();
+      // A JSON Lines import whose client drops the connection after one line.
+      await new Promise<void>((resolve) => {
+        const req = request(`${own.base}/v1/sessions/gone/import`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${t.apiKey}`, 'content-type': 'application/x-ndjson' },
+        });
+        req.on('error', () => resolve());
+        req.on('response', () => resolve());
+        req.write('{"type":"message","role":"user","content":"one"}\n');
+        setTimeout(() => req.destroy(), 200);
+      });
+      // Admin paths holding a NUL: refused before any statement.
+      const admin = api(own.base, ADMIN_TOKEN);
+      for (const [method, path] of [
+        ['GET', '/v1/admin/tenants/%00/keys'],
+        ['POST', '/v1/admin/tenants/%00/keys'],
+        ['DELETE', '/v1/admin/tenants/%00'],
+        ['DELETE', '/v1/admin/keys/%00'],
+      ] as const) {
+        const r = await admin.raw(path, { method });
+        assert.equal(r.status, 400, `${method} ${path}`);
+        assert.equal(r.body.error.code, 'invalid_characters');
+      }
+      // The import was not half-stored, and the service still answers.
+      assert.equal((await t.api.get('/v1/sessions/gone')).status, 404);
+      await new Promise((r) => setTimeout(r, 200));
+      assert.deepEqual(
+        warnings.filter((w) => /postgres is unavailable|unvalidated NUL/.test(w)),
+        [],
+      );
+    } finally {
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
   });
 
   void test('OpenAPI documents every mounted route, and every documented route answers', async () => {

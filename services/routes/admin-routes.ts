@@ -7,6 +7,7 @@ import type { RouteMeta } from '../openapi.js';
 import { MAX_NAME_CHARS, createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
 import { assertNoBody, listQuery, noQuery, parseInput } from '../validate.js';
 import { findTenant } from '../../db/queries/tenants.js';
+import { hasBadChars } from '../messages/message-input.js';
 
 // Names are checked by createTenant/createKey, with the CLI's rules: at most 128 characters counted
 // in code points, as JSON Schema's maxLength counts them (zod's max counts UTF-16 units).
@@ -49,6 +50,13 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
   'DELETE /keys/:key_id': { summary: 'Revoke an API key', auth: 'admin', success: 204 },
 };
 
+/** A tenant or key id (or tenant name) from the path: one Postgres text cannot hold is no id. */
+function idParam(value: string | undefined): string {
+  if (value === undefined || hasBadChars(value))
+    throw new AppError(400, 'invalid_characters', 'NUL characters and lone surrogates are not allowed');
+  return value;
+}
+
 export function makeAdminRoutes(deps: {
   db: Db;
   eraseTenant?: (tenantId: string) => Promise<boolean>;
@@ -75,8 +83,8 @@ export function makeAdminRoutes(deps: {
     if (!deps.eraseTenant) throw new AppError(501, 'not_implemented', 'tenant erasure is not available');
     // An id or a name, as the key routes and the CLI take. An id no tenant has any more still goes
     // to eraseTenant: a retry after a failed erasure finishes its clean-up (and answers 404).
-    const tenant = await findTenant(deps.db, req.params.id!);
-    const erased = await deps.eraseTenant(tenant?.id ?? req.params.id!);
+    const tenant = await findTenant(deps.db, idParam(req.params.id));
+    const erased = await deps.eraseTenant(tenant?.id ?? idParam(req.params.id));
     deps.onKeysChanged?.();
     if (!erased) throw notFound('tenant');
     res.status(204).end();
@@ -85,20 +93,20 @@ export function makeAdminRoutes(deps: {
   router.post('/tenants/:id/keys', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
     const body = parseInput(keyBody, req.body === undefined ? {} : req.body);
-    const key = await createKey(deps.db, req.params.id!, body.name ?? '');
+    const key = await createKey(deps.db, idParam(req.params.id), body.name ?? '');
     res.status(201).json({ key_id: key.key_id, tenant_id: key.tenant_id, api_key: key.api_key });
   });
 
   router.get('/tenants/:id/keys', async (req, res) => {
     const q = parseInput(listQuery, req.query, 'query');
-    const page = await keyList(deps.db, req.params.id!, { cursor: q.cursor, limit: q.limit ?? 100 });
+    const page = await keyList(deps.db, idParam(req.params.id), { cursor: q.cursor, limit: q.limit ?? 100 });
     res.json({ keys: page.items, next: page.next });
   });
 
   router.delete('/keys/:key_id', async (req, res) => {
     parseInput(noQuery, req.query, 'query');
     assertNoBody(req.body, 'key revocation takes no body', { strict: true });
-    const revoked = await revokeKey(deps.db, req.params.key_id!);
+    const revoked = await revokeKey(deps.db, idParam(req.params.key_id));
     deps.onKeysChanged?.();
     if (!revoked) throw notFound('key');
     res.status(204).end();

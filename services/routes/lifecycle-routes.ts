@@ -21,6 +21,19 @@ import { assertSessionId, messageSchema } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { assertNoBody, noQuery, parseInput } from '../validate.js';
 
+/**
+ * The request's bytes, as the client sends them. A client that goes away mid-body makes the stream
+ * fail with ECONNRESET, which the error handler would read as Postgres being down: it is the
+ * client's doing, a 400 (that nobody receives) logged as such.
+ */
+async function* clientBody(req: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
+  try {
+    for await (const chunk of req) yield chunk;
+  } catch {
+    throw new AppError(400, 'request_aborted', 'request aborted by the client');
+  }
+}
+
 /** How long an import waits for its messages to be durable before answering 202 instead of 201. */
 const IMPORT_WAIT_MS = 60_000;
 const JSON_LINES = ['application/x-ndjson', 'application/jsonl'];
@@ -131,7 +144,10 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
         throw new AppError(415, 'unsupported_encoding', 'send JSON Lines uncompressed');
       }
       try {
-        input = await parseImportLines(readJsonLines(req, MAX_IMPORT_BYTES), deps.config.timeZone);
+        input = await parseImportLines(
+          readJsonLines(clientBody(req), MAX_IMPORT_BYTES),
+          deps.config.timeZone,
+        );
         // The body is read here, after the check that follows a JSON body (auth.ts).
         await recheckKey(res, tenantId);
       } catch (err) {

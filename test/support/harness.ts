@@ -7,6 +7,7 @@ import { loadConfig } from '../../services/config.js';
 import type { Config } from '../../services/config.js';
 import { defaultExtensions } from '../../services/extensions.js';
 import { makeLogger } from '../../services/logger.js';
+import type { Logger } from '../../services/logger.js';
 import { startService } from '../../services/main.js';
 import type { Mode, RunningService } from '../../services/main.js';
 import { createTenant } from '../../services/tenants.js';
@@ -91,6 +92,8 @@ export async function startTestService(
     worker?: WorkerOptions;
     databaseUrl?: string;
     prefix?: string;
+    /** Instead of one at LOG_LEVEL (silent in tests): for tests that read what was logged. */
+    logger?: Logger;
   } = {},
 ): Promise<TestService> {
   const config = testConfig({
@@ -99,7 +102,7 @@ export async function startTestService(
     ...opts.env,
   });
   const svc = await startService(opts.mode ?? 'serve', config, {
-    logger: makeLogger(config.logLevel),
+    logger: opts.logger ?? makeLogger(config.logLevel),
     extensions: defaultExtensions,
     worker: {
       lockDurationMs: 5000,
