@@ -100,6 +100,36 @@ const requireJson: RequestHandler = (req, _res, next) => {
   );
 };
 
+/**
+ * Bull Board takes HTTP Basic so that a browser can open it, and a browser sends remembered Basic
+ * credentials with requests that other sites' pages make: a page could POST jobs into the queues
+ * (`…/api/queues/<q>/add` with a form body needs no preflight). A request that changes something
+ * must therefore come from the board's own origin: a browser names a foreign one in `Origin` (and
+ * `Sec-Fetch-Site`). Clients that send neither (curl, scripts) are not browsers and pass. Behind a
+ * proxy that rewrites `Host`, it must pass `X-Forwarded-Host`.
+ */
+const sameOriginWrites: RequestHandler = (req, _res, next) => {
+  if (req.method === 'GET' || req.method === 'HEAD') return next();
+  const site = req.headers['sec-fetch-site'];
+  const origin = req.headers.origin;
+  let foreign = site === 'cross-site' || site === 'same-site';
+  if (!foreign && origin !== undefined) {
+    let host: string | null = null;
+    try {
+      host = origin === 'null' ? null : new URL(origin).host.toLowerCase();
+    } catch {
+      host = null;
+    }
+    const own = [req.headers.host, req.headers['x-forwarded-host']]
+      .flatMap((h) => (typeof h === 'string' ? h.split(',') : []))
+      .map((h) => h.trim().toLowerCase());
+    foreign = host === null || !own.includes(host);
+  }
+  if (foreign)
+    throw new AppError(403, 'cross_origin', 'Bull Board accepts changes only from its own pages (Origin)');
+  next();
+};
+
 const badUtf8 = new WeakSet<object>();
 /** Requests whose JSON body had zero bytes (`content-length: 0` with a JSON content-type). */
 const zeroLength = new WeakSet<object>();
@@ -220,6 +250,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     app.use(
       '/admin/queues',
       rememberMount,
+      sameOriginWrites,
       requireAdmin(deps.config.adminToken, { basicChallenge: true }),
       continueAfterAuth,
       board.getRouter(),

@@ -8,7 +8,7 @@ import { inboxKeys } from '../services/messages/inbox.js';
 import { sampleQueues } from '../services/metrics-sampler.js';
 import { rateLimit } from '../services/rate-limit.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
-import { api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
+import { ADMIN_TOKEN, api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import type { TestService } from './support/harness.js';
 
 const metricValue = (text: string, name: string, labels = ''): number => {
@@ -110,6 +110,44 @@ void describe('operations', () => {
     await svc.deps.queues.maintenance.add('nope', { v: 1, kind: 'no-such-task' });
     await eventually(async () => (await failures('true')) === finalBefore + 1, 15_000, 'a final failure');
     assert.equal(await failures('false'), retryBefore);
+  });
+
+  void test('Bull Board takes changes only from its own origin; a job it adds with a bad payload fails at once', async () => {
+    const basic = `Basic ${Buffer.from(`admin:${ADMIN_TOKEN}`).toString('base64')}`;
+    const add = (headers: Record<string, string>) =>
+      fetch(`${svc.base}/admin/queues/api/queues/ingest/add`, {
+        method: 'POST',
+        headers: { authorization: basic, ...headers },
+        body: headers['content-type'] === 'application/json' ? '{"name":"x","data":{}}' : 'name=x',
+      });
+    const waitingBefore = await svc.deps.queues.ingest.getJobCounts();
+    // What another site's page can make a browser send with the remembered Basic credentials.
+    const foreign: Array<Record<string, string>> = [
+      { origin: 'https://evil.example', 'content-type': 'application/x-www-form-urlencoded' },
+      { origin: 'null', 'content-type': 'text/plain' },
+      { 'sec-fetch-site': 'cross-site', 'content-type': 'application/x-www-form-urlencoded' },
+    ];
+    for (const headers of foreign) {
+      const r = await add(headers);
+      assert.equal(r.status, 403, JSON.stringify(headers));
+      assert.equal(((await r.json()) as { error: { code: string } }).error.code, 'cross_origin');
+    }
+    assert.deepEqual(await svc.deps.queues.ingest.getJobCounts(), waitingBefore, 'nothing was added');
+    // The board's own page (same origin), as its UI sends it: the job is added, and its payload,
+    // which no processor knows, fails at once instead of coming back for 12 attempts.
+    const own = await add({ origin: svc.base, 'content-type': 'application/json' });
+    assert.equal(own.status, 200);
+    const id = ((await own.json()) as { job: { id: string } }).job.id;
+    const job = await eventually(
+      async () => {
+        const j = await svc.deps.queues.ingest.getJob(id);
+        return j && (await j.isFailed()) ? j : undefined;
+      },
+      15_000,
+      'the bad job failed',
+    );
+    assert.equal(job.attemptsMade, 1);
+    assert.match(job.failedReason, /malformed ingest job payload \(v, tenantId, sessionId\): not retried/);
   });
 
   void test('rate limiting per API key: 429 with retry-after past the budget, other keys unaffected', async () => {

@@ -1,4 +1,4 @@
-import { Queue } from 'bullmq';
+import { Queue, UnrecoverableError } from 'bullmq';
 import type { ConnectionOptions, JobsOptions } from 'bullmq';
 import { z } from 'zod';
 
@@ -94,6 +94,14 @@ export function makeQueues(
 }
 
 /** Parses a job payload as untrusted input (a deploy may meet jobs queued by an older version). */
+/**
+ * A job's payload, checked. One that does not fit (a job added by hand, through Bull Board or by
+ * another build) is a permanent fault: it fails at once (SPEC §6), into the failed set, rather
+ * than coming back for every attempt. The reason names the fields, never their values.
+ */
 export function parsePayload<N extends QueueName>(name: N, data: unknown): Payload<N> {
-  return payloads[name].parse(data) as Payload<N>;
+  const r = payloads[name].safeParse(data);
+  if (r.success) return r.data as Payload<N>;
+  const fields = [...new Set(r.error.issues.map((i) => i.path.join('.') || '(payload)'))].slice(0, 8);
+  throw new UnrecoverableError(`malformed ${name} job payload (${fields.join(', ')}): not retried`);
 }
