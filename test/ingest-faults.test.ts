@@ -6,7 +6,7 @@ import { makePgDb } from '../db/pool.js';
 import { confirmArchived } from '../services/messages/accept-messages.js';
 import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/inbox.js';
 import { createTenant } from '../services/tenants.js';
-import { DRAIN_BATCH, DRAIN_MAX_BYTES } from '../workers/ingest.js';
+import { DRAIN_BATCH, DRAIN_MAX_BYTES, drainSession } from '../workers/ingest.js';
 import {
   ADMIN_TOKEN,
   REDIS_URL,
@@ -328,6 +328,71 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(again.status, 201);
     const metrics = await fetch(`${svc.base}/metrics`).then((r) => r.text());
     assert.match(metrics, /mnemos_ingest_inbox_moved_total [1-9]/);
+  });
+
+  void test('a drain that read replays another drain trims before its check commits: no rollback, no alarm', async () => {
+    // An api process: the test runs the drains itself, in the order that raced in a rolling
+    // deploy (drain B locked the session as soon as A committed, read the inbox before A's trim,
+    // and A's trim then came before B's check).
+    const prefix = testPrefix();
+    const svc = await startTestService({ mode: 'api', prefix });
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(prefix);
+    });
+    const t = await svc.newTenant();
+    const post = (ids: string[]) =>
+      t.api.post('/v1/sessions/s/messages', { messages: ids.map((id) => user(id, { id })) });
+    assert.equal((await post(['a1', 'a2', 'a3'])).status, 202);
+    const keys = inboxKeys(prefix, t.tenantId, 's');
+    const real = svc.deps.redis as unknown as Record<string, (...a: unknown[]) => Promise<unknown>>;
+    const withRedis = (overrides: Record<string, (...a: unknown[]) => Promise<unknown>>) =>
+      new Proxy(svc.deps.redis, {
+        get(target, prop, receiver) {
+          if (typeof prop === 'string' && prop in overrides) return overrides[prop];
+          const v = Reflect.get(target, prop, receiver) as unknown;
+          return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+        },
+      });
+    // Drain A archives a1–a3 and has not trimmed them yet.
+    let trimA!: () => Promise<unknown>;
+    const drainA = await drainSession(
+      {
+        ...svc.deps,
+        redis: withRedis({
+          mnemosFinish: (...args) => ((trimA = () => real.mnemosFinish!(...args)), Promise.resolve([0, 3])),
+        }),
+      },
+      t.tenantId,
+      's',
+    );
+    assert.equal(drainA.archived, 3);
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 3, 'not trimmed yet');
+    assert.equal((await post(['b1', 'b2'])).status, 202);
+    // Drain B reads a1–a3 (replays) and b1–b2; A's trim lands before B's check.
+    const movedBefore = (await svc.deps.metrics.ingestInboxMoved.get()).values[0]?.value ?? 0;
+    let checks = 0;
+    const drainB = await drainSession(
+      {
+        ...svc.deps,
+        redis: withRedis({
+          mnemosCheck: async (...args) => {
+            if (checks++ === 0) await trimA();
+            return real.mnemosCheck!(...args);
+          },
+        }),
+      },
+      t.tenantId,
+      's',
+    );
+    assert.equal(drainB.archived, 2);
+    assert.equal(checks, 1, 'committed on its first read: no rollback');
+    assert.equal((await svc.deps.metrics.ingestInboxMoved.get()).values[0]?.value ?? 0, movedBefore);
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.id}`),
+      ['1:a1', '2:a2', '3:a3', '4:b1', '5:b2'],
+    );
   });
 
   void test('Redis back from before a reset or delete: re-posted ids of the cleared history are new messages', async () => {

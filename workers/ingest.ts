@@ -193,7 +193,11 @@ export async function drainSession(
         // waited on Postgres, and handed the seqs it read to new messages: committing would
         // archive lost messages at those seqs, and drop the new ones as replays. The lost ones go
         // (they were in the lost second); the new ones are drained next round.
-        if (!(await inboxStillHolds(deps.redis, keys, entries))) throw new InboxMoved();
+        // (Only replays read, archived by another drain: nothing of this read is committed.)
+        const replays = entries.findIndex((e) => e.seq >= nextSeq);
+        if (replays !== -1 && !(await inboxStillHolds(deps.redis, keys, entries, replays))) {
+          throw new InboxMoved();
+        }
         return {
           lastRead,
           unreadable,
