@@ -941,7 +941,7 @@ void test('a record indexed before per-tool term keys existed is still found by 
   assert.equal((await lookup('helm')).related_errors, 'NONE');
   // The sweep puts the tenant's records under their tools' keys and marks the tenant.
   await errors.sweepExpired();
-  assert.equal(await redis.get(`${PREFIX}:err:${tenant}:v`), '2');
+  assert.equal(await redis.get(`${PREFIX}:err:${tenant}:v`), '3');
   assert.equal((await scanKeys(`${PREFIX}:err:${tenant}:tterm:*`)).length, perTool.length);
   assert.deepEqual(
     (await lookup('kubectl')).records.map((r: ErrorRecord) => r.id),
@@ -1046,6 +1046,39 @@ void describe('crowded by failed attempts', () => {
     assert.deepEqual((await search({ tool_name: 'shell', query: symptom })).slice(0, 2), [fix, known]);
     assert.equal((await search({ query: 'permission denied cache' }))[0], fix);
   });
+});
+
+void test('a fix written before the resolved set existed joins it at the sweep and comes first again', async () => {
+  // What the previous release left: the fix in the per-tool term keys, in no resolved set, and
+  // the tenant marked "2". Then more failed attempts of the same error than a lookup reads.
+  const tenant = newTenant();
+  const symptom = 'rollout stalled canary pod flamingo unhealthy';
+  const [fix] = await writeMany(tenant, [
+    { tool_name: 'deployer', symptom, action: 'raise the readiness timeout of flamingo' },
+  ]);
+  assert.equal(await redis.zrem(`${PREFIX}:err:${tenant}:resolved`, fix!), 1);
+  await redis.set(`${PREFIX}:err:${tenant}:v`, '2');
+  await writeMany(
+    tenant,
+    Array.from({ length: 300 }, (_, i) => ({
+      tool_name: 'deployer',
+      symptom: `${symptom} ${word(i)}`,
+      action: 'tried restart',
+      outcome: 'failed',
+    })),
+  );
+  const search = async () =>
+    (
+      await call(tenant, 'POST', '/search', {
+        tool_name: 'deployer',
+        query: 'canary flamingo unhealthy rollout stalled again',
+        limit: 4,
+      })
+    ).body.records.map((r: ErrorRecord) => r.id);
+  assert.ok(!(await search()).includes(fix), 'crowded out before the sweep (the reported state)');
+  await errors.sweepExpired();
+  assert.equal(await redis.get(`${PREFIX}:err:${tenant}:v`), '3');
+  assert.equal((await search())[0], fix);
 });
 
 // Text chosen to make the masks and the tokeniser work hard. The work itself cannot be counted,

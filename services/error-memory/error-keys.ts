@@ -17,10 +17,12 @@
  *                                      record is saved, removed once it has its expiry and its
  *                                      index entries, so a writer that dies in between leaves an
  *                                      entry the sweep and purge find
- *   T:v                                STRING "2" once every record of the tenant is under its
- *                                      tool's term keys (a tenant that started on this layout, or
- *                                      one the sweep re-indexed); without it a lookup by tool also
- *                                      reads the tenant-wide term keys
+ *   T:v                                STRING "3" once every record of the tenant is under its
+ *                                      tool's term keys and, if resolved, in T:resolved (a tenant
+ *                                      that started on this layout, or one the sweep re-indexed;
+ *                                      "2" before T:resolved existed: the sweep re-indexes those
+ *                                      once more); without it a lookup by tool also reads the
+ *                                      tenant-wide term keys
  *   <prefix>:err:tenants               SET of tenants with error memory (for the sweep)
  * (<tool> is URI-encoded.) Index entries are only candidates: every record is read before it is
  * returned, and an id whose record is gone is dropped lazily, then swept from every index.

@@ -40,6 +40,8 @@ export const CANDIDATES_PER_TERM = 1000;
 export const MAX_FETCHED = 256;
 const WRITE_ATTEMPTS = 5;
 const BATCH = 500;
+/** The tenant layout mark (`T:v`) of this build: see upgradeLayout. */
+const LAYOUT_VERSION = '3';
 /** A record pending longer than this lost its writer (a write's deadline is seconds). */
 const PENDING_GRACE_MS = 60_000;
 
@@ -310,7 +312,11 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       };
       // Pending until indexed: a writer that dies before then leaves a record without an expiry
       // or in no index, and this entry is how the sweep and purge find it.
-      await evalScript(PENDING_SCRIPT, [k.pending, tenantsKey, k.all, k.version], [String(at), id, tenantId]);
+      await evalScript(
+        PENDING_SCRIPT,
+        [k.pending, tenantsKey, k.all, k.version],
+        [String(at), id, tenantId, LAYOUT_VERSION],
+      );
       await repo.save(k.entity(id), {
         ...fields,
         cause: cause ?? undefined,
@@ -548,11 +554,14 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   }
 
   /**
-   * Puts every record of a tenant written before per-tool term keys existed under them, then sets
-   * the tenant's layout mark: from then on a lookup by tool reads its tool's keys only.
+   * Re-indexes every record of a tenant written under an older layout, then sets the tenant's
+   * layout mark (LAYOUT_VERSION): before "2", records were not under their tool's term keys (with
+   * the mark, a lookup by tool reads its tool's keys only); before "3", resolved records were not
+   * in the tenant's resolved set, which ranking reads first (a fix written before the upgrade was
+   * crowded out by newer failed attempts).
    */
   async function upgradeLayout(tenantId: string, k: ErrorKeys): Promise<void> {
-    if ((await client.exists(k.version)) === 1) return;
+    if ((await client.get(k.version)) === LAYOUT_VERSION) return;
     let batch: string[] = [];
     const flush = async () => {
       for (const rec of await fetchMany(k, batch)) if (rec) await index(tenantId, k, rec);
@@ -563,7 +572,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       if (batch.length >= BATCH) await flush();
     }
     await flush();
-    await client.set(k.version, '2');
+    await client.set(k.version, LAYOUT_VERSION);
   }
 
   async function sweepTenant(tenantId: string): Promise<number> {

@@ -139,11 +139,11 @@ return 0
 
 /**
  * A new record is about to be saved: register it as pending and its tenant in the registry; a
- * tenant with no record yet starts on the per-tool term layout (its layout mark is set).
- * KEYS: pending set, tenant registry, all index, layout mark. ARGV: now ms, id, tenant id.
+ * tenant with no record yet starts on the current layout (its layout mark is set).
+ * KEYS: pending set, tenant registry, all index, layout mark. ARGV: now ms, id, tenant id, layout.
  */
 export const PENDING_SCRIPT = String.raw`
-if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[4], '2') end
+if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[4], ARGV[4]) end
 redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[3])
 return 1
