@@ -6,7 +6,8 @@ import { relevanceCacheKey } from '../services/context/relevance.js';
 import { isGenericRule } from '../services/context/summary-parts.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
-import { startTestService } from './support/harness.js';
+import { REDIS_URL, deleteRedisPrefix, startTestService } from './support/harness.js';
+import { startTcpProxy } from './support/tcp-proxy.js';
 import type { Api, TestService } from './support/harness.js';
 
 const DECISION_MODEL = 'decider-test';
@@ -647,6 +648,44 @@ void describe('context with a decision model', () => {
     assert.equal(r.body.relevance, 'all');
     assert.deepEqual(r.body.summary, SUMMARY);
     assert.ok(turnContextOf(r.body.messages));
+  });
+
+  void test('a Redis that stops answering does not hold the turn past RELEVANCE_TIMEOUT_MS (its cache is read within it)', async () => {
+    // A service of its own whose Redis connections pass through a proxy the test can silence (a
+    // failover or a partition: no reset, no answer).
+    const proxy = await startTcpProxy(Number(new URL(REDIS_URL).port || 6379));
+    const own = await startTestService({
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        OPENAI_API_KEY: 'sk-test',
+        DECISION_MODEL,
+        RELEVANCE_TIMEOUT_MS: '500',
+        REDIS_URL: `redis://127.0.0.1:${proxy.port}`,
+      },
+    });
+    try {
+      const ot = await own.newTenant();
+      const s = sid('stall');
+      await archive(ot.api, s, turns(2));
+      await putSummary(own, ot.tenantId, s, SUMMARY, 1);
+      fake.queueChat({ content: answer([1], [0], false) });
+      proxy.hole();
+      const started = Date.now();
+      const r = await context(ot.api, s, { input: 'set up the CI cache with pnpm' });
+      const took = Date.now() - started;
+      assert.equal(r.status, 200);
+      // The judgement came (the model answered within the budget) though its cache stayed silent.
+      assert.equal(r.body.relevance, 'filtered');
+      // Before: 5 s for the cache read plus 5 s for its write (ioredis's command timeout).
+      assert.ok(took < 4000, `answered after ${took} ms`);
+    } finally {
+      // Its connections come back (the silent ones reset), so that the service can stop.
+      proxy.heal();
+      proxy.reset();
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+      await proxy.close();
+    }
   });
 
   void test('a failing decision model is asked once per turn: no retries on the request path', async () => {

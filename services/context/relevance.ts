@@ -142,13 +142,23 @@ export function makeRelevanceJudge(
     let pending = inFlight.get(flightKey);
     if (!pending) {
       pending = (async () => {
-        const cached = await deps.redis.hget(key, field).catch(() => null);
+        // The budget covers the cache too: a Redis that stalls without refusing (a failover, a
+        // partition) made each command wait out ioredis's 5-s commandTimeout on the turn's path.
+        const deadline = Date.now() + deps.config.relevanceTimeoutMs;
+        // A quarter of it at most: the model must have time left.
+        const cached = await orNull(
+          deps.redis.hget(key, field),
+          Math.min(250, deps.config.relevanceTimeoutMs / 4),
+        );
         if (cached !== null) {
           const j = parseJudgement(cached, a.parts);
           if (j) return j;
         }
-        const j = await askModel(deps, model, a);
-        if (j) await storeJudgement(deps, key, field, j);
+        const left = deadline - Date.now();
+        if (left <= 0) return null;
+        const j = await askModel(deps, model, a, left);
+        // Not awaited: the answer does not wait for the cache.
+        if (j) void storeJudgement(deps, key, field, j);
         return j;
       })().finally(() => inFlight.delete(flightKey));
       inFlight.set(flightKey, pending);
@@ -159,16 +169,29 @@ export function makeRelevanceJudge(
   };
 }
 
+/** `p`'s value, or null when it fails or takes longer than `ms`. */
+async function orNull<T>(p: Promise<T>, ms: number): Promise<T | null> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<null>((resolve) => {
+    timer = setTimeout(() => resolve(null), ms);
+  });
+  try {
+    return await Promise.race([p.catch(() => null), late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 async function askModel(
   deps: Pick<CoreDeps, 'config' | 'llm' | 'logger'>,
   model: string,
   a: { tenantId: string; sessionId: string; input: string; parts: SummaryParts },
+  timeoutMs: number,
 ): Promise<Judgement | null> {
   const messages: ChatMessage[] = [
     { role: 'system', content: SYSTEM_PROMPT },
     { role: 'user', content: userPrompt(a.parts, a.input) },
   ];
-  const timeoutMs = deps.config.relevanceTimeoutMs;
   try {
     const r = await deps.llm!.chat({
       model,

@@ -10,6 +10,8 @@ export interface TcpProxy {
   hole(): void;
   /** New connections are forwarded again; the silent ones stay silent (a flow conntrack dropped). */
   heal(): void;
+  /** Closes every connection open now (as a reset would): their clients reconnect. */
+  reset(): void;
   /** Connections open through the proxy, and how many of them are silent. */
   counts(): { open: number; silent: number };
   close(): Promise<void>;
@@ -51,6 +53,13 @@ export async function startTcpProxy(targetPort: number): Promise<TcpProxy> {
     },
     heal() {
       holed = false;
+    },
+    reset() {
+      for (const c of conns) {
+        c.client.destroy();
+        c.server.destroy();
+      }
+      conns.clear();
     },
     counts: () => ({ open: conns.size, silent: [...conns].filter((c) => c.silent).length }),
     close: () =>
