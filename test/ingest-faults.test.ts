@@ -1049,6 +1049,29 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(s.body.pending_jobs, 1);
   });
 
+  void test('a session state that expired while its inbox held messages (a week of worker outage) numbers after them', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    const keys = inboxKeys(h.api.config.prefix, t.tenantId, 'x');
+    const first = await t.api.post('/v1/sessions/x/messages', { messages: [user('a'), user('b')] });
+    assert.deepEqual(
+      first.body.messages.map((m: { seq: number }) => m.seq),
+      [1, 2],
+    );
+    // The state carries the idle expiry; it runs out with the two still waiting for a worker.
+    assert.ok((await h.api.deps.redis.ttl(keys.sess)) > 6 * 86_400);
+    await h.api.deps.redis.del(keys.sess);
+    const next = await t.api.post('/v1/sessions/x/messages', { messages: [user('c')] });
+    assert.equal(next.status, 202);
+    assert.deepEqual(next.body.messages[0].seq, 3);
+    await h.startWorker();
+    await eventually(async () => (await allMessages(t.api, 'x')).length === 3, 20_000, 'all three archived');
+    assert.deepEqual(
+      (await allMessages(t.api, 'x')).map((m) => `${m.seq}:${m.content}`),
+      ['1:a', '2:b', '3:c'],
+    );
+  });
+
   void test('a re-post under the id the server gave, before its drain, gets the original seq', async () => {
     const h = await apiFirst();
     const t = await h.api.newTenant();

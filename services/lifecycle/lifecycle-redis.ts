@@ -1,3 +1,4 @@
+import { SESSION_STATE_TTL_SECONDS } from '../messages/inbox.js';
 import type { InboxKeys } from '../messages/inbox.js';
 import type { Redis } from '../redis.js';
 
@@ -90,7 +91,7 @@ end
 if cur and ARGV[4] == '1' and left == 0 then
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
 elseif cur then
-  redis.call('PERSIST', KEYS[1])
+  redis.call('EXPIRE', KEYS[1], ${SESSION_STATE_TTL_SECONDS})
 end
 return {1, tostring(top), left, removed}
 `;
@@ -121,6 +122,7 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 end
 redis.call('HSET', KEYS[1], 'seq', ARGV[7])
+redis.call('EXPIRE', KEYS[1], ${SESSION_STATE_TTL_SECONDS})
 local wake = 0
 if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
   redis.call('HSET', KEYS[1], 'armed', '1')
