@@ -296,6 +296,8 @@ export function makeKeyAuthenticator(
       if (!ok || !row || !m) return null;
       const keyId = m[1]!;
       if ((touched.get(keyId) ?? 0) < now() - TOUCH_EVERY_MS) {
+        // Bounded like the cache: forgetting a touch costs one more UPDATE of last_used_at.
+        if (touched.size >= 10_000) touched.clear();
         touched.set(keyId, now());
         void touchApiKey(db, keyId).catch(() => undefined);
       }
