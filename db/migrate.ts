@@ -71,6 +71,25 @@ async function applyPending(db: Db, all: Migration[]): Promise<string[]> {
   });
 }
 
+/**
+ * Migrations the database has that this build does not know: a newer version migrated it (a
+ * rollback, or old and new processes side by side). Nothing refuses to run on such a schema
+ * (side by side is supported), but the operator is told.
+ */
+export async function unknownMigrations(db: Db, migrations?: Migration[]): Promise<string[]> {
+  const all = migrations ?? (await loadMigrations());
+  const known = new Set(all.map((m) => m.version));
+  const done = await db.query<{ version: number; name: string }>(
+    'SELECT version, name FROM schema_migrations ORDER BY version',
+  );
+  return done.rows.filter((r) => !known.has(r.version)).map((r) => r.name);
+}
+
+export const newerSchemaWarning = (names: string[]) =>
+  `the database has migrations this build does not know (${names.join(', ')}): a newer mnemos ` +
+  `migrated it. Running side by side with it during an upgrade is supported; as a rollback, this ` +
+  `build does not know what those migrations changed (see README "Upgrading")`;
+
 /** Pending migration names; empty when the schema is current (used by /readyz). */
 export async function pendingMigrations(db: Db, migrations?: Migration[]): Promise<string[]> {
   const all = migrations ?? (await loadMigrations());

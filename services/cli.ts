@@ -1,6 +1,6 @@
 import { Command } from 'commander';
 import { openPgliteDb } from '../db/embedded.js';
-import { migrate } from '../db/migrate.js';
+import { migrate, newerSchemaWarning, unknownMigrations } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { loadConfig, ConfigError } from './config.js';
@@ -52,8 +52,16 @@ program
   .command('migrate')
   .description('apply pending database migrations')
   .action(() =>
-    withDb(async (_db, applied) => {
-      print(applied.length ? `applied: ${applied.join(', ')}` : 'schema is up to date');
+    withDb(async (db, applied) => {
+      const newer = await unknownMigrations(db);
+      if (newer.length > 0) process.stderr.write(`mnemos: warning: ${newerSchemaWarning(newer)}\n`);
+      print(
+        applied.length
+          ? `applied: ${applied.join(', ')}`
+          : newer.length > 0
+            ? 'schema is ahead of this build'
+            : 'schema is up to date',
+      );
     }),
   );
 

@@ -1,6 +1,6 @@
 import { STATUS_CODES, createServer } from 'node:http';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
-import { migrate } from '../db/migrate.js';
+import { migrate, newerSchemaWarning, unknownMigrations } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
 import { makeApp, makeOpsApp } from './app.js';
@@ -93,6 +93,8 @@ export async function startService(
 
   try {
     await migrate(deps.db);
+    const newer = await unknownMigrations(deps.db);
+    if (newer.length > 0) logger.warn(newerSchemaWarning(newer));
     if (!(await waitForRedis(deps.redis, 5000))) {
       throw new Error(`cannot reach Redis at ${config.redisUrl} (is it running?)`);
     }

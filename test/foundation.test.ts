@@ -163,7 +163,7 @@ void describe('migrations', () => {
     await Promise.all(dbs.map((d) => d.close()));
   });
 
-  void test('the CLI migrate command names what it applied, then reports an up-to-date schema', async () => {
+  void test('the CLI migrate command names what it applied, then reports an up-to-date schema, or one ahead of it', async () => {
     const fresh = new URL(url);
     fresh.pathname = `${fresh.pathname}_cli`;
     const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
@@ -183,6 +183,15 @@ void describe('migrations', () => {
       const second = run();
       assert.equal(second.status, 0, second.stderr);
       assert.match(second.stdout, /schema is up to date/);
+      assert.equal(second.stderr, '');
+      // A newer mnemos migrated it (a rollback): said so, not "up to date".
+      const db = makePgDb({ connectionString: fresh.toString(), max: 1 });
+      await db.query(`INSERT INTO schema_migrations (version, name) VALUES (999, '999_from_the_future')`);
+      await db.close();
+      const third = run();
+      assert.equal(third.status, 0, third.stderr);
+      assert.match(third.stdout, /schema is ahead of this build/);
+      assert.match(third.stderr, /does not know \(999_from_the_future\): a newer mnemos migrated it/);
     } finally {
       await dropTestDatabase(fresh.toString());
     }
