@@ -41,7 +41,7 @@ export const summarySchema = z.object({
           z
             .string()
             .max(MAX_FIELD_CHARS)
-            .regex(/^(Do|Don't): \S/, `must start with "Do: " or "Don't: "`)
+            .regex(/^(Do|Don't): \S/, `must be "Do: " or "Don't: " followed by the rule`)
             .refine((s) => !hasBadChars(s), BAD_CHARS_MESSAGE),
         ),
     )
