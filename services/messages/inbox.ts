@@ -231,30 +231,33 @@ return out
 `;
 
 // Before a drain commits: is the inbox head still what it read? KEYS[1] inbox; ARGV: the count of
-// entries read, the start of the last entry read, then of the first ones ("<seq> <gen> {"id":…":
-// which message at which seq): the first entry read and, when it began with replays (entries
-// another drain archived and is about to trim), each of those and the first entry after them.
-// The inbox may start at any of these (that drain's trim took the ones before); the last entry
-// read must then be where it was, as many places earlier. 0 when Redis came back behind the
-// drain (an AOF that lost its last second, a failover to a lagging replica) and may have handed
-// the seqs it read to new messages.
+// entries read, the start of the last entry read and of the first it archives ("<seq> <gen>
+// {"id":…": which message at which seq), then the seqs of the replays read before that one
+// (entries another drain archived and trims after its commit, which may come before this check).
+// The inbox may start at any of those replays, or at the first entry this drain archives; that
+// entry and the last one read must then be where they were, as many places earlier. 0 when Redis
+// came back behind the drain (an AOF that lost its last second, a failover to a lagging replica)
+// and may have handed the seqs it read to new messages.
 const CHECK = `
 local n = tonumber(ARGV[1])
+local r = #ARGV - 3
 local function holds(i, head)
   local e = redis.call('LINDEX', KEYS[1], i)
   return e and string.sub(e, 1, #head) == head
 end
 local first = redis.call('LINDEX', KEYS[1], 0)
 if not first then return 0 end
-for j = 3, #ARGV do
-  local head = ARGV[j]
-  if string.sub(first, 1, #head) == head then
-    local trimmed = j - 3
-    if n - 1 - trimmed > 0 and not holds(n - 1 - trimmed, ARGV[2]) then return 0 end
-    return 1
+local trimmed = r
+if string.sub(first, 1, #ARGV[3]) ~= ARGV[3] then
+  local s0 = tonumber(string.match(first, '^(%d+) '))
+  trimmed = nil
+  for i = 4, #ARGV do
+    if tonumber(ARGV[i]) == s0 then trimmed = i - 4 break end
   end
+  if trimmed == nil or not holds(r - trimmed, ARGV[3]) then return 0 end
 end
-return 0
+if n - 1 > r and not holds(n - 1 - trimmed, ARGV[2]) then return 0 end
+return 1
 `;
 
 // Reset/delete: pending message work goes, the generation moves on, the seq counter stays.
@@ -385,15 +388,12 @@ export async function readInbox(
 
 /** How much of an entry names it: seq, generation and the message id (cut never mid-pair). */
 const ENTRY_HEAD_UNITS = 256;
-/** Replays at the head of a read that another drain's trim may take first (more: read again). */
-const MAX_TRIMMABLE_REPLAYS = 32;
-
 /**
  * Whether the inbox still starts with the entries a drain read (compared by their heads): false
  * when Redis lost them meanwhile and the drain must not commit (see CHECK). `replays`: how many
- * of the first entries read were already archived (seq below the session's next_seq): the drain
- * that archived them trims them after its commit, which may fall between this drain's read and
- * this check, and is no loss.
+ * of the first entries read were already archived (seq below the session's next_seq, at most all
+ * but one): the drain that archived them trims them after its commit, which may fall between
+ * this drain's read and this check, and is no loss.
  */
 export async function inboxStillHolds(
   redis: Redis,
@@ -402,14 +402,15 @@ export async function inboxStillHolds(
   replays = 0,
 ): Promise<boolean> {
   if (read.length === 0) return true;
-  const firsts = read.slice(0, Math.min(replays, MAX_TRIMMABLE_REPLAYS, read.length - 1) + 1);
-  const r = await (redis as ScriptedRedis).mnemosCheck!(
+  const r = Math.min(replays, read.length - 1);
+  const res = await (redis as ScriptedRedis).mnemosCheck!(
     keys.inbox,
     read.length,
     cutUnits(read[read.length - 1]!.raw, ENTRY_HEAD_UNITS),
-    ...firsts.map((e) => cutUnits(e.raw, ENTRY_HEAD_UNITS)),
+    cutUnits(read[r]!.raw, ENTRY_HEAD_UNITS),
+    ...read.slice(0, r).map((e) => e.seq),
   );
-  return Number(r) === 1;
+  return Number(res) === 1;
 }
 
 /** Returns how many entries are still waiting after the trim. */
