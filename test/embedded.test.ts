@@ -284,6 +284,29 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
     assert.equal(await stopServer(), 0);
   });
 
+  void it('with LOG_LEVEL=info, CLI logs go to stderr: an export to stdout imports back', async () => {
+    const info = { ...env, LOG_LEVEL: 'info' };
+    const exported = runCli(['export', SID, '--tenant', 'embedded-user'], info);
+    assert.equal(exported.status, 0, exported.stderr);
+    assert.match(exported.stderr, /PGlite\) opened/, 'the info log is written, to stderr');
+    const lines = exported.stdout.trimEnd().split('\n');
+    for (const line of lines) {
+      const row = JSON.parse(line) as Record<string, unknown>;
+      assert.ok(!('level' in row) && !('msg' in row), `a log line on stdout: ${line}`);
+    }
+    const file = path.join(dataDir, 'export.jsonl');
+    await writeFile(file, exported.stdout);
+    const imported = runCli(
+      ['import', 'jsonl', file, '--tenant', 'embedded-user', '--session', 'embedded-copy'],
+      info,
+    );
+    assert.equal(imported.status, 0, imported.stderr);
+    assert.match(imported.stdout, /^embedded-copy: imported 4 messages/);
+    const key = runCli(['key', 'create', '--tenant', 'embedded-user', '--json'], info);
+    assert.equal(key.status, 0, key.stderr);
+    assert.match((JSON.parse(key.stdout) as { api_key: string }).api_key, /^mn_/);
+  });
+
   for (const mode of ['api', 'worker']) {
     void it(`"mnemos ${mode}" without DATABASE_URL exits non-zero with a message naming DATABASE_URL`, () => {
       const r = runCli([mode], env);

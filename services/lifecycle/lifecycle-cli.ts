@@ -40,8 +40,9 @@ async function withRuntime<T>(
   fn: (rt: Runtime) => Promise<T>,
 ): Promise<T> {
   const config = loadConfig(process.env);
-  // Progress goes to stdout; logs only when asked for.
-  const logger = makeLogger(process.env.LOG_LEVEL ? config.logLevel : 'warn');
+  // Results go to stdout; logs only when asked for, and to stderr: an export to stdout with
+  // LOG_LEVEL=info began with the "PGlite opened" log line, and its import then failed.
+  const logger = makeLogger(process.env.LOG_LEVEL ? config.logLevel : 'warn', { stderr: true });
   const deps = await openDeps(config, logger, { poolSize: 4 });
   const extensions: Extension[] = [];
   try {
