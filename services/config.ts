@@ -251,6 +251,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   const e = parsed.data;
   const configured = Boolean(e.OPENAI_API_KEY ?? e.OPENAI_BASE_URL);
   const local = !configured;
+  const localEmbedder = local || e.EMBEDDING_MODEL === 'local-hash';
   const problems: string[] = [];
   let timeZone = e.TZ ?? Intl.DateTimeFormat().resolvedOptions().timeZone;
   try {
@@ -279,8 +280,10 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     llm: { apiKey: e.OPENAI_API_KEY, baseURL: e.OPENAI_BASE_URL, configured },
     embedding: {
       model: e.EMBEDDING_MODEL ?? (local ? 'local-hash' : 'text-embedding-3-small'),
-      dimensions: e.EMBEDDING_DIMENSIONS ?? (local ? 384 : 1536),
-      local: local || e.EMBEDDING_MODEL === 'local-hash',
+      // local-hash defaults to its own 384 with an LLM configured too (it got 1536 there, and the
+      // start then refused an index built with local-hash/384).
+      dimensions: e.EMBEDDING_DIMENSIONS ?? (localEmbedder ? 384 : 1536),
+      local: localEmbedder,
     },
     embedRoles: e.EMBED_ROLES,
     summaryModel: e.SUMMARY_MODEL,

@@ -88,6 +88,17 @@ void describe('configuration', () => {
     assert.equal(c.llm.configured, false);
     const withLlm = loadConfig({ OPENAI_API_KEY: 'sk-x', SUMMARY_CRON: '*/5 * * * * *' });
     assert.deepEqual(withLlm.embedding, { model: 'text-embedding-3-small', dimensions: 1536, local: false });
+    // local-hash is 384 by default whether or not an LLM is configured.
+    assert.deepEqual(loadConfig({ OPENAI_API_KEY: 'sk-x', EMBEDDING_MODEL: 'local-hash' }).embedding, {
+      model: 'local-hash',
+      dimensions: 384,
+      local: true,
+    });
+    assert.equal(
+      loadConfig({ OPENAI_API_KEY: 'sk-x', EMBEDDING_MODEL: 'local-hash', EMBEDDING_DIMENSIONS: '256' })
+        .embedding.dimensions,
+      256,
+    );
     assert.equal(withLlm.summaryCron, '*/5 * * * * *');
   });
 
