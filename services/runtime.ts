@@ -64,8 +64,8 @@ export async function openDeps(
 
 /**
  * No DATABASE_URL: the embedded Postgres (PGlite + pgvector) under `config.dataDir`, migrated,
- * and, on the very first start, a tenant "default" whose API key goes to a 0600 file (never to
- * the log or stdout).
+ * and, on the first start of a database (never again, even once every tenant is erased), a tenant
+ * "default" whose API key goes to a 0600 file (never to the log or stdout).
  */
 async function openEmbedded(config: Config, logger: Logger): Promise<Db> {
   const db = await openPgliteDb(config.dataDir);
@@ -83,15 +83,36 @@ async function openEmbedded(config: Config, logger: Logger): Promise<Db> {
 }
 
 export const FIRST_KEY_FILE = 'first-api-key.txt';
+/** maintenance_state row recording that this database has had a tenant (bootstrapped or not). */
+const FIRST_TENANT_MARK = 'first-tenant';
 
-/** Creates tenant "default" when the database has no tenant yet; returns the key file's path then. */
+/**
+ * Creates tenant "default" on the first start of a database only; returns the key file's path
+ * then. A database that has ever had a tenant is marked (maintenance_state 'first-tenant'), so
+ * erasing every tenant does not bring "default" back with a new live key on the next start.
+ * Databases from before the mark get it on the first start that finds a tenant.
+ */
 export async function ensureFirstTenant(db: Db, dataDir: string): Promise<string | null> {
-  if ((await tenantList(db, { limit: 1 })).items.length > 0) return null;
-  const t = await createTenant(db, 'default');
-  const file = path.join(dataDir, FIRST_KEY_FILE);
-  const tmp = `${file}.${process.pid}.tmp`;
-  await writeFile(tmp, `${t.api_key}\n`, { mode: 0o600 });
-  await rename(tmp, file);
+  const mark = await db.query<{ done: boolean }>(
+    `SELECT done_at IS NOT NULL AS done FROM maintenance_state WHERE name = $1`,
+    [FIRST_TENANT_MARK],
+  );
+  if (mark.rows[0]?.done) return null;
+  const hadTenant = (await tenantList(db, { limit: 1 })).items.length > 0;
+  let file: string | null = null;
+  if (!hadTenant) {
+    const t = await createTenant(db, 'default');
+    file = path.join(dataDir, FIRST_KEY_FILE);
+    const tmp = `${file}.${process.pid}.tmp`;
+    await writeFile(tmp, `${t.api_key}\n`, { mode: 0o600 });
+    await rename(tmp, file);
+  }
+  // After the key file: a start that dies before this sees the tenant next time and only marks.
+  await db.query(
+    `INSERT INTO maintenance_state (name, done_at) VALUES ($1, now())
+     ON CONFLICT (name) DO UPDATE SET done_at = coalesce(maintenance_state.done_at, now())`,
+    [FIRST_TENANT_MARK],
+  );
   return file;
 }
 

@@ -317,6 +317,74 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
   }
 });
 
+void describe('an embedded data directory across starts', () => {
+  let dataDir: string;
+  let prefix: string;
+  let env: NodeJS.ProcessEnv;
+  let base: string;
+  let server: Child | null = null;
+
+  const start = async () => {
+    const child = startChild(['serve'], env);
+    server = child;
+    await eventually(
+      async () => {
+        if (child.proc.exitCode !== null) throw new Error(`mnemos serve exited early:\n${child.output()}`);
+        return (await fetch(`${base}/readyz`).catch(() => null))?.status === 200;
+      },
+      90_000,
+      'embedded mnemos serve to be ready',
+    );
+  };
+  const stop = async () => {
+    const child = server;
+    server = null;
+    child?.proc.kill('SIGTERM');
+    return child?.exited;
+  };
+
+  before(async () => {
+    dataDir = await mkdtemp(path.join(tmpdir(), 'mnemos-embedded-starts-'));
+    prefix = testPrefix();
+    base = `http://127.0.0.1:${await freePort()}`;
+    env = embeddedEnv({
+      MNEMOS_DATA_DIR: dataDir,
+      MNEMOS_PREFIX: prefix,
+      MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN,
+      PORT: new URL(base).port,
+      HOST: '127.0.0.1',
+    });
+  });
+
+  after(async () => {
+    if (server?.proc.exitCode === null) {
+      server.proc.kill('SIGKILL');
+      await server.exited;
+    }
+    await rm(dataDir, { recursive: true, force: true });
+    await deleteRedisPrefix(prefix);
+  });
+
+  void it('creates tenant "default" on the first start only: not again once every tenant is erased', async () => {
+    const keyFile = path.join(dataDir, 'first-api-key.txt');
+    await start();
+    const admin = api(base, ADMIN_TOKEN);
+    const first = await admin.get('/v1/admin/tenants');
+    assert.deepEqual(
+      first.body.tenants.map((t: { name: string }) => t.name),
+      ['default'],
+    );
+    assert.ok(existsSync(keyFile));
+    assert.equal((await admin.del(`/v1/admin/tenants/${first.body.tenants[0].tenant_id}`)).status, 204);
+    assert.equal(await stop(), 0);
+    await rm(keyFile);
+    await start();
+    assert.deepEqual((await admin.get('/v1/admin/tenants')).body.tenants, []);
+    assert.ok(!existsSync(keyFile), 'no new key file');
+    assert.equal(await stop(), 0);
+  });
+});
+
 void describe('openPgliteDb (the embedded Db adapter)', () => {
   let dir: string;
   let db: EmbeddedDb;
