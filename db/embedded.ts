@@ -2,6 +2,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { link, mkdir, readFile, unlink, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { PGlite } from '@electric-sql/pglite';
 import type { Results, Transaction } from '@electric-sql/pglite';
 import { vector } from '@electric-sql/pglite-pgvector';
@@ -56,6 +57,54 @@ export class EmbeddedLockedError extends Error {
         ` (POST /v1/admin/tenants with MNEMOS_ADMIN_TOKEN). If no such process exists, delete ${path.join(dataDir, LOCK_FILE)}.`,
     );
     this.name = 'EmbeddedLockedError';
+  }
+}
+
+/**
+ * The major version of the PostgreSQL that PGlite (package.json pins the version) is built from:
+ * the PG_VERSION it writes into a data directory, and the only one it can open.
+ */
+export const PGLITE_PG_MAJOR = '18';
+
+async function pgliteVersion(): Promise<string> {
+  const pkg = fileURLToPath(new URL('../package.json', import.meta.url));
+  try {
+    const deps = (JSON.parse(await readFile(pkg, 'utf8')) as { dependencies?: Record<string, string> })
+      .dependencies;
+    return deps?.['@electric-sql/pglite'] ?? 'unknown version';
+  } catch {
+    return 'unknown version';
+  }
+}
+
+/**
+ * PGlite could not open an existing data directory. Its own error says only "PGlite failed to
+ * initialize properly"; this one names the directory, what its PG_VERSION holds, and what to do.
+ */
+export class EmbeddedOpenError extends Error {
+  readonly code = 'EMBEDDED_OPEN_FAILED';
+  constructor(
+    readonly pgdata: string,
+    readonly foundVersion: string | null,
+    pgliteVersion: string,
+    cause: unknown,
+  ) {
+    const found =
+      foundVersion === null
+        ? 'it has no PG_VERSION file'
+        : foundVersion === PGLITE_PG_MAJOR
+          ? `its PG_VERSION says ${foundVersion}, the right version, so it is more likely damaged or not writable`
+          : `its PG_VERSION says ${JSON.stringify(foundVersion)}: it was written by another Postgres version, not PGlite's ${PGLITE_PG_MAJOR}`;
+    super(
+      `the data directory ${pgdata} could not be opened by the embedded Postgres (PGlite ${pgliteVersion}, ` +
+        `which uses PostgreSQL ${PGLITE_PG_MAJOR} data directories; ${found}). ` +
+        `Likely causes: a directory of another Postgres version or build (a Postgres server's cluster is ` +
+        `not a PGlite directory), a damaged one, or one this user cannot write. ` +
+        `Restore it from a backup, or move ${pgdata} away to start afresh with an empty database ` +
+        `(PGlite said: ${cause instanceof Error ? cause.message : String(cause)})`,
+      { cause },
+    );
+    this.name = 'EmbeddedOpenError';
   }
 }
 
@@ -169,18 +218,24 @@ export interface EmbeddedDb extends Db {
 
 /**
  * Opens (creating if needed) the embedded database under `dataDir`. Fails with
- * `EmbeddedLockedError` when another live process has it open.
+ * `EmbeddedLockedError` when another live process has it open, and with `EmbeddedOpenError`
+ * when PGlite cannot open what is there.
  */
 export async function openPgliteDb(dataDir: string): Promise<EmbeddedDb> {
   const dir = path.resolve(dataDir);
   await mkdir(path.join(dir, PGDATA_SUBDIR), { recursive: true, mode: 0o700 });
   const release = await acquireLock(dir);
+  const pgdata = path.join(dir, PGDATA_SUBDIR);
   let pg: PGlite;
   try {
-    pg = await PGlite.create(path.join(dir, PGDATA_SUBDIR), { extensions: { vector }, parsers });
+    pg = await PGlite.create(pgdata, { extensions: { vector }, parsers });
   } catch (err) {
     await release();
-    throw err;
+    const found = await readFile(path.join(pgdata, 'PG_VERSION'), 'utf8').then(
+      (v) => v.trim().slice(0, 40),
+      () => null,
+    );
+    throw new EmbeddedOpenError(pgdata, found, await pgliteVersion(), err);
   }
   const exclusive = makeMutex();
   // The transaction (if any) the current async call chain is running inside.

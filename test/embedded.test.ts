@@ -8,7 +8,7 @@ import { hostname, tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { EmbeddedLockedError, EmbeddedReentryError, openPgliteDb } from '../db/embedded.js';
+import { EmbeddedLockedError, EmbeddedReentryError, PGLITE_PG_MAJOR, openPgliteDb } from '../db/embedded.js';
 import type { EmbeddedDb } from '../db/embedded.js';
 import { migrate } from '../db/migrate.js';
 import { initVectorIndex, insertSessionVectors } from '../db/queries/vectors.js';
@@ -382,6 +382,20 @@ void describe('an embedded data directory across starts', () => {
     assert.deepEqual((await admin.get('/v1/admin/tenants')).body.tenants, []);
     assert.ok(!existsSync(keyFile), 'no new key file');
     assert.equal(await stop(), 0);
+  });
+
+  void it('a data dir of another Postgres version stops the CLI and serve, naming the directory and version', async () => {
+    const pgdata = path.join(dataDir, 'pgdata');
+    assert.equal((await readFile(path.join(pgdata, 'PG_VERSION'), 'utf8')).trim(), PGLITE_PG_MAJOR);
+    await writeFile(path.join(pgdata, 'PG_VERSION'), '15\n');
+    const cli = runCli(['tenant', 'list'], env);
+    const serve = runCli(['serve'], env);
+    for (const r of [cli, serve]) {
+      assert.notEqual(r.status, 0);
+      assert.ok(r.stderr.includes(`the data directory ${pgdata} could not be opened`), r.stderr);
+      assert.match(r.stderr, /PG_VERSION says "15"/);
+      assert.match(r.stderr, /restore it from a backup/i);
+    }
   });
 });
 
