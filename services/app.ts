@@ -47,9 +47,14 @@ const requestId: RequestHandler = (req, res, next) => {
   next();
 };
 
-/** The declared charset of the body, lower-cased; undefined when none is declared. */
-const charsetOf = (req: express.Request): string | undefined =>
-  /;\s*charset="?([^";\s]+)/i.exec(req.headers['content-type'] ?? '')?.[1]?.toLowerCase();
+/**
+ * The charsets the body's content-type declares, lower-cased (none, one, or more: body-parser
+ * reads the last, so each is checked). Spaces around `=` count, as body-parser allows them.
+ */
+const charsetsOf = (req: express.Request): string[] =>
+  [...(req.headers['content-type'] ?? '').matchAll(/;\s*charset\s*=\s*"?([^";\s]*)/gi)].map((m) =>
+    m[1]!.toLowerCase(),
+  );
 
 /**
  * Bodies must be JSON (or JSON Lines where a route says so) in UTF-8; anything else is a 415, not
@@ -60,20 +65,23 @@ const charsetOf = (req: express.Request): string | undefined =>
 const requireJson: RequestHandler = (req, _res, next) => {
   const hasBody =
     req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
-  if (!hasBody) return next();
-  const charset = charsetOf(req);
-  if (charset !== undefined && charset !== 'utf-8' && charset !== 'utf8')
+  const type = req.headers['content-type'];
+  // Zero bytes are no body whatever their parameters (body-parser still reads them, and refused
+  // `charset=utf8` or `latin1` on an empty DELETE with a 415).
+  if (!hasBody) {
+    if (type !== undefined) req.headers['content-type'] = type.split(';')[0]!;
+    return next();
+  }
+  const charsets = charsetsOf(req);
+  const other = charsets.find((c) => c !== 'utf-8' && c !== 'utf8' && c !== '');
+  if (other !== undefined)
     throw new AppError(
       415,
       'unsupported_encoding',
-      `charset ${charset} is not supported: send the body in UTF-8`,
+      `charset ${other} is not supported: send the body in UTF-8`,
     );
   // `utf8` is UTF-8's common alias, which body-parser (it wants `utf-…`) refused with a 415.
-  if (charset === 'utf8')
-    req.headers['content-type'] = req.headers['content-type']!.replace(
-      /;\s*charset="?utf8"?/i,
-      '; charset=utf-8',
-    );
+  if (charsets.length > 0) req.headers['content-type'] = `${type!.split(';')[0]!}; charset=utf-8`;
   if (req.method === 'GET' || req.method === 'HEAD') return next();
   // JSON Lines only where a route reads them: elsewhere such a body went unread, and the route
   // ran as if none had been sent (a reset kept the summary its body asked to drop).
@@ -114,16 +122,23 @@ const sameOriginWrites: RequestHandler = (req, _res, next) => {
   const origin = req.headers.origin;
   let foreign = site === 'cross-site' || site === 'same-site';
   if (!foreign && origin !== undefined) {
-    let host: string | null = null;
+    foreign = true;
     try {
-      host = origin === 'null' ? null : new URL(origin).host.toLowerCase();
+      const from = new URL(origin);
+      const port = from.port || (from.protocol === 'https:' ? '443' : '80');
+      const own = [req.headers.host, req.headers['x-forwarded-host']]
+        .flatMap((h) => (typeof h === 'string' ? h.split(',') : []))
+        .map((h) => new URL(`http://${h.trim()}`));
+      // The same host and port; a Host or X-Forwarded-Host without a port (URL drops `:80` too)
+      // may name a default one, and a proxy's `$host:$server_port` names 443 explicitly.
+      foreign = !own.some(
+        (h) =>
+          h.hostname === from.hostname &&
+          (h.port === port || (h.port === '' && (port === '80' || port === '443'))),
+      );
     } catch {
-      host = null;
+      // `Origin: null`, or a header that is no URL: not the board's own page.
     }
-    const own = [req.headers.host, req.headers['x-forwarded-host']]
-      .flatMap((h) => (typeof h === 'string' ? h.split(',') : []))
-      .map((h) => h.trim().toLowerCase());
-    foreign = host === null || !own.includes(host);
   }
   if (foreign)
     throw new AppError(403, 'cross_origin', 'Bull Board accepts changes only from its own pages (Origin)');

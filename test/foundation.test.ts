@@ -547,16 +547,30 @@ void describe('tenants, keys and the admin API', () => {
       assert.equal(r.status, 400);
       assert.equal(r.body.error.code, 'invalid_utf8');
     }
-    // Another UTF charset is a 415: body-parser would decode it, with U+FFFD for what it cannot.
-    for (const charset of ['utf-7', 'utf-16', 'UTF-32LE']) {
+    // Another UTF charset is a 415: body-parser would decode it, with U+FFFD for what it cannot,
+    // however it is spelled (body-parser allows spaces around `=` and reads the last charset).
+    for (const param of [
+      'charset=utf-7',
+      'charset=utf-16',
+      'charset=UTF-32LE',
+      'charset = utf-7',
+      'charset=utf-8; charset=utf-7',
+    ]) {
       const r = await t.api.raw('/v1/sessions/s/messages', {
         method: 'POST',
-        headers: { 'content-type': `application/json; charset=${charset}` },
+        headers: { 'content-type': `application/json; ${param}` },
         body: invalid,
       });
-      assert.equal(r.status, 415, charset);
+      assert.equal(r.status, 415, param);
       assert.equal(r.body.error.code, 'unsupported_encoding');
     }
+    // UTF-7 bytes are ASCII: stored decoded, `a+AGE-b` would read `aab`.
+    const utf7 = await t.api.raw('/v1/sessions/s/messages', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json; charset = utf-7' },
+      body: JSON.stringify({ messages: [{ id: 'u7', role: 'user', content: 'a+AGE-b' }] }),
+    });
+    assert.equal(utf7.status, 415);
     // Nothing was accepted: the id is still free (a taken one with other content would be a 409).
     const fresh = await t.api.post('/v1/sessions/s/messages', {
       messages: [{ id: 'u1', role: 'user', content: 'fine utf8' }],
@@ -715,13 +729,13 @@ void describe('tenants, keys and the admin API', () => {
     assert.equal((await t.api.raw('/v1/sessions/h', { method: 'GET' })).status, 404);
     // Nor does a body of zero bytes with a JSON content-type, as HTTP wrappers send on every
     // call (fetch above sent no content-length at all; body-parser reads zero bytes as `{}`).
-    const zeroBytes = (path: string) =>
+    const zeroBytes = (path: string, contentType = 'application/json') =>
       new Promise<number>((resolve, reject) => {
         const req = request(`${svc.base}${path}`, {
           method: 'DELETE',
           headers: {
             authorization: `Bearer ${t.apiKey}`,
-            'content-type': 'application/json',
+            'content-type': contentType,
             'content-length': '0',
           },
         });
@@ -734,6 +748,17 @@ void describe('tenants, keys and the admin API', () => {
       });
     await t.api.post('/v1/sessions/h2/messages?wait=true', { messages: [{ role: 'user', content: 'x' }] });
     assert.equal(await zeroBytes('/v1/sessions/h2'), 204);
+    // Whatever its charset says (body-parser refused `utf8` and `latin1` on zero bytes).
+    for (const [n, charset] of ['utf8', 'latin1'].entries()) {
+      await t.api.post(`/v1/sessions/h${n + 3}/messages?wait=true`, {
+        messages: [{ role: 'user', content: 'x' }],
+      });
+      assert.equal(
+        await zeroBytes(`/v1/sessions/h${n + 3}`, `application/json; charset=${charset}`),
+        204,
+        charset,
+      );
+    }
     assert.equal((await t.api.raw('/v1/sessions/h2', { method: 'GET' })).status, 404);
     assert.equal(await zeroBytes('/v1/errors?tool_name=none'), 200);
     assert.equal((await api(svc.base).raw('/healthz', { method: 'HEAD' })).status, 200);

@@ -133,6 +133,42 @@ void describe('operations', () => {
       assert.equal(((await r.json()) as { error: { code: string } }).error.code, 'cross_origin');
     }
     assert.deepEqual(await svc.deps.queues.ingest.getJobCounts(), waitingBefore, 'nothing was added');
+    // Behind a proxy: the origin's host and (default) port, as X-Forwarded-Host gives them, pass
+    // the origin check (whatever the board then makes of the body); another port does not.
+    const board = new URL(svc.base);
+    for (const [origin, forwarded] of [
+      ['https://board.example.com', 'board.example.com'],
+      ['https://board.example.com', 'board.example.com:443'],
+      ['http://board.example.com', 'board.example.com:80'],
+    ] as const) {
+      const r = await fetch(`${svc.base}/admin/queues/api/queues/ingest/add`, {
+        method: 'POST',
+        headers: {
+          authorization: basic,
+          origin,
+          'x-forwarded-host': forwarded,
+          'content-type': 'application/json',
+        },
+        body: '{}',
+      });
+      assert.notEqual(r.status, 403, `${origin} via ${forwarded}`);
+    }
+    for (const [origin, forwarded] of [
+      ['https://board.example.com', 'board.example.com:8443'],
+      [`http://${board.hostname}:1`, board.host],
+    ] as const) {
+      const r = await fetch(`${svc.base}/admin/queues/api/queues/ingest/add`, {
+        method: 'POST',
+        headers: {
+          authorization: basic,
+          origin,
+          'x-forwarded-host': forwarded,
+          'content-type': 'application/json',
+        },
+        body: '{}',
+      });
+      assert.equal(r.status, 403, `${origin} via ${forwarded}`);
+    }
     // The board's own page (same origin), as its UI sends it: the job is added, and its payload,
     // which no processor knows, fails at once instead of coming back for 12 attempts.
     const own = await add({ origin: svc.base, 'content-type': 'application/json' });
