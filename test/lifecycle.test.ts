@@ -13,7 +13,12 @@ import type { Queue } from 'bullmq';
 import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
 import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
-import { openSessionExport, SessionChangedError } from '../services/lifecycle/export-session.js';
+import {
+  EXPORT_PAGE_BYTES,
+  openSessionExport,
+  SessionChangedError,
+} from '../services/lifecycle/export-session.js';
+import type { Queryable } from '../db/pool.js';
 import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
 import { buildSessionIndex, dropSessionIndex } from '../db/queries/session-indexes.js';
 import { pageSummaryCandidates } from '../db/queries/summaries.js';
@@ -889,6 +894,51 @@ void describe('export and import', () => {
     assert.match(raw, /^HTTP\/1\.1 200 OK\r\n/);
     assert.doesNotMatch(raw.slice(raw.indexOf('\r\n\r\n')), /HTTP\/1\.1 400/);
   });
+  void test('export pages of big messages are cut by bytes: every message once, in order', async () => {
+    const t = await svc.newTenant();
+    const s = sid('heavy');
+    // 20 messages of 512 KiB: 10 MiB, one page of rows but several pages of EXPORT_PAGE_BYTES.
+    const body = (i: number) => `${String(i).padStart(4, '0')} ${'x'.repeat(512 * 1024)}`;
+    const lines = Array.from({ length: 20 }, (_, i) => JSON.stringify(user(body(i))));
+    const im = await t.api.post(`/v1/sessions/${s}/import`, `${lines.join('\n')}\n`, {
+      'content-type': 'application/x-ndjson',
+    });
+    assert.equal(im.status, 201, JSON.stringify(im.body));
+
+    const ex = await t.api.get(`/v1/sessions/${s}/export`);
+    assert.equal(ex.status, 200);
+    const out = ex.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    assert.deepEqual(
+      out.map((m) => m.seq),
+      Array.from({ length: 20 }, (_, i) => i + 1),
+    );
+    assert.ok(out.every((m, i) => m.content === body(i)));
+
+    // The statements the export sends: each page of messages holds about EXPORT_PAGE_BYTES.
+    const pages: number[] = [];
+    const spy = {
+      query: async (text: string, params?: unknown[]) => {
+        const r = await svc.deps.db.query(text, params);
+        if (/FROM messages/.test(text)) {
+          pages.push(r.rows.reduce((n: number, m: any) => n + String(m.content ?? '').length, 0));
+        }
+        return r;
+      },
+    } as unknown as Queryable;
+    const again = (await openSessionExport(spy, t.tenantId, s))!;
+    let n = 0;
+    for await (const line of again) if (JSON.parse(line).type === 'message') n++;
+    assert.equal(n, 20);
+    assert.ok(pages.length >= 3, `pages: ${pages.join(', ')}`);
+    assert.ok(
+      pages.every((bytes) => bytes <= EXPORT_PAGE_BYTES + 1024 * 1024),
+      `page sizes: ${pages.join(', ')}`,
+    );
+  });
+
   void test('an export racing a reset or delete fails, never a short body that looks complete', async () => {
     for (const clear of ['reset', 'delete'] as const) {
       const t = await svc.newTenant();
