@@ -116,6 +116,11 @@ const schema = z.object({
     .transform(Number)
     .pipe(z.number().positive('must be a positive number of days').max(3650))
     .default(90),
+  USAGE_RETENTION_DAYS: int(
+    28,
+    36500,
+    'days LLM usage rows are kept; GET /v1/usage reads at most the last 28',
+  ).default(35),
   REPLY_LANG: z
     .string()
     .trim()
@@ -181,6 +186,11 @@ export interface Config {
   summaryRunes: number;
   summaryCron: string;
   errorMemoryTtlDays: number;
+  /**
+   * `llm_usage` rows older than this many days are deleted by the usage-retention task (at least
+   * 28: the longest window GET /v1/usage reads).
+   */
+  usageRetentionDays: number;
   replyLang: string;
   timeZone: string;
   workerConcurrency: number;
@@ -293,6 +303,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     summaryRunes: e.SUMMARY_RUNES,
     summaryCron: e.SUMMARY_CRON,
     errorMemoryTtlDays: e.ERROR_MEMORY_TTL_DAYS,
+    usageRetentionDays: e.USAGE_RETENTION_DAYS,
     replyLang: e.REPLY_LANG,
     timeZone,
     workerConcurrency: e.WORKER_CONCURRENCY,

@@ -81,6 +81,13 @@ void describe('configuration', () => {
     assert.equal(c.maxHistoryBytes, 4194304);
     assert.equal(c.summaryRunes, 32000);
     assert.equal(c.errorMemoryTtlDays, 90);
+    assert.equal(c.usageRetentionDays, 35);
+    // Shorter than the longest usage window would make GET /v1/usage?window=28d lose rows.
+    assert.throws(
+      () => loadConfig({ USAGE_RETENTION_DAYS: '27' }),
+      /USAGE_RETENTION_DAYS: must be at least 28/,
+    );
+    assert.equal(loadConfig({ USAGE_RETENTION_DAYS: '400' }).usageRetentionDays, 400);
     assert.equal(c.workerConcurrency, 8);
     assert.equal(c.embedConcurrency, 2);
     assert.equal(c.pgPoolSize, 16);

@@ -5,6 +5,7 @@ import { pageSummaryCandidates, updateSummaryGuarded } from '../db/queries/summa
 import { codePoints } from '../services/text/code-points.js';
 import { extractJsonObject, parseSummaryAnswer } from '../services/summary/summary-shape.js';
 import { summarizeSession } from '../workers/summarize.js';
+import { newUsageRetentionState, pruneUsage } from '../workers/usage-retention.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { ChatScript, FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
 import { eventually, startTestService } from './support/harness.js';
@@ -859,5 +860,78 @@ void describe('once per session', () => {
     const got = await api.get(`/v1/sessions/${s}/summary`);
     assert.deepEqual(got.body.summary, first.summary);
     assert.equal(got.body.version, first.version);
+  });
+});
+
+void describe('usage retention', () => {
+  /** One usage row per age, in hours before now, for `tenant`. */
+  async function usageAged(tenant: string, hours: number[]) {
+    for (const [i, h] of hours.entries()) {
+      await svc.deps.db.query(
+        `INSERT INTO llm_usage (tenant_id, session_id, purpose, model, calls, input_tokens, output_tokens, at)
+         VALUES ($1, NULL, 'summary', 'm-retention', $2, 100, 10, now() - $3 * interval '1 hour')`,
+        [tenant, 2 ** i, h],
+      );
+    }
+  }
+  const ages = async (tenant: string) =>
+    (
+      await svc.deps.db.query<{ days: number }>(
+        `SELECT floor(extract(epoch FROM now() - at) / 86400)::int AS days FROM llm_usage
+         WHERE tenant_id = $1 ORDER BY at DESC`,
+        [tenant],
+      )
+    ).rows.map((r) => r.days);
+  const windows = async (t: Api) => {
+    const out: Record<string, unknown> = {};
+    for (const w of ['24h', '7d', '28d']) out[w] = (await t.get(`/v1/usage?window=${w}`)).body;
+    return out;
+  };
+
+  void test('the usage-retention task deletes rows past USAGE_RETENTION_DAYS; every window answers the same', async () => {
+    assert.equal(svc.config.usageRetentionDays, 35);
+    const scheduler = await svc.deps.queues.maintenance.getJobScheduler('usage-retention');
+    assert.equal(Number(scheduler?.every), 10 * 60_000);
+    // Two tenants with no other traffic: 12 h, 6 d, 27 d and 34 d old rows stay; 36 d and 400 d go.
+    const a = await svc.newTenant();
+    const b = await svc.newTenant();
+    const hours = [12, 6 * 24, 27 * 24, 34 * 24, 36 * 24, 400 * 24];
+    await usageAged(a.tenantId, hours);
+    await usageAged(b.tenantId, hours);
+    const before = { a: await windows(a.api), b: await windows(b.api) };
+    assert.deepEqual((before.a['28d'] as any).rows, [
+      { purpose: 'summary', model: 'm-retention', calls: 1 + 2 + 4, input_tokens: 300, output_tokens: 30 },
+    ]);
+
+    // Run by the worker, as its scheduler does.
+    await svc.deps.queues.maintenance.add('usage-retention', { v: 1, kind: 'usage-retention' });
+    await eventually(
+      async () => (await ages(a.tenantId)).length === 4 && (await ages(b.tenantId)).length === 4,
+      15_000,
+      'rows past the retention deleted',
+    );
+    for (const t of [a, b]) assert.deepEqual(await ages(t.tenantId), [0, 6, 27, 34]);
+    assert.deepEqual({ a: await windows(a.api), b: await windows(b.api) }, before);
+  });
+
+  void test('a run deletes a bounded number of batches, and the next goes on where it stopped', async () => {
+    const t = await svc.newTenant();
+    await usageAged(t.tenantId, [1, ...Array.from({ length: 10 }, (_, i) => (40 + i) * 24)]);
+    const state = newUsageRetentionState();
+    const runs: number[] = [];
+    for (let i = 0; i < 100; i++) {
+      const run = await pruneUsage(svc.deps, state, { batch: 2, maxBatches: 3 });
+      runs.push(run.deleted);
+      assert.ok(run.deleted <= 6, `run ${i} deleted ${run.deleted}`);
+      if (run.finished) break;
+    }
+    assert.ok(runs.length > 1, 'took more than one run');
+    assert.ok(runs.reduce((x, y) => x + y, 0) >= 10);
+    assert.deepEqual(await ages(t.tenantId), [0]);
+    // A finished pass starts the tenant's next one at its cutoff: nothing left to delete.
+    assert.deepEqual(await pruneUsage(svc.deps, state, { batch: 2, maxBatches: 1000 }), {
+      deleted: 0,
+      finished: true,
+    });
   });
 });

@@ -7,6 +7,7 @@ import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
 import { runIngestSweep } from './ingest-sweep.js';
 import { parsePayload, scheduleMaintenance } from './queues.js';
+import { USAGE_RETENTION_EVERY_MS, makeUsageRetention } from './usage-retention.js';
 import type { QueueName } from './queues.js';
 
 export interface WorkerOptions {
@@ -48,6 +49,7 @@ export async function startWorkers(
   });
   const tasks: Record<string, () => Promise<unknown>> = {
     'ingest-sweep': () => runIngestSweep(deps, opts.ingestSweepAfterMs ?? 60_000),
+    'usage-retention': makeUsageRetention(deps),
   };
   for (const e of extensions) Object.assign(tasks, e.maintenance ?? {});
   const processors: Partial<Record<QueueName, Processor>> = {
@@ -103,6 +105,7 @@ export async function startWorkers(
   // periodically (upserts are idempotent).
   const ensureSchedules = async () => {
     await scheduleMaintenance(deps.queues, 'ingest-sweep', opts.ingestSweepEveryMs ?? 30_000);
+    await scheduleMaintenance(deps.queues, 'usage-retention', USAGE_RETENTION_EVERY_MS);
     for (const e of extensions) await e.schedule?.();
   };
   await ensureSchedules();

@@ -61,3 +61,48 @@ export async function usageByWindow(
     output_tokens: Number(x.output_tokens),
   }));
 }
+
+/**
+ * Tenant ids in id order (the primary key), from `from` (included when `inclusive`) on: the walk of
+ * the usage retention task.
+ */
+export async function tenantIdsFrom(
+  q: Queryable,
+  from: string | null,
+  inclusive: boolean,
+  limit: number,
+): Promise<string[]> {
+  const r = await q.query<{ id: string }>(
+    `SELECT id FROM tenants WHERE $1::text IS NULL OR id ${inclusive ? '>=' : '>'} $1 ORDER BY id LIMIT $2`,
+    [from, limit],
+  );
+  return r.rows.map((x) => x.id);
+}
+
+/**
+ * Deletes the oldest `limit` of a tenant's usage rows recorded in [`from`, `before`) (`from` null =
+ * no lower bound), found in `at` order through the (tenant_id, at) index and deleted by ctid, so
+ * neither step reads the tenant's newer rows. Returns how many went and the newest `at` among
+ * them: the next batch's `from`, so it does not walk again the index entries of the rows this one
+ * deleted (they stay in the index until a vacuum).
+ */
+export async function deleteUsageBefore(
+  q: Queryable,
+  tenantId: string,
+  from: Date | null,
+  before: Date,
+  limit: number,
+): Promise<{ deleted: number; lastAt: Date | null }> {
+  const r = await q.query<{ n: number; last: Date | null }>(
+    `WITH gone AS (
+       DELETE FROM llm_usage
+       WHERE ctid = ANY (ARRAY(SELECT ctid FROM llm_usage
+                               WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR at >= $2) AND at < $3
+                               ORDER BY at LIMIT $4))
+         AND tenant_id = $1 AND at < $3
+       RETURNING at)
+     SELECT count(*)::int AS n, max(at) AS last FROM gone`,
+    [tenantId, from, before, limit],
+  );
+  return { deleted: r.rows[0]?.n ?? 0, lastAt: r.rows[0]?.last ?? null };
+}
