@@ -128,7 +128,13 @@ const sameOriginWrites: RequestHandler = (req, _res, next) => {
       const port = from.port || (from.protocol === 'https:' ? '443' : '80');
       const own = [req.headers.host, req.headers['x-forwarded-host']]
         .flatMap((h) => (typeof h === 'string' ? h.split(',') : []))
-        .map((h) => new URL(`http://${h.trim()}`));
+        .flatMap((h) => {
+          try {
+            return [new URL(`http://${h.trim()}`)];
+          } catch {
+            return [];
+          }
+        });
       // The same host and port; a Host or X-Forwarded-Host without a port (URL drops `:80` too)
       // may name a default one, and a proxy's `$host:$server_port` names 443 explicitly.
       foreign = !own.some(

@@ -93,11 +93,11 @@ export function makeQueues(
   };
 }
 
-/** Parses a job payload as untrusted input (a deploy may meet jobs queued by an older version). */
 /**
- * A job's payload, checked. One that does not fit (a job added by hand, through Bull Board or by
- * another build) is a permanent fault: it fails at once (SPEC §6), into the failed set, rather
- * than coming back for every attempt. The reason names the fields, never their values.
+ * Parses a job payload as untrusted input (a deploy may meet jobs queued by an older version).
+ * One that does not fit (a job added by hand, through Bull Board or by another build) is a
+ * permanent fault: it fails at once (SPEC §6), into the failed set, rather than coming back for
+ * every attempt. The reason names the fields, never their values.
  */
 export function parsePayload<N extends QueueName>(name: N, data: unknown): Payload<N> {
   const r = payloads[name].safeParse(data);
