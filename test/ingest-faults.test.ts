@@ -19,7 +19,7 @@ import {
   startTestService,
   testPrefix,
 } from './support/harness.js';
-import type { Api, ChildService, TestService } from './support/harness.js';
+import type { Api, ChildService, Res, TestService } from './support/harness.js';
 import { startPrivatePostgres } from './support/private-postgres.js';
 import { startPrivateRedis } from './support/private-redis.js';
 import { startTcpProxy } from './support/tcp-proxy.js';
@@ -1072,6 +1072,63 @@ void describe('ingestion under faults and many processes', () => {
       (await allMessages(t.api, 'x')).map((m) => `${m.seq}:${m.content}`),
       ['1:a', '2:b', '3:c'],
     );
+  });
+
+  void test('a ?wait=true whose session state vanishes before its drain commits still answers 201 once archived', async () => {
+    const prefix = testPrefix();
+    const svc = await startTestService({ prefix });
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(prefix);
+    });
+    const t = await svc.newTenant();
+    const keys = inboxKeys(prefix, t.tenantId, 'w');
+    assert.equal(
+      (await t.api.post('/v1/sessions/w/messages?wait=true', { messages: [user('w0')] })).status,
+      201,
+    );
+    // The drain of w1 waits on a table lock while the session's Redis state goes (evicted, or
+    // expired): the drain's trim does not make it again, so its archived mark never moves.
+    const pg = makePgDb({ connectionString: svc.config.databaseUrl!, max: 2 });
+    cleanups.push(() => pg.close());
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((r) => (locked = r));
+    const locking = pg.transaction(async (tx) => {
+      await tx.query('LOCK TABLE messages IN EXCLUSIVE MODE');
+      locked();
+      await held;
+    });
+    let answer: Promise<Res>;
+    try {
+      await isLocked;
+      answer = t.api.post('/v1/sessions/w/messages?wait=true', { messages: [user('w1')] });
+      await eventually(
+        async () => {
+          const r = await pg.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO messages%'`,
+          );
+          return r.rows[0]!.n > 0 ? true : null;
+        },
+        20_000,
+        'a drain waits on its INSERT',
+      );
+      assert.equal(await svc.deps.redis.del(keys.sess), 1);
+    } finally {
+      release();
+      await locking;
+    }
+    const started = Date.now();
+    const r = await answer;
+    // Before, it waited out its 10 s and answered 202, the message archived a moment after.
+    assert.equal(r.status, 201, JSON.stringify(r.body));
+    assert.deepEqual(
+      r.body.messages.map((m: { seq: number }) => m.seq),
+      [2],
+    );
+    assert.ok(Date.now() - started < 8_000, `answered after ${Date.now() - started} ms`);
   });
 
   void test('a re-post under the id the server gave, before its drain, gets the original seq', async () => {

@@ -1,7 +1,7 @@
 import { withTransaction } from '../../db/pool.js';
 import { NO_SESSION_STATE, acceptLookup } from '../../db/queries/messages.js';
 import { reviveSession } from '../../db/queries/lifecycle.js';
-import { lockOrCreateSession } from '../../db/queries/sessions.js';
+import { getSession, lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { syncRedisGeneration } from '../lifecycle/session-lifecycle.js';
@@ -267,12 +267,20 @@ export async function waitArchived(
   const deadline = Date.now() + timeoutMs;
   let delay = 2;
   let seenGen: string | null | undefined;
+  let askedArchive = 0;
   for (;;) {
     const [mark, gen] = await deps.redis
       .hmget(keys.sess, 'archived', 'gen')
       .catch((): Array<string | null> => [null, null]);
     if (mark != null && Number(mark) >= seq) return true;
     const timedOut = Date.now() >= deadline;
+    // The session's state is gone (expired or evicted; a drain does not make it again): its
+    // archived mark will not move, so the archive itself is asked, at most every 250 ms.
+    if (mark == null && gen == null && (timedOut || Date.now() - askedArchive >= 250)) {
+      askedArchive = Date.now();
+      const row = await getSession(deps.db, tenantId, sessionId).catch(() => null);
+      if (row && Number(row.next_seq) > seq) return true;
+    }
     if (timedOut || (seenGen !== undefined && gen !== seenGen)) {
       await assertNotCleared(deps, tenantId, sessionId, seq);
     }
