@@ -43,6 +43,16 @@ interface Child {
   exited: Promise<number | null>;
 }
 
+/** After a suite: its server killed if still running, its data dir and Redis keys removed. */
+async function cleanUp(server: Child | null, dataDir: string, prefix: string): Promise<void> {
+  if (server?.proc.exitCode === null) {
+    server.proc.kill('SIGKILL');
+    await server.exited;
+  }
+  await rm(dataDir, { recursive: true, force: true });
+  await deleteRedisPrefix(prefix);
+}
+
 function startChild(args: string[], env: NodeJS.ProcessEnv): Child {
   const proc = spawn(process.execPath, [bin, ...args], { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
@@ -119,14 +129,7 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
     await startServer();
   });
 
-  after(async () => {
-    if (server?.proc.exitCode === null) {
-      server.proc.kill('SIGKILL');
-      await server.exited;
-    }
-    await rm(dataDir, { recursive: true, force: true });
-    await deleteRedisPrefix(prefix);
-  });
+  after(() => cleanUp(server, dataDir, prefix));
 
   void it('creates tenant "default" on first start and leaves its key in a 0600 file, not on stdout', async () => {
     const keyFile = path.join(dataDir, 'first-api-key.txt');
@@ -356,14 +359,7 @@ void describe('an embedded data directory across starts', () => {
     });
   });
 
-  after(async () => {
-    if (server?.proc.exitCode === null) {
-      server.proc.kill('SIGKILL');
-      await server.exited;
-    }
-    await rm(dataDir, { recursive: true, force: true });
-    await deleteRedisPrefix(prefix);
-  });
+  after(() => cleanUp(server, dataDir, prefix));
 
   void it('creates tenant "default" on the first start only: not again once every tenant is erased', async () => {
     const keyFile = path.join(dataDir, 'first-api-key.txt');

@@ -63,6 +63,45 @@ void describe('ingestion under faults and many processes', () => {
     return { redis, prefix, svc };
   }
 
+  /**
+   * Holds `LOCK TABLE messages IN EXCLUSIVE MODE` on a connection of its own (a slow commit, as
+   * testers staged it): `locked` once it is held; `drainBlocked()` waits until a drain's INSERT
+   * waits on it; `release()` ends it.
+   */
+  async function holdMessagesLock(databaseUrl: string) {
+    const pg = makePgDb({ connectionString: databaseUrl, max: 2 });
+    cleanups.push(() => pg.close());
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((r) => (locked = r));
+    const locking = pg.transaction(async (tx) => {
+      await tx.query('LOCK TABLE messages IN EXCLUSIVE MODE');
+      locked();
+      await held;
+    });
+    const drainBlocked = () =>
+      eventually(
+        async () => {
+          const r = await pg.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO messages%'`,
+          );
+          return r.rows[0]!.n > 0 ? true : null;
+        },
+        20_000,
+        'a drain waits on its INSERT',
+      );
+    return {
+      locked: isLocked,
+      drainBlocked,
+      release: async () => {
+        release();
+        await locking;
+      },
+    };
+  }
+
   void test('2 API and 2 worker processes, 4 clients, a worker SIGKILLed mid-drain: all archived once, in order, no gap ever visible', async () => {
     const dbUrl = await createTestDatabase();
     const prefix = testPrefix();
@@ -270,33 +309,13 @@ void describe('ingestion under faults and many processes', () => {
     const post = (path: string, body: unknown) => t.api.post(`/v1/sessions/s/messages${path}`, body);
     assert.equal((await post('?wait=true', { messages: [user('m1', { id: 'm1' })] })).status, 201);
     // A slow commit, as the tester staged it: the drain reads A, then waits on its INSERT.
-    const pg = makePgDb({ connectionString: svc.config.databaseUrl!, max: 2 });
-    cleanups.push(() => pg.close());
-    let release!: () => void;
-    const held = new Promise<void>((r) => (release = r));
-    let locked!: () => void;
-    const isLocked = new Promise<void>((r) => (locked = r));
-    const locking = pg.transaction(async (tx) => {
-      await tx.query('LOCK TABLE messages IN EXCLUSIVE MODE');
-      locked();
-      await held;
-    });
+    const lock = await holdMessagesLock(svc.config.databaseUrl!);
     try {
       // Posted before the lock, A could be archived at once, and no drain would wait.
-      await isLocked;
+      await lock.locked;
       const a = await post('', { messages: [user('A', { id: 'A' })] });
       assert.deepEqual(a.body.messages, [{ id: 'A', seq: 2 }]);
-      await eventually(
-        async () => {
-          const r = await pg.query<{ n: number }>(
-            `SELECT count(*)::int AS n FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO messages%'`,
-          );
-          return r.rows[0]!.n > 0 ? true : null;
-        },
-        20_000,
-        'a drain waits on its INSERT',
-      );
+      await lock.drainBlocked();
       // Redis comes back without its last second: A's entry, its id and its seq are gone.
       const admin = new Redis(redis.url);
       const keys = inboxKeys(prefix, t.tenantId, 's');
@@ -307,8 +326,7 @@ void describe('ingestion under faults and many processes', () => {
       const b = await post('', { messages: [user('B', { id: 'B' })] });
       assert.deepEqual(b.body.messages, [{ id: 'B', seq: 2 }]);
     } finally {
-      release();
-      await locking;
+      await lock.release();
     }
     // Before, the drain committed A at seq 2 and then skipped B as a replay of it: B, accepted
     // after Redis came back, was lost without a trace. A was in the lost second.
@@ -1089,36 +1107,15 @@ void describe('ingestion under faults and many processes', () => {
     );
     // The drain of w1 waits on a table lock while the session's Redis state goes (evicted, or
     // expired): the drain's trim does not make it again, so its archived mark never moves.
-    const pg = makePgDb({ connectionString: svc.config.databaseUrl!, max: 2 });
-    cleanups.push(() => pg.close());
-    let release!: () => void;
-    const held = new Promise<void>((r) => (release = r));
-    let locked!: () => void;
-    const isLocked = new Promise<void>((r) => (locked = r));
-    const locking = pg.transaction(async (tx) => {
-      await tx.query('LOCK TABLE messages IN EXCLUSIVE MODE');
-      locked();
-      await held;
-    });
+    const lock = await holdMessagesLock(svc.config.databaseUrl!);
     let answer: Promise<Res>;
     try {
-      await isLocked;
+      await lock.locked;
       answer = t.api.post('/v1/sessions/w/messages?wait=true', { messages: [user('w1')] });
-      await eventually(
-        async () => {
-          const r = await pg.query<{ n: number }>(
-            `SELECT count(*)::int AS n FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO messages%'`,
-          );
-          return r.rows[0]!.n > 0 ? true : null;
-        },
-        20_000,
-        'a drain waits on its INSERT',
-      );
+      await lock.drainBlocked();
       assert.equal(await svc.deps.redis.del(keys.sess), 1);
     } finally {
-      release();
-      await locking;
+      await lock.release();
     }
     const started = Date.now();
     const r = await answer;
