@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
+import { orNull } from '../deadline.js';
 import type { ChatMessage } from '../llm/llm-client.js';
 import { isGenericRule, pickParts } from './summary-parts.js';
 import type { SummaryParts } from './summary-parts.js';
@@ -167,19 +168,6 @@ export function makeRelevanceJudge(
     if (!judgement) return { relevance: 'all', summary: a.summary };
     return { relevance: 'filtered', summary: applyJudgement(a.summary, a.parts, judgement) };
   };
-}
-
-/** `p`'s value, or null when it fails or takes longer than `ms`. */
-async function orNull<T>(p: Promise<T>, ms: number): Promise<T | null> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<null>((resolve) => {
-    timer = setTimeout(() => resolve(null), ms);
-  });
-  try {
-    return await Promise.race([p.catch(() => null), late]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 async function askModel(

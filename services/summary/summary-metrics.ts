@@ -2,6 +2,7 @@ import { Counter, Gauge } from 'prom-client';
 import type { Registry } from 'prom-client';
 import type { Queryable } from '../../db/pool.js';
 import { countStalledSummaries } from '../../db/queries/summaries.js';
+import { orNull } from '../deadline.js';
 
 /** Summary metrics, on the process registry; no tenant or session labels. */
 export interface SummaryMetrics {
@@ -27,12 +28,7 @@ export function makeSummaryMetrics(registry: Registry, db: Queryable): SummaryMe
         help: 'Summaries stalled after repeated failures (sampled at scrape)',
         registers: [registry],
         async collect() {
-          let timer: NodeJS.Timeout | undefined;
-          const deadline = new Promise<null>((resolve) => {
-            timer = setTimeout(() => resolve(null), SAMPLE_TIMEOUT_MS);
-          });
-          const n = await Promise.race([countStalledSummaries(db).catch(() => null), deadline]);
-          clearTimeout(timer);
+          const n = await orNull(countStalledSummaries(db), SAMPLE_TIMEOUT_MS);
           if (n !== null) this.set(n);
         },
       }),
