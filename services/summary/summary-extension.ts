@@ -24,11 +24,12 @@ const queued = (state: string | null) =>
 
 export const summaryExtension: ExtensionFactory = async (deps): Promise<Extension> => {
   const metrics = makeSummaryMetrics(deps.metrics.registry, deps.db);
+  const routeDeps = forRequests(deps);
   return {
     name: 'summary',
     routes: [
-      { prefix: '/v1/sessions', router: makeSummaryRoutes(forRequests(deps)), meta: summaryRoutesMeta },
-      { prefix: '/v1/usage', router: makeUsageRoutes(forRequests(deps)), meta: usageRoutesMeta },
+      { prefix: '/v1/sessions', router: makeSummaryRoutes(routeDeps), meta: summaryRoutesMeta },
+      { prefix: '/v1/usage', router: makeUsageRoutes(routeDeps), meta: usageRoutesMeta },
     ],
     processors: { summary: makeSummaryProcessor(deps, { metrics }) },
     async schedule() {

@@ -55,13 +55,14 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
     parseInput(noQuery, req.query, 'query');
     res.json({ tools: toolDefinitions });
   });
+  const core = forRequests(deps);
   const run = Router();
   run.post('/:sid/tools/:name', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(runQuery, req.query, 'query');
     const args: unknown = req.body ?? {};
     const content = await runTool(
-      { core: forRequests(deps), errors },
+      { core, errors },
       res.locals.tenantId as string,
       sid,
       req.params.name!,
