@@ -72,6 +72,44 @@ function runCli(args: string[], env: NodeJS.ProcessEnv) {
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+/** A data dir, Redis prefix, port and environment of its own for an embedded `mnemos serve`. */
+async function embeddedSetup(tmpName: string) {
+  const dataDir = await mkdtemp(path.join(tmpdir(), tmpName));
+  const prefix = testPrefix();
+  const base = `http://127.0.0.1:${await freePort()}`;
+  const env = embeddedEnv({
+    MNEMOS_DATA_DIR: dataDir,
+    MNEMOS_PREFIX: prefix,
+    MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN,
+    PORT: new URL(base).port,
+    HOST: '127.0.0.1',
+  });
+  return { dataDir, prefix, base, env };
+}
+
+/**
+ * Starts `mnemos serve` and waits until it is ready (failing at once if it exits); one that never
+ * gets ready is killed before the error is thrown, so that no suite leaves it running.
+ */
+async function startServe(env: NodeJS.ProcessEnv, base: string): Promise<Child> {
+  const child = startChild(['serve'], env);
+  await eventually(
+    async () => {
+      if (child.proc.exitCode !== null) throw new Error(`mnemos serve exited early:\n${child.output()}`);
+      return (await fetch(`${base}/readyz`).catch(() => null))?.status === 200;
+    },
+    90_000,
+    'embedded mnemos serve to be ready',
+  ).catch(async (err: unknown) => {
+    if (child.proc.exitCode === null) {
+      child.proc.kill('SIGKILL');
+      await child.exited;
+    }
+    throw err;
+  });
+  return child;
+}
+
 /** True when the app answered with its catch-all 404 ("no route for …"): the route is not built yet. */
 const routeMissing = (r: Res) =>
   r.status === 404 &&
@@ -93,18 +131,8 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
   ];
 
   const startServer = async () => {
-    server = startChild(['serve'], env);
-    const child = server;
-    await eventually(
-      async () => {
-        if (child.proc.exitCode !== null) throw new Error(`mnemos serve exited early:\n${child.output()}`);
-        const r = await fetch(`${base}/readyz`).catch(() => null);
-        return r?.status === 200;
-      },
-      90_000,
-      'embedded mnemos serve to be ready',
-    );
-    return child;
+    server = await startServe(env, base);
+    return server;
   };
 
   const stopServer = async () => {
@@ -116,16 +144,7 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
   };
 
   before(async () => {
-    dataDir = await mkdtemp(path.join(tmpdir(), 'mnemos-embedded-'));
-    prefix = testPrefix();
-    base = `http://127.0.0.1:${await freePort()}`;
-    env = embeddedEnv({
-      MNEMOS_DATA_DIR: dataDir,
-      MNEMOS_PREFIX: prefix,
-      MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN,
-      PORT: new URL(base).port,
-      HOST: '127.0.0.1',
-    });
+    ({ dataDir, prefix, base, env } = await embeddedSetup('mnemos-embedded-'));
     await startServer();
   });
 
@@ -328,16 +347,7 @@ void describe('an embedded data directory across starts', () => {
   let server: Child | null = null;
 
   const start = async () => {
-    const child = startChild(['serve'], env);
-    server = child;
-    await eventually(
-      async () => {
-        if (child.proc.exitCode !== null) throw new Error(`mnemos serve exited early:\n${child.output()}`);
-        return (await fetch(`${base}/readyz`).catch(() => null))?.status === 200;
-      },
-      90_000,
-      'embedded mnemos serve to be ready',
-    );
+    server = await startServe(env, base);
   };
   const stop = async () => {
     const child = server;
@@ -347,16 +357,7 @@ void describe('an embedded data directory across starts', () => {
   };
 
   before(async () => {
-    dataDir = await mkdtemp(path.join(tmpdir(), 'mnemos-embedded-starts-'));
-    prefix = testPrefix();
-    base = `http://127.0.0.1:${await freePort()}`;
-    env = embeddedEnv({
-      MNEMOS_DATA_DIR: dataDir,
-      MNEMOS_PREFIX: prefix,
-      MNEMOS_ADMIN_TOKEN: ADMIN_TOKEN,
-      PORT: new URL(base).port,
-      HOST: '127.0.0.1',
-    });
+    ({ dataDir, prefix, base, env } = await embeddedSetup('mnemos-embedded-starts-'));
   });
 
   after(() => cleanUp(server, dataDir, prefix));
