@@ -239,6 +239,13 @@ export class ConfigError extends Error {
   }
 }
 
+/** The zone Node's clock uses, as an IANA name; UTC when ICU cannot name it (TZ="" or invalid). */
+function processTimeZone(): string {
+  const zone = Intl.DateTimeFormat().resolvedOptions().timeZone as string | undefined;
+  if (!zone || zone === 'Etc/Unknown') return 'UTC';
+  return zone;
+}
+
 export function loadConfig(env: Record<string, string | undefined>): Config {
   // Empty strings count as unset, as in most twelve-factor tooling (compose passes `VAR=` through).
   const present = Object.fromEntries(
@@ -263,7 +270,10 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   const local = !configured;
   const localEmbedder = local || e.EMBEDDING_MODEL === 'local-hash';
   const problems: string[] = [];
-  let timeZone = e.TZ ?? Intl.DateTimeFormat().resolvedOptions().timeZone;
+  // Unset or empty (what docker-compose.yml passes when the user sets none): the process's zone.
+  // With TZ="" in the environment the C library and V8's clock read UTC, but ICU reports the zone
+  // `Etc/Unknown`, which it then refuses: the service would not start at all.
+  let timeZone = e.TZ ?? processTimeZone();
   try {
     new Intl.DateTimeFormat('en-US', { timeZone });
   } catch {

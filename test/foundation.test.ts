@@ -136,6 +136,15 @@ void describe('configuration', () => {
       assert.equal(down.status, 1, down.stderr);
       assert.match(down.stderr, /^mnemos: cannot reach Postgres \(DATABASE_URL\): /);
     }
+    // An empty TZ (docker-compose.yml passes `TZ: ${TZ:-}` when none is set) is the process's own
+    // zone, UTC: ICU names it `Etc/Unknown`, and every start stopped on "unknown time zone".
+    const noZone = spawnSync(process.execPath, ['bin/mnemos.js', 'tenant', 'list'], {
+      env: { ...process.env, TZ: '', DATABASE_URL: 'postgres://postgres@127.0.0.1:1/x' },
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    assert.equal(noZone.status, 1, noZone.stderr);
+    assert.match(noZone.stderr, /^mnemos: cannot reach Postgres \(DATABASE_URL\): /);
   });
 });
 
