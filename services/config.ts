@@ -239,6 +239,17 @@ export class ConfigError extends Error {
   }
 }
 
+/** `url` with its password masked, for messages and logs (SPEC §8: no secrets in logs). */
+export function shownUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password !== '') u.password = '***';
+    return u.toString();
+  } catch {
+    return '(the configured URL)';
+  }
+}
+
 /** The zone Node's clock uses, as an IANA name; UTC when ICU cannot name it (TZ="" or invalid). */
 function processTimeZone(): string {
   const zone = Intl.DateTimeFormat().resolvedOptions().timeZone as string | undefined;

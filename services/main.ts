@@ -6,7 +6,7 @@ import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
 import { makeApp, makeOpsApp } from './app.js';
 import { startQueueSampler } from './metrics-sampler.js';
 import { endWaits } from './messages/accept-messages.js';
-import { loadConfig } from './config.js';
+import { loadConfig, shownUrl } from './config.js';
 import type { Config } from './config.js';
 import type { CoreDeps } from './deps.js';
 import type { Extension, ExtensionFactory } from './extension.js';
@@ -96,7 +96,7 @@ export async function startService(
     const newer = await unknownMigrations(deps.db);
     if (newer.length > 0) logger.warn(newerSchemaWarning(newer));
     if (!(await waitForRedis(deps.redis, 5000))) {
-      throw new Error(`cannot reach Redis at ${config.redisUrl} (is it running?)`);
+      throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)} (is it running?)`);
     }
     for (const w of [...config.warnings, ...(await redisDurabilityWarnings(deps.redis))]) logger.warn(w);
     for (const f of opts.extensions ?? []) extensions.push(await f(deps, extensions));

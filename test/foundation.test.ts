@@ -236,7 +236,7 @@ void describe('tenants, keys and the admin API', () => {
   });
   const admin = () => api(svc.base, ADMIN_TOKEN);
 
-  void test('a process that cannot listen says why and exits non-zero, never "listening"', async () => {
+  void test('a process that cannot listen or reach Redis says why and exits non-zero, never "listening"', async () => {
     const run = (env: Record<string, string>) =>
       new Promise<{ code: number | null; out: string }>((resolve) => {
         const child = spawn(process.execPath, ['bin/mnemos.js', 'api'], {
@@ -266,6 +266,11 @@ void describe('tenants, keys and the admin API', () => {
     assert.equal(badHost.code, 1, badHost.out);
     assert.match(badHost.out, /cannot listen on not a host!!:0: HOST/);
     assert.doesNotMatch(badHost.out, /listening on/);
+    // A Redis that cannot be reached is named without its password (SPEC §8).
+    const noRedis = await run({ PORT: '0', REDIS_URL: 'redis://ops:s3cretRedisPw@127.0.0.1:1/0' });
+    assert.equal(noRedis.code, 1, noRedis.out);
+    assert.match(noRedis.out, /cannot reach Redis at redis:\/\/ops:\*\*\*@127\.0\.0\.1:1\/0 /);
+    assert.doesNotMatch(noRedis.out, /s3cretRedisPw/);
   });
 
   void test('a tenant created by the admin API gets a working key shown once; keys list without secrets', async () => {

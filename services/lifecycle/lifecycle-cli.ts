@@ -7,7 +7,7 @@ import { migrate } from '../../db/migrate.js';
 import { findTenant } from '../../db/queries/tenants.js';
 import type { AfterArchive } from '../../workers/ingest.js';
 import { drainSession } from '../../workers/ingest.js';
-import { loadConfig } from '../config.js';
+import { loadConfig, shownUrl } from '../config.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
 import type { Extension, ExtensionFactory } from '../extension.js';
@@ -47,7 +47,8 @@ async function withRuntime<T>(
   const extensions: Extension[] = [];
   try {
     await migrate(deps.db);
-    if (!(await waitForRedis(deps.redis, 5000))) throw new Error(`cannot reach Redis at ${config.redisUrl}`);
+    if (!(await waitForRedis(deps.redis, 5000)))
+      throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)}`);
     for (const f of factories ?? []) extensions.push(await f(deps, extensions));
     return await fn({ deps, extensions });
   } finally {
