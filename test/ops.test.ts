@@ -30,6 +30,23 @@ void describe('operations', () => {
 
   void test('metrics are present, move with traffic, and carry no tenant or session labels', async () => {
     const t = await svc.newTenant();
+    // A client that gives up (a context waiting up to 5 s for a seq that never comes) is counted
+    // when it goes, as 499: it was not counted at all. (A key of its own: this suite's rate limit
+    // is 5 requests a minute.)
+    const waiter = await svc.newTenant();
+    const first = { messages: [{ role: 'user', content: 'hello' }] };
+    assert.equal((await waiter.api.post('/v1/sessions/waits/messages?wait=true', first)).status, 201);
+    await assert.rejects(
+      fetch(`${svc.base}/v1/sessions/waits/context`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${waiter.apiKey}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ min_seq: 1_000_000 }),
+        signal: AbortSignal.timeout(300),
+      }),
+    );
+    const gaveUp =
+      /mnemos_http_request_duration_seconds_count\{method="POST",route="\/v1\/sessions\/:sid\/context",status="499"\} 1/;
+    await eventually(async () => gaveUp.test(await (await fetch(`${svc.base}/metrics`)).text()));
     const before = await (await fetch(`${svc.base}/metrics`)).text();
     const acceptedBefore = metricValue(before, 'mnemos_messages_accepted_total');
     const archivedBefore = metricValue(before, 'mnemos_messages_archived_total');
@@ -64,9 +81,10 @@ void describe('operations', () => {
     assert.doesNotMatch(text, /route="[^"]*[A-Z][^"]*"/, 'no label in the client’s spelling');
     assert.equal(metricValue(text, 'mnemos_messages_accepted_total'), acceptedBefore + 2);
     assert.equal(metricValue(text, 'mnemos_messages_archived_total'), archivedBefore + 2);
+    // The waiter's post and this one.
     assert.match(
       text,
-      /mnemos_http_request_duration_seconds_count\{method="POST",route="\/v1\/sessions\/:sid\/messages",status="201"\} 1/,
+      /mnemos_http_request_duration_seconds_count\{method="POST",route="\/v1\/sessions\/:sid\/messages",status="201"\} 2/,
     );
     assert.match(text, /mnemos_queue_jobs\{queue="ingest",state="failed"\} \d+/);
     assert.match(text, /mnemos_queue_oldest_job_age_seconds\{queue="ingest"\} \d+/);
