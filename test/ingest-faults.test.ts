@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
 import { afterEach, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { migrate } from '../db/migrate.js';
@@ -7,6 +8,7 @@ import { confirmArchived } from '../services/messages/accept-messages.js';
 import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/inbox.js';
 import { createTenant } from '../services/tenants.js';
 import { DRAIN_BATCH, DRAIN_MAX_BYTES, drainSession } from '../workers/ingest.js';
+import { runIngestSweep } from '../workers/ingest-sweep.js';
 import {
   ADMIN_TOKEN,
   REDIS_URL,
@@ -1211,5 +1213,37 @@ void describe('ingestion under faults and many processes', () => {
       'sweeper re-requests the flush',
     );
     assert.equal(rows[0]!.content, 'orphaned');
+  });
+
+  void test('a drain that keeps failing gets one re-requested flush, not one more at every sweep', async () => {
+    const svc = await startTestService();
+    const marker = `poison-${randomUUID()}`;
+    cleanups.push(async () => {
+      await svc.deps.db.query(`ALTER TABLE messages DROP CONSTRAINT IF EXISTS sweep_poison`);
+      await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+    });
+    const t = await svc.newTenant();
+    // The archive refuses this one message: its drain fails on every attempt, and its job retries.
+    await svc.deps.db.query(
+      `ALTER TABLE messages ADD CONSTRAINT sweep_poison CHECK (content IS NULL OR content <> '${marker}') NOT VALID`,
+    );
+    const r = await t.api.post('/v1/sessions/stuck/messages', { messages: [user(marker)] });
+    assert.equal(r.status, 202);
+    const pending = async () =>
+      (await svc.deps.queues.ingest.getJobs(['waiting', 'delayed', 'active', 'prioritized'])).filter(
+        (j) => (j.data as { sessionId?: string }).sessionId === 'stuck',
+      ).length;
+    await eventually(async () => (await svc.deps.queues.ingest.getJobs(['delayed'])).length > 0);
+    for (let i = 0; i < 4; i++) await runIngestSweep(svc.deps, 0);
+    // The request's own flush and one sweep's.
+    assert.equal(await pending(), 2);
+    await svc.deps.db.query(`ALTER TABLE messages DROP CONSTRAINT sweep_poison`);
+    for (let i = 0; i < 3; i++) await runIngestSweep(svc.deps, 0);
+    const rows = await eventually(async () => {
+      const m = await allMessages(t.api, 'stuck');
+      return m.length === 1 ? m : null;
+    }, 60_000);
+    assert.equal(rows[0]!.content, marker);
   });
 });

@@ -5,12 +5,20 @@ import { staleArmedSessions, touchArmed } from '../services/messages/inbox.js';
  * Crash recovery for the ingest path: a session stays "armed" while its inbox holds messages. If
  * the API died between accepting and enqueueing, or a flush job was dead-lettered, nothing would
  * drain it; this re-requests a flush for sessions armed longer than `afterMs` without a drain
- * taking entries (finishDrain re-stamps the score of a session it leaves armed).
+ * taking entries (finishDrain re-stamps the score of a session it leaves armed), at most one
+ * job per session at a time.
  */
 export async function runIngestSweep(deps: Pick<CoreDeps, 'redis' | 'queues' | 'config'>, afterMs: number) {
   const stale = await staleArmedSessions(deps.redis, deps.config.prefix, afterMs);
   for (const s of stale) {
-    await deps.queues.ingest.add('flush', { v: 1, tenantId: s.tenantId, sessionId: s.sessionId });
+    // One re-request per session until that job ends: a drain that keeps failing retries its job
+    // from the delayed set for many minutes, and a new job at every sweep beside it multiplied
+    // the failures (one more retrying job a minute, each later a dead letter).
+    await deps.queues.ingest.add(
+      'flush',
+      { v: 1, tenantId: s.tenantId, sessionId: s.sessionId },
+      { deduplication: { id: `sweep:${s.tenantId}:${s.sessionId}` } },
+    );
     await touchArmed(deps.redis, deps.config.prefix, s.member);
   }
   return { requeued: stale.length };
