@@ -982,10 +982,16 @@ void describe('temp reaper', () => {
     const idle = sid('temp-idle');
     const active = sid('temp-active');
     const keep = sid('chat-keep');
+    // Its message says it was sent in 2099 (a client clock far ahead): idle all the same.
+    const ahead = sid('temp-ahead');
     for (const s of [idle, active, keep]) await archive(t.api, s, [user(`hello ${s}`)]);
-    for (const s of [idle, keep]) {
+    await archive(t.api, ahead, [{ ...user('from the future'), sent_at: '2099-01-01T00:00:00Z' }]);
+    for (const s of [idle, keep, ahead]) {
+      // Two hours idle; a message time ahead of the clock stays as the client sent it.
       await q(
-        `UPDATE sessions SET created_at = now() - interval '2 hours', last_message_at = now() - interval '2 hours'
+        `UPDATE sessions SET created_at = now() - interval '2 hours',
+           last_message_at = CASE WHEN last_message_at > now() THEN last_message_at
+                                  ELSE now() - interval '2 hours' END
          WHERE tenant_id = $1 AND id = $2`,
         [t.tenantId, s],
       );
@@ -998,6 +1004,7 @@ void describe('temp reaper', () => {
     const first = await reapTempSessions(svc.deps, lifecycle, { now: new Date(Date.now() + 10 * 60_000) });
     assert.ok(first.deleted >= 1);
     assert.equal((await t.api.get(`/v1/sessions/${idle}`)).status, 404);
+    assert.equal((await t.api.get(`/v1/sessions/${ahead}`)).status, 404);
     assert.equal((await t.api.get(`/v1/sessions/${active}`)).status, 200);
     assert.equal((await t.api.get(`/v1/sessions/${keep}`)).status, 200);
     assert.equal((await sessionRows(t.tenantId, idle)).messages, 0);

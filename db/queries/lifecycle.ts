@@ -192,22 +192,25 @@ export async function upsertImportedSummary(
 /**
  * Live `temp-` sessions idle since before `idleBefore`: no message sent, no message archived and
  * no creation after it. Activity is the newest of `last_message_at` (a message's own time, which
- * an import may set far in the past), the newest archival and the row's creation.
+ * an import may set far in the past), the newest archival and the row's creation. A message time
+ * after `now` is the client's clock, not activity: a `sent_at` in 2030 kept a throwaway session
+ * until 2030.
  */
 export async function idleTempSessions(
   q: Queryable,
   idleBefore: Date,
+  now: Date,
   limit: number,
 ): Promise<Array<{ tenant_id: string; id: string }>> {
   const r = await q.query<{ tenant_id: string; id: string }>(
     `SELECT s.tenant_id, s.id FROM sessions s
      WHERE s.deleted_at IS NULL AND s.id LIKE 'temp-%' AND s.created_at < $1
-       AND (s.last_message_at IS NULL OR s.last_message_at < $1)
+       AND (s.last_message_at IS NULL OR s.last_message_at < $1 OR s.last_message_at > $3)
        AND NOT EXISTS (SELECT 1 FROM messages m
                        WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.archived_at >= $1)
      ORDER BY s.created_at
      LIMIT $2`,
-    [idleBefore, limit],
+    [idleBefore, limit, now],
   );
   return r.rows;
 }
@@ -218,14 +221,15 @@ export async function isTempSessionIdle(
   tenantId: string,
   sessionId: string,
   idleBefore: Date,
+  now: Date,
 ): Promise<boolean> {
   const r = await q.query(
     `SELECT 1 FROM sessions s
      WHERE s.tenant_id = $1 AND s.id = $2 AND s.deleted_at IS NULL AND s.created_at < $3
-       AND (s.last_message_at IS NULL OR s.last_message_at < $3)
+       AND (s.last_message_at IS NULL OR s.last_message_at < $3 OR s.last_message_at > $4)
        AND NOT EXISTS (SELECT 1 FROM messages m
                        WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.archived_at >= $3)`,
-    [tenantId, sessionId, idleBefore],
+    [tenantId, sessionId, idleBefore, now],
   );
   return r.rows.length > 0;
 }

@@ -26,7 +26,7 @@ export async function reapTempSessions(
   let deleted = 0;
   let kept = 0;
   for (let round = 0; round < MAX_ROUNDS; round++) {
-    const fresh = (await idleTempSessions(deps.db, idleBefore, BATCH + seen.size)).filter(
+    const fresh = (await idleTempSessions(deps.db, idleBefore, now, BATCH + seen.size)).filter(
       (s) => !seen.has(`${s.tenant_id} ${s.id}`),
     );
     if (fresh.length === 0) break;
@@ -41,7 +41,7 @@ export async function reapTempSessions(
         {
           jobScan: 0,
           guard: async (_row, tx) =>
-            (await isTempSessionIdle(tx, s.tenant_id, s.id, idleBefore)) &&
+            (await isTempSessionIdle(tx, s.tenant_id, s.id, idleBefore, now)) &&
             (await deps.redis.llen(inboxKeys(deps.config.prefix, s.tenant_id, s.id).inbox)) === 0,
         },
       ).catch((err: unknown) => {
