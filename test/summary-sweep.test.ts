@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { makeRedis } from '../services/redis.js';
+import { enqueueSummarizeMany } from '../services/summary/enqueue-summarize.js';
 import { SWEEP_SCHEDULER_ID } from '../services/summary/summary-extension.js';
 import { makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -113,6 +114,39 @@ void describe('summary sweep', () => {
       20_000,
       'the sweep to pick up new messages',
     );
+  });
+
+  void test("a summarize the API asks for goes before the sweep's backlog, also when it joins a sweep's job", async () => {
+    const queue = svc.deps.queues.summary;
+    const t = await svc.newTenant();
+    const [backlog, joined, own] = [sid('backlog'), sid('joined'), sid('own')];
+    for (const s of [backlog, joined, own]) await archive(t.api, s, [user(`[T:p1] ${s}`)]);
+    await queue.pause();
+    try {
+      // What a sweep queues for a tenant with many changed sessions (here two of them).
+      await enqueueSummarizeMany(
+        svc.deps.queues,
+        [backlog, joined].map((sessionId) => ({ tenantId: t.tenantId, sessionId })),
+        'sweep',
+      );
+      const ids: Record<string, string> = {};
+      for (const s of [joined, own]) {
+        const r = await t.api.post(`/v1/sessions/${s}/summarize`);
+        assert.equal(r.status, 202);
+        ids[s] = String(r.body.job_id).replace(/^summary\./, '');
+      }
+      const sessionsIn = async (state: 'wait' | 'prioritized') =>
+        (await queue.getJobs([state]))
+          .filter((j) => (j.data as { tenantId?: string }).tenantId === t.tenantId)
+          .map((j) => (j.data as { sessionId: string }).sessionId)
+          .sort();
+      // A worker takes the wait list first, the sweep's jobs after it.
+      assert.deepEqual(await sessionsIn('wait'), [joined, own].sort());
+      assert.deepEqual(await sessionsIn('prioritized'), [backlog]);
+      assert.ok((await queue.getJobs(['wait'])).some((j) => j.id === ids[joined]));
+    } finally {
+      await queue.resume();
+    }
   });
 });
 

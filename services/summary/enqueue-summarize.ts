@@ -16,6 +16,13 @@ export function summaryDedupId(tenantId: string, sessionId: string): string {
 
 export type SummarizeReason = 'sweep' | 'api';
 
+/**
+ * The sweep's jobs wait behind those an API request asked for: BullMQ takes jobs without a
+ * priority first. In one first-come queue, a tenant's backlog (an import, thousands of new
+ * sessions) held every other tenant's `summarize?wait=true` for minutes.
+ */
+const SWEEP_PRIORITY = 10;
+
 function job(tenantId: string, sessionId: string, reason: SummarizeReason, requestId?: string) {
   const data = {
     v: 1 as const,
@@ -25,13 +32,17 @@ function job(tenantId: string, sessionId: string, reason: SummarizeReason, reque
     reason,
     ...(requestId ? { requestId } : {}),
   };
-  const opts: JobsOptions = { deduplication: { id: summaryDedupId(tenantId, sessionId) } };
+  const opts: JobsOptions = {
+    deduplication: { id: summaryDedupId(tenantId, sessionId) },
+    ...(reason === 'sweep' ? { priority: SWEEP_PRIORITY } : {}),
+  };
   return { name: 'summarize', data, opts };
 }
 
 /**
  * Enqueues the session's summarize job, or joins the one already waiting or running; returns the
  * BullMQ job id. `requestId`, stored in the payload, tells the caller which of the two happened.
+ * A request that joins a sweep's job still waiting behind the backlog moves it to the front.
  */
 export async function enqueueSummarize(
   queues: Pick<QueueRegistry, 'summary'>,
@@ -42,7 +53,15 @@ export async function enqueueSummarize(
 ): Promise<string> {
   const j = job(tenantId, sessionId, reason, requestId);
   const added = await queues.summary.add(j.name, j.data, j.opts);
-  return String(added.id);
+  const id = String(added.id);
+  if (reason === 'api') {
+    const existing = await queues.summary.getJob(id);
+    if (existing && existing.priority > 0 && (await existing.getState()) === 'prioritized') {
+      // Taken by a worker meanwhile: it runs now anyway.
+      await existing.changePriority({ priority: 0 }).catch(() => undefined);
+    }
+  }
+  return id;
 }
 
 export async function enqueueSummarizeMany(
