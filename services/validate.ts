@@ -33,14 +33,17 @@ export function parseInput<S extends z.ZodType>(
   );
 }
 
-/** `?limit=` of a list: 1–500 (SPEC §4: default 100, max 500). */
+/**
+ * `?limit=` of a list: 1–500 (SPEC §4: default 100, max 500). Empty is the default, as an empty
+ * `cursor=` is the first page: README's `?cursor=&limit=`, typed as it reads, was a 400.
+ */
 export const limitParam = z
   .string()
-  .regex(/^\d{1,4}$/, 'must be an integer from 1 to 500')
+  .regex(/^(\d{1,4})?$/, 'must be an integer from 1 to 500')
   // What /openapi.json says: the regex alone read as up to 9999.
-  .meta({ description: 'an integer from 1 to 500 (default 100)' })
-  .transform(Number)
-  .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500'));
+  .meta({ description: 'an integer from 1 to 500 (default 100; empty = the default)' })
+  .transform((v) => (v === '' ? undefined : Number(v)))
+  .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500').optional());
 
 /** The query of a route that takes no parameters: an unknown one is a 400, not silently ignored. */
 export const noQuery = z.object({}).strict();

@@ -432,6 +432,11 @@ void describe('tenants, keys and the admin API', () => {
     const firstPage = await admin().get('/v1/admin/tenants?cursor=&limit=1');
     assert.equal(firstPage.status, 200);
     assert.deepEqual(firstPage.body, (await admin().get('/v1/admin/tenants?limit=1')).body);
+    // README's `?cursor=&limit=` as written: both empty, the first page of the default size.
+    const asWritten = await admin().get('/v1/admin/tenants?cursor=&limit=');
+    assert.equal(asWritten.status, 200);
+    assert.deepEqual(asWritten.body, (await admin().get('/v1/admin/tenants')).body);
+    assert.equal((await admin().get('/v1/admin/tenants?limit=0')).status, 400);
   });
 
   void test('rejects missing, malformed, wrong-secret and unknown keys with 401', async () => {
