@@ -21,8 +21,10 @@ import { refreshTableStatistics } from '../services/search/table-statistics.js';
 import {
   FTS_CJK_PASS,
   FTS_ARGS_PASS,
+  FTS_FOLD_PASS,
   FTS_LONG_PASS,
   backfillCjkTsvectors,
+  backfillFoldedTsvectors,
   backfillLongTsvectors,
   backfillToolCallTsvectors,
 } from '../services/search/fts-backfill.js';
@@ -564,6 +566,41 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       );
       assert.equal(tsv.rows[0]!.stale, true, 'a short row is left as it is');
     });
+  });
+
+  void test('keyword: compatibility forms and final sigma match either way; old rows are re-derived', async () => {
+    const s = sid('fold');
+    const [wide, kana, decomposed, greek, plain] = await archive(api, s, [
+      user('ＧＰＵ　ｓｅｒｖｅｒ　ｅｒｒｏｒ from a full-width keyboard'),
+      user('ｻｰﾊﾞｰ が落ちた'),
+      // Tiếng Việt as NFD: each accent a combining mark (a macOS file name, a clipboard).
+      user('Tie\u0302\u0301ng Vie\u0323\u0302t'),
+      user('Η ΟΔΟΣ είναι μεγάλη'),
+      user('plain gpu server note'),
+    ]);
+    const kw = async (query: string) => sorted(await hitSeqs(api, s, { query, match: 'keyword' }));
+    assert.deepEqual(await kw('GPU server'), [wide!, plain!]);
+    assert.deepEqual(await kw('ＧＰＵ'), [wide!, plain!]);
+    assert.deepEqual(await kw('サーバー'), [kana!]);
+    assert.deepEqual(await kw('ｻｰﾊﾞｰ'), [kana!]);
+    assert.deepEqual(await kw('Ti\u1ebfng'), [decomposed!], 'an NFC query finds the NFD text');
+    assert.deepEqual(await kw('οδος'), [greek!], 'final sigma');
+    assert.deepEqual(await kw('ΟΔΟΣ'), [greek!]);
+    // What rows archived before 2026-12-02 hold: the text indexed as written.
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = to_tsvector('english', content)
+       WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
+      [tenantId, s, [wide, decomposed, greek]],
+    );
+    assert.deepEqual(await kw('GPU server'), [plain!]);
+    await withPassRestarted(FTS_FOLD_PASS, async (deps) => {
+      for (let done = false; !done;) {
+        ({ done } = await backfillFoldedTsvectors(deps, { batch: 3, maxBatches: 2 }));
+      }
+    });
+    assert.deepEqual(await kw('GPU server'), [wide!, plain!]);
+    assert.deepEqual(await kw('Ti\u1ebfng'), [decomposed!]);
+    assert.deepEqual(await kw('οδος'), [greek!]);
   });
 
   void test('keyword: words inside tool-call arguments are found (JSON escapes decoded); old rows are re-derived', async () => {

@@ -7,11 +7,12 @@ import {
 } from '../../db/queries/fts-backfill.js';
 import { DRAIN_MAX_BYTES, ftsColumns, searchableText } from '../../workers/ingest.js';
 import type { CoreDeps } from '../deps.js';
-import { FTS_EN_SAFE, hasCjk } from '../text/fts-text.js';
+import { FTS_EN_SAFE, foldForIndex, hasCjk } from '../text/fts-text.js';
 
 export const FTS_CJK_PASS = 'fts-cjk-v2';
 export const FTS_LONG_PASS = 'fts-long-v3';
 export const FTS_ARGS_PASS = 'fts-args-v4';
+export const FTS_FOLD_PASS = 'fts-fold-v5';
 
 interface BackfillOptions {
   batch?: number;
@@ -67,6 +68,23 @@ export function backfillToolCallTsvectors(
     minBytes: 0,
     callsOnly: true,
     wants: () => true,
+  });
+}
+
+/**
+ * The fourth pass: rows whose searchable text full text now reads folded (foldForIndex: NFKC,
+ * final sigma), which rows archived before 2026-12-02 were indexed without, so that `GPU` missed
+ * `ＧＰＵ` in them. Every row is read; only those the folding changes are written.
+ */
+export function backfillFoldedTsvectors(
+  deps: Pick<CoreDeps, 'db' | 'logger'>,
+  opts: BackfillOptions = {},
+): Promise<BackfillResult> {
+  return backfillPass(deps, opts, {
+    name: FTS_FOLD_PASS,
+    what: 'rows with compatibility forms',
+    minBytes: 0,
+    wants: (text) => foldForIndex(text) !== text,
   });
 }
 

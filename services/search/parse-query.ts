@@ -1,4 +1,4 @@
-import { CJK_RUN, cjkBigrams } from '../text/fts-text.js';
+import { CJK_RUN, cjkBigrams, foldForIndex } from '../text/fts-text.js';
 
 /**
  * Web-search syntax for keyword search, parsed here instead of by Postgres's
@@ -179,15 +179,19 @@ function firstWords(text: string, n: number): string {
   return text;
 }
 
-/** The leaves of one term, ANDed (empty when the term has no indexable text, e.g. `&|!`). */
+/**
+ * The leaves of one term, ANDed (empty when the term has no indexable text, e.g. `&|!`), of its
+ * text folded as the archive's was (foldForIndex).
+ */
 export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
   const leaves: FtsLeaf[] = [];
-  const english = term.text.replace(CJK_RUN, ' ');
+  const text = foldForIndex(term.text);
+  const english = text.replace(CJK_RUN, ' ');
   if (/[\p{L}\p{N}]/u.test(english)) {
     const text = firstWords(english, MAX_LEAF_TOKENS);
     leaves.push({ kind: term.phrase ? 'english-phrase' : 'english-words', text });
   }
-  for (const m of term.text.matchAll(CJK_RUN)) {
+  for (const m of text.matchAll(CJK_RUN)) {
     const chars = Array.from(m[0]);
     // CJK letters are never a quote or a backslash: the lexemes need no escaping.
     if (chars.length === 1) {

@@ -4,7 +4,12 @@ import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
 import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
 import { refreshTableStatistics } from './table-statistics.js';
-import { backfillCjkTsvectors, backfillLongTsvectors, backfillToolCallTsvectors } from './fts-backfill.js';
+import {
+  backfillCjkTsvectors,
+  backfillFoldedTsvectors,
+  backfillLongTsvectors,
+  backfillToolCallTsvectors,
+} from './fts-backfill.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
 
 const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
@@ -31,6 +36,7 @@ export const searchExtension: ExtensionFactory = async (deps) => {
         cjk: await backfillCjkTsvectors(deps),
         long: await backfillLongTsvectors(deps),
         args: await backfillToolCallTsvectors(deps),
+        folded: await backfillFoldedTsvectors(deps),
       }),
     },
     async schedule() {

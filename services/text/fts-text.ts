@@ -84,10 +84,27 @@ export function cutUnits(s: string, max: number): string {
 }
 
 /**
- * The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`, the CJK
- * half first for an English input over FTS_EN_SAFE bytes (ARCHIVE_TSVECTOR_SQL, migration 011).
+ * Text as full text indexes and queries it: Unicode compatibility forms unified (NFKC: full-width
+ * `ＧＰＵ` is `GPU`, half-width `ｻｰﾊﾞｰ` is `サーバー`, and a word typed decomposed, `Tiếng` as
+ * e + two combining marks, is the composed word), and Greek final sigma `ς` as `σ`, which is what
+ * Postgres lower-cases `Σ` to. Without it a search in one form missed messages in the other
+ * (2026-12-02). Accents are kept: `café` and `cafe` stay two words. Both the archive's tsvector
+ * (ftsDocument) and the query's leaves (parse-query.ts) go through it.
  */
-export function ftsDocument(text: string): { en: string; cjk: string } {
+export function foldForIndex(text: string): string {
+  // ASCII is its own NFKC form (most messages): one test instead of a copy.
+  if (!/[^\x00-\x7f]/.test(text)) return text;
+  const n = text.normalize('NFKC');
+  return n.includes('ς') ? n.replaceAll('ς', 'σ') : n;
+}
+
+/**
+ * The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`, the CJK
+ * half first for an English input over FTS_EN_SAFE bytes (ARCHIVE_TSVECTOR_SQL, migration 011),
+ * both of the folded text (foldForIndex).
+ */
+export function ftsDocument(raw: string): { en: string; cjk: string } {
+  const text = foldForIndex(raw);
   const cap = (s: string) => cutUnits(s, FTS_EN_MAX);
   // Most messages have no CJK: one scan instead of three.
   if (!hasCjk(text)) return { en: cap(text), cjk: '' };
