@@ -5,6 +5,7 @@ import pg from 'pg';
 import { makeErrorHandler } from '../services/http-errors.js';
 import { makeLogger } from '../services/logger.js';
 import { inboxKeys } from '../services/messages/inbox.js';
+import { oldestUnsummarisedAgeSeconds } from '../db/queries/summaries.js';
 import { sampleQueues } from '../services/metrics-sampler.js';
 import { rateLimit } from '../services/rate-limit.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -92,6 +93,15 @@ void describe('operations', () => {
     assert.match(text, /mnemos_process_resident_memory_bytes/);
     assert.doesNotMatch(text, /secret-session-name/);
     assert.ok(!text.includes(t.tenantId), 'no tenant ids in metrics');
+  });
+
+  void test('summary lag counts from archiving, not from a back-dated message time', async () => {
+    const t = await svc.newTenant();
+    const old = { messages: [{ role: 'user', content: 'from last year', sent_at: '2025-01-01T00:00:00Z' }] };
+    assert.equal((await t.api.post('/v1/sessions/imported/messages?wait=true', old)).status, 201);
+    const lag = await oldestUnsummarisedAgeSeconds(svc.deps.db);
+    // Everything in this suite's database was archived minutes ago, none of it summarised.
+    assert.ok(lag > 0 && lag < 3600, `lag ${lag} s`);
   });
 
   void test('the ingest queue’s oldest age covers accepted messages whose drain has no waiting job', async () => {

@@ -328,17 +328,18 @@ export async function countStalledSummaries(q: Queryable): Promise<number> {
 }
 
 /**
- * Age in seconds of the oldest archived message not yet covered by a summary (0 when none), over
- * live non-temp sessions. One index probe per session with unsummarised messages: sampled, never
- * computed per scrape.
+ * How long (seconds) the oldest archived message not yet covered by a summary has waited since it
+ * was archived (0 when none), over live non-temp sessions: the time the summaries are behind. Not
+ * since its `sent_at`, which is the client's: an import of last year's history read as a year of
+ * lag. One index probe per session with unsummarised messages: sampled, never computed per scrape.
  */
 export async function oldestUnsummarisedAgeSeconds(q: Queryable): Promise<number> {
   const r = await q.query<{ age: number | null }>(
-    `SELECT extract(epoch FROM now()) - min(first_ns) / 1e9 AS age FROM (
-       SELECT (SELECT m.sent_at_ns FROM messages m
+    `SELECT extract(epoch FROM now() - min(first_at)) AS age FROM (
+       SELECT (SELECT m.archived_at FROM messages m
                WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id
                  AND m.seq > COALESCE(su.cursor_seq, 0)
-               ORDER BY m.seq LIMIT 1) AS first_ns
+               ORDER BY m.seq LIMIT 1) AS first_at
        FROM sessions s
        LEFT JOIN summaries su ON su.tenant_id = s.tenant_id AND su.session_id = s.id
        WHERE s.deleted_at IS NULL AND s.id NOT LIKE 'temp-%'
