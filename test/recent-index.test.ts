@@ -499,20 +499,30 @@ void describe('recent index with the local embedder', () => {
       user('third note'),
     ]);
     const complete = await post(t.api, 'complete', [user('nothing missing here')]);
+    // History from last year, moved in just now: active by its creation, not its sent_at.
+    const imported = await post(t.api, 'backdated', [
+      { ...user('an old note'), sent_at: '2025-01-01T00:00:00Z' },
+    ]);
     await vectorsFor(svc, t.tenantId, 'swept', seqs);
     await vectorsFor(svc, t.tenantId, 'complete', complete);
+    await vectorsFor(svc, t.tenantId, 'backdated', imported);
     // As if the embed job for the last two had failed for good (or never been enqueued).
     await svc.deps.db.query(
       'DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 AND seq >= $3',
       [t.tenantId, 'swept', seqs[1]],
     );
+    await svc.deps.db.query('DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2', [
+      t.tenantId,
+      'backdated',
+    ]);
     // Sessions with a message in the last five minutes are left to their own jobs.
     assert.equal(await sweepMissingVectors(svc.deps, 'local-hash'), 0);
     assert.equal((await vectors(svc, t.tenantId, 'swept')).size, 1);
 
-    assert.equal(await sweepMissingVectors(svc.deps, 'local-hash', { idleMs: 0 }), 1);
+    assert.equal(await sweepMissingVectors(svc.deps, 'local-hash', { idleMs: 0 }), 2);
     const v = await vectorsFor(svc, t.tenantId, 'swept', seqs);
     assertClose(v.get(seqs[2]!)!, localEmbed('third note', 384));
+    await vectorsFor(svc, t.tenantId, 'backdated', imported);
     assert.equal(
       await sweepMissingVectors(svc.deps, 'local-hash', { idleMs: 0 }),
       0,

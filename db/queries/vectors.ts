@@ -121,24 +121,28 @@ export async function missingVectors(
 }
 
 /**
- * Live sessions with a message archived in the last `withinMs` but not in the last `idleMs` that
- * still have a message awaiting its vector (toEmbedSql, as missingVectors): an embed job that
- * failed for good or was never enqueued (Redis down right after the commit) leaves such a session
- * behind until its next message. Newest first, at most `limit`.
+ * Live sessions active in the last `withinMs` but not in the last `idleMs` that still have a
+ * message awaiting its vector (toEmbedSql, as missingVectors): an embed job that failed for good
+ * or was never enqueued (Redis down right after the commit) leaves such a session behind until its
+ * next message. Activity is the newest message's time or, when later, the session's creation:
+ * `last_message_at` is a client's `sent_at`, which an import sets in the past (its sessions were
+ * never repaired) and a clock ahead in the future (left out then). Newest first, at most `limit`.
  */
 export async function sessionsMissingVectors(
   q: Queryable,
   a: { roles: string[]; model: string; withinMs: number; idleMs: number; limit: number },
 ): Promise<Array<{ tenantId: string; sessionId: string; generation: number }>> {
   const r = await q.query<{ tenant_id: string; id: string; generation: number }>(
-    `SELECT s.tenant_id, s.id, s.generation FROM sessions s
+    `SELECT s.tenant_id, s.id, s.generation FROM sessions s,
+       LATERAL (SELECT greatest(s.created_at,
+                  CASE WHEN s.last_message_at <= now() THEN s.last_message_at END) AS at) active
      WHERE s.deleted_at IS NULL
-       AND s.last_message_at > now() - make_interval(secs => $3::float8 / 1000)
-       AND s.last_message_at <= now() - make_interval(secs => $4::float8 / 1000)
+       AND active.at > now() - make_interval(secs => $3::float8 / 1000)
+       AND active.at <= now() - make_interval(secs => $4::float8 / 1000)
        AND EXISTS (
          SELECT 1 FROM messages m
          WHERE ${toEmbedSql({ tenant: 's.tenant_id', session: 's.id', startSeq: 's.start_seq', roles: '$1::text[]', model: '$2' })})
-     ORDER BY s.last_message_at DESC
+     ORDER BY active.at DESC
      LIMIT $5`,
     [a.roles, a.model, a.withinMs, a.idleMs, a.limit],
   );
