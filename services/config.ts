@@ -121,10 +121,20 @@ const schema = z.object({
     36500,
     'days LLM usage rows are kept; GET /v1/usage reads at most the last 28',
   ).default(35),
+  // A BCP-47 tag in its canonical form (`EN-gb` is `en-GB`; extensions such as
+  // `ja-JP-u-ca-japanese` are tags too), as Intl reads them.
   REPLY_LANG: z
     .string()
     .trim()
-    .regex(/^(auto|[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})*)$/, 'must be "auto" or a BCP-47 tag such as en or zh-TW')
+    .transform((v, ctx) => {
+      if (v === 'auto' || v === '') return 'auto';
+      try {
+        return Intl.getCanonicalLocales(v)[0]!;
+      } catch {
+        ctx.addIssue({ code: 'custom', message: 'must be "auto" or a BCP-47 tag such as en or zh-TW' });
+        return z.NEVER;
+      }
+    })
     .default('auto'),
   TZ: optionalText,
   WORKER_CONCURRENCY: int(1, 1000, 'jobs per worker process').default(8),
@@ -293,6 +303,11 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   }
   if (problems.length > 0) throw new ConfigError(problems);
   const warnings: string[] = [];
+  if (/^zh\b/.test(e.REPLY_LANG) && !/^zh(-Hant)?-TW$/.test(e.REPLY_LANG)) {
+    warnings.push(
+      `REPLY_LANG=${e.REPLY_LANG}: Chinese summaries are always written in Taiwan Traditional Chinese (zh-TW)`,
+    );
+  }
   // SPEC §1: without an LLM, LLM-dependent work reports itself disabled rather than failing.
   if (e.DECISION_MODEL && !configured) {
     warnings.push(

@@ -35,6 +35,7 @@ void describe('configuration', () => {
         EMBED_ROLES: 'user,robot',
         EMBED_CONCURRENCY: '0',
         PG_POOL_SIZE: 'many',
+        REPLY_LANG: 'xx_YY',
       });
     } catch (e) {
       err = e;
@@ -48,8 +49,16 @@ void describe('configuration', () => {
       'EMBED_ROLES',
       'EMBED_CONCURRENCY',
       'PG_POOL_SIZE',
+      'REPLY_LANG',
     ])
       assert.match(text, new RegExp(`${name}:`));
+    // Tags as Intl reads them: canonical case, extensions allowed; a Chinese other than Taiwan's
+    // is said to be written as zh-TW (SPEC §2), not silently.
+    assert.equal(loadConfig({ REPLY_LANG: 'EN-gb' }).replyLang, 'en-GB');
+    assert.equal(loadConfig({ REPLY_LANG: 'ja-JP-u-ca-japanese' }).replyLang, 'ja-JP-u-ca-japanese');
+    assert.equal(loadConfig({ REPLY_LANG: '' }).replyLang, 'auto');
+    assert.match(loadConfig({ REPLY_LANG: 'zh-CN' }).warnings.join('\n'), /REPLY_LANG=zh-CN: .*zh-TW/);
+    assert.deepEqual(loadConfig({ REPLY_LANG: 'zh-TW' }).warnings, []);
     assert.match(text, /redis:\/\//);
     // A pattern of the right shape with values the scheduler would reject stops the start too.
     for (const pattern of ['99 * * * *', 'a b c d e', '0 0 32 * *', '0 0 * 13 *']) {
