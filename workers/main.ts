@@ -63,11 +63,15 @@ export async function startWorkers(
   };
   for (const e of extensions) Object.assign(processors, e.processors ?? {});
   const workers: Worker[] = [];
+  const stopping = new AbortController();
   for (const [name, processor] of Object.entries(processors) as Array<[QueueName, Processor]>) {
     const timedProcessor: Processor = async (job, token, signal) => {
       const end = deps.metrics.jobDuration.startTimer({ queue: name });
       try {
-        return await processor(job, token, signal);
+        // The signal also tells a processor that the worker is shutting down (a summarize job
+        // stops between chunks).
+        const stop = signal ? AbortSignal.any([signal, stopping.signal]) : stopping.signal;
+        return await processor(job, token, stop);
       } finally {
         end();
       }
@@ -119,6 +123,7 @@ export async function startWorkers(
     workers,
     async close(timeoutMs: number) {
       clearInterval(scheduleTimer);
+      stopping.abort();
       const after = (ms: number) => new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), ms).unref());
       // Redis unreachable: a graceful close never resolves (BullMQ waits for Redis), and no job
       // can record its end anyway. Their locks expire and they are retried, as past a deadline.

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { UnrecoverableError } from 'bullmq';
+import { DelayedError, UnrecoverableError } from 'bullmq';
 import type { Job } from 'bullmq';
 import { withTransaction } from '../db/pool.js';
 import { maxArchivedSeq } from '../db/queries/messages.js';
@@ -53,7 +53,16 @@ const UNIT_MAX_MESSAGES = 2000;
 const TOOL_ARGUMENT_CHARS = 1000;
 
 export type SummarizeOutcome =
-  'summarized' | 'pruned' | 'cursor_set' | 'noop' | 'failed' | 'busy' | 'lost_race' | 'gone' | 'disabled';
+  | 'summarized'
+  | 'pruned'
+  | 'cursor_set'
+  | 'noop'
+  | 'failed'
+  | 'busy'
+  | 'lost_race'
+  | 'gone'
+  | 'disabled'
+  | 'stopped';
 
 export interface SummarizeResult {
   outcome: SummarizeOutcome;
@@ -73,6 +82,8 @@ export interface SummarizeResult {
 export interface SummarizeOptions {
   leaseTtlMs?: number;
   metrics?: SummaryMetrics;
+  /** The worker is shutting down: stop before the next chunk (outcome `stopped`). */
+  stop?: AbortSignal;
 }
 
 type Deps = Pick<CoreDeps, 'db' | 'llm' | 'config' | 'logger'>;
@@ -254,6 +265,10 @@ async function runLocked(
       const next = planned[k + 1]?.[0];
       // Past this chunk and any noise dropped after it, up to the next pending message.
       const coverEnd = next ? largestBelow(loaded, next.seq) : unitLast;
+      // The worker is shutting down: what is merged is saved, and the job goes back to the queue
+      // (makeSummaryProcessor). A chunk sent now would be cut at the shutdown deadline, paid for
+      // and thrown away, and its lease would hold the session for a minute.
+      if (opts.stop?.aborted) return result('stopped');
       const gone = await stale();
       if (gone) return gone;
       const answer = await summarizeChunk(deps, ctx, working, chunk, signal);
@@ -300,17 +315,23 @@ async function runLocked(
  * and GET /v1/jobs. Infrastructure errors (Postgres down) throw normally and are retried.
  */
 export function makeSummaryProcessor(deps: CoreDeps, opts: SummarizeOptions = {}) {
-  return async (job: Job): Promise<unknown> => {
+  return async (job: Job, token?: string, stop?: AbortSignal): Promise<unknown> => {
     const p = parsePayload('summary', job.data);
     if (p.kind === 'sweep') return runSummarySweep(deps);
     let r: SummarizeResult;
     try {
-      r = await summarizeSession(deps, p, opts);
+      r = await summarizeSession(deps, p, { ...opts, ...(stop ? { stop } : {}) });
     } catch (err) {
       opts.metrics?.jobs.inc({ outcome: 'error' });
       throw err;
     }
     opts.metrics?.jobs.inc({ outcome: r.outcome });
+    if (r.outcome === 'stopped' && token) {
+      // Back to the queue (not failed, not retried against its attempts): another worker, or this
+      // one's successor, goes on from the saved cursor a second from now.
+      await job.moveToDelayed(Date.now() + 1000, token);
+      throw new DelayedError();
+    }
     if (r.outcome === 'failed') throw new UnrecoverableError(r.error ?? 'summary chunk failed');
     return r;
   };
