@@ -1276,6 +1276,37 @@ void describe('tenant erasure', () => {
     assert.equal((await q('SELECT 1 FROM sessions WHERE tenant_id = $1', [b.tenantId])).length, 0);
   });
 
+  void test('at most two imports run at once per process; one more waits for a slot, then answers 503 import_busy', async () => {
+    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    const t = await svc.newTenant();
+    const lines = (tag: string) =>
+      [user(`${tag} one`, { id: `${tag}-1` }), user(`${tag} two`, { id: `${tag}-2` })]
+        .map((m) => JSON.stringify(m))
+        .join('\n');
+    // Two imports whose bodies are still arriving hold both slots.
+    const held = ['held-a', 'held-b'].map((s) =>
+      slowPost(t.apiKey, `/v1/sessions/${s}/import`, lines(s), 'application/x-ndjson'),
+    );
+    await sleep(300);
+    const third = () =>
+      t.api.raw('/v1/sessions/third/import', {
+        method: 'POST',
+        headers: { 'content-type': 'application/x-ndjson' },
+        body: lines('third'),
+      });
+    const started = Date.now();
+    const busy = await third();
+    assert.equal(busy.status, 503, busy.text);
+    assert.equal(busy.body.error.code, 'import_busy');
+    assert.equal(busy.headers.get('retry-after'), '5');
+    assert.ok(Date.now() - started >= 9_000, 'it waited for a slot first');
+    assert.equal((await t.api.get('/v1/sessions/third')).status, 404, 'nothing stored');
+    for (const h of held) h.finish();
+    for (const h of held) assert.equal((await h.answer).status, 201);
+    assert.equal((await third()).status, 201);
+    assert.equal((await t.api.get('/v1/sessions/third/messages')).body.messages.length, 2);
+  });
+
   void test('a request whose tenant is erased under it (its key still cached) is a 401, not a 500', async () => {
     const victim = await svc.newTenant();
     await archive(victim.api, 'chat', [user('hello')]);

@@ -1,6 +1,6 @@
 import { Router } from 'express';
 import { importAnswer, resetAnswer } from '../openapi-responses.js';
-import type { Response } from 'express';
+import type { Request, Response } from 'express';
 import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound } from '../errors.js';
@@ -36,6 +36,44 @@ async function* clientBody(req: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
 
 /** How long an import waits for its messages to be durable before answering 202 instead of 201. */
 const IMPORT_WAIT_MS = 60_000;
+/**
+ * Imports at a time per API process. An import holds every message of its body, validated, until
+ * they are staged in timestamp order: about seven times the body (a 200,000-line import of 39 MB
+ * grew the process by 260 MB), so eight at once could take gigabytes. One more waits up to
+ * IMPORT_SLOT_WAIT_MS for a slot, its body unread, then answers 503 `import_busy`.
+ */
+export const IMPORT_SLOTS = 2;
+const IMPORT_SLOT_WAIT_MS = 10_000;
+
+/** A counting semaphore whose `acquire` gives up after `waitMs` (false). */
+function slots(size: number) {
+  let used = 0;
+  const waiting: Array<() => void> = [];
+  return {
+    acquire(waitMs: number): Promise<boolean> {
+      if (used < size) {
+        used++;
+        return Promise.resolve(true);
+      }
+      return new Promise((resolve) => {
+        const grant = () => {
+          clearTimeout(timer);
+          used++;
+          resolve(true);
+        };
+        const timer = setTimeout(() => {
+          waiting.splice(waiting.indexOf(grant), 1);
+          resolve(false);
+        }, waitMs);
+        waiting.push(grant);
+      });
+    },
+    release(): void {
+      used--;
+      waiting.shift()?.();
+    },
+  };
+}
 const JSON_LINES = ['application/x-ndjson', 'application/jsonl'];
 
 const resetQuery = z.object({ keep_summary: z.enum(['true', 'false']).optional() }).strict();
@@ -133,10 +171,35 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     }
   });
 
+  const importSlots = slots(IMPORT_SLOTS);
   router.post('/:sid/import', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(importQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
+    if (!(await importSlots.acquire(IMPORT_SLOT_WAIT_MS))) {
+      if (!req.complete) res.setHeader('connection', 'close');
+      throw new AppError(
+        503,
+        'import_busy',
+        `${IMPORT_SLOTS} imports are running in this process: retry`,
+        { limit: IMPORT_SLOTS },
+        { 'retry-after': '5' },
+      );
+    }
+    try {
+      await importInSlot(req, res, sid, q, tenantId);
+    } finally {
+      importSlots.release();
+    }
+  });
+
+  async function importInSlot(
+    req: Request,
+    res: Response,
+    sid: string,
+    q: z.output<typeof importQuery>,
+    tenantId: string,
+  ): Promise<void> {
     let input: ImportInput;
     if (req.is(JSON_LINES)) {
       const encoding = req.headers['content-encoding'];
@@ -174,7 +237,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
       if (durable) await confirmArchived(deps, tenantId, sid, acknowledged);
     }
     res.status(durable ? 201 : 202).json(outcome);
-  });
+  }
 
   return router;
 }
