@@ -185,13 +185,13 @@ function firstWords(text: string, n: number): string {
  */
 export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
   const leaves: FtsLeaf[] = [];
-  const text = foldForIndex(term.text);
-  const english = text.replace(CJK_RUN, ' ');
+  const folded = foldForIndex(term.text);
+  const english = folded.replace(CJK_RUN, ' ');
   if (/[\p{L}\p{N}]/u.test(english)) {
     const text = firstWords(english, MAX_LEAF_TOKENS);
     leaves.push({ kind: term.phrase ? 'english-phrase' : 'english-words', text });
   }
-  for (const m of text.matchAll(CJK_RUN)) {
+  for (const m of folded.matchAll(CJK_RUN)) {
     const chars = Array.from(m[0]);
     // CJK letters are never a quote or a backslash: the lexemes need no escaping.
     if (chars.length === 1) {
