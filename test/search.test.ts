@@ -570,15 +570,24 @@ void describe('POST /v1/sessions/{sid}/search', () => {
 
   void test('keyword: compatibility forms and final sigma match either way; old rows are re-derived', async () => {
     const s = sid('fold');
-    const [wide, kana, decomposed, greek, plain] = await archive(api, s, [
+    const [wide, kana, decomposed, greek, plain, symbols] = await archive(api, s, [
       user('ＧＰＵ　ｓｅｒｖｅｒ　ｅｒｒｏｒ from a full-width keyboard'),
       user('ｻｰﾊﾞｰ が落ちた'),
       // Tiếng Việt as NFD: each accent a combining mark (a macOS file name, a clipboard).
       user('Tie\u0302\u0301ng Vie\u0323\u0302t'),
       user('Η ΟΔΟΣ είναι μεγάλη'),
       user('plain gpu server note'),
+      // Symbols whose compatibility form is letters or digits: they must not glue to the word.
+      user('the Acme™ rocket covers 100 km² in 1½ hours'),
     ]);
     const kw = async (query: string) => sorted(await hitSeqs(api, s, { query, match: 'keyword' }));
+    const byFullText = async (query: string) =>
+      (await search(api, s, { query, match: 'keyword' })).body.hits
+        .filter((h) => h.source !== 'recent')
+        .map((h) => h.seq);
+    assert.deepEqual(await byFullText('Acme'), [symbols!]);
+    assert.deepEqual(await byFullText('km'), [symbols!]);
+    assert.deepEqual(await byFullText('11'), []);
     assert.deepEqual(await kw('GPU server'), [wide!, plain!]);
     assert.deepEqual(await kw('ＧＰＵ'), [wide!, plain!]);
     assert.deepEqual(await kw('サーバー'), [kana!]);

@@ -94,9 +94,21 @@ export function cutUnits(s: string, max: number): string {
 export function foldForIndex(text: string): string {
   // ASCII is its own NFKC form (most messages): one test instead of a copy.
   if (!/[^\x00-\x7f]/.test(text)) return text;
-  const n = text.normalize('NFKC');
+  const n = text.replace(COMPAT_SYMBOL, spacedForm).normalize('NFKC');
   return n.includes('ς') ? n.replaceAll('ς', 'σ') : n;
 }
+
+/**
+ * Symbols and number forms whose compatibility form is letters or digits (`™` TM, `²` 2, `½`
+ * 1⁄2, `①` 1, `㍿` 株式会社) become that form between spaces: NFKC alone glued them to the word
+ * before, and `Acme™` was indexed as the word `acmetm`, `km²` as `km2`, `1½` as `11`, so `Acme` and
+ * `km` no longer found them and `11` did. (Letters keep their place: full-width `ＧＰＵ` is `GPU`.)
+ */
+const COMPAT_SYMBOL = /[\p{No}\p{S}]/gu;
+const spacedForm = (c: string): string => {
+  const n = c.normalize('NFKC');
+  return n === c ? c : ` ${n} `;
+};
 
 /**
  * The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`, the CJK
