@@ -627,6 +627,33 @@ void describe('decision model', () => {
     assert.equal(summaryCalls().length, 0, 'no summary call for a deleted session');
   });
 
+  void test('a worker stopping during the noise call makes no further call: no supersede, no chunk', async () => {
+    const s = sid('stopmid');
+    await archive(s, [user('[T:sm1] we deploy on fridays'), assistant('[T:sm2] noted')]);
+    await seedSummary(
+      s,
+      { ...JSON.parse(validSummary(['[T:old]'])), key_decisions: ['Do: deploy on mondays'] },
+      0,
+    );
+    const stop = new AbortController();
+    fake.onChat((body) => {
+      if (body.model !== DECIDER) return echoSummary(body);
+      // The shutdown begins while the noise call is in flight.
+      stop.abort();
+      return { content: '{"noise": []}' };
+    });
+    const r = await summarizeSession(deps, { tenantId, sessionId: s }, { stop: stop.signal });
+    assert.equal(r.outcome, 'stopped');
+    assert.equal(decisionCalls(/filter noise/).length, 1);
+    assert.equal(decisionCalls(/overturn/).length, 0, 'no supersede call once stopping');
+    assert.equal(summaryCalls().length, 0, 'no chunk once stopping');
+    // The next run (another worker) does the work.
+    fake.reset();
+    script('{"noise": []}');
+    const next = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(next.outcome, 'summarized');
+  });
+
   void test('drops conversations judged noise with confidence ≥ 0.7 and keeps the rest', async () => {
     const s = sid('noise');
     await archive(s, [

@@ -212,6 +212,10 @@ async function runLocked(
   let working: unknown = state.summary;
   let pruned = false;
   const lostLease = () => (signal.aborted ? result('lost_race') : null);
+  // The worker is shutting down: no new LLM call. What is merged is saved, and the job goes back
+  // to the queue (makeSummaryProcessor); a call sent now would be cut at the shutdown deadline,
+  // paid for and thrown away, and its lease would hold the session for a minute.
+  const halted = () => (opts.stop?.aborted ? result('stopped') : null);
   // Before each LLM call: the lease, and the session as it was (a delete, reset or tenant erasure
   // since would refuse the save; the call would be paid for nothing).
   const stale = async () => lostLease() ?? ((await summaryRunCurrent(db, ctx)) ? null : result('lost_race'));
@@ -228,7 +232,7 @@ async function runLocked(
     if (decisionModel) {
       const call = { tenantId, sessionId, model: decisionModel, timeZone: tz, signal };
       const conversations = groupConversations(unit);
-      const before = await stale();
+      const before = halted() ?? (await stale());
       if (before) return before;
       const noise = await judgeNoise(deps, call, conversations);
       calls++;
@@ -240,7 +244,7 @@ async function runLocked(
       }
       const entries = summaryEntries(working);
       if (kept.length > 0 && entries.keyDecisions.length + entries.pastDiscussions.length > 0) {
-        const between = await stale();
+        const between = halted() ?? (await stale());
         if (between) return between;
         const overturned = await findSuperseded(deps, call, working, kept);
         calls++;
@@ -265,11 +269,7 @@ async function runLocked(
       const next = planned[k + 1]?.[0];
       // Past this chunk and any noise dropped after it, up to the next pending message.
       const coverEnd = next ? largestBelow(loaded, next.seq) : unitLast;
-      // The worker is shutting down: what is merged is saved, and the job goes back to the queue
-      // (makeSummaryProcessor). A chunk sent now would be cut at the shutdown deadline, paid for
-      // and thrown away, and its lease would hold the session for a minute.
-      if (opts.stop?.aborted) return result('stopped');
-      const gone = await stale();
+      const gone = halted() ?? (await stale());
       if (gone) return gone;
       const answer = await summarizeChunk(deps, ctx, working, chunk, signal);
       calls++;
