@@ -39,9 +39,10 @@ export function parseInput<S extends z.ZodType>(
  */
 export const limitParam = z
   .string()
-  .regex(/^(\d{1,4})?$/, 'must be an integer from 1 to 500')
+  .regex(/^\d*$/, 'must be an integer from 1 to 500')
   // What /openapi.json says: the regex alone read as up to 9999.
   .meta({ description: 'an integer from 1 to 500 (default 100; empty = the default)' })
+  // Leading zeros are a number like any other (`00500` is 500); the pipe bounds the value.
   .transform((v) => (v === '' ? undefined : Number(v)))
   .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500').optional());
 

@@ -466,6 +466,11 @@ void describe('ingestion', () => {
       const r = await t.api.get(`/v1/sessions/p/messages?${q}`);
       assert.equal(r.status, 400, q);
     }
+    // README's `?after_seq=&before_seq=&limit=&order=` as written: empty is the default.
+    const asWritten = await t.api.get('/v1/sessions/p/messages?after_seq=&before_seq=&limit=&order=');
+    assert.equal(asWritten.status, 200, asWritten.text);
+    assert.deepEqual(asWritten.body, (await t.api.get('/v1/sessions/p/messages')).body);
+    assert.equal((await t.api.get('/v1/sessions/p/messages?limit=00003')).body.messages.length, 3);
     const sessions = await t.api.get('/v1/sessions?limit=1');
     assert.equal(sessions.body.sessions.length, 1);
     assert.equal(sessions.body.sessions[0].id, 'p');

@@ -28,17 +28,22 @@ const sessionListQuery = listQuery.refine((q) => q.cursor === undefined || SESSI
 
 const WAIT_TIMEOUT_MS = 10_000;
 
+// Empty is absent, on every parameter of the list: README's `?after_seq=&before_seq=&limit=&order=`
+// typed as it reads.
 const seqParam = z
   .string()
-  .regex(/^\d{1,15}$/, 'must be a non-negative integer')
-  .transform(Number);
+  .regex(/^(\d{1,15})?$/, 'must be a non-negative integer')
+  .transform((v) => (v === '' ? undefined : Number(v)));
 const postQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
 const pageQuery = z
   .object({
     after_seq: seqParam.optional(),
     before_seq: seqParam.optional(),
     limit: limitParam.optional(),
-    order: z.enum(['asc', 'desc']).optional(),
+    order: z
+      .enum(['asc', 'desc', ''])
+      .optional()
+      .transform((v) => (v === '' ? undefined : v)),
   })
   .strict();
 
