@@ -69,7 +69,33 @@ const schema = z.object({
     'e.g. postgres://user@127.0.0.1:5432/mnemos',
   ).optional(),
   MNEMOS_DATA_DIR: z.string().trim().min(1).default('./data'),
-  REDIS_URL: urlText(['redis:', 'rediss:'], 'e.g. redis://127.0.0.1:6379').default('redis://127.0.0.1:6379'),
+  REDIS_URL: urlText(['redis:', 'rediss:'], 'e.g. redis://127.0.0.1:6379')
+    .superRefine((v, ctx) => {
+      let u: URL;
+      try {
+        u = new URL(v);
+      } catch {
+        return;
+      }
+      // What ioredis would otherwise meet at the first command (`select NaN`, a stack trace) or
+      // as a bare "URI malformed".
+      if (!/^\/?\d*$/.test(u.pathname)) {
+        ctx.addIssue({
+          code: 'custom',
+          message: 'the path is the database number (e.g. redis://127.0.0.1:6379/0)',
+        });
+      }
+      try {
+        decodeURIComponent(u.username);
+        decodeURIComponent(u.password);
+      } catch {
+        ctx.addIssue({
+          code: 'custom',
+          message: 'has a malformed percent-escape in the user name or password (write % as %25)',
+        });
+      }
+    })
+    .default('redis://127.0.0.1:6379'),
   MNEMOS_PREFIX: z
     .string()
     .regex(/^[A-Za-z0-9_-]{1,64}$/, 'must be 1-64 characters of letters, digits, "_" or "-" (no ":")')
@@ -127,13 +153,17 @@ const schema = z.object({
     .string()
     .trim()
     .transform((v, ctx) => {
-      if (v === 'auto' || v === '') return 'auto';
+      if (v === '' || v.toLowerCase() === 'auto') return 'auto';
       try {
-        return Intl.getCanonicalLocales(v)[0]!;
+        const tag = Intl.getCanonicalLocales(v)[0]!;
+        // A language of 2–3 letters: Intl also takes any word of 5–8 (`chinese`, `english`) and
+        // `und`, which would reach the prompt as a language.
+        if (/^[a-z]{2,3}$/.test(new Intl.Locale(tag).language) && !tag.startsWith('und')) return tag;
       } catch {
-        ctx.addIssue({ code: 'custom', message: 'must be "auto" or a BCP-47 tag such as en or zh-TW' });
-        return z.NEVER;
+        // not a tag at all
       }
+      ctx.addIssue({ code: 'custom', message: 'must be "auto" or a BCP-47 tag such as en or zh-TW' });
+      return z.NEVER;
     })
     .default('auto'),
   TZ: optionalText,
@@ -254,10 +284,20 @@ export function shownUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password !== '') u.password = '***';
+    // ioredis also takes `?password=` (and options alike) from the query.
+    for (const name of [...u.searchParams.keys()]) {
+      if (/pass|secret|token|key/i.test(name)) u.searchParams.set(name, '***');
+    }
     return u.toString();
   } catch {
     return '(the configured URL)';
   }
+}
+
+/** A Chinese tag other than Taiwan's Traditional (`zh-CN`, `zh-Hans-TW`; not `zh-TW-u-nu-hanidec`). */
+function chineseOtherThanTaiwan(tag: string): boolean {
+  const l = new Intl.Locale(tag);
+  return l.language === 'zh' && !(l.region === 'TW' && (l.script === undefined || l.script === 'Hant'));
 }
 
 /** The zone Node's clock uses, as an IANA name; UTC when ICU cannot name it (TZ="" or invalid). */
@@ -294,7 +334,9 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   // Unset or empty (what docker-compose.yml passes when the user sets none): the process's zone.
   // With TZ="" in the environment the C library and V8's clock read UTC, but ICU reports the zone
   // `Etc/Unknown`, which it then refuses: the service would not start at all.
-  let timeZone = e.TZ ?? processTimeZone();
+  // POSIX's `:Zone` (AWS Lambda sets `:UTC`) and `:/etc/localtime` are the zone Node reads too.
+  const zone = e.TZ?.startsWith(':') ? e.TZ.slice(1) : e.TZ;
+  let timeZone = !zone || zone.startsWith('/') ? processTimeZone() : zone;
   try {
     new Intl.DateTimeFormat('en-US', { timeZone });
   } catch {
@@ -303,7 +345,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   }
   if (problems.length > 0) throw new ConfigError(problems);
   const warnings: string[] = [];
-  if (/^zh\b/.test(e.REPLY_LANG) && !/^zh(-Hant)?-TW$/.test(e.REPLY_LANG)) {
+  if (e.REPLY_LANG !== 'auto' && chineseOtherThanTaiwan(e.REPLY_LANG)) {
     warnings.push(
       `REPLY_LANG=${e.REPLY_LANG}: Chinese summaries are always written in Taiwan Traditional Chinese (zh-TW)`,
     );

@@ -7,7 +7,7 @@ import { Redis } from 'ioredis';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
-import { loadConfig, ConfigError } from '../services/config.js';
+import { loadConfig, ConfigError, shownUrl } from '../services/config.js';
 import { listRoutes } from '../services/openapi.js';
 import { makeKeyAuthenticator } from '../services/tenants.js';
 import {
@@ -59,6 +59,29 @@ void describe('configuration', () => {
     assert.equal(loadConfig({ REPLY_LANG: '' }).replyLang, 'auto');
     assert.match(loadConfig({ REPLY_LANG: 'zh-CN' }).warnings.join('\n'), /REPLY_LANG=zh-CN: .*zh-TW/);
     assert.deepEqual(loadConfig({ REPLY_LANG: 'zh-TW' }).warnings, []);
+    assert.deepEqual(loadConfig({ REPLY_LANG: 'zh-TW-u-nu-hanidec' }).warnings, []);
+    assert.equal(loadConfig({ REPLY_LANG: 'AUTO' }).replyLang, 'auto');
+    // Intl takes any word of 5–8 letters as a language; the prompt would say "Write in chinese".
+    for (const word of ['chinese', 'english', 'und']) {
+      assert.throws(() => loadConfig({ REPLY_LANG: word }), /REPLY_LANG: must be "auto" or a BCP-47 tag/);
+    }
+    // POSIX's colon forms of TZ, which Node reads (AWS Lambda sets `:UTC`).
+    assert.equal(loadConfig({ TZ: ':UTC' }).timeZone, 'UTC');
+    assert.equal(loadConfig({ TZ: ':Asia/Taipei' }).timeZone, 'Asia/Taipei');
+    // A Redis database that is not a number, a broken percent-escape: named, not a stack trace.
+    assert.throws(
+      () => loadConfig({ REDIS_URL: 'redis://127.0.0.1:6379/abc' }),
+      /REDIS_URL: the path is the database number/,
+    );
+    assert.throws(
+      () => loadConfig({ REDIS_URL: 'redis://u:a%ZZb@127.0.0.1:6379' }),
+      /REDIS_URL: has a malformed percent-escape/,
+    );
+    // A password in the query (ioredis reads `?password=`) is masked too.
+    assert.equal(
+      shownUrl('redis://127.0.0.1:1/0?password=s3cret&db=1'),
+      'redis://127.0.0.1:1/0?password=***&db=1',
+    );
     assert.match(text, /redis:\/\//);
     // A pattern of the right shape with values the scheduler would reject stops the start too.
     for (const pattern of ['99 * * * *', 'a b c d e', '0 0 32 * *', '0 0 * 13 *']) {
