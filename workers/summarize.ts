@@ -82,7 +82,7 @@ export interface SummarizeResult {
 export interface SummarizeOptions {
   leaseTtlMs?: number;
   metrics?: SummaryMetrics;
-  /** The worker is shutting down: stop before the next chunk (outcome `stopped`). */
+  /** The worker is shutting down: no LLM call after it (outcome `stopped`). */
   stop?: AbortSignal;
 }
 
