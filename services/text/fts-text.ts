@@ -93,7 +93,7 @@ export function cutUnits(s: string, max: number): string {
  */
 export function foldForIndex(text: string): string {
   // ASCII is its own NFKC form (most messages): one test instead of a copy.
-  if (!/[^\x00-\x7f]/.test(text)) return text;
+  if (!/[\u0080-\uffff]/.test(text)) return text;
   const n = text.replace(COMPAT_SYMBOL, spacedForm).normalize('NFKC');
   return n.includes('ς') ? n.replaceAll('ς', 'σ') : n;
 }
