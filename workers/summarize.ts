@@ -216,9 +216,10 @@ async function runLocked(
   // to the queue (makeSummaryProcessor); a call sent now would be cut at the shutdown deadline,
   // paid for and thrown away, and its lease would hold the session for a minute.
   const halted = () => (opts.stop?.aborted ? result('stopped') : null);
-  // Before each LLM call: the lease, and the session as it was (a delete, reset or tenant erasure
-  // since would refuse the save; the call would be paid for nothing).
-  const stale = async () => lostLease() ?? ((await summaryRunCurrent(db, ctx)) ? null : result('lost_race'));
+  // Before each LLM call: the worker's shutdown, the lease, and the session as it was (a delete,
+  // reset or tenant erasure since would refuse the save; the call would be paid for nothing).
+  const stale = async () =>
+    halted() ?? lostLease() ?? ((await summaryRunCurrent(db, ctx)) ? null : result('lost_race'));
 
   for (;;) {
     const unit = await readUnit(reader, budget, decisionModel !== undefined);
@@ -232,7 +233,7 @@ async function runLocked(
     if (decisionModel) {
       const call = { tenantId, sessionId, model: decisionModel, timeZone: tz, signal };
       const conversations = groupConversations(unit);
-      const before = halted() ?? (await stale());
+      const before = await stale();
       if (before) return before;
       const noise = await judgeNoise(deps, call, conversations);
       calls++;
@@ -244,7 +245,7 @@ async function runLocked(
       }
       const entries = summaryEntries(working);
       if (kept.length > 0 && entries.keyDecisions.length + entries.pastDiscussions.length > 0) {
-        const between = halted() ?? (await stale());
+        const between = await stale();
         if (between) return between;
         const overturned = await findSuperseded(deps, call, working, kept);
         calls++;
@@ -269,7 +270,7 @@ async function runLocked(
       const next = planned[k + 1]?.[0];
       // Past this chunk and any noise dropped after it, up to the next pending message.
       const coverEnd = next ? largestBelow(loaded, next.seq) : unitLast;
-      const gone = halted() ?? (await stale());
+      const gone = await stale();
       if (gone) return gone;
       const answer = await summarizeChunk(deps, ctx, working, chunk, signal);
       calls++;
