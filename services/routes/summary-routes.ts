@@ -149,7 +149,8 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
       enqueueSummarize(deps.queues, tenantId, sid, 'api', requestId).catch(() => {
         throw redisDown();
       });
-    let id = await enqueue();
+    const first = await enqueue();
+    let id = first.id;
     if (q.wait !== 'true') {
       res.status(202).json({ job_id: `summary.${id}` });
       return;
@@ -158,17 +159,15 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
     const signal = waitSignal(res);
     // Joined a run that was already going: it may have read the archive before this request, so
     // wait for it and then run once more to include everything archived now.
-    const existing = await queue.getJob(id).catch(() => null);
+    const existing = first.job;
     const joined =
-      existing !== undefined &&
-      existing !== null &&
-      (existing.data as { requestId?: string }).requestId !== requestId;
+      existing !== undefined && (existing.data as { requestId?: string }).requestId !== requestId;
     if (joined && (await existing.getState().catch(() => 'unknown')) === 'active') {
       if (!(await finished(id, deadline, signal))) {
         res.status(202).json({ job_id: `summary.${id}` });
         return;
       }
-      id = await enqueue();
+      id = (await enqueue()).id;
     }
     const done = await finished(id, deadline, signal);
     if (!done) {

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import type { JobsOptions } from 'bullmq';
+import type { Job, JobsOptions } from 'bullmq';
 import type { QueueRegistry } from '../../workers/queues.js';
 
 /**
@@ -41,8 +41,9 @@ function job(tenantId: string, sessionId: string, reason: SummarizeReason, reque
 
 /**
  * Enqueues the session's summarize job, or joins the one already waiting or running; returns the
- * BullMQ job id. `requestId`, stored in the payload, tells the caller which of the two happened.
- * A request that joins a sweep's job still waiting behind the backlog moves it to the front.
+ * BullMQ job id, and for an API request the job as it found it (undefined when it is gone
+ * already). `requestId`, stored in the payload, tells the caller which of the two happened. A
+ * request that joins a sweep's job still waiting behind the backlog moves it to the front.
  */
 export async function enqueueSummarize(
   queues: Pick<QueueRegistry, 'summary'>,
@@ -50,18 +51,17 @@ export async function enqueueSummarize(
   sessionId: string,
   reason: SummarizeReason,
   requestId?: string,
-): Promise<string> {
+): Promise<{ id: string; job?: Job | undefined }> {
   const j = job(tenantId, sessionId, reason, requestId);
   const added = await queues.summary.add(j.name, j.data, j.opts);
   const id = String(added.id);
-  if (reason === 'api') {
-    const existing = await queues.summary.getJob(id);
-    if (existing && existing.priority > 0 && (await existing.getState()) === 'prioritized') {
-      // Taken by a worker meanwhile: it runs now anyway.
-      await existing.changePriority({ priority: 0 }).catch(() => undefined);
-    }
+  if (reason !== 'api') return { id };
+  const existing = await queues.summary.getJob(id);
+  if (existing && existing.priority > 0 && (await existing.getState()) === 'prioritized') {
+    // Taken by a worker meanwhile: it runs now anyway.
+    await existing.changePriority({ priority: 0 }).catch(() => undefined);
   }
-  return id;
+  return { id, job: existing };
 }
 
 export async function enqueueSummarizeMany(
