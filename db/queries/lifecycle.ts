@@ -190,12 +190,19 @@ export async function upsertImportedSummary(
 }
 
 /**
- * Live `temp-` sessions idle since before `idleBefore`: no message sent, no message archived and
- * no creation after it. Activity is the newest of `last_message_at` (a message's own time, which
- * an import may set far in the past), the newest archival and the row's creation. A message time
- * after `now` is the client's clock, not activity: a `sent_at` in 2030 kept a throwaway session
- * until 2030.
+ * Whether the `temp-` session `s` is idle since before `idleBefore`: no message sent, no message
+ * archived and no creation after it. Activity is the newest of `last_message_at` (a message's own
+ * time, which an import may set far in the past), the newest archival and the row's creation. A
+ * message time after `now` is the client's clock, not activity: a `sent_at` in 2030 kept a
+ * throwaway session until 2030.
  */
+const idleTempSql = (idleBefore: string, now: string) =>
+  `s.deleted_at IS NULL AND s.id LIKE 'temp-%' AND s.created_at < ${idleBefore}
+   AND (s.last_message_at IS NULL OR s.last_message_at < ${idleBefore} OR s.last_message_at > ${now})
+   AND NOT EXISTS (SELECT 1 FROM messages m
+                   WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.archived_at >= ${idleBefore})`;
+
+/** Live `temp-` sessions idle since before `idleBefore` (idleTempSql), oldest first. */
 export async function idleTempSessions(
   q: Queryable,
   idleBefore: Date,
@@ -204,10 +211,7 @@ export async function idleTempSessions(
 ): Promise<Array<{ tenant_id: string; id: string }>> {
   const r = await q.query<{ tenant_id: string; id: string }>(
     `SELECT s.tenant_id, s.id FROM sessions s
-     WHERE s.deleted_at IS NULL AND s.id LIKE 'temp-%' AND s.created_at < $1
-       AND (s.last_message_at IS NULL OR s.last_message_at < $1 OR s.last_message_at > $3)
-       AND NOT EXISTS (SELECT 1 FROM messages m
-                       WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.archived_at >= $1)
+     WHERE ${idleTempSql('$1', '$3')}
      ORDER BY s.created_at
      LIMIT $2`,
     [idleBefore, limit, now],
@@ -224,11 +228,7 @@ export async function isTempSessionIdle(
   now: Date,
 ): Promise<boolean> {
   const r = await q.query(
-    `SELECT 1 FROM sessions s
-     WHERE s.tenant_id = $1 AND s.id = $2 AND s.deleted_at IS NULL AND s.created_at < $3
-       AND (s.last_message_at IS NULL OR s.last_message_at < $3 OR s.last_message_at > $4)
-       AND NOT EXISTS (SELECT 1 FROM messages m
-                       WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.archived_at >= $3)`,
+    `SELECT 1 FROM sessions s WHERE s.tenant_id = $1 AND s.id = $2 AND ${idleTempSql('$3', '$4')}`,
     [tenantId, sessionId, idleBefore, now],
   );
   return r.rows.length > 0;
