@@ -20,7 +20,17 @@ const optionalText = z
   .transform((v) => (v === '' ? undefined : v))
   .optional();
 
-const urlText = (protocols: string[], hint: string) =>
+const decodes = (s: string): boolean => {
+  try {
+    decodeURIComponent(s);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+/** A URL of one of `protocols`; `more` names what else is wrong with one that parses. */
+const urlText = (protocols: string[], hint: string, more: (u: URL) => string[] = () => []) =>
   z
     .string()
     .trim()
@@ -32,7 +42,10 @@ const urlText = (protocols: string[], hint: string) =>
       } catch {
         // Starts right, does not parse: most often a password with / ? # @ or % in it.
       }
-      if (parsed && protocols.includes(parsed.protocol)) return;
+      if (parsed && protocols.includes(parsed.protocol)) {
+        for (const message of more(parsed)) ctx.addIssue({ code: 'custom', message });
+        return;
+      }
       ctx.addIssue({
         code: 'custom',
         message:
@@ -69,33 +82,16 @@ const schema = z.object({
     'e.g. postgres://user@127.0.0.1:5432/mnemos',
   ).optional(),
   MNEMOS_DATA_DIR: z.string().trim().min(1).default('./data'),
-  REDIS_URL: urlText(['redis:', 'rediss:'], 'e.g. redis://127.0.0.1:6379')
-    .superRefine((v, ctx) => {
-      let u: URL;
-      try {
-        u = new URL(v);
-      } catch {
-        return;
-      }
-      // What ioredis would otherwise meet at the first command (`select NaN`, a stack trace) or
-      // as a bare "URI malformed".
-      if (!/^\/?\d*$/.test(u.pathname)) {
-        ctx.addIssue({
-          code: 'custom',
-          message: 'the path is the database number (e.g. redis://127.0.0.1:6379/0)',
-        });
-      }
-      try {
-        decodeURIComponent(u.username);
-        decodeURIComponent(u.password);
-      } catch {
-        ctx.addIssue({
-          code: 'custom',
-          message: 'has a malformed percent-escape in the user name or password (write % as %25)',
-        });
-      }
-    })
-    .default('redis://127.0.0.1:6379'),
+  // What ioredis would otherwise meet at the first command (`select NaN`, a stack trace) or as a
+  // bare "URI malformed".
+  REDIS_URL: urlText(['redis:', 'rediss:'], 'e.g. redis://127.0.0.1:6379', (u) => [
+    ...(/^\/?\d*$/.test(u.pathname)
+      ? []
+      : ['the path is the database number (e.g. redis://127.0.0.1:6379/0)']),
+    ...(decodes(u.username) && decodes(u.password)
+      ? []
+      : ['has a malformed percent-escape in the user name or password (write % as %25)']),
+  ]).default('redis://127.0.0.1:6379'),
   MNEMOS_PREFIX: z
     .string()
     .regex(/^[A-Za-z0-9_-]{1,64}$/, 'must be 1-64 characters of letters, digits, "_" or "-" (no ":")')

@@ -18,7 +18,7 @@ import {
 } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { nsToRfc3339 } from '../time.js';
-import { limitParam, listQuery, noQuery, pageOf, parseInput } from '../validate.js';
+import { emptyAsAbsent, limitParam, listQuery, noQuery, pageOf, parseInput } from '../validate.js';
 
 /** The sessions list's cursor is the id of the previous page's last session (ids sort as text). */
 const sessionListQuery = listQuery.refine((q) => q.cursor === undefined || SESSION_ID_RE.test(q.cursor), {
@@ -40,10 +40,7 @@ const pageQuery = z
     after_seq: seqParam.optional(),
     before_seq: seqParam.optional(),
     limit: limitParam.optional(),
-    order: z
-      .enum(['asc', 'desc', ''])
-      .optional()
-      .transform((v) => (v === '' ? undefined : v)),
+    order: z.enum(['asc', 'desc', '']).optional().transform(emptyAsAbsent),
   })
   .strict();
 
