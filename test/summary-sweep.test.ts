@@ -117,11 +117,28 @@ void describe('summary sweep', () => {
   });
 
   void test("a summarize the API asks for goes before the sweep's backlog, also when it joins a sweep's job", async () => {
+    fake.reset();
+    fake.onChat(echoSummary);
     const queue = svc.deps.queues.summary;
     const t = await svc.newTenant();
     const [backlog, joined, own] = [sid('backlog'), sid('joined'), sid('own')];
-    for (const s of [backlog, joined, own]) await archive(t.api, s, [user(`[T:p1] ${s}`)]);
+    const seqs = new Map<string, number>();
+    for (const s of [backlog, joined, own]) seqs.set(s, (await archive(t.api, s, [user(`[T:p1] ${s}`)]))[0]!);
+    // This suite's sweep runs every second: let it summarise them first, and let whatever job is
+    // running end after the pause, so that none of these sessions has a job running (a request
+    // would join it there, and never be in the wait list).
+    await eventually(
+      async () => {
+        for (const [s, seq] of seqs) {
+          if ((await t.api.get(`/v1/sessions/${s}/summary`)).body.cursor_seq !== seq) return false;
+        }
+        return true;
+      },
+      20_000,
+      'the sweep to summarise the three sessions',
+    );
     await queue.pause();
+    await eventually(async () => (await queue.getActiveCount()) === 0, 20_000, 'running jobs to end');
     try {
       // What a sweep queues for a tenant with many changed sessions (here two of them).
       await enqueueSummarizeMany(
