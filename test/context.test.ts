@@ -443,6 +443,44 @@ void describe('context without a decision model', () => {
     assert.equal(stored.body.messages[2].tool_calls.length, 2);
   });
 
+  void test('call ids OpenAI refuses (over 40 characters, odd characters, reused) get short ids, call and result alike', async () => {
+    const s = sid('callids');
+    const long = 'fc_689e2d4880a0819d98acca37694989b00b15d90494fc6b87';
+    const call = (id: string, name: string) => ({ id, type: 'function', function: { name, arguments: '{}' } });
+    await archive(t.api, s, [
+      { role: 'user', content: 'check' },
+      { role: 'assistant', content: null, tool_calls: [call(long, 'a'), call('idé', 'b'), call('call_0', 'c')] },
+      { role: 'tool', tool_call_id: 'idé', content: 'B' },
+      { role: 'tool', tool_call_id: long, content: 'A' },
+      { role: 'tool', tool_call_id: 'call_0', content: 'C' },
+      { role: 'assistant', content: null, tool_calls: [call('call_0', 'd')] },
+      { role: 'tool', tool_call_id: 'call_0', content: 'D' },
+      { role: 'assistant', content: 'done' },
+    ]);
+
+    const r = await context(t.api, s, { max_messages: 16 });
+
+    assert.equal(r.status, 200);
+    const m = r.body.messages as { role: string; tool_calls?: { id: string }[]; tool_call_id?: string }[];
+    const ids = m[1]!.tool_calls!.map((c) => c.id);
+    assert.match(ids[0]!, /^call_[A-Za-z0-9_-]{24}$/);
+    assert.match(ids[1]!, /^call_[A-Za-z0-9_-]{24}$/);
+    assert.equal(ids[2], 'call_0');
+    assert.deepEqual(
+      [m[2]!.tool_call_id, m[3]!.tool_call_id, m[4]!.tool_call_id],
+      [ids[1], ids[0], 'call_0'],
+    );
+    const again = m[5]!.tool_calls![0]!.id;
+    assert.match(again, /^call_[A-Za-z0-9_-]{24}$/);
+    assert.equal(m[6]!.tool_call_id, again);
+    assert.equal(new Set([...ids, again]).size, 4);
+    // The same context twice names them alike (prompt caches), and the archive keeps the originals.
+    assert.deepEqual((await context(t.api, s, { max_messages: 16 })).body.messages, r.body.messages);
+    const stored = await t.api.get(`/v1/sessions/${s}/messages`);
+    assert.equal(stored.body.messages[1].tool_calls[0].id, long);
+    assert.equal(stored.body.messages[3].tool_call_id, long);
+  });
+
   void test('min_seq waits until a message answered with 202 is archived (read your writes)', async () => {
     const s = sid('ryw');
     await archive(t.api, s, [user('start')]);

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import type { WindowMessageRow } from '../../db/queries/context.js';
 
 /** An OpenAI chat message as the context endpoint returns it (no seq, ids or metadata). */
@@ -42,6 +43,20 @@ function sendableCall(c: unknown): unknown {
 }
 
 /**
+ * Tool-call ids as OpenAI takes them: at most 40 characters (a longer one is `400 string too
+ * long`, and Responses-API items, gateways and other SDKs make ids of 50 and more), of the
+ * characters every OpenAI-style endpoint accepts (Anthropic's allow only these), once per context
+ * (a call id repeated in a later message is refused by some providers). Any other id becomes
+ * `call_` and 24 characters of a hash of the message's seq and the id, the same for the call and
+ * its result, and the same in every context that shows them.
+ */
+const SENDABLE_CALL_ID = /^[a-zA-Z0-9_-]{1,40}$/;
+
+function sendableCallId(seq: number, id: string): string {
+  return `call_${createHash('sha256').update(`${seq}:${id}`).digest('base64url').slice(0, 24)}`;
+}
+
+/**
  * Content parts OpenAI accepts for the role: images only on user messages. Another role's image
  * part becomes the text part `[image]`, so the model still sees that one was there.
  */
@@ -58,8 +73,9 @@ function sendableContent(role: string, content: unknown): unknown {
  * (within the run of tool results) the assistant message whose tool_calls it answers, and an
  * assistant message with a tool call that gets no result. Orphan tool results are dropped; tool
  * calls without a result lose that call (a message left with neither content nor calls is
- * dropped), and so does a repeated call id. Names and content parts OpenAI refuses are rewritten
- * (sendableName, sendableContent). A well-formed history passes through unchanged.
+ * dropped), and so does a repeated call id. Names, call ids and content parts OpenAI refuses are
+ * rewritten (sendableName, sendableCallId, sendableContent). A well-formed history passes through
+ * unchanged.
  */
 export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
   type Slot = { row: WindowMessageRow; calls: unknown[] | null };
@@ -116,6 +132,9 @@ export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
 
   const messages: ContextMessage[] = [];
   const seqs: number[] = [];
+  // Call ids of earlier assistant messages, and what the current one's results must be renamed to.
+  const usedIds = new Set<string>();
+  let renamed = new Map<string, string>();
   for (const { row, calls } of out) {
     const emptyContent = row.content === null || row.content === '';
     if (row.role === 'assistant' && row.tool_calls && !calls && emptyContent) {
@@ -125,8 +144,20 @@ export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
     const m: ContextMessage = { role: row.role, content: sendableContent(row.role, row.content) };
     const name = row.name === null ? null : sendableName(row.name);
     if (name !== null) m.name = name;
-    if (calls) m.tool_calls = calls.map(sendableCall);
-    if (row.tool_call_id !== null) m.tool_call_id = row.tool_call_id;
+    if (row.role !== 'tool') renamed = new Map();
+    if (calls) {
+      m.tool_calls = calls.map((c) => {
+        const sendable = sendableCall(c);
+        const id = callId(c)!;
+        if (SENDABLE_CALL_ID.test(id) && !usedIds.has(id)) return sendable;
+        const to = sendableCallId(row.seq, id);
+        renamed.set(id, to);
+        return { ...(sendable as object), id: to };
+      });
+      for (const c of m.tool_calls) usedIds.add(callId(c)!);
+      if (renamed.size > 0) repaired++;
+    }
+    if (row.tool_call_id !== null) m.tool_call_id = renamed.get(row.tool_call_id) ?? row.tool_call_id;
     messages.push(m);
     seqs.push(row.seq);
   }
