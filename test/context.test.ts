@@ -446,10 +446,18 @@ void describe('context without a decision model', () => {
   void test('call ids OpenAI refuses (over 40 characters, odd characters, reused) get short ids, call and result alike', async () => {
     const s = sid('callids');
     const long = 'fc_689e2d4880a0819d98acca37694989b00b15d90494fc6b87';
-    const call = (id: string, name: string) => ({ id, type: 'function', function: { name, arguments: '{}' } });
+    const call = (id: string, name: string) => ({
+      id,
+      type: 'function',
+      function: { name, arguments: '{}' },
+    });
     await archive(t.api, s, [
       { role: 'user', content: 'check' },
-      { role: 'assistant', content: null, tool_calls: [call(long, 'a'), call('idé', 'b'), call('call_0', 'c')] },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [call(long, 'a'), call('idé', 'b'), call('call_0', 'c')],
+      },
       { role: 'tool', tool_call_id: 'idé', content: 'B' },
       { role: 'tool', tool_call_id: long, content: 'A' },
       { role: 'tool', tool_call_id: 'call_0', content: 'C' },

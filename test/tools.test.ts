@@ -384,6 +384,11 @@ void describe('agent tools', () => {
     assert.ok(trace.length > 4000);
     const long = await call(a.api, 's2', 'error_history', { keyword: trace, tool_name: 'psql' });
     assert.match(long, new RegExp(`id: ${id}`));
+    // A Python traceback ends with the error: the cut keeps the end too.
+    const traceback = `Traceback (most recent call last):\n${'  File "app.py", line 1, in handler\n    run()\n'.repeat(120)}psql: connection refused`;
+    assert.ok(traceback.length > 4000);
+    const tail = await call(a.api, 's2', 'error_history', { keyword: traceback, tool_name: 'psql' });
+    assert.match(tail, new RegExp(`id: ${id}`));
     // A blank tool name is "any tool", as models send it.
     const blank = await call(a.api, 's2', 'error_history', {
       keyword: 'psql: connection refused',

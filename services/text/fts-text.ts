@@ -14,7 +14,7 @@
  * was always cut at FTS_EN_SAFE, and the end of a long message was never found by full text.
  */
 
-import { isHighSurrogate } from './code-points.js';
+import { isHighSurrogate, isLowSurrogate } from './code-points.js';
 
 export const FTS_EN_MAX = 1_048_576;
 export const FTS_EN_SAFE = 65_536;
@@ -81,6 +81,19 @@ export function cutUnits(s: string, max: number): string {
   if (s.length <= max) return s;
   const last = s.charCodeAt(max - 1);
   return s.slice(0, isHighSurrogate(last) ? max - 1 : max);
+}
+
+/**
+ * At most `max` UTF-16 units of `s`: all of it, or its head and its tail joined by a newline (never
+ * splitting a surrogate pair). For text whose telling part may be at either end: a stack trace
+ * starts with where it was thrown and ends with the error itself.
+ */
+export function headAndTailUnits(s: string, max: number): string {
+  if (s.length <= max) return s;
+  const head = cutUnits(s, Math.floor((max - 1) / 2));
+  let from = s.length - (max - 1 - head.length);
+  if (isLowSurrogate(s.charCodeAt(from))) from++;
+  return `${head}\n${s.slice(from)}`;
 }
 
 /**

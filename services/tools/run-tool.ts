@@ -1,6 +1,6 @@
 import { pageMessagesWithin } from '../../db/queries/messages.js';
 import { wallClock } from '../time.js';
-import { cutUnits } from '../text/fts-text.js';
+import { headAndTailUnits } from '../text/fts-text.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
@@ -330,8 +330,9 @@ async function errorHistory(deps: ToolDeps, tenantId: string, given: Record<stri
   const toolName = typeof args.tool_name === 'string' && args.tool_name.trim() ? args.tool_name : undefined;
   const parsed = errorSearchBody.safeParse({
     // Cut to what the REST body takes (4,000 UTF-16 units), without clip's marker: a pasted stack
-    // trace is what a model sends here.
-    query: cutUnits(keyword, 4000),
+    // trace is what a model sends here, and its error line is at the end (a Python traceback's
+    // last line), so the cut keeps both ends. Cutting the head only answered NONE to a stored fix.
+    query: headAndTailUnits(keyword, 4000),
     limit,
     ...(toolName === undefined ? {} : { tool_name: toolName }),
   });
