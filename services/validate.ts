@@ -11,6 +11,30 @@ export function fieldPath(path: ReadonlyArray<PropertyKey>): string {
   return out;
 }
 
+/**
+ * What a union's failure means to the client: zod says only "Invalid input" at the union's path.
+ * When the value failed inside one of the union's forms (a content part of an array, not the
+ * string or null beside it), that form's issues are the answer (`content[0].type: Invalid
+ * discriminator value. Expected 'text' | 'image_url'`); when it matched no form's type, the answer
+ * lists the types it may have.
+ */
+function closestIssues(
+  issue: z.core.$ZodIssue,
+  at: ReadonlyArray<PropertyKey>,
+): { issue: z.core.$ZodIssue; at: ReadonlyArray<PropertyKey> }[] {
+  if (issue.code !== 'invalid_union' || issue.errors.length === 0) return [{ issue, at }];
+  const inner = [...at, ...issue.path];
+  const depth = (issues: z.core.$ZodIssue[]) => Math.max(0, ...issues.map((i) => i.path.length));
+  const deepest = issue.errors.reduce((a, b) => (depth(b) > depth(a) ? b : a));
+  if (depth(deepest) > 0) return deepest.flatMap((i) => closestIssues(i, inner));
+  const expected = issue.errors.flatMap((e) =>
+    e.length === 1 && e[0]!.code === 'invalid_type' ? [e[0]!.expected] : [],
+  );
+  if (expected.length !== issue.errors.length) return [{ issue, at }];
+  const message = `Invalid input: expected ${expected.join(' or ')}`;
+  return [{ issue: { ...issue, message }, at }];
+}
+
 /** Parses untrusted input; failures become a 400 whose details name every offending field path. */
 export function parseInput<S extends z.ZodType>(
   schema: S,
@@ -20,10 +44,13 @@ export function parseInput<S extends z.ZodType>(
 ): z.output<S> {
   const r = schema.safeParse(input);
   if (r.success) return r.data;
-  const problems = r.error.issues.slice(0, 20).map((i) => {
-    const path = i.code === 'unrecognized_keys' ? [...i.path, i.keys[0] ?? ''] : i.path;
-    return { path: fieldPath([...basePath, ...path]) || where, message: i.message };
-  });
+  const problems = r.error.issues
+    .flatMap((i) => closestIssues(i, []))
+    .slice(0, 20)
+    .map(({ issue: i, at }) => {
+      const path = [...at, ...(i.code === 'unrecognized_keys' ? [...i.path, i.keys[0] ?? ''] : i.path)];
+      return { path: fieldPath([...basePath, ...path]) || where, message: i.message };
+    });
   const first = problems[0];
   throw new AppError(
     400,

@@ -227,6 +227,35 @@ void describe('ingestion', () => {
         /tool_calls/,
       ],
       [[user('not an object')], 400, 'validation_failed'],
+      // A union's failure names the place inside it, and what the SDK's response adds is named.
+      [
+        { messages: [{ role: 'user', content: [{ type: 'text', text: 'a' }, { type: 'input_audio' }] }] },
+        400,
+        'validation_failed',
+        /messages\[0\]\.content\[1\]\.type.*'text' \| 'image_url'/,
+      ],
+      [
+        {
+          messages: [
+            { role: 'user', content: [{ type: 'image_url', image_url: { url: 'x', detail: 'original' } }] },
+          ],
+        },
+        400,
+        'validation_failed',
+        /messages\[0\]\.content\[0\]\.image_url\.detail/,
+      ],
+      [
+        { messages: [{ role: 'user', content: 5 }] },
+        400,
+        'validation_failed',
+        /expected string or null or array/,
+      ],
+      [
+        { messages: [{ role: 'assistant', content: 'hi', refusal: null, annotations: [] }] },
+        400,
+        'validation_failed',
+        /messages\[0\]\.refusal.*response, not of a message/,
+      ],
     ];
     for (const [body, status, code, detail] of cases) {
       const r = await t.api.post('/v1/sessions/v/messages', body);

@@ -41,25 +41,50 @@ const toolCall = z
   })
   .strict();
 
+/**
+ * Fields of a message as OpenAI's SDKs return it (`choices[0].message`, Python's `model_dump()`)
+ * that are not message fields here: a post of the whole object named only the key, and the user
+ * did not learn which fields to pick.
+ */
+const RESPONSE_ONLY_FIELDS = new Set([
+  'refusal',
+  'annotations',
+  'audio',
+  'function_call',
+  'reasoning_content',
+]);
+
+const messageFields = (iss: { code?: string; keys?: string[] }) => {
+  if (iss.code !== 'unrecognized_keys' || !iss.keys?.some((k) => RESPONSE_ONLY_FIELDS.has(k)))
+    return undefined;
+  return (
+    `Unrecognized key(s): ${iss.keys.map((k) => `"${k}"`).join(', ')}: a field of the chat completion ` +
+    'response, not of a message; post role, content, name, tool_calls, tool_call_id (and id, sent_at, metadata)'
+  );
+};
+
 export const messageSchema = z
-  .object({
-    id: z.string().min(1).max(128).optional(),
-    role: z.enum(['user', 'assistant', 'system', 'developer', 'tool']),
-    content: z.union([z.string(), z.null(), z.array(part).min(1)]).optional(),
-    name: z.string().min(1).max(256).optional(),
-    tool_call_id: z.string().min(1).max(256).optional(),
-    tool_calls: z.array(toolCall).min(1).max(128).optional(),
-    sent_at: z
-      .string({ error: 'must be a string: RFC 3339, unix ns as a decimal string, or YYYY-MM-DD HH:MM:SS' })
-      .optional(),
-    // Checked, not copied: a copy made by assignment would drop an own `__proto__` key.
-    metadata: z
-      .custom<Record<string, unknown>>((v) => typeof v === 'object' && v !== null && !Array.isArray(v), {
-        message: 'must be a JSON object',
-      })
-      .meta({ type: 'object', description: 'free-form JSON object, at most 16 KiB' })
-      .optional(),
-  })
+  .object(
+    {
+      id: z.string().min(1).max(128).optional(),
+      role: z.enum(['user', 'assistant', 'system', 'developer', 'tool']),
+      content: z.union([z.string(), z.null(), z.array(part).min(1)]).optional(),
+      name: z.string().min(1).max(256).optional(),
+      tool_call_id: z.string().min(1).max(256).optional(),
+      tool_calls: z.array(toolCall).min(1).max(128).optional(),
+      sent_at: z
+        .string({ error: 'must be a string: RFC 3339, unix ns as a decimal string, or YYYY-MM-DD HH:MM:SS' })
+        .optional(),
+      // Checked, not copied: a copy made by assignment would drop an own `__proto__` key.
+      metadata: z
+        .custom<Record<string, unknown>>((v) => typeof v === 'object' && v !== null && !Array.isArray(v), {
+          message: 'must be a JSON object',
+        })
+        .meta({ type: 'object', description: 'free-form JSON object, at most 16 KiB' })
+        .optional(),
+    },
+    { error: messageFields },
+  )
   .strict()
   .superRefine((m, ctx) => {
     const hasContent = m.content !== undefined && m.content !== null;
