@@ -296,12 +296,16 @@ export function createMnemosClient(options: MnemosClientOptions) {
       return body.hits;
     },
 
-    /** OpenAI function-tool definitions (chat_history, error_history, write_error). */
-    async tools(opts: CallOptions = {}): Promise<ToolDefinition[]> {
+    /**
+     * OpenAI function-tool definitions (chat_history, error_history, write_error); `strict: true`
+     * gives the ones for structured outputs (every property required, optional ones nullable).
+     */
+    async tools(opts: CallOptions & { strict?: boolean } = {}): Promise<ToolDefinition[]> {
       const body = await call<{ tools: ToolDefinition[] }>({
         ...callOpts(opts),
         method: 'GET',
         path: '/v1/tools',
+        query: { strict: opts.strict ? 'true' : undefined },
         idempotent: true,
       });
       return body.tools;

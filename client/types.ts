@@ -154,7 +154,8 @@ export interface SearchHit {
 
 export interface ToolDefinition {
   type: 'function';
-  function: { name: string; description: string; parameters: Record<string, unknown> };
+  /** `strict` is set (true) in the definitions for structured outputs: `tools({ strict: true })`. */
+  function: { name: string; description: string; parameters: Record<string, unknown>; strict?: boolean };
 }
 
 export type ErrorOutcome = 'resolved' | 'failed' | 'abandoned';

@@ -69,6 +69,48 @@ void describe('agent tools', () => {
     assert.ok(JSON.stringify(tools).length < 4500, 'definitions stay small');
   });
 
+  void test('GET /v1/tools?strict=true meets structured outputs: every property required, optional ones nullable', async () => {
+    const plain = (await a.api.get('/v1/tools')).body.tools as any[];
+    const r = await a.api.get('/v1/tools?strict=true');
+    assert.equal(r.status, 200);
+    const tools = r.body.tools as any[];
+    assert.deepEqual(
+      tools.map((t) => t.function.name),
+      plain.map((t) => t.function.name),
+    );
+    for (const [i, t] of tools.entries()) {
+      const p = t.function.parameters;
+      const before = plain[i].function.parameters;
+      assert.equal(t.function.strict, true);
+      assert.equal(p.additionalProperties, false);
+      assert.deepEqual(p.required, Object.keys(p.properties), `${t.function.name}: all required`);
+      for (const [k, v] of Object.entries(p.properties as Record<string, any>)) {
+        const optional = !(before.required ?? []).includes(k);
+        assert.deepEqual(
+          v.type,
+          optional ? [before.properties[k].type, 'null'] : before.properties[k].type,
+          k,
+        );
+        if (v.enum) assert.equal(v.enum.includes(null), optional, `${t.function.name}.${k} enum`);
+      }
+    }
+    assert.equal(plain[0].function.strict, undefined);
+    // What a strict model sends: every field, the unused ones null.
+    const text = await call(a.api, 's1', 'chat_history', {
+      mode: null,
+      keyword: 'flamingo',
+      match: null,
+      time_range: null,
+      limit: null,
+      from_seq: null,
+      to_seq: null,
+    });
+    assert.match(text, /match\(es\) for "flamingo"/);
+    const bad = await a.api.get('/v1/tools?strict=yes');
+    assert.equal(bad.status, 400);
+    assert.match(bad.body.error.message, /strict/);
+  });
+
   void test('chat_history search finds earlier messages outside the window, marks the hit, shows neighbours', async () => {
     const text = await call(a.api, 's1', 'chat_history', {
       mode: 'search',

@@ -101,3 +101,37 @@ export const toolDefinitions = [
     },
   },
 ] as const;
+
+type JsonSchema = { type?: string | string[]; enum?: readonly unknown[]; [k: string]: unknown };
+
+/**
+ * The definitions for OpenAI's structured outputs (`strict: true`, which the OpenAI Agents SDK
+ * sets by default): every property required, the optional ones nullable (the tools read `null`
+ * as absent), no other properties. A strict request with the plain definitions is a 400 at
+ * OpenAI (`required` must list every property).
+ */
+export function strictToolDefinitions() {
+  return toolDefinitions.map((t) => {
+    const p = t.function.parameters as {
+      properties: Record<string, JsonSchema>;
+      required?: readonly string[];
+    };
+    const required = new Set(p.required ?? []);
+    const properties = Object.fromEntries(
+      Object.entries(p.properties).map(([k, v]) => {
+        if (required.has(k)) return [k, v];
+        const nullable: JsonSchema = { ...v, type: [v.type as string, 'null'] };
+        if (v.enum) nullable.enum = [...v.enum, null];
+        return [k, nullable];
+      }),
+    );
+    return {
+      type: t.type,
+      function: {
+        ...t.function,
+        strict: true,
+        parameters: { ...p, properties, required: Object.keys(p.properties), additionalProperties: false },
+      },
+    };
+  });
+}

@@ -6,9 +6,9 @@ import type { ErrorMemory } from '../error-memory/types.js';
 import type { Extension, ExtensionFactory } from '../extension.js';
 import { assertSessionId } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
-import { noQuery, parseInput } from '../validate.js';
+import { parseInput } from '../validate.js';
 import { runTool } from './run-tool.js';
-import { toolDefinitions } from './tool-definitions.js';
+import { strictToolDefinitions, toolDefinitions } from './tool-definitions.js';
 
 /**
  * `?window_from_seq=`: the first seq of the agent's context window (`window.from_seq` of its
@@ -25,9 +25,14 @@ const runQuery = z
   })
   .strict();
 
+/** `?strict=true`: the definitions for OpenAI's structured outputs (strictToolDefinitions). */
+const toolsQuery = z.object({ strict: z.enum(['true', 'false']).optional() }).strict();
+
 const toolsMeta: Record<string, RouteMeta> = {
   'GET /': {
-    summary: 'OpenAI function-tool definitions: chat_history, error_history, write_error',
+    summary:
+      'OpenAI function-tool definitions: chat_history, error_history, write_error (strict=true: for structured outputs)',
+    query: toolsQuery,
     responses: { 200: toolList },
   },
 };
@@ -51,9 +56,10 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
   const errors =
     (opened.find((e) => e.name === 'error-memory')?.provides?.errors as ErrorMemory | undefined) ?? null;
   const list = Router();
+  const strictTools = strictToolDefinitions();
   list.get('/', (req, res) => {
-    parseInput(noQuery, req.query, 'query');
-    res.json({ tools: toolDefinitions });
+    const q = parseInput(toolsQuery, req.query, 'query');
+    res.json({ tools: q.strict === 'true' ? strictTools : toolDefinitions });
   });
   const core = forRequests(deps);
   const run = Router();
