@@ -72,10 +72,24 @@ export class LlmError extends Error {
   readonly status: number | undefined;
   readonly kind: LlmErrorKind;
   readonly retryAfterMs?: number;
+  /**
+   * What went wrong, machine-readable and never endpoint text: the endpoint's error code
+   * (`model_not_found`, `content_filter`, `context_length_exceeded`: words and underscores only),
+   * or, for an answer that could not be used, one of `refusal`, `content_filter`, `length`,
+   * `no_choices`, `no_text`, `error_body`.
+   */
+  readonly code?: string;
 
   constructor(
     message: string,
-    init: { kind: LlmErrorKind; retryable: boolean; status?: number; retryAfterMs?: number; cause?: unknown },
+    init: {
+      kind: LlmErrorKind;
+      retryable: boolean;
+      status?: number;
+      retryAfterMs?: number;
+      code?: string;
+      cause?: unknown;
+    },
   ) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause });
     this.name = 'LlmError';
@@ -83,6 +97,7 @@ export class LlmError extends Error {
     this.retryable = init.retryable;
     this.status = init.status;
     if (init.retryAfterMs !== undefined) this.retryAfterMs = init.retryAfterMs;
+    if (init.code !== undefined) this.code = init.code;
   }
 }
 
