@@ -101,9 +101,17 @@ const schema = z.object({
     .min(16, 'must be at least 16 characters (use e.g. `openssl rand -hex 24`)')
     .optional(),
   OPENAI_API_KEY: optionalText,
+  // A query (Azure's `?api-version=...`) goes on every request; a fragment never reaches the
+  // endpoint, so it is most likely a mistyped query or an unencoded `#` in a deployment name.
   OPENAI_BASE_URL: urlText(
     ['http:', 'https:'],
     'an OpenAI-compatible endpoint, e.g. http://127.0.0.1:11434/v1',
+    (u) =>
+      u.href.includes('#')
+        ? [
+            'has a #fragment, which is never sent to the endpoint: remove it (parameters such as api-version=... go in the ?query)',
+          ]
+        : [],
   )
     .optional()
     .or(z.literal('').transform(() => undefined)),

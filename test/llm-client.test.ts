@@ -1,5 +1,6 @@
 import { after, before, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { ConfigError, loadConfig } from '../services/config.js';
 import { LlmError, makeLlmClient } from '../services/llm/llm-client.js';
 import type { LlmCallEvent, LlmClientOptions, LlmUsage } from '../services/llm/llm-client.js';
 import {
@@ -68,7 +69,12 @@ void describe('llm client: chat', () => {
       onCall: (e) => void calls.push(e),
     }).chat(chatReq());
 
-    assert.deepEqual(result, { content: 'a summary', inputTokens: 12, outputTokens: 3 });
+    assert.deepEqual(result, {
+      content: 'a summary',
+      inputTokens: 12,
+      outputTokens: 3,
+      finishReason: 'stop',
+    });
     assert.ok(usages[0]?.startedAt instanceof Date && usages[0].startedAt.getTime() <= Date.now());
     assert.deepEqual(
       usages.map(({ startedAt: _, ...u }) => u),
@@ -385,6 +391,323 @@ void describe('llm client: chat', () => {
     assert.equal(result.content, '{}');
     assert.equal(warnings.length, 1);
     assert.match(warnings[0]?.msg ?? '', /onUsage/);
+  });
+});
+
+/** A 200 chat completion whose first choice is `choice` (merged over a plain answer). */
+function completion(choice: Record<string, unknown>, extra: Record<string, unknown> = {}) {
+  return {
+    status: 200,
+    body: {
+      id: 'chatcmpl-x',
+      object: 'chat.completion',
+      model: 'gpt-4o-mini',
+      choices: [
+        { index: 0, message: { role: 'assistant', content: 'text' }, finish_reason: 'stop', ...choice },
+      ],
+      usage: { prompt_tokens: 7, completion_tokens: 2, total_tokens: 9 },
+      ...extra,
+    },
+  };
+}
+
+void describe('llm client: real providers', () => {
+  void test("an endpoint's error code becomes the error's code (Azure's content filter, OpenAI's model_not_found)", async () => {
+    fake.queueChat(
+      {
+        status: 400,
+        body: {
+          error: {
+            message:
+              "The response was filtered due to the prompt triggering Azure OpenAI's content management policy.",
+            type: null,
+            param: 'prompt',
+            code: 'content_filter',
+            status: 400,
+          },
+        },
+      },
+      {
+        status: 404,
+        body: {
+          error: {
+            message: 'The model `gpt-9` does not exist',
+            type: 'invalid_request_error',
+            code: 'model_not_found',
+          },
+        },
+      },
+      // Only the type is a word: it stands in.
+      { status: 400, body: { error: { message: 'bad', type: 'invalid_request_error', code: 400 } } },
+      // Neither is: no code at all.
+      { status: 400, body: { error: { message: 'bad', type: 'Bad Request', code: 'sk-abc123' } } },
+    );
+    const llm = client();
+    const codes: Array<[string, number | undefined, string | undefined]> = [];
+    for (let i = 0; i < 4; i++) {
+      await rejectsWith(llm.chat(chatReq()), (err) => void codes.push([err.kind, err.status, err.code]));
+    }
+    assert.deepEqual(codes, [
+      ['bad_request', 400, 'content_filter'],
+      ['bad_request', 404, 'model_not_found'],
+      ['bad_request', 400, 'invalid_request_error'],
+      ['bad_request', 400, undefined],
+    ]);
+  });
+
+  void test('an answer without text says why in its code: no choices, refusal, content filter, length, no text', async () => {
+    fake.queueChat(
+      completion({}, { choices: [] }),
+      completion({}, { choices: undefined }),
+      completion({
+        message: { role: 'assistant', content: null, refusal: "I can't help with my password hunter2" },
+      }),
+      completion({ message: { role: 'assistant', content: null }, finish_reason: 'content_filter' }),
+      completion({ message: { role: 'assistant', content: '' }, finish_reason: 'length' }),
+      completion({ message: { role: 'assistant', content: null }, finish_reason: 'stop' }),
+    );
+    const usages: LlmUsage[] = [];
+    const llm = client({ onUsage: (u) => void usages.push(u) });
+    const seen: Array<[string | undefined, boolean]> = [];
+    for (let i = 0; i < 6; i++) {
+      await rejectsWith(llm.chat(chatReq()), (err) => {
+        assert.equal(err.kind, 'invalid_response');
+        assert.doesNotMatch(err.message, /hunter2/);
+        seen.push([err.code, err.retryable]);
+      });
+    }
+    assert.deepEqual(seen, [
+      ['no_choices', false],
+      ['no_choices', false],
+      ['refusal', false],
+      ['content_filter', false],
+      ['length', false],
+      ['no_text', false],
+    ]);
+    assert.equal(fake.chatRequests().length, 6, 'none is retried');
+    assert.equal(usages.length, 6, 'each is billed');
+  });
+
+  void test('an answer cut at the token limit is returned with finishReason length', async () => {
+    fake.queueChat(
+      completion({ message: { role: 'assistant', content: '{"summary": "half' }, finish_reason: 'length' }),
+    );
+    const result = await client().chat(chatReq());
+    assert.equal(result.content, '{"summary": "half');
+    assert.equal(result.finishReason, 'length');
+  });
+
+  void test("an array content's text parts are the answer, its thinking parts are not", async () => {
+    fake.queueChat(
+      completion({
+        message: {
+          role: 'assistant',
+          content: [
+            { type: 'thinking', thinking: [{ type: 'text', text: 'let me think' }] },
+            { type: 'text', text: '{"a":' },
+            { type: 'text', text: '1}' },
+          ],
+        },
+      }),
+      completion({
+        message: { role: 'assistant', content: [{ type: 'thinking', thinking: 'only thoughts' }] },
+      }),
+    );
+    const llm = client();
+    assert.equal((await llm.chat(chatReq())).content, '{"a":1}');
+    await rejectsWith(llm.chat(chatReq()), (err) => assert.equal(err.code, 'no_text'));
+  });
+
+  void test('a 200 with an error body is classified by its code: 429 and 5xx retried, others not', async () => {
+    const errorBody = (code: unknown) => ({
+      status: 200,
+      body: { error: { code, message: 'Provider returned error' } },
+    });
+    fake.queueChat(
+      errorBody(429),
+      { content: 'after 429' },
+      errorBody(502),
+      errorBody('503'),
+      errorBody(400),
+    );
+    const calls: LlmCallEvent[] = [];
+    const llm = client({ maxAttempts: 2, onCall: (e) => void calls.push(e) });
+    assert.equal((await llm.chat(chatReq())).content, 'after 429');
+    await rejectsWith(llm.chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'server');
+      assert.equal(err.retryable, true);
+      assert.equal(err.code, 'error_body');
+    });
+    await rejectsWith(llm.chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'invalid_response');
+      assert.equal(err.retryable, false);
+      assert.equal(err.code, 'error_body');
+      assert.doesNotMatch(err.message, /Provider returned/);
+    });
+    assert.deepEqual(
+      calls.map((c) => c.kind ?? c.outcome),
+      ['rate_limited', 'ok', 'server', 'server', 'invalid_response'],
+    );
+
+    fake.queueEmbeddings({ status: 200, body: { error: { code: 503, message: 'overloaded' } } }, 'ok', {
+      status: 200,
+      body: { error: { message: 'no code' } },
+    });
+    const embed = () => llm.embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['x'], dimensions: 8 });
+    assert.equal((await embed())[0]?.length, 8);
+    await rejectsWith(embed(), (err) => {
+      assert.equal(err.kind, 'invalid_response');
+      assert.equal(err.code, 'error_body');
+    });
+    assert.equal(fake.embeddingRequests().length, 3);
+  });
+
+  void test("an error body outside OpenAI's envelope (vLLM, FastAPI's 422) still names the refused parameter", async () => {
+    fake.queueChat(
+      // vLLM: the error at the top level.
+      {
+        status: 400,
+        body: {
+          object: 'error',
+          message: 'response_format is not supported',
+          type: 'BadRequestError',
+          param: null,
+          code: 400,
+        },
+      },
+      // FastAPI/TGI: pydantic's validation details, as a 422.
+      {
+        status: 422,
+        body: {
+          detail: [
+            { loc: ['body', 'temperature'], msg: 'extra fields not permitted', type: 'value_error.extra' },
+          ],
+        },
+      },
+      { content: '{"ok":true}' },
+    );
+    const dropped: unknown[] = [];
+    const llm = client({
+      logger: { warn: (obj) => void dropped.push((obj as { dropped?: unknown }).dropped) },
+    });
+    assert.equal((await llm.chat(chatReq({ json: true, temperature: 0.3 }))).content, '{"ok":true}');
+    assert.deepEqual(dropped, ['response_format', 'temperature']);
+    assert.deepEqual(
+      fake.chatRequests().map((r) => [(r.body as any).response_format, (r.body as any).temperature]),
+      [
+        [{ type: 'json_object' }, 0.3],
+        [undefined, 0.3],
+        [undefined, undefined],
+      ],
+    );
+  });
+
+  void test('a re-wrapped error body keeps its status and headers, and its text stays out of the message', async () => {
+    fake.queueChat(
+      {
+        status: 429,
+        body: { object: 'error', message: 'slow down', code: 429 },
+        headers: { 'retry-after-ms': '30' },
+      },
+      {
+        status: 422,
+        body: { detail: [{ loc: ['body', 'messages', 0], msg: 'my secret prompt is invalid' }] },
+      },
+    );
+    await rejectsWith(client({ maxAttempts: 1 }).chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'rate_limited');
+      assert.equal(err.retryAfterMs, 30);
+    });
+    const err = await rejectsWith(client().chat(chatReq()), (e) => {
+      assert.equal(e.kind, 'bad_request');
+      assert.equal(e.status, 422);
+      assert.equal(e.message, 'llm endpoint answered 422');
+    });
+    // The SDK's error (the cause, not logged by us) has the text, where it once had "no body".
+    assert.match(String((err.cause as Error).message), /body\.messages\.0: my secret prompt is invalid/);
+  });
+
+  void test('an embeddings endpoint refusing dimensions stops getting them, and the size is still checked', async () => {
+    fake.queueEmbeddings(
+      {
+        status: 400,
+        body: {
+          error: {
+            message: 'This model does not support specifying dimensions.',
+            type: 'invalid_request_error',
+            param: null,
+            code: null,
+          },
+        },
+      },
+      'ok',
+      'ok',
+      {
+        status: 422,
+        body: {
+          detail: [
+            { loc: ['body', 'dimensions'], msg: 'Extra inputs are not permitted', type: 'extra_forbidden' },
+          ],
+        },
+      },
+    );
+    const warnings: Array<{ obj: object; msg: string }> = [];
+    const llm = client({ logger: { warn: (obj, msg) => void warnings.push({ obj, msg }) } });
+    const embed = (model: string, dimensions: number) =>
+      llm.embed({ ...CTX, purpose: 'embedding', model, input: ['x'], dimensions });
+    // The fake's native size is 1536.
+    assert.equal((await embed('ada', 1536))[0]?.length, 1536);
+    assert.equal((await embed('ada', 1536))[0]?.length, 1536);
+    await rejectsWith(embed('other', 64), (err) => {
+      assert.equal(err.kind, 'invalid_response');
+      assert.match(err.message, /has 1536 dimensions, expected 64/);
+    });
+    assert.deepEqual(
+      fake.embeddingRequests().map((r) => [(r.body as any).model, (r.body as any).dimensions]),
+      [
+        ['ada', 1536],
+        ['ada', undefined],
+        ['ada', undefined],
+        ['other', 64],
+        ['other', undefined],
+      ],
+    );
+    assert.deepEqual(
+      warnings.map((w) => [w.msg, (w.obj as { dropped?: unknown }).dropped]),
+      [
+        ['llm endpoint rejected a parameter; adapting', 'dimensions'],
+        ['llm endpoint rejected a parameter; adapting', 'dimensions'],
+      ],
+    );
+  });
+
+  void test("a base URL's query (Azure's api-version) is sent on every request, after the path", async () => {
+    fake.queueChat({ echoUrl: true });
+    const llm = client({ baseURL: `${fake.url}?api-version=2024-02-01` });
+    assert.equal((await llm.chat(chatReq())).content, '/v1/chat/completions?api-version=2024-02-01');
+    assert.equal(
+      (await llm.embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['x'], dimensions: 4 }))[0]?.length,
+      4,
+    );
+    assert.deepEqual(
+      fake.requests.map((r) => r.path),
+      ['/v1/chat/completions', '/v1/embeddings'],
+    );
+  });
+
+  void test('OPENAI_BASE_URL with a #fragment is a config error naming the variable', () => {
+    const base = 'https://x.openai.azure.com/openai/deployments/d?api-version=2024-02-01';
+    assert.equal(loadConfig({ OPENAI_BASE_URL: base }).llm.baseURL, base);
+    for (const url of [`${base}#frag`, 'http://127.0.0.1:11434/v1#']) {
+      assert.throws(
+        () => loadConfig({ OPENAI_BASE_URL: url }),
+        (err: unknown) =>
+          err instanceof ConfigError &&
+          err.problems.length === 1 &&
+          /^OPENAI_BASE_URL: has a #fragment/.test(err.problems[0] ?? ''),
+      );
+    }
+    assert.throws(() => makeLlmClient({ baseURL: `${fake.url}#x`, timeoutMs: 1000 }), /fragment/);
   });
 });
 

@@ -51,6 +51,11 @@ export interface ChatResult {
   content: string;
   inputTokens: number;
   outputTokens: number;
+  /**
+   * The endpoint's `finish_reason` when it is a plain word (`stop`, `length`...): `length` means
+   * the text was cut at the token limit, which a caller may want to say.
+   */
+  finishReason?: string;
 }
 
 export interface EmbedRequest extends LlmCallContext {
@@ -130,12 +135,19 @@ const DEFAULT_BASE_URL = 'https://api.openai.com/v1';
 const PLACEHOLDER_API_KEY = 'unused';
 // Bounds how much of an endpoint's error text ends up in our messages (and hence logs).
 const MAX_ERROR_TEXT = 300;
+// Bounds the text of an error body we re-wrap for the SDK (fetchWithErrorEnvelope): long enough
+// for a validation error listing several fields, so learnFromRejection still sees the one it needs.
+const MAX_REWRAPPED_TEXT = 2000;
+// What an endpoint's error code or finish reason must look like to be passed on: words and
+// underscores only, so a token, a number or quoted input never is.
+const WORD_CODE = /^[a-z_]{1,64}$/;
 
-/** Per-model knowledge about what an OpenAI-compatible endpoint rejects, learnt from 400s. */
-interface ChatCompat {
+/** Per-model knowledge about what an OpenAI-compatible endpoint rejects, learnt from 400s and 422s. */
+interface ModelCompat {
   noJsonMode: boolean;
   useMaxCompletionTokens: boolean;
   noTemperature: boolean;
+  noDimensions: boolean;
 }
 
 interface ChatParams {
@@ -156,25 +168,33 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
   const baseDelayMs = Math.max(0, opts.baseDelayMs ?? 250);
   const maxDelayMs = Math.max(0, opts.maxDelayMs ?? 8000);
   const logger = opts.logger;
+  const endpoint = splitBaseURL(opts.baseURL || DEFAULT_BASE_URL);
 
   // Everything is passed explicitly so the SDK does not pick up OPENAI_* variables behind the
   // config module's back; its own logging is off because it can dump request bodies.
   const sdk = new OpenAI({
     apiKey: opts.apiKey || PLACEHOLDER_API_KEY,
-    baseURL: opts.baseURL || DEFAULT_BASE_URL,
+    baseURL: endpoint.baseURL,
+    ...(endpoint.query ? { defaultQuery: endpoint.query } : {}),
     organization: null,
     project: null,
     webhookSecret: null,
     maxRetries: 0,
     timeout: sdkTimeout(opts.timeoutMs),
     logLevel: 'off',
+    fetch: fetchWithErrorEnvelope,
   });
 
-  const compatByModel = new Map<string, ChatCompat>();
-  const compatFor = (model: string): ChatCompat => {
+  const compatByModel = new Map<string, ModelCompat>();
+  const compatFor = (model: string): ModelCompat => {
     let compat = compatByModel.get(model);
     if (!compat) {
-      compat = { noJsonMode: false, useMaxCompletionTokens: false, noTemperature: false };
+      compat = {
+        noJsonMode: false,
+        useMaxCompletionTokens: false,
+        noTemperature: false,
+        noDimensions: false,
+      };
       compatByModel.set(model, compat);
     }
     return compat;
@@ -289,10 +309,11 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
         }
         // Validated inside the attempt so a bad payload is classified (and counted) like any
         // other failed attempt.
-        const content = firstChoiceText(raw);
-        if (content === undefined) {
+        throwIfErrorBody(raw, 'choices');
+        const answer = readFirstChoice(raw);
+        const usage = readUsage(raw);
+        if (answer.content === undefined) {
           // An answer without text is billed like any other: its usage is recorded.
-          const usage = readUsage(raw);
           await reportUsage({
             purpose: req.purpose,
             model: req.model,
@@ -302,13 +323,14 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
             sessionId: req.sessionId ?? null,
             startedAt,
           });
-          throw new LlmError('chat completion has no text content in choices[0]', {
-            kind: 'invalid_response',
-            retryable: false,
-          });
+          throw unusableAnswer(answer);
         }
-        const usage = readUsage(raw);
-        return { content, inputTokens: usage.prompt, outputTokens: usage.completion };
+        return {
+          content: answer.content,
+          inputTokens: usage.prompt,
+          outputTokens: usage.completion,
+          ...(answer.finishReason !== undefined ? { finishReason: answer.finishReason } : {}),
+        };
       }
     });
     await reportUsage({
@@ -327,18 +349,36 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
     // The API rejects an empty input list; nothing to embed is not an error for our callers.
     if (req.input.length === 0) return [];
     const startedAt = new Date();
+    const compat = compatFor(req.model);
     const response = await withRetries(req, req.model, async (signal, timeoutMs) => {
-      // Explicit floats: without encoding_format the SDK asks for base64 and decodes it itself,
-      // which some compatible servers do not implement.
-      const params: OpenAI.EmbeddingCreateParams = {
-        model: req.model,
-        input: req.input,
-        encoding_format: 'float',
-        ...(req.dimensions !== undefined ? { dimensions: req.dimensions } : {}),
-      };
-      const raw: unknown = await sdk.embeddings.create(params, sdkRequestOptions(signal, timeoutMs));
-      // Validated inside the attempt so a bad payload is classified like any other failure.
-      return { vectors: readEmbeddings(raw, req.input.length, req.dimensions), usage: readUsage(raw) };
+      // Dropping `dimensions` is the only fallback, so this loop makes at most one extra request.
+      for (;;) {
+        // Explicit floats: without encoding_format the SDK asks for base64 and decodes it itself,
+        // which some compatible servers do not implement.
+        const params: OpenAI.EmbeddingCreateParams = {
+          model: req.model,
+          input: req.input,
+          encoding_format: 'float',
+          ...(req.dimensions !== undefined && !compat.noDimensions ? { dimensions: req.dimensions } : {}),
+        };
+        let raw: unknown;
+        try {
+          raw = await sdk.embeddings.create(params, sdkRequestOptions(signal, timeoutMs));
+        } catch (err) {
+          const dropped = learnFromEmbeddingRejection(err, params, compat);
+          if (!dropped) throw err;
+          logger?.warn(
+            { purpose: req.purpose, model: req.model, dropped },
+            'llm endpoint rejected a parameter; adapting',
+          );
+          continue;
+        }
+        // Validated inside the attempt so a bad payload is classified like any other failure.
+        // The configured dimensions are still checked when the endpoint was not told them: a
+        // model of another native size must not reach the index.
+        throwIfErrorBody(raw, 'data');
+        return { vectors: readEmbeddings(raw, req.input.length, req.dimensions), usage: readUsage(raw) };
+      }
     });
     await reportUsage({
       purpose: req.purpose,
@@ -366,7 +406,79 @@ function sdkTimeout(timeoutMs: number): number {
   return Math.ceil(timeoutMs) + 1000;
 }
 
-function chatParams(req: ChatRequest, compat: ChatCompat): ChatParams {
+/**
+ * The base URL without its query, and the query's parameters: the SDK appends paths to the base
+ * URL as text, so Azure's `.../deployments/d?api-version=2024-02-01` became
+ * `?api-version=2024-02-01/chat/completions` and every call a 404. The parameters go on every
+ * request as the SDK's default query instead.
+ */
+function splitBaseURL(baseURL: string): { baseURL: string; query?: Record<string, string> } {
+  // Config refuses a fragment; a client built from anything else must not drop one silently.
+  if (baseURL.includes('#')) throw new RangeError('baseURL must not have a #fragment');
+  if (!baseURL.includes('?')) return { baseURL };
+  const url = new URL(baseURL);
+  const query = Object.fromEntries(url.searchParams);
+  url.search = '';
+  // `new URL` keeps a bare `?`; the SDK would append the path after it.
+  const base = url.toString().replace(/\?$/, '');
+  return Object.keys(query).length > 0 ? { baseURL: base, query } : { baseURL: base };
+}
+
+/**
+ * fetch for the SDK: a non-2xx JSON body outside OpenAI's `{"error": ...}` envelope (vLLM's
+ * top-level `{"object":"error","message":...}`, FastAPI's and TGI's `{"detail":[...]}`) is
+ * re-wrapped as `{"error":{"message":...}}`, because the SDK reads only `error` and reported
+ * these as "400 status code (no body)": learnFromRejection could not see which parameter an
+ * endpoint refused. Status and headers stay as they were (retry-after still counts).
+ */
+async function fetchWithErrorEnvelope(input: string | URL | Request, init?: RequestInit): Promise<Response> {
+  const response = await fetch(input, init);
+  if (response.ok) return response;
+  let body: unknown;
+  try {
+    body = JSON.parse(await response.clone().text());
+  } catch {
+    // Not JSON: the SDK keeps such text as the message itself.
+    return response;
+  }
+  // The SDK reads `error` when it is anything but null or absent.
+  if (body === null || (isRecord(body) && body['error'] !== undefined && body['error'] !== null)) {
+    return response;
+  }
+  const headers = new Headers(response.headers);
+  // The new body is another length, and already decoded.
+  headers.delete('content-length');
+  headers.delete('content-encoding');
+  headers.set('content-type', 'application/json');
+  const message = cutUnits(errorBodyText(body), MAX_REWRAPPED_TEXT);
+  return new Response(JSON.stringify({ error: { message } }), {
+    status: response.status,
+    statusText: response.statusText,
+    headers,
+  });
+}
+
+/** An error body's message or validation details as one line of text. */
+function errorBodyText(body: unknown): string {
+  if (isRecord(body)) {
+    if (typeof body['message'] === 'string') return body['message'];
+    const detail = body['detail'];
+    if (typeof detail === 'string') return detail;
+    if (Array.isArray(detail)) {
+      // pydantic's items: {loc: ["body", "response_format"], msg: "extra fields not permitted"}.
+      return detail
+        .map((item: unknown) => {
+          if (!isRecord(item) || typeof item['msg'] !== 'string') return safeJson(item);
+          const loc = Array.isArray(item['loc']) ? item['loc'].map(String).join('.') : '';
+          return loc === '' ? item['msg'] : `${loc}: ${item['msg']}`;
+        })
+        .join('; ');
+    }
+  }
+  return safeJson(body);
+}
+
+function chatParams(req: ChatRequest, compat: ModelCompat): ChatParams {
   const params: ChatParams = { model: req.model, messages: req.messages };
   if (req.json && !compat.noJsonMode) params.response_format = { type: 'json_object' };
   if (req.temperature !== undefined && !compat.noTemperature) params.temperature = req.temperature;
@@ -379,15 +491,28 @@ function chatParams(req: ChatRequest, compat: ChatCompat): ChatParams {
   return params;
 }
 
+// How endpoints say a parameter is not theirs: OpenAI ("Unsupported parameter", "This model does
+// not support specifying dimensions"), vLLM, and pydantic behind FastAPI/TGI ("extra fields not
+// permitted", "Extra inputs are not permitted").
+const UNSUPPORTED =
+  /unsupported|not supported|does not support|unknown|unrecogni[sz]ed|not allowed|extra (?:fields|inputs)/i;
+
 /**
- * If `err` is a 400 complaining about an optional parameter we sent, remember (per model) to
- * stop sending it and return its name; otherwise undefined.
+ * The text of a 400 or 422 (FastAPI's and TGI's status for a request that fails validation) in
+ * which an endpoint may name a parameter it refuses; otherwise undefined.
  */
-function learnFromRejection(err: unknown, params: ChatParams, compat: ChatCompat): string | undefined {
-  if (!(err instanceof APIError) || err.status !== 400) return undefined;
-  const text = `${err.message} ${err.param ?? ''} ${safeJson(err.error)}`;
-  const unsupported =
-    /unsupported|not supported|unknown|unrecogni[sz]ed|not allowed|extra (?:fields|inputs)/i;
+function rejectionText(err: unknown): string | undefined {
+  if (!(err instanceof APIError) || (err.status !== 400 && err.status !== 422)) return undefined;
+  return `${err.message} ${err.param ?? ''} ${safeJson(err.error)}`;
+}
+
+/**
+ * If `err` is a 400 or 422 complaining about an optional parameter we sent, remember (per model)
+ * to stop sending it and return its name; otherwise undefined.
+ */
+function learnFromRejection(err: unknown, params: ChatParams, compat: ModelCompat): string | undefined {
+  const text = rejectionText(err);
+  if (text === undefined) return undefined;
 
   // OpenAI's "messages must contain the word 'json'" also mentions response_format, but it is a
   // prompt bug, not a missing feature; dropping JSON mode would hide it.
@@ -395,13 +520,32 @@ function learnFromRejection(err: unknown, params: ChatParams, compat: ChatCompat
     compat.noJsonMode = true;
     return 'response_format';
   }
-  if (params.max_tokens !== undefined && text.includes('max_tokens') && unsupported.test(text)) {
+  if (params.max_tokens !== undefined && text.includes('max_tokens') && UNSUPPORTED.test(text)) {
     compat.useMaxCompletionTokens = true;
     return 'max_tokens';
   }
-  if (params.temperature !== undefined && text.includes('temperature') && unsupported.test(text)) {
+  if (params.temperature !== undefined && text.includes('temperature') && UNSUPPORTED.test(text)) {
     compat.noTemperature = true;
     return 'temperature';
+  }
+  return undefined;
+}
+
+/**
+ * learnFromRejection for embeddings: an endpoint that does not take `dimensions` (ada-002, most
+ * local servers) gets none, and answers its model's native size, which readEmbeddings still
+ * checks against the configured one.
+ */
+function learnFromEmbeddingRejection(
+  err: unknown,
+  params: OpenAI.EmbeddingCreateParams,
+  compat: ModelCompat,
+): string | undefined {
+  const text = rejectionText(err);
+  if (text === undefined || params.dimensions === undefined) return undefined;
+  if (/\bdimensions\b/.test(text) && UNSUPPORTED.test(text)) {
+    compat.noDimensions = true;
+    return 'dimensions';
   }
   return undefined;
 }
@@ -465,22 +609,52 @@ function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmE
   // and Redis's event streams. OpenAI's machine-readable type and code say what went wrong.
   // Words and underscores only (`invalid_request_error`, `context_length_exceeded`): a token or a
   // number an endpoint puts there is no error code.
-  const tags = [err.type, err.code].filter(
-    (t): t is string => typeof t === 'string' && /^[a-z_]{1,64}$/.test(t),
-  );
+  const tags = [err.type, err.code].filter((t): t is string => typeof t === 'string' && WORD_CODE.test(t));
   const detail = `llm endpoint answered ${status}${tags.length > 0 ? ` (${tags.join(', ')})` : ''}`;
+  // The code says more than the type (`content_filter` against `invalid_request_error`); the type
+  // stands in for endpoints that only send one.
+  const code = [err.code, err.type].find((t): t is string => typeof t === 'string' && WORD_CODE.test(t));
+  const withCode = code === undefined ? {} : { code };
   const retryAfterMs = retryAfter(err.headers, maxDelayMs);
   const withDelay = retryAfterMs === undefined ? {} : { retryAfterMs };
+  const init = { status, ...withCode, cause: err };
   if (status === 429)
-    return new LlmError(detail, { kind: 'rate_limited', retryable: true, status, ...withDelay, cause: err });
-  if (status === 408) return new LlmError(detail, { kind: 'timeout', retryable: true, status, cause: err });
+    return new LlmError(detail, { kind: 'rate_limited', retryable: true, ...init, ...withDelay });
+  if (status === 408) return new LlmError(detail, { kind: 'timeout', retryable: true, ...init });
   // 409 is what OpenAI sends for lock contention; the SDK itself treats it as transient.
   if (status >= 500 || status === 409) {
-    return new LlmError(detail, { kind: 'server', retryable: true, status, ...withDelay, cause: err });
+    return new LlmError(detail, { kind: 'server', retryable: true, ...init, ...withDelay });
   }
   if (status === 401 || status === 403)
-    return new LlmError(detail, { kind: 'auth', retryable: false, status, cause: err });
-  return new LlmError(detail, { kind: 'bad_request', retryable: false, status, cause: err });
+    return new LlmError(detail, { kind: 'auth', retryable: false, ...init });
+  return new LlmError(detail, { kind: 'bad_request', retryable: false, ...init });
+}
+
+/**
+ * A 200 whose body is an error and not an answer (OpenRouter and some proxies report failures
+ * found after the headers went out this way: `{"error":{"code":429,"message":...}}`), classified
+ * by the status in its numeric code like a real one. `answerKey` is where the answer would be
+ * (`choices`, `data`); an answer beside an error is left to be read.
+ */
+function throwIfErrorBody(body: unknown, answerKey: string): void {
+  if (!isRecord(body)) return;
+  const error = body['error'];
+  const answer = body[answerKey];
+  if (error === undefined || error === null || (Array.isArray(answer) && answer.length > 0)) return;
+  const raw = isRecord(error) ? error['code'] : undefined;
+  const status =
+    typeof raw === 'number' && Number.isInteger(raw)
+      ? raw
+      : typeof raw === 'string' && /^\d{3}$/.test(raw)
+        ? Number(raw)
+        : undefined;
+  const message = `llm endpoint answered 200 with an error${status === undefined ? '' : ` (${status})`}`;
+  const init = { code: 'error_body' };
+  if (status === 429) throw new LlmError(message, { kind: 'rate_limited', retryable: true, ...init });
+  if (status !== undefined && status >= 500 && status <= 599) {
+    throw new LlmError(message, { kind: 'server', retryable: true, ...init });
+  }
+  throw new LlmError(message, { kind: 'invalid_response', retryable: false, ...init });
 }
 
 /** retry-after-ms (OpenAI's extension) or retry-after (seconds or HTTP date), capped. */
@@ -532,12 +706,62 @@ function abortedError(cause?: unknown): LlmError {
   return new LlmError('llm call aborted', { kind: 'aborted', retryable: false, cause });
 }
 
-function firstChoiceText(completion: unknown): string | undefined {
-  if (!isRecord(completion) || !Array.isArray(completion['choices'])) return undefined;
-  const choice: unknown = completion['choices'][0];
-  if (!isRecord(choice) || !isRecord(choice['message'])) return undefined;
-  const content = choice['message']['content'];
-  return typeof content === 'string' && content.length > 0 ? content : undefined;
+interface FirstChoice {
+  /** Undefined when the answer has no text we can use. */
+  content: string | undefined;
+  finishReason: string | undefined;
+  noChoices: boolean;
+  refused: boolean;
+}
+
+function readFirstChoice(completion: unknown): FirstChoice {
+  const choices = isRecord(completion) ? completion['choices'] : undefined;
+  const choice: unknown = Array.isArray(choices) ? choices[0] : undefined;
+  if (!isRecord(choice))
+    return { content: undefined, finishReason: undefined, noChoices: true, refused: false };
+  const reason = choice['finish_reason'];
+  const finishReason = typeof reason === 'string' && WORD_CODE.test(reason) ? reason : undefined;
+  const message = isRecord(choice['message']) ? choice['message'] : {};
+  const text = messageText(message['content']);
+  const refusal = message['refusal'];
+  return {
+    content: text === '' ? undefined : text,
+    finishReason,
+    noChoices: false,
+    refused: typeof refusal === 'string' && refusal !== '',
+  };
+}
+
+/**
+ * A message's text: a string, or the `text` parts of an array (Mistral's reasoning models answer
+ * `[{type: "thinking", ...}, {type: "text", text: "..."}]`; the thinking is not the answer).
+ */
+function messageText(content: unknown): string | undefined {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return undefined;
+  const parts = content.flatMap((part: unknown) =>
+    isRecord(part) && part['type'] === 'text' && typeof part['text'] === 'string' ? [part['text']] : [],
+  );
+  return parts.length > 0 ? parts.join('') : undefined;
+}
+
+/**
+ * Why an answer without text is of no use, as an error whose code tells a refused or filtered
+ * input (which will be refused again) from an answer cut short or a broken endpoint. The
+ * refusal's own text stays out: it may quote the input.
+ */
+function unusableAnswer(answer: FirstChoice): LlmError {
+  const fail = (message: string, code: string): LlmError =>
+    new LlmError(message, { kind: 'invalid_response', retryable: false, code });
+  if (answer.noChoices) return fail('chat completion has no choices', 'no_choices');
+  if (answer.refused) return fail('chat completion was refused by the model', 'refusal');
+  if (answer.finishReason === 'content_filter') {
+    return fail("chat completion was stopped by the endpoint's content filter", 'content_filter');
+  }
+  if (answer.finishReason === 'length') {
+    return fail('chat completion reached its token limit before any text', 'length');
+  }
+  return fail('chat completion has no text content in choices[0]', 'no_text');
 }
 
 function readUsage(body: unknown): { prompt: number; completion: number } {

@@ -20,7 +20,9 @@ export type ChatScript =
   | { status: number; body?: unknown; headers?: Record<string, string> }
   | { malformed: true }
   | { delayMs: number; then: ChatScript }
-  | { hang: true };
+  | { hang: true }
+  /** A normal answer whose content is the request's URL as received (path and query). */
+  | { echoUrl: true };
 
 export type EmbeddingScript =
   { status: number; body?: unknown; headers?: Record<string, string> } | { delayMs: number } | 'ok';
@@ -88,7 +90,7 @@ export async function startFakeOpenAI(opts: { port?: number } = {}): Promise<Fak
 
     if (req.method === 'POST' && path === CHAT_PATH) {
       const script = chatQueue.shift() ?? chatHandler?.(body) ?? { content: '{}' };
-      await answerChat(res, script, body);
+      await answerChat(res, script, body, req.url ?? '');
       return;
     }
     if (req.method === 'POST' && path === EMBEDDINGS_PATH) {
@@ -115,11 +117,17 @@ export async function startFakeOpenAI(opts: { port?: number } = {}): Promise<Fak
     );
   }
 
-  async function answerChat(res: ServerResponse, script: ChatScript, body: unknown): Promise<void> {
+  async function answerChat(
+    res: ServerResponse,
+    script: ChatScript,
+    body: unknown,
+    url: string,
+  ): Promise<void> {
     if ('delayMs' in script) {
       await delay(script.delayMs);
-      return answerChat(res, script.then, body);
+      return answerChat(res, script.then, body, url);
     }
+    if ('echoUrl' in script) return answerChat(res, { content: url }, body, url);
     if ('hang' in script) return; // never answered; close() destroys the socket
     if (res.destroyed) return;
     if ('malformed' in script) {
