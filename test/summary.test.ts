@@ -105,6 +105,19 @@ void describe('summary shape', () => {
     assert.throws(() => extractJsonObject(`${'{"topic": '.repeat(100_000)}`), /no JSON object/);
   });
 
+  void test("skips a reasoning model's thinking: a draft object in it is not the answer", () => {
+    const draft = '{"key_decisions":["Do: use MySQL"]}';
+    const final = '{"key_decisions":["Do: use PostgreSQL"]}';
+    assert.deepEqual(extractJsonObject(`<think>Draft: ${draft} Wait, it was PostgreSQL.</think>\n${final}`), {
+      key_decisions: ['Do: use PostgreSQL'],
+    });
+    assert.deepEqual(extractJsonObject(`<THINKING>{"a":1}</THINKING>\`\`\`json\n${final}\n\`\`\``), {
+      key_decisions: ['Do: use PostgreSQL'],
+    });
+    // Cut off while thinking: there is no answer.
+    assert.throws(() => extractJsonObject(`<think>maybe ${draft} or`), /no JSON object/);
+  });
+
   void test("rejects decisions without the Do:/Don't: marker and more than 8 of them", () => {
     const base = JSON.parse(validSummary([])) as Record<string, unknown>;
     const bad = parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: ['use tabs'] }));

@@ -3,6 +3,7 @@ import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
 import { orNull } from '../deadline.js';
 import type { ChatMessage } from '../llm/llm-client.js';
+import { extractJsonObject } from '../summary/summary-shape.js';
 import { isGenericRule, pickParts } from './summary-parts.js';
 import type { SummaryParts } from './summary-parts.js';
 
@@ -78,7 +79,9 @@ const answerSchema = z.object({
 export function parseJudgement(content: string, parts: SummaryParts): Judgement | null {
   let raw: unknown;
   try {
-    raw = JSON.parse(content);
+    // As summaries and noise answers are read: a fenced object, or one after a model's
+    // reasoning, is the answer too (plain JSON.parse refused them, and relevance was never used).
+    raw = extractJsonObject(content);
   } catch {
     return null;
   }

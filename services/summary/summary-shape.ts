@@ -72,9 +72,21 @@ export const emptySummary = (): Summary => ({
   current_discussion: { topic: '', description: '', perspectives: '', direction: '' },
 });
 
-/** Strips code fences and finds the first balanced JSON object in a model's answer. */
+/**
+ * A reasoning model's thinking, which models served without a reasoning parser (DeepSeek-R1,
+ * Qwen3 and QwQ on Ollama or vLLM) put before the answer: it may hold drafts the model then
+ * rejected (`Draft: {…"Do: use MySQL"…} Wait, the user said PostgreSQL`), and the first JSON
+ * object in it was taken as the answer. An unclosed block is thinking to the end (the answer was
+ * cut off).
+ */
+const THINKING = /<(think|thinking|reasoning)>[\s\S]*?(?:<\/\1>|$)/gi;
+
+/**
+ * Strips reasoning blocks and code fences and finds the first balanced JSON object in a model's
+ * answer.
+ */
 export function extractJsonObject(raw: string): unknown {
-  const trimmed = raw.trim();
+  const trimmed = raw.replace(THINKING, '').trim();
   const fenced = /^```[a-zA-Z]*\s*\n?([\s\S]*?)\n?```\s*$/.exec(trimmed);
   const body = fenced ? fenced[1]!.trim() : trimmed;
   try {
