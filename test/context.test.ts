@@ -684,6 +684,24 @@ void describe('context with a decision model', () => {
     assert.equal(r.body.system_block, SYSTEM_BLOCK);
   });
 
+  void test('a fenced answer, or one after a reasoning block, is read as the judgement', async () => {
+    for (const content of [
+      `\`\`\`json\n${answer([1], [0], false)}\n\`\`\``,
+      `<think>maybe ${answer([0], [], true)}? no.</think>\n${answer([1], [0], false)}`,
+    ]) {
+      const s = await sessionWithSummary();
+      fake.queueChat({ content });
+
+      const r = await context(t.api, s, { input: 'set up the CI cache with pnpm' });
+
+      assert.equal(r.body.relevance, 'filtered', content);
+      assert.deepEqual(r.body.summary, {
+        key_decisions: [SUMMARY.key_decisions[0], SUMMARY.key_decisions[1]],
+        past_discussions: [SUMMARY.past_discussions[0]],
+      });
+    }
+  });
+
   void test('a decision model slower than RELEVANCE_TIMEOUT_MS keeps the whole summary', async () => {
     const s = await sessionWithSummary();
     fake.onChat(() => ({ delayMs: 3000, then: { content: answer([], [], false) } }));
