@@ -374,9 +374,90 @@ void describe('summarize job', () => {
     const err = await summarize(s);
     assert.equal(err.outcome, 'failed');
     assert.equal(err.failures, 3);
-    assert.equal(err.last_error, 'llm bad_request (HTTP 400)');
+    assert.equal(err.last_error, 'llm bad_request (HTTP 400: invalid_request_error)');
     const job = await api.get(`/v1/jobs/${err.job_id as string}`);
     assert.equal(job.body.state, 'failed');
+  });
+
+  void test('a message the endpoint refuses for its content is left out: the chunk is split, the rest merged', async () => {
+    const s = sid('poison');
+    const seqs = await archive(s, [
+      user(sized('[T:p1]', 150)),
+      assistant(sized('[T:p2]', 150)),
+      user(sized('[T:p3] POISON', 150)),
+      assistant(sized('[T:p4]', 150)),
+      user(sized('[T:p5]', 150)),
+      assistant(sized('[T:p6]', 150)),
+    ]);
+    // Azure's content filter: HTTP 400 with code content_filter, every time the text is sent.
+    const filtered = {
+      status: 400,
+      body: { error: { code: 'content_filter', param: 'prompt', type: null, message: 'filtered' } },
+    };
+    fake.onChat((body: any) =>
+      transcriptOf({ body } as RecordedRequest).includes('POISON') ? filtered : echoSummary(body),
+    );
+
+    const done = await summarize(s);
+
+    assert.equal(done.outcome, 'summarized');
+    assert.equal(done.status, 'ok');
+    assert.equal(done.cursor_seq, seqs[5]);
+    assert.equal(done.failures, 0);
+    assert.deepEqual(
+      summaryCalls().map((c) => tokensIn(transcriptOf(c))),
+      [['[T:p1]', '[T:p2]'], ['[T:p3]', '[T:p4]'], ['[T:p3]'], ['[T:p4]'], ['[T:p5]', '[T:p6]']],
+    );
+    const metrics = await fetch(`${svc.base}/metrics`).then((r) => r.text());
+    assert.match(metrics, /^mnemos_summary_chunks_total\{outcome="skipped"\} [1-9]/m);
+
+    // Later messages are summarised from there: the refused one is never sent again.
+    fake.reset();
+    fake.onChat(echoSummary);
+    await archive(s, [user('[T:p7] next'), assistant('[T:p8] reply')]);
+    assert.equal((await summarize(s)).outcome, 'summarized');
+    assert.deepEqual(
+      summaryCalls().map((c) => tokensIn(transcriptOf(c))),
+      [['[T:p7]', '[T:p8]']],
+    );
+  });
+
+  void test('a chunk too big for the model is split; a wrong model name is a failure that says so, with no split', async () => {
+    const s = sid('toobig');
+    await archive(s, [user(sized('[T:b1]', 150)), assistant(sized('[T:b2]', 150))]);
+    const tooLong = {
+      status: 400,
+      body: {
+        error: { code: 'context_length_exceeded', type: 'invalid_request_error', message: 'too long' },
+      },
+    };
+    fake.onChat((body: any) =>
+      tokensIn(transcriptOf({ body } as RecordedRequest)).length > 1 ? tooLong : echoSummary(body),
+    );
+    const split = await summarize(s);
+    assert.equal(split.outcome, 'summarized');
+    assert.deepEqual(
+      summaryCalls().map((c) => tokensIn(transcriptOf(c))),
+      [['[T:b1]', '[T:b2]'], ['[T:b1]'], ['[T:b2]']],
+    );
+
+    // One message alone too long is not left out: it is a failure to fix (SUMMARY_RUNES, the model).
+    fake.reset();
+    fake.onChat(() => tooLong);
+    await archive(s, [user('[T:b3] one')]);
+    const single = await summarize(s);
+    assert.equal(single.outcome, 'failed');
+    assert.equal(single.last_error, 'llm bad_request (HTTP 400: context_length_exceeded)');
+
+    fake.reset();
+    fake.onChat(() => ({
+      status: 404,
+      body: { error: { code: 'model_not_found', type: 'invalid_request_error', message: 'no such model' } },
+    }));
+    const wrong = await summarize(s);
+    assert.equal(wrong.outcome, 'failed');
+    assert.equal(wrong.last_error, 'llm bad_request (HTTP 404: model_not_found)');
+    assert.equal(summaryCalls().length, 1, 'not split');
   });
 
   void test('summarises every message when many share the same second (the cursor is a seq)', async () => {

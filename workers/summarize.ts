@@ -221,6 +221,60 @@ async function runLocked(
   const stale = async () =>
     halted() ?? lostLease() ?? ((await summaryRunCurrent(db, ctx)) ? null : result('lost_race'));
 
+  /**
+   * Merges a chunk into the working summary and saves it with the cursor at `coverEnd`: null when
+   * done, else the run's result. A chunk the endpoint refuses for what it says (a content filter)
+   * or for its size (the model's context) is split in two and the halves merged in turn, so one
+   * message cannot hold back the session's summaries for good; a single message refused for what
+   * it says is left out of the summary (logged and counted; it stays in the archive, search and
+   * the context window). Any other failure is recorded, and the next run retries the chunk.
+   */
+  const mergeChunk = async (chunk: Block[], coverEnd: number): Promise<SummarizeResult | null> => {
+    const gone = await stale();
+    if (gone) return gone;
+    const answer = await summarizeChunk(deps, ctx, working, chunk, signal);
+    calls++;
+    if (answer.ok) {
+      if (!(await save(answer.value, state.version + 1, coverEnd))) return result('lost_race');
+      opts.metrics?.chunks.inc({ outcome: 'merged' });
+      chunks++;
+      working = answer.value;
+      pruned = false;
+      return null;
+    }
+    const lost = lostLease();
+    if (lost) return lost;
+    if (answer.refused && chunk.length > 1) {
+      const half = Math.ceil(chunk.length / 2);
+      const rest = chunk.slice(half);
+      const first = await mergeChunk(chunk.slice(0, half), largestBelow(loaded, rest[0]!.seq));
+      return first ?? (await mergeChunk(rest, coverEnd));
+    }
+    if (answer.refused === 'content') {
+      if (!(await save(working, pruned ? state.version + 1 : state.version, coverEnd))) {
+        return result('lost_race');
+      }
+      pruned = false;
+      opts.metrics?.chunks.inc({ outcome: 'skipped' });
+      deps.logger.warn(
+        { tenantId, sessionId, seq: chunk[0]!.seq, error: answer.error },
+        'summary left out a message the LLM endpoint refuses for its content',
+      );
+      return null;
+    }
+    opts.metrics?.chunks.inc({ outcome: 'failed' });
+    const recorded = await recordSummaryFailure(db, {
+      tenantId,
+      sessionId,
+      generation: ctx.generation,
+      error: answer.error,
+      stallAfter: STALL_AFTER_FAILURES,
+      backoffBaseSeconds: BACKOFF_BASE_SECONDS,
+      backoffMaxSeconds: BACKOFF_MAX_SECONDS,
+    });
+    return result('failed', { error: answer.error, ...(recorded ? { status: recorded.status } : {}) });
+  };
+
   for (;;) {
     const unit = await readUnit(reader, budget, decisionModel !== undefined);
     const atEnd = (await reader.peek()) === null;
@@ -270,30 +324,8 @@ async function runLocked(
       const next = planned[k + 1]?.[0];
       // Past this chunk and any noise dropped after it, up to the next pending message.
       const coverEnd = next ? largestBelow(loaded, next.seq) : unitLast;
-      const gone = await stale();
-      if (gone) return gone;
-      const answer = await summarizeChunk(deps, ctx, working, chunk, signal);
-      calls++;
-      if (!answer.ok) {
-        const lost = lostLease();
-        if (lost) return lost;
-        opts.metrics?.chunks.inc({ outcome: 'failed' });
-        const recorded = await recordSummaryFailure(db, {
-          tenantId,
-          sessionId,
-          generation: ctx.generation,
-          error: answer.error,
-          stallAfter: STALL_AFTER_FAILURES,
-          backoffBaseSeconds: BACKOFF_BASE_SECONDS,
-          backoffMaxSeconds: BACKOFF_MAX_SECONDS,
-        });
-        return result('failed', { error: answer.error, ...(recorded ? { status: recorded.status } : {}) });
-      }
-      if (!(await save(answer.value, state.version + 1, coverEnd))) return result('lost_race');
-      opts.metrics?.chunks.inc({ outcome: 'merged' });
-      chunks++;
-      working = answer.value;
-      pruned = false;
+      const stop = await mergeChunk(chunk, coverEnd);
+      if (stop) return stop;
     }
     pending = atEnd ? [] : (planned[planned.length - 1] ?? []).map((b) => b.source);
 
@@ -344,7 +376,7 @@ async function summarizeChunk(
   previous: unknown,
   chunk: Block[],
   signal: AbortSignal,
-): Promise<ParseOutcome<Summary>> {
+): Promise<ParseOutcome<Summary> & { refused?: Refusal }> {
   const { config } = deps;
   const messages = summaryPrompt({
     previous,
@@ -364,16 +396,45 @@ async function summarizeChunk(
       sessionId: ctx.sessionId,
       signal,
     });
-    return parseSummaryAnswer(res.content);
+    const parsed = parseSummaryAnswer(res.content);
+    if (!parsed.ok && res.finishReason === 'length') {
+      return { ok: false, error: "invalid summary: the answer was cut at the model's output token limit" };
+    }
+    return parsed;
   } catch (err) {
-    return { ok: false, error: describeLlmFailure(err) };
+    const refused = refusalOf(err);
+    return { ok: false, error: describeLlmFailure(err), ...(refused ? { refused } : {}) };
   }
 }
 
-/** A failure for last_error: kind and status only (an endpoint's error text may quote the prompt). */
+/**
+ * Why the endpoint refuses this input, when it is the input: `content` for a content filter or a
+ * refusal (Azure's HTTP 400 `content_filter`, OpenAI's `refusal`), `size` for the model's context
+ * (`context_length_exceeded`, HTTP 413). A wrong model name, a bad key or a parameter the endpoint
+ * does not know fails every input alike: those are not refusals, and splitting would not help.
+ */
+type Refusal = 'content' | 'size';
+
+const CONTENT_CODES = new Set(['content_filter', 'content_policy_violation', 'refusal']);
+const SIZE_CODES = new Set(['context_length_exceeded', 'string_above_max_length']);
+
+function refusalOf(err: unknown): Refusal | undefined {
+  if (!(err instanceof LlmError) || (err.kind !== 'bad_request' && err.kind !== 'invalid_response')) {
+    return undefined;
+  }
+  if (err.code !== undefined && CONTENT_CODES.has(err.code)) return 'content';
+  if (err.status === 413 || (err.code !== undefined && SIZE_CODES.has(err.code))) return 'size';
+  return undefined;
+}
+
+/**
+ * A failure for last_error: kind, status and the endpoint's error code only (its error text may
+ * quote the prompt): `llm bad_request (HTTP 404: model_not_found)` says what to change.
+ */
 export function describeLlmFailure(err: unknown): string {
-  if (err instanceof LlmError) return `llm ${err.kind}${err.status ? ` (HTTP ${err.status})` : ''}`;
-  return 'llm call failed';
+  if (!(err instanceof LlmError)) return 'llm call failed';
+  const detail = [err.status ? `HTTP ${err.status}` : '', err.code ?? ''].filter(Boolean).join(': ');
+  return `llm ${err.kind}${detail ? ` (${detail})` : ''}`;
 }
 
 function largestBelow(sorted: number[], bound: number): number {
