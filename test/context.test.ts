@@ -6,7 +6,7 @@ import { relevanceCacheKey } from '../services/context/relevance.js';
 import { isGenericRule } from '../services/context/summary-parts.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
-import { REDIS_URL, deleteRedisPrefix, startTestService } from './support/harness.js';
+import { REDIS_URL, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import { startTcpProxy } from './support/tcp-proxy.js';
 import type { Api, TestService } from './support/harness.js';
 
@@ -811,6 +811,38 @@ void describe('context with a decision model', () => {
     const deleted = await t.api.del(`/v1/sessions/${s}`);
     assert.ok(deleted.status >= 200 && deleted.status < 300, `DELETE answered ${deleted.status}`);
     assert.equal(await svc.deps.redis.exists(relevanceCacheKey(svc.config.prefix, t.tenantId, s)), 0);
+  });
+
+  void test('a judgement that arrives after the session was deleted is not left in the cache', async () => {
+    // A service of its own with time for a slow judgement, so the delete lands while it runs.
+    const own = await startTestService({
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        OPENAI_API_KEY: 'sk-test',
+        DECISION_MODEL,
+        RELEVANCE_TIMEOUT_MS: '5000',
+      },
+    });
+    try {
+      const ot = await own.newTenant();
+      const s = sid('late');
+      await archive(ot.api, s, turns(2));
+      await putSummary(own, ot.tenantId, s, SUMMARY, 1);
+      const key = relevanceCacheKey(own.config.prefix, ot.tenantId, s);
+      fake.queueChat({ delayMs: 1500, then: { content: answer([1], [0], false) } });
+
+      const turn = context(ot.api, s, { input: 'set up the CI cache with pnpm' });
+      await eventually(async () => relevanceCalls().length === 1);
+      assert.equal((await ot.api.del(`/v1/sessions/${s}`)).status, 204);
+      assert.equal((await turn).body.relevance, 'filtered');
+      // The cache write is not awaited by the turn: give it time to land.
+      await new Promise((r) => setTimeout(r, 500));
+
+      assert.equal(await own.deps.redis.exists(key), 0);
+    } finally {
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
   });
 
   void test('no input, or no summary: the decision model is not asked', async () => {

@@ -3,6 +3,7 @@ import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
 import { orNull } from '../deadline.js';
 import type { ChatMessage } from '../llm/llm-client.js';
+import { getSession } from '../../db/queries/sessions.js';
 import { extractJsonObject } from '../summary/summary-shape.js';
 import { isGenericRule, pickParts } from './summary-parts.js';
 import type { SummaryParts } from './summary-parts.js';
@@ -131,7 +132,7 @@ export type RelevanceJudge = (a: {
  * Identical concurrent requests in one process share one call.
  */
 export function makeRelevanceJudge(
-  deps: Pick<CoreDeps, 'config' | 'redis' | 'llm' | 'logger'>,
+  deps: Pick<CoreDeps, 'config' | 'redis' | 'llm' | 'logger' | 'db'>,
 ): RelevanceJudge {
   const inFlight = new Map<string, Promise<Judgement | null>>();
   return async (a) => {
@@ -162,7 +163,7 @@ export function makeRelevanceJudge(
         if (left <= 0) return null;
         const j = await askModel(deps, model, a, left);
         // Not awaited: the answer does not wait for the cache.
-        if (j) void storeJudgement(deps, key, field, j);
+        if (j) void storeJudgement(deps, key, field, j, a);
         return j;
       })().finally(() => inFlight.delete(flightKey));
       inFlight.set(flightKey, pending);
@@ -216,10 +217,11 @@ async function askModel(
 }
 
 async function storeJudgement(
-  deps: Pick<CoreDeps, 'redis'>,
+  deps: Pick<CoreDeps, 'redis' | 'db'>,
   key: string,
   field: string,
   j: Judgement,
+  at: { tenantId: string; sessionId: string },
 ): Promise<void> {
   const value = JSON.stringify({
     key_decisions: j.keyDecisions,
@@ -242,6 +244,10 @@ async function storeJudgement(
         .expire(key, RELEVANCE_CACHE_TTL_SECONDS)
         .exec();
     }
+    // A delete or tenant erasure that ran while the model was judging removed the key before this
+    // write made it again (found 2026-12-02: an hour's cache of a deleted session). Its tombstone
+    // is committed before its keys are removed, so one of the two always sees the other.
+    if (!(await getSession(deps.db, at.tenantId, at.sessionId))) await deps.redis.del(key);
   } catch {
     // A cache: losing a write costs one more LLM call later.
   }
