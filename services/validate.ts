@@ -24,9 +24,16 @@ function closestIssues(
 ): { issue: z.core.$ZodIssue; at: ReadonlyArray<PropertyKey> }[] {
   if (issue.code !== 'invalid_union' || issue.errors.length === 0) return [{ issue, at }];
   const inner = [...at, ...issue.path];
-  const depth = (issues: z.core.$ZodIssue[]) => Math.max(0, ...issues.map((i) => i.path.length));
-  const deepest = issue.errors.reduce((a, b) => (depth(b) > depth(a) ? b : a));
-  if (depth(deepest) > 0) return deepest.flatMap((i) => closestIssues(i, inner));
+  // How far a form got: into the value (its path's depth), or past the type check at the value
+  // itself (an array of 20 items where 16 are allowed: 0.5), or not even that (-1).
+  const reach = (issues: z.core.$ZodIssue[]) =>
+    issues.some((i) => i.path.length > 0)
+      ? Math.max(...issues.map((i) => i.path.length))
+      : issues.every((i) => i.code === 'invalid_type')
+        ? -1
+        : 0.5;
+  const closest = issue.errors.reduce((a, b) => (reach(b) > reach(a) ? b : a));
+  if (reach(closest) > 0) return closest.flatMap((i) => closestIssues(i, inner));
   const expected = issue.errors.flatMap((e) =>
     e.length === 1 && e[0]!.code === 'invalid_type' ? [e[0]!.expected] : [],
   );

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import { stripPriorSummary, SYSTEM_BLOCK, TURN_CONTEXT_HEADER } from '../services/context/system-block.js';
 import { relevanceCacheKey } from '../services/context/relevance.js';
@@ -487,6 +487,34 @@ void describe('context without a decision model', () => {
     const stored = await t.api.get(`/v1/sessions/${s}/messages`);
     assert.equal(stored.body.messages[1].tool_calls[0].id, long);
     assert.equal(stored.body.messages[3].tool_call_id, long);
+  });
+
+  void test('a posted id equal to the rewrite of another is rewritten too: ids stay unique in the context', async () => {
+    const s = sid('crafted');
+    const hashed = (seq: number, id: string) =>
+      `call_${createHash('sha256').update(`${seq}:${id}`).digest('base64url').slice(0, 24)}`;
+    const call = (id: string) => ({ id, type: 'function', function: { name: 'f', arguments: '{}' } });
+    await archive(t.api, s, [
+      { role: 'user', content: 'go' },
+      { role: 'assistant', content: null, tool_calls: [call('a.b'), call(hashed(2, 'a.b'))] },
+      { role: 'tool', tool_call_id: 'a.b', content: 'A' },
+      { role: 'tool', tool_call_id: hashed(2, 'a.b'), content: 'B' },
+      { role: 'assistant', content: null, tool_calls: [call(hashed(7, 'x y'))] },
+      { role: 'tool', tool_call_id: hashed(7, 'x y'), content: 'C' },
+      { role: 'assistant', content: null, tool_calls: [call('x y')] },
+      { role: 'tool', tool_call_id: 'x y', content: 'D' },
+    ]);
+
+    const r = await context(t.api, s, { max_messages: 16 });
+
+    const m = r.body.messages as { tool_calls?: { id: string }[]; tool_call_id?: string; content: string }[];
+    const ids = m.flatMap((x) => (x.tool_calls ?? []).map((c) => c.id));
+    assert.equal(ids.length, 4);
+    assert.equal(new Set(ids).size, 4, JSON.stringify(ids));
+    for (const id of ids) assert.match(id, /^[A-Za-z0-9_-]{1,40}$/);
+    // Each result still answers its own call.
+    const answer = (text: string) => m.find((x) => x.content === text)!.tool_call_id;
+    assert.deepEqual([answer('A'), answer('B'), answer('C'), answer('D')], ids);
   });
 
   void test('min_seq waits until a message answered with 202 is archived (read your writes)', async () => {

@@ -254,7 +254,13 @@ void describe('ingestion', () => {
         { messages: [{ role: 'assistant', content: 'hi', refusal: null, annotations: [] }] },
         400,
         'validation_failed',
-        /messages\[0\]\.refusal.*response, not of a message/,
+        /messages\[0\]\.refusal.*of the chat completion response, not of a message/,
+      ],
+      [
+        { messages: [{ role: 'assistant', content: 'hi', foo: 1, refusal: null }] },
+        400,
+        'validation_failed',
+        /\\"foo\\", \\"refusal\\" \(\\"refusal\\": of the chat completion response/,
       ],
     ];
     for (const [body, status, code, detail] of cases) {

@@ -747,6 +747,23 @@ void describe('export and import', () => {
       assert.equal(r.status, 400, JSON.stringify(r.body));
       assert.equal(r.body.error.details.problems[0].path, 'lines[2].summary.key_decisions[0]');
     }
+    // A union whose form matched but broke a rule says which rule, not "Invalid input".
+    const many = {
+      key_decisions: [],
+      past_discussions: [],
+      current_discussion: { topic: 't', description: 'd', perspectives: Array(20).fill('p'), direction: 'x' },
+    };
+    const tooMany = await t.api.post(
+      `/v1/sessions/${s}/import`,
+      `${JSON.stringify({ role: 'user', content: 'x' })}\n${JSON.stringify({ type: 'summary', summary: many })}\n`,
+      ndjson,
+    );
+    assert.equal(tooMany.status, 400);
+    assert.equal(
+      tooMany.body.error.details.problems[0].path,
+      'lines[2].summary.current_discussion.perspectives',
+    );
+    assert.match(tooMany.body.error.message, /<=16 items/);
 
     // An export line says its time twice; an edit of one of them is refused, not ignored.
     const instant = { sent_at: '2026-01-01T00:00:00.000000001Z', sent_at_ns: '1767225600000000001' };

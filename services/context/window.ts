@@ -52,8 +52,14 @@ function sendableCall(c: unknown): unknown {
  */
 const SENDABLE_CALL_ID = /^[a-zA-Z0-9_-]{1,40}$/;
 
-function sendableCallId(seq: number, id: string): string {
-  return `call_${createHash('sha256').update(`${seq}:${id}`).digest('base64url').slice(0, 24)}`;
+function sendableCallId(seq: number, id: string, taken: ReadonlySet<string>): string {
+  // A posted id may be the hash of another (crafted, or copied from an earlier context): then the
+  // next salt, so ids stay unique within the context.
+  for (let salt = 0; ; salt++) {
+    const source = salt === 0 ? `${seq}:${id}` : `${seq}:${id}#${salt}`;
+    const to = `call_${createHash('sha256').update(source).digest('base64url').slice(0, 24)}`;
+    if (!taken.has(to)) return to;
+  }
 }
 
 /**
@@ -149,12 +155,15 @@ export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
       m.tool_calls = calls.map((c) => {
         const sendable = sendableCall(c);
         const id = callId(c)!;
-        if (SENDABLE_CALL_ID.test(id) && !usedIds.has(id)) return sendable;
-        const to = sendableCallId(row.seq, id);
+        if (SENDABLE_CALL_ID.test(id) && !usedIds.has(id)) {
+          usedIds.add(id);
+          return sendable;
+        }
+        const to = sendableCallId(row.seq, id, usedIds);
+        usedIds.add(to);
         renamed.set(id, to);
         return { ...(sendable as object), id: to };
       });
-      for (const c of m.tool_calls) usedIds.add(callId(c)!);
       if (renamed.size > 0) repaired++;
     }
     if (row.tool_call_id !== null) m.tool_call_id = renamed.get(row.tool_call_id) ?? row.tool_call_id;

@@ -52,14 +52,16 @@ const RESPONSE_ONLY_FIELDS = new Set([
   'audio',
   'function_call',
   'reasoning_content',
+  'parsed',
 ]);
 
 const messageFields = (iss: { code?: string; keys?: string[] }) => {
-  if (iss.code !== 'unrecognized_keys' || !iss.keys?.some((k) => RESPONSE_ONLY_FIELDS.has(k)))
-    return undefined;
+  const response = iss.keys?.filter((k) => RESPONSE_ONLY_FIELDS.has(k)) ?? [];
+  if (iss.code !== 'unrecognized_keys' || response.length === 0) return undefined;
+  const quoted = (keys: string[]) => keys.map((k) => `"${k}"`).join(', ');
   return (
-    `Unrecognized key(s): ${iss.keys.map((k) => `"${k}"`).join(', ')}: a field of the chat completion ` +
-    'response, not of a message; post role, content, name, tool_calls, tool_call_id (and id, sent_at, metadata)'
+    `Unrecognized key(s): ${quoted(iss.keys!)} (${quoted(response)}: of the chat completion response, ` +
+    'not of a message; post role, content, name, tool_calls, tool_call_id, and id, sent_at, metadata)'
   );
 };
 

@@ -26,7 +26,7 @@ const runQuery = z
   .strict();
 
 /** `?strict=true`: the definitions for OpenAI's structured outputs (strictToolDefinitions). */
-const toolsQuery = z.object({ strict: z.enum(['true', 'false']).optional() }).strict();
+const toolsQuery = z.object({ strict: z.enum(['true', 'false', '']).optional() }).strict();
 
 const toolsMeta: Record<string, RouteMeta> = {
   'GET /': {
