@@ -562,6 +562,29 @@ void describe('llm client: real providers', () => {
     assert.equal(fake.embeddingRequests().length, 3);
   });
 
+  void test('a 200 error body with a word code is retried by what it says; a context-length text is context_length_exceeded', async () => {
+    fake.queueChat(
+      { status: 200, body: { error: { code: 'rate_limit_exceeded', message: 'slow down' } } },
+      { content: 'after the word code' },
+      {
+        status: 400,
+        body: {
+          object: 'error',
+          message: "This model's maximum context length is 4096 tokens. However, you requested 9000 tokens.",
+          type: 'BadRequestError',
+          code: 400,
+        },
+      },
+    );
+    const llm = client({ maxAttempts: 2 });
+    assert.equal((await llm.chat(chatReq())).content, 'after the word code');
+    await rejectsWith(llm.chat(chatReq()), (err) => {
+      assert.equal(err.kind, 'bad_request');
+      assert.equal(err.code, 'context_length_exceeded');
+      assert.doesNotMatch(err.message, /4096/);
+    });
+  });
+
   void test("an error body outside OpenAI's envelope (vLLM, FastAPI's 422) still names the refused parameter", async () => {
     fake.queueChat(
       // vLLM: the error at the top level.

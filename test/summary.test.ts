@@ -116,6 +116,19 @@ void describe('summary shape', () => {
     });
     // Cut off while thinking: there is no answer.
     assert.throws(() => extractJsonObject(`<think>maybe ${draft} or`), /no JSON object/);
+    const postgres = { key_decisions: ['Do: use PostgreSQL'] };
+    // DeepSeek-R1's template opens <think> in the prompt: the answer holds only its end.
+    assert.deepEqual(extractJsonObject(`Okay. Draft: ${draft}\nWait.\n</think>\n\n${final}`), postgres);
+    // Thinking that mentions the closing tag itself.
+    assert.deepEqual(
+      extractJsonObject(`<think>I must not write </think> early. Draft: ${draft}</think>\n${final}`),
+      postgres,
+    );
+    // An answer that is JSON keeps the tags its strings quote (a talk about reasoning models).
+    const quoting = '{"topic":"stripping <think> tags","note":"a <think>KEEP</think> b <reasoning>"}';
+    assert.deepEqual(extractJsonObject(quoting), JSON.parse(quoting));
+    assert.deepEqual(extractJsonObject(`<think>hm</think>\n${quoting}`), JSON.parse(quoting));
+    assert.deepEqual(extractJsonObject(`Sure, here it is: ${final}`), postgres);
   });
 
   void test("rejects decisions without the Do:/Don't: marker and more than 8 of them", () => {
@@ -420,6 +433,58 @@ void describe('summarize job', () => {
       summaryCalls().map((c) => tokensIn(transcriptOf(c))),
       [['[T:p7]', '[T:p8]']],
     );
+  });
+
+  void test('an endpoint that refuses every request leaves nothing out: the run fails, within a few calls', async () => {
+    const s = sid('refuseall');
+    await archive(
+      s,
+      Array.from({ length: 16 }, (_, i) => (i % 2 ? assistant : user)(sized(`[T:r${i}]`, 150))),
+    );
+    fake.onChat(() => ({
+      status: 400,
+      body: { error: { code: 'content_filter', param: 'prompt', type: null, message: 'filtered' } },
+    }));
+
+    const r = await summarize(s);
+
+    assert.equal(r.outcome, 'failed');
+    assert.equal(r.cursor_seq, 0, 'nothing left out');
+    assert.equal(r.last_error, 'llm bad_request (HTTP 400: content_filter)');
+    assert.ok(summaryCalls().length <= 8, `${summaryCalls().length} calls`);
+  });
+
+  void test('a refused last message waits for a later one to be merged before it is left out', async () => {
+    const s = sid('lastrefused');
+    const seqs = await archive(s, [user(sized('[T:l1]', 150)), assistant(sized('[T:l2]', 150))]);
+    assert.equal((await summarize(s)).outcome, 'failed'); // the default fake answer: not a summary
+    fake.reset();
+    // Azure stops an answer it filters midway: 200, finish_reason content_filter, half a JSON.
+    const cut = {
+      status: 200,
+      body: {
+        id: 'x',
+        object: 'chat.completion',
+        choices: [
+          { index: 0, message: { role: 'assistant', content: '{"key_de' }, finish_reason: 'content_filter' },
+        ],
+      },
+    };
+    fake.onChat((body: any) =>
+      transcriptOf({ body } as RecordedRequest).includes('POISON') ? cut : echoSummary(body),
+    );
+    const more = await archive(s, [user(sized('[T:l3] POISON', 150))]);
+    const held = await summarize(s);
+    assert.equal(held.outcome, 'failed');
+    assert.equal(held.cursor_seq, seqs[1], 'the refused message is not passed yet');
+    assert.equal(held.last_error, 'llm invalid_response (content_filter)');
+
+    await archive(s, [assistant(sized('[T:l4]', 150))]);
+    const done = await summarize(s);
+    assert.equal(done.outcome, 'summarized');
+    assert.equal(done.failures, 0);
+    assert.ok(done.cursor_seq > more[0]!);
+    assert.deepEqual(tokensIn(transcriptOf(summaryCalls().at(-1)!)), ['[T:l4]']);
   });
 
   void test('a chunk too big for the model is split; a wrong model name is a failure that says so, with no split', async () => {

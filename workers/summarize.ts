@@ -222,12 +222,33 @@ async function runLocked(
     halted() ?? lostLease() ?? ((await summaryRunCurrent(db, ctx)) ? null : result('lost_race'));
 
   /**
+   * Messages the endpoint refused for their content, one at a time, not yet left out. They are
+   * left out once a later chunk of this run merges: that proves the endpoint takes the summary and
+   * the other messages, so it was these. Without one (an endpoint or gateway that refuses every
+   * request, or a previous summary it refuses) nothing is left out: the run fails and says why.
+   */
+  let refused: number[] = [];
+  let refusal = '';
+  const failed = async (error: string): Promise<SummarizeResult> => {
+    opts.metrics?.chunks.inc({ outcome: 'failed' });
+    const recorded = await recordSummaryFailure(db, {
+      tenantId,
+      sessionId,
+      generation: ctx.generation,
+      error,
+      stallAfter: STALL_AFTER_FAILURES,
+      backoffBaseSeconds: BACKOFF_BASE_SECONDS,
+      backoffMaxSeconds: BACKOFF_MAX_SECONDS,
+    });
+    return result('failed', { error, ...(recorded ? { status: recorded.status } : {}) });
+  };
+
+  /**
    * Merges a chunk into the working summary and saves it with the cursor at `coverEnd`: null when
    * done, else the run's result. A chunk the endpoint refuses for what it says (a content filter)
    * or for its size (the model's context) is split in two and the halves merged in turn, so one
-   * message cannot hold back the session's summaries for good; a single message refused for what
-   * it says is left out of the summary (logged and counted; it stays in the archive, search and
-   * the context window). Any other failure is recorded, and the next run retries the chunk.
+   * message cannot hold back the session's summaries for good: a single message refused for what
+   * it says waits in `refused` (above). Any other failure is recorded, and the next run retries.
    */
   const mergeChunk = async (chunk: Block[], coverEnd: number): Promise<SummarizeResult | null> => {
     const gone = await stale();
@@ -240,39 +261,32 @@ async function runLocked(
       chunks++;
       working = answer.value;
       pruned = false;
+      for (const seq of refused) {
+        opts.metrics?.chunks.inc({ outcome: 'skipped' });
+        deps.logger.warn(
+          { tenantId, sessionId, seq, error: refusal },
+          'summary left out a message the LLM endpoint refuses for its content',
+        );
+      }
+      refused = [];
       return null;
     }
     const lost = lostLease();
     if (lost) return lost;
     if (answer.refused && chunk.length > 1) {
+      opts.metrics?.chunks.inc({ outcome: 'refused' });
       const half = Math.ceil(chunk.length / 2);
       const rest = chunk.slice(half);
       const first = await mergeChunk(chunk.slice(0, half), largestBelow(loaded, rest[0]!.seq));
       return first ?? (await mergeChunk(rest, coverEnd));
     }
-    if (answer.refused === 'content') {
-      if (!(await save(working, pruned ? state.version + 1 : state.version, coverEnd))) {
-        return result('lost_race');
-      }
-      pruned = false;
-      opts.metrics?.chunks.inc({ outcome: 'skipped' });
-      deps.logger.warn(
-        { tenantId, sessionId, seq: chunk[0]!.seq, error: answer.error },
-        'summary left out a message the LLM endpoint refuses for its content',
-      );
+    if (answer.refused === 'content' && refused.length < MAX_UNCONFIRMED_REFUSALS) {
+      opts.metrics?.chunks.inc({ outcome: 'refused' });
+      refused.push(chunk[0]!.seq);
+      refusal = answer.error;
       return null;
     }
-    opts.metrics?.chunks.inc({ outcome: 'failed' });
-    const recorded = await recordSummaryFailure(db, {
-      tenantId,
-      sessionId,
-      generation: ctx.generation,
-      error: answer.error,
-      stallAfter: STALL_AFTER_FAILURES,
-      backoffBaseSeconds: BACKOFF_BASE_SECONDS,
-      backoffMaxSeconds: BACKOFF_MAX_SECONDS,
-    });
-    return result('failed', { error: answer.error, ...(recorded ? { status: recorded.status } : {}) });
+    return failed(answer.error);
   };
 
   for (;;) {
@@ -329,14 +343,18 @@ async function runLocked(
     }
     pending = atEnd ? [] : (planned[planned.length - 1] ?? []).map((b) => b.source);
 
-    // Nothing left to send from what was read: save the pruned summary and the cursor, no call.
-    if (pending.length === 0 && unitLast > (state.cursor ?? 0)) {
+    // Nothing left to send from what was read: save the pruned summary and the cursor, no call
+    // (not past a refused message: only a merge after it may leave it out).
+    if (pending.length === 0 && unitLast > (state.cursor ?? 0) && refused.length === 0) {
       const version = pruned ? state.version + 1 : state.version;
       if (!(await save(working, version, unitLast))) return result('lost_race');
       pruned = false;
     }
     if (atEnd) break;
   }
+  // Refused messages with nothing merged after them: the run fails with the refusal; a later run,
+  // with more messages, may leave them out.
+  if (refused.length > 0) return failed(refusal);
   if (chunks > 0) return result('summarized', { status: 'ok' });
   return (state.cursor ?? 0) > startCursor ? result('pruned', { status: 'ok' }) : result('noop');
 }
@@ -400,12 +418,22 @@ async function summarizeChunk(
     if (!parsed.ok && res.finishReason === 'length') {
       return { ok: false, error: "invalid summary: the answer was cut at the model's output token limit" };
     }
+    // Azure stops an answer it filters midway: what came before the filter is no summary.
+    if (!parsed.ok && res.finishReason === 'content_filter') {
+      return { ok: false, error: 'llm invalid_response (content_filter)', refused: 'content' };
+    }
     return parsed;
   } catch (err) {
     const refused = refusalOf(err);
     return { ok: false, error: describeLlmFailure(err), ...(refused ? { refused } : {}) };
   }
 }
+
+/**
+ * Refused single messages a run holds before it gives up without a merge: an endpoint that refuses
+ * everything costs about log₂ n + 4 calls per run, not 2n.
+ */
+const MAX_UNCONFIRMED_REFUSALS = 3;
 
 /**
  * Why the endpoint refuses this input, when it is the input: `content` for a content filter or a

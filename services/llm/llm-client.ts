@@ -613,7 +613,15 @@ function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmE
   const detail = `llm endpoint answered ${status}${tags.length > 0 ? ` (${tags.join(', ')})` : ''}`;
   // The code says more than the type (`content_filter` against `invalid_request_error`); the type
   // stands in for endpoints that only send one.
-  const code = [err.code, err.type].find((t): t is string => typeof t === 'string' && WORD_CODE.test(t));
+  // vLLM and others say the model's context was exceeded in words only ("This model's maximum
+  // context length is 4096 tokens…", code 400): that text gets OpenAI's code, so a chunk too big
+  // for the model is split like one OpenAI refuses, and nothing of the text is kept.
+  const code =
+    [err.code, err.type].find(
+      (t): t is string => typeof t === 'string' && WORD_CODE.test(t) && t !== 'invalid_request_error',
+    ) ??
+    (CONTEXT_EXCEEDED.test(err.message) ? 'context_length_exceeded' : undefined) ??
+    [err.type].find((t): t is string => typeof t === 'string' && WORD_CODE.test(t));
   const withCode = code === undefined ? {} : { code };
   const retryAfterMs = retryAfter(err.headers, maxDelayMs);
   const withDelay = retryAfterMs === undefined ? {} : { retryAfterMs };
@@ -629,6 +637,8 @@ function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmE
     return new LlmError(detail, { kind: 'auth', retryable: false, ...init });
   return new LlmError(detail, { kind: 'bad_request', retryable: false, ...init });
 }
+
+const CONTEXT_EXCEEDED = /maximum context length|context length (?:is|of)|context window|too many tokens/i;
 
 /**
  * A 200 whose body is an error and not an answer (OpenRouter and some proxies report failures
@@ -647,7 +657,11 @@ function throwIfErrorBody(body: unknown, answerKey: string): void {
       ? raw
       : typeof raw === 'string' && /^\d{3}$/.test(raw)
         ? Number(raw)
-        : undefined;
+        : typeof raw === 'string' && /rate_limit|too_many_requests/i.test(raw)
+          ? 429
+          : typeof raw === 'string' && /overloaded|server_error|unavailable|timeout/i.test(raw)
+            ? 503
+            : undefined;
   const message = `llm endpoint answered 200 with an error${status === undefined ? '' : ` (${status})`}`;
   const init = { code: 'error_body' };
   if (status === 429) throw new LlmError(message, { kind: 'rate_limited', retryable: true, ...init });

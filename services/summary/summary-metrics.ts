@@ -51,7 +51,7 @@ export function makeSummaryMetrics(registry: Registry, db: Queryable): SummaryMe
       () =>
         new Counter({
           name: 'mnemos_summary_chunks_total',
-          help: 'Summary chunks sent to the model, by outcome (merged, failed, or skipped: a message the endpoint refuses for its content, left out)',
+          help: 'Summary chunks sent to the model, by outcome (merged; failed; refused: split or held, the endpoint refused it for its content or size) and messages left out of the summary (skipped)',
           labelNames: ['outcome'] as const,
           registers: [registry],
         }),

@@ -73,20 +73,31 @@ export const emptySummary = (): Summary => ({
 });
 
 /**
- * A reasoning model's thinking, which models served without a reasoning parser (DeepSeek-R1,
- * Qwen3 and QwQ on Ollama or vLLM) put before the answer: it may hold drafts the model then
- * rejected (`Draft: {…"Do: use MySQL"…} Wait, the user said PostgreSQL`), and the first JSON
- * object in it was taken as the answer. An unclosed block is thinking to the end (the answer was
- * cut off).
+ * The answer without a reasoning model's thinking before it. Models served without a reasoning
+ * parser (DeepSeek-R1, Qwen3 and QwQ on Ollama, vLLM or llama.cpp) write it into the answer, and
+ * its drafts were taken for the answer (`Draft: {…"Do: use MySQL"…} Wait, the user said
+ * PostgreSQL`). DeepSeek-R1's template opens `<think>` in the prompt, so the answer often holds
+ * only the closing tag. An answer that starts as JSON has no thinking, whatever tags its strings
+ * quote; otherwise the answer starts after the last closing tag that JSON follows (thinking may
+ * mention `</think>` itself), or after the last closing tag. An opening tag never closed is
+ * thinking cut off: no answer.
  */
-const THINKING = /<(think|thinking|reasoning)>[\s\S]*?(?:<\/\1>|$)/gi;
+const CLOSING_TAG = /<\/(?:think|thinking|reasoning)>/gi;
+
+function withoutThinking(raw: string): string {
+  const text = raw.trim();
+  if (text.startsWith('{') || text.startsWith('```')) return text;
+  const ends = [...text.matchAll(CLOSING_TAG)].map((m) => m.index + m[0].length);
+  if (ends.length === 0) return /^<(?:think|thinking|reasoning)>/i.test(text) ? '' : text;
+  const answers = ends.map((end) => text.slice(end).trim());
+  return answers.findLast((a) => a.startsWith('{') || a.startsWith('```')) ?? answers[answers.length - 1]!;
+}
 
 /**
- * Strips reasoning blocks and code fences and finds the first balanced JSON object in a model's
- * answer.
+ * Strips reasoning and code fences and finds the first balanced JSON object in a model's answer.
  */
 export function extractJsonObject(raw: string): unknown {
-  const trimmed = raw.replace(THINKING, '').trim();
+  const trimmed = withoutThinking(raw);
   const fenced = /^```[a-zA-Z]*\s*\n?([\s\S]*?)\n?```\s*$/.exec(trimmed);
   const body = fenced ? fenced[1]!.trim() : trimmed;
   try {
