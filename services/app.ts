@@ -49,12 +49,30 @@ const requestId: RequestHandler = (req, res, next) => {
 
 /**
  * The charsets the body's content-type declares, lower-cased (none, one, or more: body-parser
- * reads the last, so each is checked). Spaces around `=` count, as body-parser allows them.
+ * reads the last, so each is checked). Spaces around `=` count, as body-parser allows them. The
+ * parameters are read one by one, so that `charset=` inside another one's quoted value
+ * (`x="a;charset=utf-16"`) is no charset.
  */
-const charsetsOf = (req: express.Request): string[] =>
-  [...(req.headers['content-type'] ?? '').matchAll(/;\s*charset\s*=\s*"?([^";\s]*)/gi)].map((m) =>
-    m[1]!.toLowerCase(),
-  );
+export function charsetsOf(contentType: string): string[] {
+  const param = /;\s*([^\s=;]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;]*))/y;
+  const out: string[] = [];
+  for (let at = contentType.indexOf(';'); at >= 0 && at < contentType.length;) {
+    param.lastIndex = at;
+    const m = param.exec(contentType);
+    // A malformed parameter is skipped, not the rest: a charset after it is still checked.
+    if (!m) {
+      at = contentType.indexOf(';', at + 1);
+      continue;
+    }
+    if (m[1]!.toLowerCase() === 'charset')
+      out.push((m[2] !== undefined ? m[2].replace(/\\(.)/g, '$1') : m[3]!).trim().toLowerCase());
+    at = param.lastIndex;
+  }
+  return out;
+}
+
+/** UTF-8 by its names, and ASCII, which is UTF-8's first 128 characters. */
+const UTF8_NAMES = new Set(['utf-8', 'utf8', 'us-ascii', 'ascii', '']);
 
 /**
  * Bodies must be JSON (or JSON Lines where a route says so) in UTF-8; anything else is a 415, not
@@ -72,8 +90,8 @@ const requireJson: RequestHandler = (req, _res, next) => {
     if (type !== undefined) req.headers['content-type'] = type.split(';')[0]!;
     return next();
   }
-  const charsets = charsetsOf(req);
-  const other = charsets.find((c) => c !== 'utf-8' && c !== 'utf8' && c !== '');
+  const charsets = charsetsOf(type ?? '');
+  const other = charsets.find((c) => !UTF8_NAMES.has(c));
   if (other !== undefined)
     throw new AppError(
       415,
@@ -85,8 +103,9 @@ const requireJson: RequestHandler = (req, _res, next) => {
   if (req.method === 'GET' || req.method === 'HEAD') return next();
   // JSON Lines only where a route reads them: elsewhere such a body went unread, and the route
   // ran as if none had been sent (a reset kept the summary its body asked to drop).
-  // (Routing ignores case and a trailing slash: so does this.)
-  const lines = req.method === 'POST' && /^\/v1\/sessions\/[^/?]+\/import\/?(?:\?|$)/i.test(req.originalUrl);
+  // (Routing ignores case and a trailing slash: so does this. The path, not the request line: an
+  // absolute-form `POST http://host/v1/…` is routed by its path too.)
+  const lines = req.method === 'POST' && /^\/v1\/sessions\/[^/]+\/import\/?$/i.test(req.baseUrl + req.path);
   if (req.is(['application/json', 'application/*+json'])) {
     // A declared length over the limit is refused at once: body-parser would read (and wait for)
     // the whole body before its 413, so a client sending 1 GB, or stalling, would wait for it.

@@ -1,5 +1,6 @@
 import { STATUS_CODES, createServer } from 'node:http';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import { migrate, newerSchemaWarning, unknownMigrations } from '../db/migrate.js';
 import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
@@ -19,6 +20,14 @@ import { errorBody } from './http-errors.js';
 
 export type Mode = 'api' | 'worker' | 'serve';
 
+/**
+ * How long an answer may have bytes waiting for its client, none of them taken, before the
+ * connection is cut. A client that stops reading otherwise keeps what was written for it in
+ * memory for as long as it keeps the connection open: 80 paused keep-alive sockets, each asking
+ * for a 22 MB export, held 1 GB. Only stalled writes count: a long-poll writing nothing waits.
+ */
+export const WRITE_STALL_MS = 60_000;
+
 export interface RunningService {
   deps: CoreDeps;
   extensions: Extension[];
@@ -35,7 +44,13 @@ export interface RunningService {
 export async function startService(
   mode: Mode,
   config: Config,
-  opts: { logger?: Logger; worker?: WorkerOptions; extensions?: ExtensionFactory[] } = {},
+  opts: {
+    logger?: Logger;
+    worker?: WorkerOptions;
+    extensions?: ExtensionFactory[];
+    /** WRITE_STALL_MS unless given (tests). */
+    writeStallMs?: number;
+  } = {},
 ): Promise<RunningService> {
   const logger = opts.logger ?? makeLogger(config.logLevel);
   if (!config.databaseUrl && mode !== 'serve') {
@@ -50,6 +65,7 @@ export async function startService(
   let stopping: Promise<void> | null = null;
   const inFlight = new Set<ServerResponse>();
   let stopSampler: (() => void) | null = null;
+  let stopStallWatch: (() => void) | null = null;
 
   const stop = () =>
     (stopping ??= (async () => {
@@ -64,6 +80,7 @@ export async function startService(
       const waits = setTimeout(() => endWaits(inFlight), Math.max(0, left() - 1000));
       waits.unref();
       stopSampler?.();
+      stopStallWatch?.();
       if (server) {
         const s = server;
         // Answers still being prepared close their connection too.
@@ -123,12 +140,10 @@ export async function startService(
       // on sending requests over it until the shutdown deadline cut one off midway.
       // Node's own refusals of a missing Host and of an unknown `Expect` have empty bodies: both are
       // answered here instead, in the JSON error shape.
+      // Every answer under way, for the stall watch (inFlight leaves out those begun while stopping).
+      const answering = new Set<ServerResponse>();
       const handle = (req: IncomingMessage, res: ServerResponse) => {
         if (stopping) res.setHeader('connection', 'close');
-        else {
-          inFlight.add(res);
-          res.once('close', () => inFlight.delete(res));
-        }
         if (req.headers.host === undefined && req.httpVersion !== '1.0') {
           rawError(res, 400, 'missing_host', 'an HTTP/1.1 request must carry a Host header');
           return;
@@ -137,12 +152,45 @@ export async function startService(
           rawError(res, 400, 'duplicate_host', 'a request carries one Host header (RFC 9112 §3.2)');
           return;
         }
+        const codings = unsupportedTransferCoding(req);
+        if (codings !== null) {
+          rawError(
+            res,
+            501,
+            'unsupported_transfer_coding',
+            `transfer coding ${codings} is not supported: send chunked or a content-length`,
+          );
+          return;
+        }
         app(req, res);
       };
-      const s = createServer({ requireHostHeader: false }, handle);
+      const serve = oneAtATimePerConnection(handle, (err, res) => {
+        logger.error({ err }, 'unhandled error');
+        res.destroy();
+      });
+      const track = (req: IncomingMessage, res: ServerResponse) => {
+        answering.add(res);
+        res.once('close', () => answering.delete(res));
+        if (!stopping) {
+          inFlight.add(res);
+          res.once('close', () => inFlight.delete(res));
+        }
+        serve(req, res);
+      };
+      stopStallWatch = cutStalledWrites(answering, opts.writeStallMs ?? WRITE_STALL_MS, (res) =>
+        logger.warn(
+          { pending: res.socket?.writableLength },
+          'cut a connection whose client stopped reading its answer',
+        ),
+      );
+      const s = createServer({ requireHostHeader: false }, track);
+      // Node keeps the first 2000 header fields and drops the rest without a word: 1,000 filler
+      // headers hid a second Authorization (or Host) behind them. The 16 KB header size limit
+      // bounds the count.
+      s.maxHeadersCount = 0;
       // `Expect: 100-continue` is answered by the app once the caller is authenticated (app.ts),
       // not by Node before any route runs: a caller without a valid key is not invited to upload.
-      s.on('checkContinue', handle);
+      s.on('checkContinue', track);
       s.on('checkExpectation', (_req: IncomingMessage, res: ServerResponse) =>
         rawError(res, 417, 'expectation_failed', 'the only supported expectation is Expect: 100-continue'),
       );
@@ -265,6 +313,115 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
   if (early !== null) onSignal(early);
+}
+
+/**
+ * The request's Transfer-Encoding when it is anything but a single `chunked`, else null. Node's parser
+ * reads `gzip, chunked` as chunked and hands on the still-compressed bytes, which were then parsed
+ * as the body: a coding the server does not understand is a 501 (RFC 9112 §6.1).
+ */
+export function unsupportedTransferCoding(req: IncomingMessage): string | null {
+  const te = req.headers['transfer-encoding'];
+  if (te === undefined) return null;
+  const codings = te.split(',').map((c) => c.trim().toLowerCase());
+  return codings.length === 1 && codings[0] === 'chunked' ? null : te;
+}
+
+/**
+ * Node runs the handlers of requests pipelined on one connection all at once (only their answers
+ * are queued in order): 20 pipelined posts got their seqs shuffled, and a GET pipelined after a
+ * post that created the session answered 404. Each request's handler starts once the previous
+ * request's answer has finished or its connection closed.
+ */
+export function oneAtATimePerConnection(
+  handle: (req: IncomingMessage, res: ServerResponse) => void,
+  onError: (err: unknown, res: ServerResponse) => void,
+): (req: IncomingMessage, res: ServerResponse) => void {
+  interface Line {
+    tail: Promise<void> | null;
+    closed: boolean;
+    ends: Set<() => void>;
+  }
+  const lines = new WeakMap<Socket, Line>();
+  const lineOf = (socket: Socket): Line => {
+    let line = lines.get(socket);
+    if (!line) {
+      const l: Line = { tail: null, closed: socket.destroyed, ends: new Set() };
+      // One listener per connection (not per request: a keep-alive connection serves thousands).
+      socket.once('close', () => {
+        l.closed = true;
+        for (const end of l.ends) end();
+      });
+      lines.set(socket, (line = l));
+    }
+    return line;
+  };
+  const run = (req: IncomingMessage, res: ServerResponse) => {
+    try {
+      handle(req, res);
+    } catch (err) {
+      onError(err, res);
+    }
+  };
+  return (req, res) => {
+    const line = lineOf(req.socket);
+    const done = new Promise<void>((resolve) => {
+      if (line.closed) return resolve();
+      const end = () => {
+        res.off('close', end);
+        line.ends.delete(end);
+        resolve();
+      };
+      res.on('close', end);
+      line.ends.add(end);
+    });
+    const before = line.tail;
+    line.tail = done;
+    void done.then(() => {
+      if (line.tail === done) line.tail = null;
+    });
+    if (before === null) run(req, res);
+    else void before.then(() => run(req, res));
+  };
+}
+
+/**
+ * Destroys the connection of an answer whose written bytes have made no progress for `stallMs`
+ * (its client stopped reading), which frees what was buffered for it: a streamed export waiting
+ * for 'drain', or one big `res.json` whose 'finish' never comes. An answer writing nothing (a
+ * long-poll) has nothing pending and is left alone. Progress is bytes whose write completed, or
+ * the part of the write under way that the kernel has taken (one 22 MB write completes only once
+ * all of it is taken). Returns the function that stops the watch.
+ */
+export function cutStalledWrites(
+  answers: Set<ServerResponse>,
+  stallMs: number,
+  onCut: (res: ServerResponse) => void,
+): () => void {
+  const seen = new WeakMap<Socket, { done: number; queued: number; since: number }>();
+  const check = () => {
+    const now = Date.now();
+    for (const res of answers) {
+      const socket = res.socket;
+      if (!socket || socket.destroyed) continue;
+      if (socket.writableLength === 0) {
+        seen.delete(socket);
+        continue;
+      }
+      const done = socket.bytesWritten - socket.writableLength;
+      const queued = (socket as { _handle?: { writeQueueSize?: number } })._handle?.writeQueueSize ?? 0;
+      const last = seen.get(socket);
+      if (!last || done > last.done || queued < last.queued) {
+        seen.set(socket, { done, queued, since: now });
+      } else if (now - last.since >= stallMs) {
+        onCut(res);
+        socket.destroy();
+      }
+    }
+  };
+  const timer = setInterval(check, Math.max(10, Math.min(1000, stallMs / 4)));
+  timer.unref();
+  return () => clearInterval(timer);
 }
 
 /** An error answered before the app runs, in the API's error shape; the connection closes. */

@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import http from 'node:http';
+import { connect } from 'node:net';
+import type { Socket } from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -889,7 +891,6 @@ void describe('export and import', () => {
 
     // A malformed request pipelined behind the streaming export gets no error written into the
     // export's body: the connection closes (as with Node's own handler).
-    const { connect } = await import('node:net');
     const raw = await new Promise<string>((resolve, reject) => {
       const socket = connect(Number(new URL(svc.base).port), '127.0.0.1', () =>
         socket.write(
@@ -1293,35 +1294,96 @@ void describe('tenant erasure', () => {
     assert.equal((await q('SELECT 1 FROM sessions WHERE tenant_id = $1', [b.tenantId])).length, 0);
   });
 
-  void test('at most two imports run at once per process; one more waits for a slot, then answers 503 import_busy', async () => {
+  void test('slow JSON Lines uploads hold no import memory for what they have not sent: other imports go on', async () => {
     const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
     const t = await svc.newTenant();
     const lines = (tag: string) =>
       [user(`${tag} one`, { id: `${tag}-1` }), user(`${tag} two`, { id: `${tag}-2` })]
         .map((m) => JSON.stringify(m))
         .join('\n');
-    // Two imports whose bodies are still arriving hold both slots.
+    // Two imports whose bodies are still arriving (they took both slots before their bodies).
     const held = ['held-a', 'held-b'].map((s) =>
       slowPost(t.apiKey, `/v1/sessions/${s}/import`, lines(s), 'application/x-ndjson'),
     );
     await sleep(300);
-    const third = () =>
-      t.api.raw('/v1/sessions/third/import', {
-        method: 'POST',
-        headers: { 'content-type': 'application/x-ndjson' },
-        body: lines('third'),
-      });
+    const other = await svc.newTenant();
     const started = Date.now();
-    const busy = await third();
-    assert.equal(busy.status, 503, busy.text);
-    assert.equal(busy.body.error.code, 'import_busy');
-    assert.equal(busy.headers.get('retry-after'), '5');
-    assert.ok(Date.now() - started >= 9_000, 'it waited for a slot first');
-    assert.equal((await t.api.get('/v1/sessions/third')).status, 404, 'nothing stored');
+    const third = await other.api.raw('/v1/sessions/third/import', {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-ndjson' },
+      body: lines('third'),
+    });
+    assert.equal(third.status, 201, third.text);
+    assert.ok(Date.now() - started < 5000, 'it did not wait for a slot');
     for (const h of held) h.finish();
     for (const h of held) assert.equal((await h.answer).status, 201);
-    assert.equal((await third()).status, 201);
-    assert.equal((await t.api.get('/v1/sessions/third/messages')).body.messages.length, 2);
+  });
+
+  void test("imports hold at most two imports' worth of body per process, one per tenant; past it one waits, then answers 503 import_busy", async () => {
+    const MiB = 1024 * 1024;
+    const port = Number(new URL(svc.base).port);
+    const serverSide = new Map<number, Socket>();
+    const onConnection = (s: Socket) => serverSide.set(s.remotePort!, s);
+    svc.server!.on('connection', onConnection);
+    // An import of 64 MiB of blank lines (they take room, hold no message), all sent but its
+    // last byte: it keeps its room until it ends.
+    const hold = async (apiKey: string, session: string) => {
+      const socket = connect(port, '127.0.0.1');
+      socket.on('error', () => undefined);
+      await new Promise((r) => socket.once('connect', r));
+      const head =
+        `POST /v1/sessions/${session}/import HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${apiKey}\r\n` +
+        `content-type: application/x-ndjson\r\ncontent-length: ${64 * MiB}\r\n\r\n`;
+      socket.write(head);
+      const blank = Buffer.alloc(MiB, ' ');
+      blank[MiB - 1] = 10;
+      for (let i = 0; i < 63; i++) socket.write(blank);
+      socket.write(blank.subarray(0, MiB - 1));
+      const server = await eventually(async () => serverSide.get(socket.localPort!), 5000, 'its connection');
+      await eventually(
+        async () => server.bytesRead >= head.length + 64 * MiB - 1,
+        30_000,
+        'the server to read the body',
+      );
+      return socket;
+    };
+    const small = (t: Api, session: string, tag: string) =>
+      t.raw(`/v1/sessions/${session}/import`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/x-ndjson' },
+        // Over a megabyte: more than any room left while the big imports hold theirs.
+        body: `${' '.repeat(MiB)}\n${JSON.stringify(user(`${tag} one`, { id: `${tag}-1` }))}`,
+      });
+    try {
+      const a = await svc.newTenant();
+      const heldA = await hold(a.apiKey, 'big-a');
+      // The same tenant's next import waits for its own room; another tenant's fits beside it,
+      // also while that one waits.
+      const secondOfA = small(a.api, 'second', 'a2');
+      const d = await svc.newTenant();
+      assert.equal((await small(d.api, 'beside', 'd')).status, 201);
+      const b = await svc.newTenant();
+      const heldB = await hold(b.apiKey, 'big-b');
+      // Two imports' worth is held: a third tenant's import waits, then is refused.
+      const c = await svc.newTenant();
+      const started = Date.now();
+      const busy = await small(c.api, 'third', 'c');
+      assert.equal(busy.status, 503, busy.text);
+      assert.equal(busy.body.error.code, 'import_busy');
+      assert.equal(busy.headers.get('retry-after'), '5');
+      assert.ok(Date.now() - started >= 9_000, 'it waited for room first');
+      const second = await secondOfA;
+      assert.equal(second.status, 503, second.text);
+      assert.equal(second.body.error.code, 'import_busy');
+      assert.equal((await c.api.get('/v1/sessions/third')).status, 404, 'nothing stored');
+      // The room comes back when they end.
+      heldA.destroy();
+      heldB.destroy();
+      const retried = await small(c.api, 'third', 'c');
+      assert.equal(retried.status, 201, retried.text);
+    } finally {
+      svc.server!.off('connection', onConnection);
+    }
   });
 
   void test('a request whose tenant is erased under it (its key still cached) is a 401, not a 500', async () => {

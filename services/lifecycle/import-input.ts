@@ -1,3 +1,6 @@
+import { pipeline } from 'node:stream';
+import type { Transform } from 'node:stream';
+import { createBrotliDecompress, createGunzip, createInflate } from 'node:zlib';
 import { z } from 'zod';
 import { AppError } from '../errors.js';
 import { parseMessages } from '../messages/message-input.js';
@@ -226,6 +229,52 @@ export async function parseImportLines(
   }
   if (raw.length > 0) validate();
   return { messages: checkImportIds(out, label), summary };
+}
+
+const DECODERS: Record<string, () => Transform> = {
+  gzip: createGunzip,
+  'x-gzip': createGunzip,
+  deflate: createInflate,
+  br: createBrotliDecompress,
+};
+
+/**
+ * The body with its `Content-Encoding` (identity, gzip, deflate or br; any case) undone, a chunk at a
+ * time: the import's limits are then counted on the decoded bytes, so a small body that inflates
+ * past them is refused (413) as soon as it has, its memory flat.
+ */
+export function decodedBody(
+  source: AsyncIterable<Buffer>,
+  contentEncoding: string | undefined,
+): AsyncIterable<Buffer> {
+  const coding = (contentEncoding ?? 'identity').trim().toLowerCase();
+  if (coding === 'identity') return source;
+  const decoder = DECODERS[coding];
+  if (!decoder) {
+    throw new AppError(
+      415,
+      'unsupported_encoding',
+      `content-encoding ${contentEncoding} is not supported: send identity, gzip, deflate or br`,
+    );
+  }
+  return decoded(source, decoder(), coding);
+}
+
+async function* decoded(
+  source: AsyncIterable<Buffer>,
+  decoder: Transform,
+  coding: string,
+): AsyncGenerator<Buffer> {
+  // Its failures (the client's, the decoder's) reach the loop below through the decoder.
+  pipeline(source, decoder, () => undefined);
+  try {
+    for await (const chunk of decoder) yield chunk as Buffer;
+  } catch (err) {
+    if (err instanceof AppError) throw err;
+    throw new AppError(400, 'malformed_body', `the body is not valid ${coding} data`);
+  } finally {
+    decoder.destroy();
+  }
 }
 
 /**

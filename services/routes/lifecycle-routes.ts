@@ -6,14 +6,17 @@ import type { CoreDeps } from '../deps.js';
 import { AppError, notFound } from '../errors.js';
 import { recheckKey } from '../auth.js';
 import { openSessionExport } from '../lifecycle/export-session.js';
+import { MAX_BODY_BYTES } from '../app.js';
 import {
   MAX_IMPORT_BYTES,
+  decodedBody,
   parseImportJson,
   parseImportLines,
   readJsonLines,
 } from '../lifecycle/import-input.js';
 import type { ImportInput } from '../lifecycle/import-input.js';
 import { importSession, sortForImport } from '../lifecycle/import-session.js';
+import type { ImportOutcome } from '../lifecycle/import-session.js';
 import { clearSession } from '../lifecycle/session-lifecycle.js';
 import type { ExtensionList } from '../lifecycle/session-lifecycle.js';
 import { confirmArchived, waitArchived, waitSignal } from '../messages/accept-messages.js';
@@ -37,13 +40,25 @@ async function* clientBody(req: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
 /** How long an import waits for its messages to be durable before answering 202 instead of 201. */
 const IMPORT_WAIT_MS = 60_000;
 /**
- * Imports at a time per API process. An import holds every message of its body, validated, until
- * they are staged in timestamp order: about seven times the body (a 200,000-line import of 39 MB
- * grew the process by 260 MB), so eight at once could take gigabytes. One more waits up to
- * IMPORT_SLOT_WAIT_MS for a slot, its body unread, then answers 503 `import_busy`.
+ * Import memory per API process, in imports' worth. An import holds every message of its body,
+ * validated, until they are staged in timestamp order: about seven times the body (a
+ * 200,000-line import of 39 MB grew the process by 260 MB). So the process holds at most
+ * IMPORT_SLOTS × MAX_IMPORT_BYTES of import bodies at once, a tenant at most MAX_IMPORT_BYTES
+ * of them. A JSON Lines import takes its share as its bytes arrive (decoded): taken before it
+ * read its body, two slow senders held both of two slots for two minutes and every other
+ * tenant's import got 503s. A JSON import takes a JSON body's limit once its body is read.
+ * One that finds no room waits up to IMPORT_SLOT_WAIT_MS for it, then answers 503 `import_busy`.
  */
 export const IMPORT_SLOTS = 2;
 const IMPORT_SLOT_WAIT_MS = 10_000;
+/**
+ * Exports at a time per API process. Each reads the archive a page at a time (a pool connection,
+ * up to 4 MiB and a message in memory): 600 at once took the whole Postgres pool (285 answered
+ * 503 "postgres is unavailable") and the heap. One more waits up to EXPORT_SLOT_WAIT_MS for a
+ * slot, then answers 503 `export_busy`.
+ */
+export const EXPORT_SLOTS = 4;
+const EXPORT_SLOT_WAIT_MS = 5_000;
 
 /** A counting semaphore whose `acquire` gives up after `waitMs` (false). */
 function slots(size: number) {
@@ -71,6 +86,95 @@ function slots(size: number) {
     release(): void {
       used--;
       waiting.shift()?.();
+    },
+  };
+}
+
+/**
+ * A budget of bytes, `total` in all and `perKey` for one key; `take` waits up to `waitMs` for
+ * room (false when none came). Room that comes back goes to waiters in order, skipping those that
+ * still do not fit.
+ */
+function byteBudget(total: number, perKey: number) {
+  let used = 0;
+  const usedBy = new Map<string, number>();
+  const waiting: Array<{ key: string; bytes: number; grant: () => void }> = [];
+  const fits = (key: string, bytes: number) =>
+    used + bytes <= total && (usedBy.get(key) ?? 0) + bytes <= perKey;
+  const add = (key: string, bytes: number) => {
+    used += bytes;
+    usedBy.set(key, (usedBy.get(key) ?? 0) + bytes);
+  };
+  return {
+    take(key: string, bytes: number, waitMs: number): Promise<boolean> {
+      // Not behind the waiters: one waiting on its tenant's room must not hold up other tenants.
+      if (fits(key, bytes)) {
+        add(key, bytes);
+        return Promise.resolve(true);
+      }
+      return new Promise((resolve) => {
+        const w = {
+          key,
+          bytes,
+          grant: () => {
+            clearTimeout(timer);
+            add(key, bytes);
+            resolve(true);
+          },
+        };
+        const timer = setTimeout(() => {
+          waiting.splice(waiting.indexOf(w), 1);
+          resolve(false);
+        }, waitMs);
+        waiting.push(w);
+      });
+    },
+    give(key: string, bytes: number): void {
+      used -= bytes;
+      const left = (usedBy.get(key) ?? 0) - bytes;
+      if (left > 0) usedBy.set(key, left);
+      else usedBy.delete(key);
+      for (const w of [...waiting]) {
+        if (!fits(w.key, w.bytes)) continue;
+        waiting.splice(waiting.indexOf(w), 1);
+        w.grant();
+      }
+    },
+  };
+}
+type ByteBudget = ReturnType<typeof byteBudget>;
+
+const importBusy = () =>
+  new AppError(
+    503,
+    'import_busy',
+    `imports hold this process's import memory (${IMPORT_SLOTS} imports' worth): retry`,
+    { limit: IMPORT_SLOTS },
+    { 'retry-after': '5' },
+  );
+
+/** One import's part of the budget: taken as it grows, all given back by `release`. */
+function importShare(budget: ByteBudget, tenantId: string) {
+  let held = 0;
+  const take = async (bytes: number) => {
+    // Past MAX_IMPORT_BYTES the reader refuses the import (413): no room is asked for that.
+    const n = Math.min(bytes, MAX_IMPORT_BYTES - held);
+    if (n <= 0) return;
+    if (!(await budget.take(tenantId, n, IMPORT_SLOT_WAIT_MS))) throw importBusy();
+    held += n;
+  };
+  return {
+    take,
+    /** The body, each chunk passed on once its room is taken. */
+    async *metered(body: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
+      for await (const chunk of body) {
+        await take(chunk.length);
+        yield chunk;
+      }
+    },
+    release(): void {
+      budget.give(tenantId, held);
+      held = 0;
     },
   };
 }
@@ -149,66 +253,90 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     res.status(204).end();
   });
 
+  const exportSlots = slots(EXPORT_SLOTS);
   router.get('/:sid/export', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     parseInput(noQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
+    if (!(await exportSlots.acquire(EXPORT_SLOT_WAIT_MS))) {
+      throw new AppError(
+        503,
+        'export_busy',
+        `${EXPORT_SLOTS} exports are running in this process: retry`,
+        { limit: EXPORT_SLOTS },
+        { 'retry-after': '5' },
+      );
+    }
+    try {
+      await exportInSlot(res, tenantId, sid);
+    } finally {
+      exportSlots.release();
+    }
+  });
+
+  async function exportInSlot(res: Response, tenantId: string, sid: string): Promise<void> {
     const lines = await openSessionExport(deps.db, tenantId, sid);
     if (!lines) throw notFound('session');
+    // The first page is read before the status line: its failure (Postgres down, a lock held
+    // past PG_REQUEST_TIMEOUT_MS) is answered like any other error, where cutting the connection
+    // left the client an empty reply.
+    let next = await lines.next();
     res.status(200);
     res.setHeader('content-type', 'application/x-ndjson; charset=utf-8');
     res.setHeader('content-disposition', `attachment; filename="${sid}.jsonl"`);
     try {
-      for await (const line of lines) {
-        if (res.destroyed) break;
-        if (!res.write(line)) await drained(res);
+      for (; !next.done && !res.destroyed; next = await lines.next()) {
+        if (!res.write(next.value)) await drained(res);
       }
       if (!res.destroyed) res.end();
     } catch (err) {
       // Headers are out: a truncated body must not look complete, so the connection is cut.
       deps.logger.warn({ err: { message: (err as Error).message } }, 'export failed midway');
       res.destroy(err as Error);
+    } finally {
+      await lines.return(undefined).catch(() => undefined);
     }
-  });
+  }
 
-  const importSlots = slots(IMPORT_SLOTS);
+  const importMemory = byteBudget(IMPORT_SLOTS * MAX_IMPORT_BYTES, MAX_IMPORT_BYTES);
   router.post('/:sid/import', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(importQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
-    if (!(await importSlots.acquire(IMPORT_SLOT_WAIT_MS))) {
-      if (!req.complete) res.setHeader('connection', 'close');
-      throw new AppError(
-        503,
-        'import_busy',
-        `${IMPORT_SLOTS} imports are running in this process: retry`,
-        { limit: IMPORT_SLOTS },
-        { 'retry-after': '5' },
-      );
-    }
+    const share = importShare(importMemory, tenantId);
+    let imported: Awaited<ReturnType<typeof importHeld>>;
     try {
-      await importInSlot(req, res, sid, q, tenantId);
+      imported = await importHeld(req, res, sid, tenantId, share);
     } finally {
-      importSlots.release();
+      // The messages are staged: waiting for them to be archived holds none of them.
+      share.release();
     }
+    const { outcome, acknowledged } = imported;
+    let durable = true;
+    if (outcome.last_seq !== null) {
+      durable =
+        q.wait === 'false'
+          ? false
+          : await waitArchived(deps, tenantId, sid, outcome.last_seq, IMPORT_WAIT_MS, waitSignal(res));
+      if (durable) await confirmArchived(deps, tenantId, sid, acknowledged);
+    }
+    res.status(durable ? 201 : 202).json(outcome);
   });
 
-  async function importInSlot(
+  /** Reads, validates and stages the import within its share of the import memory. */
+  async function importHeld(
     req: Request,
     res: Response,
     sid: string,
-    q: z.output<typeof importQuery>,
     tenantId: string,
-  ): Promise<void> {
+    share: ReturnType<typeof importShare>,
+  ): Promise<{ outcome: ImportOutcome; acknowledged: Array<{ id: string; seq: number }> }> {
     let input: ImportInput;
     if (req.is(JSON_LINES)) {
-      const encoding = req.headers['content-encoding'];
-      if (encoding && encoding !== 'identity') {
-        throw new AppError(415, 'unsupported_encoding', 'send JSON Lines uncompressed');
-      }
       try {
+        const body = decodedBody(clientBody(req), req.headers['content-encoding']);
         input = await parseImportLines(
-          readJsonLines(clientBody(req), MAX_IMPORT_BYTES),
+          readJsonLines(share.metered(body), MAX_IMPORT_BYTES),
           deps.config.timeZone,
         );
         // The body is read here, after the check that follows a JSON body (auth.ts).
@@ -219,24 +347,17 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
         throw err;
       }
     } else {
+      await share.take(MAX_BODY_BYTES);
       input = parseImportJson(req.body, deps.config.timeZone);
     }
     const outcome = await importSession(deps, tenantId, sid, input);
-    let durable = true;
-    if (outcome.last_seq !== null) {
-      durable =
-        q.wait === 'false'
-          ? false
-          : await waitArchived(deps, tenantId, sid, outcome.last_seq, IMPORT_WAIT_MS, waitSignal(res));
-      // The seqs as importSession handed them out (its order), checked against the archive.
-      const first = outcome.first_seq!;
-      const acknowledged = sortForImport(input.messages).map((m, i) => ({
-        id: m.message.id,
-        seq: first + i,
-      }));
-      if (durable) await confirmArchived(deps, tenantId, sid, acknowledged);
-    }
-    res.status(durable ? 201 : 202).json(outcome);
+    // The seqs as importSession handed them out (its order), checked against the archive.
+    const first = outcome.first_seq;
+    const acknowledged =
+      first === null
+        ? []
+        : sortForImport(input.messages).map((m, i) => ({ id: m.message.id, seq: first + i }));
+    return { outcome, acknowledged };
   }
 
   return router;

@@ -1,0 +1,453 @@
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import net from 'node:net';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import { brotliCompressSync, createGzip, deflateSync, gzipSync } from 'node:zlib';
+import pg from 'pg';
+import { defaultExtensions } from '../services/extensions.js';
+import { makeLogger } from '../services/logger.js';
+import { startService } from '../services/main.js';
+import type { RunningService } from '../services/main.js';
+import { createTenant } from '../services/tenants.js';
+import {
+  api,
+  createTestDatabase,
+  deleteRedisPrefix,
+  dropTestDatabase,
+  eventually,
+  testConfig,
+  testPrefix,
+} from './support/harness.js';
+import type { Api } from './support/harness.js';
+
+/** How long a write may stall here before its connection is cut (WRITE_STALL_MS in production). */
+const STALL_MS = 1000;
+
+let svc: RunningService;
+let dbUrl: string;
+let prefix: string;
+let port: number;
+/** The server's side of each connection, by the client's port. */
+const serverSockets = new Map<number, net.Socket>();
+
+const sid = (what: string) => `${what}-${randomBytes(3).toString('hex')}`;
+
+async function newTenant(): Promise<{ key: string; api: Api }> {
+  const t = await createTenant(svc.deps.db, `http-${randomBytes(4).toString('hex')}`);
+  return { key: t.api_key, api: api(svc.url!, t.api_key) };
+}
+
+before(async () => {
+  dbUrl = await createTestDatabase();
+  prefix = testPrefix();
+  // A statement waits 8 s for Postgres: past the 5 s an export waits for a slot.
+  const config = testConfig({ DATABASE_URL: dbUrl, MNEMOS_PREFIX: prefix, PG_REQUEST_TIMEOUT_MS: '8000' });
+  svc = await startService('serve', config, {
+    logger: makeLogger(config.logLevel),
+    extensions: defaultExtensions,
+    writeStallMs: STALL_MS,
+    worker: {
+      lockDurationMs: 5000,
+      stalledIntervalMs: 2000,
+      ingestSweepAfterMs: 2000,
+      ingestSweepEveryMs: 1000,
+    },
+  });
+  port = Number(new URL(svc.url!).port);
+  svc.server!.on('connection', (s: net.Socket) => serverSockets.set(s.remotePort!, s));
+});
+
+after(async () => {
+  await svc.stop();
+  await dropTestDatabase(dbUrl);
+  await deleteRedisPrefix(prefix);
+});
+
+interface RawAnswer {
+  status: number;
+  headers: Record<string, string>;
+  body: Buffer;
+  json: any;
+}
+
+/** Parses whole HTTP/1.1 answers off the front of `buf` (content-length or chunked bodies). */
+function parseAnswers(buf: Buffer): { answers: RawAnswer[]; rest: Buffer } {
+  const answers: RawAnswer[] = [];
+  for (;;) {
+    const end = buf.indexOf('\r\n\r\n');
+    if (end < 0) break;
+    const [statusLine, ...lines] = buf.subarray(0, end).toString('latin1').split('\r\n');
+    const headers: Record<string, string> = {};
+    for (const l of lines)
+      headers[l.slice(0, l.indexOf(':')).toLowerCase()] = l.slice(l.indexOf(':') + 1).trim();
+    let at = end + 4;
+    let body: Buffer;
+    if (headers['transfer-encoding'] === 'chunked') {
+      const parts: Buffer[] = [];
+      for (;;) {
+        const eol = buf.indexOf('\r\n', at);
+        if (eol < 0) return { answers, rest: buf };
+        const size = parseInt(buf.subarray(at, eol).toString('latin1'), 16);
+        if (buf.length < eol + 2 + size + 2) return { answers, rest: buf };
+        parts.push(buf.subarray(eol + 2, eol + 2 + size));
+        at = eol + 2 + size + 2;
+        if (size === 0) break;
+      }
+      body = Buffer.concat(parts);
+    } else {
+      const length = Number(headers['content-length'] ?? 0);
+      if (buf.length < at + length) break;
+      body = buf.subarray(at, at + length);
+      at += length;
+    }
+    let json: unknown = null;
+    try {
+      json = JSON.parse(body.toString('utf8'));
+    } catch {
+      /* not JSON */
+    }
+    answers.push({ status: Number(statusLine!.split(' ')[1]), headers, body, json });
+    buf = buf.subarray(at);
+  }
+  return { answers, rest: buf };
+}
+
+/** Writes `raw` in one go on a new connection and collects `count` answers. */
+async function rawExchange(raw: string | Buffer, count = 1): Promise<RawAnswer[]> {
+  const socket = net.connect(port, '127.0.0.1');
+  let buf: Buffer = Buffer.alloc(0);
+  const answers: RawAnswer[] = [];
+  try {
+    await once(socket, 'connect');
+    socket.write(raw);
+    await new Promise<void>((resolve, reject) => {
+      socket.on('data', (d: Buffer) => {
+        const parsed = parseAnswers(Buffer.concat([buf, d]));
+        answers.push(...parsed.answers);
+        buf = parsed.rest;
+        if (answers.length >= count) resolve();
+      });
+      socket.on('error', reject);
+      socket.on('close', () => resolve());
+    });
+  } finally {
+    socket.destroy();
+  }
+  return answers;
+}
+
+function request(
+  method: string,
+  path: string,
+  key: string,
+  body = '',
+  headers: Record<string, string> = {},
+): string {
+  const h = { host: `127.0.0.1:${port}`, authorization: `Bearer ${key}`, ...headers };
+  if (body !== '' && !Object.keys(h).some((k) => k.toLowerCase() === 'transfer-encoding'))
+    Object.assign(h, { 'content-length': String(Buffer.byteLength(body)) });
+  const lines = Object.entries(h).map(([k, v]) => `${k}: ${v}\r\n`);
+  return `${method} ${path} HTTP/1.1\r\n${lines.join('')}\r\n${body}`;
+}
+
+const jsonHeaders = { 'content-type': 'application/json' };
+
+/** Archives `n` messages of about 1 MiB each (ASCII), seven to a post. */
+async function archiveBig(t: Api, session: string, n: number): Promise<void> {
+  for (let i = 0; i < n; i += 7) {
+    const messages = Array.from({ length: Math.min(7, n - i) }, (_, j) => ({
+      role: 'user',
+      content: `${i + j} ${'x'.repeat(1_000_000)}`,
+    }));
+    const r = await t.post(`/v1/sessions/${session}/messages?wait=true`, { messages });
+    assert.equal(r.status, 201, r.text.slice(0, 300));
+  }
+}
+
+/**
+ * Sends `raw` and stops reading at once; resolves once the server has closed its side, then
+ * reads what the kernel still held for the client, to the end.
+ */
+async function stallReading(raw: string): Promise<{ serverClosed: boolean; received: Buffer }> {
+  const socket = net.connect(port, '127.0.0.1');
+  await once(socket, 'connect');
+  socket.pause();
+  const server = await eventually(
+    async () => serverSockets.get(socket.localPort!),
+    5000,
+    'the server socket',
+  );
+  socket.write(raw);
+  const closed = once(server, 'close').then(() => true);
+  const deadline = new Promise<boolean>((r) => setTimeout(() => r(false), STALL_MS * 20).unref());
+  const serverClosed = await Promise.race([closed, deadline]);
+  const parts: Buffer[] = [];
+  socket.on('data', (d: Buffer) => parts.push(d));
+  socket.resume();
+  await Promise.race([once(socket, 'close'), new Promise((r) => setTimeout(r, 10_000).unref())]);
+  socket.destroy();
+  return { serverClosed, received: Buffer.concat(parts) };
+}
+
+void describe('clients that stop reading', () => {
+  let t: { key: string; api: Api };
+  const big = sid('big');
+  before(async () => {
+    t = await newTenant();
+    // 21 messages of 1 MB: an export (and a page of them) far bigger than the socket buffers.
+    await archiveBig(t.api, big, 21);
+  });
+
+  void test('a streamed export whose client stops reading is cut; one read to the end is whole', async () => {
+    const r = await stallReading(request('GET', `/v1/sessions/${big}/export`, t.key));
+    assert.ok(r.serverClosed, 'the server closed the connection');
+    const text = r.received.toString('latin1');
+    assert.match(text, /^HTTP\/1\.1 200 /);
+    assert.ok(!text.endsWith('0\r\n\r\n'), 'the body is cut short, never complete');
+
+    // A client that reads is not cut.
+    const whole = await t.api.get(`/v1/sessions/${big}/export`);
+    assert.equal(whole.status, 200);
+    assert.equal(whole.text.trim().split('\n').length, 21);
+  });
+
+  void test('one big JSON answer whose client stops reading is cut', async () => {
+    const r = await stallReading(request('GET', `/v1/sessions/${big}/messages?limit=500`, t.key));
+    assert.ok(r.serverClosed, 'the server closed the connection');
+    const text = r.received.toString('latin1');
+    const length = Number(/content-length: (\d+)/i.exec(text)?.[1]);
+    assert.ok(length > 20_000_000, text.slice(0, 300));
+    assert.ok(r.received.length - text.indexOf('\r\n\r\n') - 4 < length, 'the body is cut short');
+  });
+
+  void test('a long-poll that writes nothing while it waits is not cut', async () => {
+    // A context call waiting for a seq not archived waits 5 s (MIN_SEQ_WAIT_MS), five stall bounds.
+    const started = Date.now();
+    const r = await t.api.post(`/v1/sessions/${big}/context`, { min_seq: 1_000_000 });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-mnemos-min-seq'), 'timeout');
+    assert.ok(Date.now() - started >= 4000, 'it waited');
+  });
+});
+
+void describe('pipelining', () => {
+  void test('requests pipelined on one connection run in order: seqs follow the request order', async () => {
+    const t = await newTenant();
+    const s = sid('pipe');
+    const raw = Array.from({ length: 20 }, (_, i) =>
+      request(
+        'POST',
+        `/v1/sessions/${s}/messages`,
+        t.key,
+        JSON.stringify({ messages: [{ id: `m${i}`, role: 'user', content: `n${i}` }] }),
+        jsonHeaders,
+      ),
+    ).join('');
+    const answers = await rawExchange(raw, 20);
+    assert.equal(answers.length, 20);
+    const seqs = answers.map((a) => {
+      assert.equal(a.status, 202, a.body.toString());
+      return [a.json.messages[0].id, a.json.messages[0].seq];
+    });
+    assert.deepEqual(
+      seqs,
+      Array.from({ length: 20 }, (_, i) => [`m${i}`, i + 1]),
+    );
+  });
+
+  void test('a GET pipelined after a ?wait=true post sees what the post archived', async () => {
+    const t = await newTenant();
+    const s = sid('pipe-wait');
+    const raw =
+      request(
+        'POST',
+        `/v1/sessions/${s}/messages?wait=true`,
+        t.key,
+        JSON.stringify({ messages: [{ id: 'a', role: 'user', content: 'hello' }] }),
+        jsonHeaders,
+      ) + request('GET', `/v1/sessions/${s}/messages`, t.key);
+    const [post, get] = await rawExchange(raw, 2);
+    assert.equal(post!.status, 201, post!.body.toString());
+    assert.equal(get!.status, 200, get!.body.toString());
+    assert.deepEqual(
+      get!.json.messages.map((m: { id: string }) => m.id),
+      ['a'],
+    );
+  });
+});
+
+void describe('request framing and headers', () => {
+  const filler = Array.from({ length: 1000 }, (_, i) => `x-f${i}: y\r\n`).join('');
+
+  void test('a second Authorization or Host behind 1,000 filler headers is still seen', async () => {
+    const a = await newTenant();
+    const b = await newTenant();
+    const auth = await rawExchange(
+      `GET /v1/sessions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${a.key}\r\n${filler}` +
+        `authorization: Bearer ${b.key}\r\nconnection: close\r\n\r\n`,
+    );
+    assert.equal(auth[0]!.status, 401, auth[0]!.body.toString());
+    const host = await rawExchange(
+      `GET /healthz HTTP/1.1\r\nhost: x\r\n${filler}host: y\r\nconnection: close\r\n\r\n`,
+    );
+    assert.equal(host[0]!.status, 400);
+    assert.equal(host[0]!.json.error.code, 'duplicate_host');
+  });
+
+  void test('a transfer coding other than chunked is a 501 in the error shape', async () => {
+    const t = await newTenant();
+    const gz = gzipSync(JSON.stringify({ messages: [{ role: 'user', content: 'zipped' }] }));
+    const chunked = Buffer.concat([
+      Buffer.from(`${gz.length.toString(16)}\r\n`),
+      gz,
+      Buffer.from('\r\n0\r\n\r\n'),
+    ]);
+    const s = sid('te');
+    const head = request('POST', `/v1/sessions/${s}/messages`, t.key, '', {
+      ...jsonHeaders,
+      'transfer-encoding': 'gzip, chunked',
+    });
+    const [r] = await rawExchange(Buffer.concat([Buffer.from(head), chunked]));
+    assert.equal(r!.status, 501, r!.body.toString());
+    assert.equal(r!.json.error.code, 'unsupported_transfer_coding');
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404, 'nothing stored');
+  });
+
+  void test('an absolute-form request line imports JSON Lines like its path', async () => {
+    const t = await newTenant();
+    const s = sid('abs');
+    const body = `${JSON.stringify({ role: 'user', content: 'one', id: 'a1' })}\n`;
+    const [r] = await rawExchange(
+      request('POST', `http://127.0.0.1:${port}/v1/sessions/${s}/import`, t.key, body, {
+        'content-type': 'application/x-ndjson',
+        connection: 'close',
+      }),
+    );
+    assert.equal(r!.status, 201, r!.body.toString());
+    assert.equal(r!.json.imported, 1);
+  });
+
+  void test('charset us-ascii is UTF-8 enough; a charset inside a quoted parameter is no charset', async () => {
+    const t = await newTenant();
+    const s = sid('cs');
+    for (const [i, type] of [
+      'application/json; charset=us-ascii',
+      'application/json; x="a;charset=utf-16"',
+    ].entries()) {
+      const r = await t.api.post(
+        `/v1/sessions/${s}/messages`,
+        { messages: [{ id: `c${i}`, role: 'user', content: 'plain' }] },
+        { 'content-type': type },
+      );
+      assert.equal(r.status, 202, `${type}: ${r.text}`);
+    }
+    const utf16 = await t.api.post(
+      `/v1/sessions/${s}/messages`,
+      { messages: [{ role: 'user', content: 'x' }] },
+      { 'content-type': 'application/json; x="a"; charset=utf-16' },
+    );
+    assert.equal(utf16.status, 415);
+  });
+});
+
+void describe('JSON Lines import encodings', () => {
+  const lines = (tag: string) =>
+    [1, 2].map((i) => JSON.stringify({ id: `${tag}-${i}`, role: 'user', content: `${tag} ${i}` })).join('\n');
+  const importWith = (t: Api, session: string, body: Buffer | string, encoding: string) =>
+    t.raw(`/v1/sessions/${session}/import`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-ndjson', 'content-encoding': encoding },
+      body,
+    });
+
+  void test('Identity in any case, gzip, deflate and br are read; an unknown coding is a 415', async () => {
+    const t = await newTenant();
+    const plain = await importWith(t.api, sid('id'), lines('id'), 'Identity');
+    assert.equal(plain.status, 201, plain.text);
+    const gz = sid('gz');
+    const gzipped = await importWith(t.api, gz, gzipSync(lines('gz')), 'GZip');
+    assert.equal(gzipped.status, 201, gzipped.text);
+    const got = await t.api.get(`/v1/sessions/${gz}/messages`);
+    assert.deepEqual(
+      got.body.messages.map((m: { content: string }) => m.content),
+      ['gz 1', 'gz 2'],
+    );
+    const br = await importWith(t.api, sid('br'), brotliCompressSync(lines('br')), 'br');
+    assert.equal(br.status, 201, br.text);
+    const deflated = await importWith(t.api, sid('df'), deflateSync(lines('df')), 'deflate');
+    assert.equal(deflated.status, 201, deflated.text);
+    const bad = await importWith(t.api, sid('bad'), Buffer.from('not gzip at all'), 'gzip');
+    assert.equal(bad.status, 400, bad.text);
+    assert.equal(bad.body.error.code, 'malformed_body');
+    const unknown = await importWith(t.api, sid('zz'), lines('zz'), 'compress');
+    assert.equal(unknown.status, 415, unknown.text);
+  });
+
+  void test('a gzip body that inflates past 64 MiB is a 413, counted on the decoded bytes', async () => {
+    const t = await newTenant();
+    // 100 MiB of blank lines (1 MiB each), about 100 KB compressed.
+    const gzip = createGzip();
+    const parts: Buffer[] = [];
+    gzip.on('data', (d: Buffer) => parts.push(d));
+    const line = Buffer.alloc(1024 * 1024, ' ');
+    line[line.length - 1] = 10;
+    for (let i = 0; i < 100; i++) gzip.write(line);
+    gzip.end();
+    await once(gzip, 'end');
+    const bomb = Buffer.concat(parts);
+    assert.ok(bomb.length < 1_000_000);
+    const s = sid('bomb');
+    const r = await importWith(t.api, s, bomb, 'gzip');
+    assert.equal(r.status, 413, r.text);
+    assert.equal(r.body.error.code, 'body_too_large');
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+  });
+});
+
+void describe('export under load and faults', () => {
+  void test('while the archive is locked: a fifth export answers 503 export_busy, and one whose first page times out a 503, not an empty reply', async () => {
+    const t = await newTenant();
+    const s = sid('locked');
+    const r0 = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
+      messages: [{ role: 'user', content: 'hello' }],
+    });
+    assert.equal(r0.status, 201);
+    const locker = new pg.Client({ connectionString: dbUrl });
+    await locker.connect();
+    try {
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
+      // Four exports take the slots and wait on the lock (PG_REQUEST_TIMEOUT_MS is 8 s here).
+      const held = Array.from({ length: 4 }, () => t.api.get(`/v1/sessions/${s}/export`));
+      await eventually(
+        async () =>
+          Number(
+            (
+              await locker.query(
+                `SELECT count(*) AS n FROM pg_locks WHERE relation = 'messages'::regclass AND NOT granted`,
+              )
+            ).rows[0].n,
+          ) >= 4,
+        5000,
+        'four exports waiting on the lock',
+      );
+      const fifth = await t.api.get(`/v1/sessions/${s}/export`);
+      assert.equal(fifth.status, 503, fifth.text);
+      assert.equal(fifth.body.error.code, 'export_busy');
+      assert.equal(fifth.headers.get('retry-after'), '5');
+      for (const h of await Promise.all(held)) {
+        assert.equal(h.status, 503, h.text);
+        assert.equal(h.body.error.code, 'unavailable', h.text);
+        assert.ok(h.headers.get('retry-after'));
+        assert.match(h.headers.get('content-type') ?? '', /^application\/json/);
+      }
+    } finally {
+      await locker.query('ROLLBACK').catch(() => undefined);
+      await locker.end();
+    }
+    const after = await t.api.get(`/v1/sessions/${s}/export`);
+    assert.equal(after.status, 200);
+    assert.equal(after.text.trim().split('\n').length, 1);
+  });
+});
