@@ -29,19 +29,40 @@ const decodes = (s: string): boolean => {
   }
 };
 
-/** A URL of one of `protocols`; `more` names what else is wrong with one that parses. */
-const urlText = (protocols: string[], hint: string, more: (u: URL) => string[] = () => []) =>
+/** WHATWG's parse of `v`, or null. */
+const parseUrl = (v: string): URL | null => {
+  try {
+    return new URL(v);
+  } catch {
+    return null;
+  }
+};
+
+/**
+ * A DATABASE_URL as node-postgres (pg-connection-string) reads it: also with an empty host before
+ * the path, which WHATWG's parser refuses where libpq takes it, as with a Unix socket directory in
+ * the query (`postgres://user@/db?host=/run/postgresql`). pg-connection-string parses those with a
+ * placeholder host in its place, and so does this.
+ */
+const parsePgUrl = (v: string): URL | null => parseUrl(v) ?? parseUrl(v.replace('@/', '@___DUMMY___/'));
+
+/**
+ * A URL of one of `protocols` (read by `parse`); `more` names what else is wrong with one that
+ * parses.
+ */
+const urlText = (
+  protocols: string[],
+  hint: string,
+  more: (u: URL) => string[] = () => [],
+  parse: (v: string) => URL | null = parseUrl,
+) =>
   z
     .string()
     .trim()
     .superRefine((v, ctx) => {
       const starts = protocols.map((p) => `${p}//`);
-      let parsed: URL | null = null;
-      try {
-        parsed = new URL(v);
-      } catch {
-        // Starts right, does not parse: most often a password with / ? # @ or % in it.
-      }
+      // Null when it starts right and does not parse: most often a password with / ? # @ or % in it.
+      const parsed = parse(v);
       if (parsed && protocols.includes(parsed.protocol)) {
         for (const message of more(parsed)) ctx.addIssue({ code: 'custom', message });
         return;
@@ -79,7 +100,9 @@ const schema = z.object({
   HOST: z.string().trim().min(1).default('127.0.0.1'),
   DATABASE_URL: urlText(
     ['postgres:', 'postgresql:'],
-    'e.g. postgres://user@127.0.0.1:5432/mnemos',
+    'e.g. postgres://user@127.0.0.1:5432/mnemos, or postgres://user@/mnemos?host=/run/postgresql for a Unix socket',
+    () => [],
+    parsePgUrl,
   ).optional(),
   MNEMOS_DATA_DIR: z.string().trim().min(1).default('./data'),
   // What ioredis would otherwise meet at the first command (`select NaN`, a stack trace) or as a

@@ -52,7 +52,11 @@ const PG_TRANSIENT = /^(?:25006|57014|55P03|53\d{3}|40001|40P01)$/;
  */
 export function asDependencyError(err: unknown): unknown {
   if (err instanceof AppError) return err;
-  if (isPgUnavailable(err) || PG_TRANSIENT.test(pgCode(err) ?? '')) return unavailable('postgres');
+  // The Postgres error stays as the cause: the error handler logs its SQLSTATE and message, and
+  // answers a read-only database as such.
+  if (isPgUnavailable(err) || PG_TRANSIENT.test(pgCode(err) ?? '')) {
+    return Object.assign(unavailable('postgres'), { cause: err });
+  }
   const msg = err instanceof Error ? err.message : '';
   if (REDIS_TRANSIENT_REPLY.test(msg)) return unavailable('redis');
   // ioredis's MaxRetriesPerRequestError says "Reached the max retries per request limit": matched

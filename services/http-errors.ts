@@ -1,5 +1,5 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express';
-import { pgCode } from '../db/pool.js';
+import { isPgUnavailable, pgCode } from '../db/pool.js';
 import { AppError, asDependencyError } from './errors.js';
 import type { Logger } from './logger.js';
 
@@ -27,6 +27,78 @@ function fromExpressError(err: unknown): AppError | undefined {
   }
   return undefined;
 }
+
+/** The longest Postgres or connection message a log line carries. */
+const LOGGED_MESSAGE_CHARS = 200;
+
+/**
+ * What the log says of why Postgres refused or could not be reached: the SQLSTATE (`pg_code`) and
+ * Postgres's primary message, or the connection error's message (a refused connect from several
+ * addresses is an AggregateError with an empty message of its own). Bounded, and never DETAIL or
+ * the statement's parameters, which can quote stored data. `err` may be an AppError made from
+ * the Postgres error (its `cause`). Nothing for errors that are not Postgres's.
+ */
+export function pgLogFields(err: unknown): { pg_code?: string; pg_message?: string } {
+  const source = pgSource(err);
+  if (!source) return {};
+  const inner = source instanceof AggregateError ? (source.errors[0] as unknown) : undefined;
+  const message = source.message || (inner instanceof Error ? inner.message : '');
+  return {
+    ...(pgCode(source) === undefined ? {} : { pg_code: pgCode(source) }),
+    ...(message ? { pg_message: message.slice(0, LOGGED_MESSAGE_CHARS) } : {}),
+  };
+}
+
+/**
+ * The Postgres or connection error behind `err`: itself, or the cause of a 5xx AppError made from
+ * it. node-postgres's errors (a DatabaseError has a severity) and those db/pool.ts counts as
+ * Postgres being unreachable (a refused or reset connection, a statement without an answer, a
+ * pool wait timeout).
+ */
+function pgSource(err: unknown): Error | undefined {
+  const cause =
+    err instanceof AppError ? (err.status >= 500 ? (err as { cause?: unknown }).cause : undefined) : err;
+  if (!(cause instanceof Error) || cause instanceof AppError) return undefined;
+  return 'severity' in cause || isPgUnavailable(cause) ? cause : undefined;
+}
+
+/**
+ * SQLSTATEs of a database without mnemos's schema: relation (42P01) or schema (3F000) missing, as
+ * when the database was dropped and re-created under a running service. Migrations run at start,
+ * so a restart (or `mnemos migrate`) mends it; /readyz says which are pending meanwhile.
+ */
+const PG_SCHEMA_MISSING = new Set(['42P01', '3F000']);
+
+/**
+ * Postgres states that are neither a bug nor an outage, with answers that say what is wrong (each
+ * a 503 with retry-after): a read-only database (25006: a hot standby after a failover, or
+ * `default_transaction_read_only`), whose reads go on while every write fails; a schema that is
+ * not there; a database that is not there (3D000). `err` may be an AppError made from the
+ * Postgres error (its `cause`). Undefined for anything else.
+ */
+export function fromPostgresState(err: unknown): AppError | undefined {
+  const source = pgSource(err);
+  if (!source) return undefined;
+  const code = pgCode(source);
+  const retry = (code: string, message: string) =>
+    new AppError(503, code, message, { dependency: 'postgres' }, { 'retry-after': '5' });
+  if (code === '25006')
+    return retry(
+      'read_only',
+      'postgres refuses writes: the database is read-only (a standby, or default_transaction_read_only); retry later',
+    );
+  if (code !== undefined && PG_SCHEMA_MISSING.has(code))
+    return retry(
+      'schema_not_migrated',
+      'the postgres database has no mnemos schema (re-created under the service?): restart the service or run `npx mnemos migrate`, then retry',
+    );
+  if (code === '3D000') return retry('unavailable', 'the postgres database does not exist; retry later');
+  return undefined;
+}
+
+/** pgLogFields, when `mapped` blames Postgres (an ioredis connection error looks much like pg's). */
+const postgresFields = (err: unknown, mapped: AppError) =>
+  (mapped.details as { dependency?: unknown } | undefined)?.dependency === 'postgres' ? pgLogFields(err) : {};
 
 /** The API's error shape; `details` is always present (SPEC §4), null when there is nothing to add. */
 export function errorBody(err: AppError): { error: { code: string; message: string; details: unknown } } {
@@ -65,9 +137,10 @@ export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
       );
       return;
     }
-    const mapped = fromExpressError(asDependencyError(err));
+    const mapped = fromExpressError(fromPostgresState(err) ?? asDependencyError(err));
     if (mapped) {
-      if (mapped.status >= 500) logger.warn({ code: mapped.code, path: req.path }, mapped.message);
+      if (mapped.status >= 500)
+        logger.warn({ code: mapped.code, path: req.path, ...postgresFields(err, mapped) }, mapped.message);
       sendError(res, mapped);
       return;
     }

@@ -141,6 +141,55 @@ void describe('configuration', () => {
     assert.equal(withLlm.summaryCron, '*/5 * * * * *');
   });
 
+  void test('a DATABASE_URL with a Unix socket directory and no host is taken, and connects', async () => {
+    // Setup: where the machine's Postgres has its socket (none: only the parsing is checked).
+    const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    const dirs = await admin
+      .query<{ d: string }>(`SELECT current_setting('unix_socket_directories') AS d`)
+      .finally(() => admin.close());
+    const dir = dirs.rows[0]!.d.split(',')[0]!.trim();
+    const port = new URL(ADMIN_URL).port || '5432';
+
+    // Action / Assert: the forms node-postgres and libpq take are accepted as written.
+    for (const url of [
+      `postgres://postgres@/postgres?host=${dir}&port=${port}`,
+      `postgresql://postgres:secret@/postgres?host=${dir}`,
+      'postgres:///postgres?host=/var/run/postgresql',
+    ]) {
+      assert.equal(loadConfig({ DATABASE_URL: url }).databaseUrl, url);
+    }
+    // Junk is still refused, with how to fix it.
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: 'postgres://u:a/b@/db?host=/tmp' }),
+      /DATABASE_URL: is not a valid URL: percent-encode/,
+    );
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: 'postgres://u@h:99999/db' }),
+      /DATABASE_URL: is not a valid URL/,
+    );
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: '/tmp mnemos' }),
+      /DATABASE_URL: must be a URL starting with/,
+    );
+    if (!dir) return;
+    // The CLI reaches a test database through the socket (it migrates what it opens).
+    const url = await createTestDatabase();
+    try {
+      const database = new URL(url).pathname.slice(1);
+      const viaSocket = spawnSync(process.execPath, ['bin/mnemos.js', 'tenant', 'create', 'over-socket'], {
+        env: { ...process.env, DATABASE_URL: `postgres://postgres@/${database}?host=${dir}&port=${port}` },
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
+      assert.equal(viaSocket.status, 0, viaSocket.stderr);
+      const db = makePgDb({ connectionString: url, max: 1 });
+      const names = await db.query('SELECT name FROM tenants').finally(() => db.close());
+      assert.deepEqual(names.rows, [{ name: 'over-socket' }]);
+    } finally {
+      await dropTestDatabase(url);
+    }
+  });
+
   void test('the CLI stops at start-up with the variable name and a non-zero exit', () => {
     const r = spawnSync(process.execPath, ['bin/mnemos.js', 'serve'], {
       env: { ...process.env, PORT: 'abc', MNEMOS_PREFIX: 'has:colon' },

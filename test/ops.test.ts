@@ -2,6 +2,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import pg from 'pg';
+import { pino } from 'pino';
+import { makePgDb } from '../db/pool.js';
 import { makeErrorHandler } from '../services/http-errors.js';
 import { makeLogger } from '../services/logger.js';
 import { inboxKeys } from '../services/messages/inbox.js';
@@ -9,7 +11,16 @@ import { oldestUnsummarisedAgeSeconds } from '../db/queries/summaries.js';
 import { sampleQueues } from '../services/metrics-sampler.js';
 import { rateLimit } from '../services/rate-limit.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
-import { ADMIN_TOKEN, api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
+import {
+  ADMIN_TOKEN,
+  ADMIN_URL,
+  api,
+  createTestDatabase,
+  deleteRedisPrefix,
+  dropTestDatabase,
+  eventually,
+  startTestService,
+} from './support/harness.js';
 import type { TestService } from './support/harness.js';
 
 const metricValue = (text: string, name: string, labels = ''): number => {
@@ -447,6 +458,161 @@ void describe('graceful shutdown', () => {
       // A failure before the stop above left the service running, and the file with it.
       if (!stopped) await svc.stop();
       await deleteRedisPrefix(svc.config.prefix);
+    }
+  });
+});
+
+void describe('Postgres states that are not an outage', () => {
+  /** A service on a database of its own, with what it logs at warn and above. */
+  async function ownService() {
+    const url = await createTestDatabase();
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino(
+      { level: 'warn' },
+      { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) },
+    );
+    const own = await startTestService({ mode: 'api', databaseUrl: url, logger });
+    const name = new URL(url).pathname.slice(1);
+    const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    const dropConnections = () =>
+      admin.query(
+        `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`,
+        [name],
+      );
+    return {
+      own,
+      name,
+      admin,
+      lines,
+      dropConnections,
+      async close() {
+        await own.stop();
+        await deleteRedisPrefix(own.config.prefix);
+        await dropTestDatabase(url);
+        await admin.close();
+      },
+    };
+  }
+
+  void test('a read-only database: /readyz says read_only (503), a write is a 503 saying so, the log has the SQLSTATE', async () => {
+    const s = await ownService();
+    try {
+      // Setup: a tenant, then the database turns read-only (as a standby after a failover would be).
+      const t = await s.own.newTenant();
+      assert.equal((await api(s.own.base).get('/readyz')).status, 200);
+      await s.admin.query(`ALTER DATABASE "${s.name}" SET default_transaction_read_only = on`);
+      await s.dropConnections();
+
+      // Action
+      const ready = await eventually(async () => {
+        const r = await api(s.own.base).get('/readyz');
+        return r.status === 503 && r.body.checks.postgres === 'read_only' ? r : null;
+      });
+      const write = await t.api.del('/v1/sessions/s1');
+
+      // Assert: readiness keeps its documented shape; reads still work; the write says why.
+      assert.deepEqual(ready.body, {
+        status: 'not_ready',
+        checks: { postgres: 'read_only', redis: 'ok', migrations: 'ok', llm: 'disabled' },
+      });
+      assert.equal(ready.headers.get('retry-after'), '5');
+      assert.equal((await t.api.get('/v1/sessions/s1')).status, 404);
+      assert.equal(write.status, 503);
+      assert.equal(write.body.error.code, 'read_only');
+      assert.match(write.body.error.message, /postgres refuses writes: the database is read-only/);
+      assert.ok(Number(write.headers.get('retry-after')) > 0);
+      const logged = s.lines.find((l) => l.path === '/v1/sessions/s1' && l.code === 'read_only');
+      assert.equal(logged?.pg_code, '25006', JSON.stringify(s.lines));
+      assert.match(String(logged?.pg_message), /cannot execute SELECT FOR UPDATE in a read-only transaction/);
+      // A post to a new session goes through the dependency mapping: it says the same.
+      const posted = await t.api.post('/v1/sessions/fresh/messages', {
+        messages: [{ role: 'user', content: 'x' }],
+      });
+      assert.equal(posted.status, 503, posted.text);
+      assert.equal(posted.body.error.code, 'read_only');
+      assert.ok(s.lines.some((l) => l.path === '/v1/sessions/fresh/messages' && l.pg_code === '25006'));
+
+      // Writable again: ready again.
+      await s.admin.query(`ALTER DATABASE "${s.name}" RESET default_transaction_read_only`);
+      await s.dropConnections();
+      await eventually(async () => (await api(s.own.base).get('/readyz')).status === 200);
+      assert.equal((await t.api.del('/v1/sessions/s1')).status, 404);
+    } finally {
+      await s.close();
+    }
+  });
+
+  void test('a database dropped and re-created under the service: 503 schema_not_migrated, never 500', async () => {
+    const s = await ownService();
+    try {
+      // Setup
+      const t = await s.own.newTenant();
+      assert.equal((await t.api.get('/v1/sessions')).status, 200);
+
+      // Action: the database is re-created empty (no tables) while the service runs.
+      await s.admin.query(`DROP DATABASE "${s.name}" WITH (FORCE)`);
+      await s.admin.query(`CREATE DATABASE "${s.name}"`);
+      const statuses: number[] = [];
+      const refused = await eventually(async () => {
+        const r = await t.api.get('/v1/sessions');
+        statuses.push(r.status);
+        return r.body?.error?.code === 'schema_not_migrated' ? r : null;
+      });
+
+      // Assert: every answer was a 503 (a connection cut by the drop is "unavailable"), none a 500.
+      assert.deepEqual(new Set(statuses), new Set([503]), JSON.stringify(statuses));
+      assert.equal(refused.status, 503);
+      assert.match(refused.body.error.message, /no mnemos schema/);
+      assert.ok(Number(refused.headers.get('retry-after')) > 0);
+      assert.match((await api(s.own.base).get('/readyz')).body.checks.migrations, /^pending: 001_init/);
+      const logged = s.lines.find((l) => l.code === 'schema_not_migrated');
+      assert.equal(logged?.pg_code, '42P01');
+      assert.match(String(logged?.pg_message), /^relation ".*" does not exist$/);
+    } finally {
+      await s.close();
+    }
+  });
+
+  void test('an unreachable Postgres or a statement timeout is logged with its code and message', async () => {
+    // Setup: routes that meet real node-postgres errors, behind the API's error handler.
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino(
+      { level: 'warn' },
+      { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) },
+    );
+    const refused = makePgDb({ connectionString: 'postgres://postgres@127.0.0.1:1/x', max: 1 });
+    const db = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    const app = express();
+    app.get('/refused', async () => {
+      await refused.query('SELECT 1');
+    });
+    app.get('/timeout', async () => {
+      await db.transaction(async (tx) => {
+        await tx.query("SET LOCAL statement_timeout = '10ms'");
+        await tx.query('SELECT pg_sleep(1)');
+      });
+    });
+    app.use(makeErrorHandler(logger));
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    const base = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+    try {
+      // Action
+      const answers = [await fetch(`${base}/refused`), await fetch(`${base}/timeout`)];
+
+      // Assert: 503s, and the log says why.
+      assert.deepEqual(
+        answers.map((r) => r.status),
+        [503, 503],
+      );
+      const of = (path: string) => lines.find((l) => l.path === path);
+      assert.equal(of('/refused')?.pg_code, 'ECONNREFUSED');
+      assert.match(String(of('/refused')?.pg_message), /^connect ECONNREFUSED 127\.0\.0\.1:1$/);
+      assert.equal(of('/timeout')?.pg_code, '57014');
+      assert.equal(of('/timeout')?.pg_message, 'canceling statement due to statement timeout');
+    } finally {
+      server.close();
+      await Promise.all([refused.close(), db.close()]);
     }
   });
 });

@@ -22,6 +22,23 @@ async function timed<T>(p: Promise<T>, ms: number): Promise<T> {
   }
 }
 
+/**
+ * `ok`, or `read_only` for a database that takes no writes: a hot standby (after a failover, the
+ * old primary's address may lead to one) or `default_transaction_read_only` on the database or
+ * role. Reads go on there, so `SELECT 1` said ok while every write and every drain failed.
+ * Bounded in the pool too, which closes a connection that gave no answer: left waiting, each
+ * probe during an outage held one of the pool's connections for good.
+ */
+async function postgresState(deps: Pick<CoreDeps, 'db'>): Promise<'ok' | 'read_only'> {
+  const r = await deps.db.query<{ standby: boolean; read_only: string }>(
+    `SELECT pg_is_in_recovery() AS standby, current_setting('transaction_read_only') AS read_only`,
+    [],
+    { timeoutMs: 2000 },
+  );
+  const row = r.rows[0];
+  return row && (row.standby || row.read_only === 'on') ? 'read_only' : 'ok';
+}
+
 export const opsRoutesMeta: Record<string, RouteMeta> = {
   'GET /healthz': { summary: 'Liveness: the process is up', auth: 'none', responses: { 200: healthAnswer } },
   'GET /readyz': {
@@ -45,10 +62,8 @@ export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
   router.get('/readyz', async (_req, res) => {
     const checks: Record<string, string> = {};
     await Promise.all([
-      // Bounded in the pool too, which closes a connection that gave no answer: left waiting,
-      // each probe during an outage held one of the pool's connections for good.
-      timed(deps.db.query('SELECT 1', [], { timeoutMs: 2000 }), 2000).then(
-        () => (checks.postgres = 'ok'),
+      timed(postgresState(deps), 2000).then(
+        (state) => (checks.postgres = state),
         () => (checks.postgres = 'down'),
       ),
       timed(deps.redis.ping(), 2000).then(
@@ -56,7 +71,8 @@ export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
         () => (checks.redis = 'down'),
       ),
     ]);
-    if (checks.postgres === 'ok') {
+    // A read-only database still answers reads: its migrations are worth reporting.
+    if (checks.postgres !== 'down') {
       const pending = await pendingMigrations(deps.db).catch(() => ['unknown']);
       checks.migrations = pending.length === 0 ? 'ok' : `pending: ${pending.join(', ')}`;
     } else {
