@@ -1323,6 +1323,43 @@ void describe('tenant isolation', () => {
     assert.deepEqual(await scanKeys(`${PREFIX}:err:${t}:*`), []);
   });
 
+  void test('a deleted record leaves no key named by its words, and a kept record keeps its own', async () => {
+    // Setup: a record whose every field has a word no other record has, and a second record of
+    // the same tool sharing one term with it.
+    const t = newTenant();
+    const { body } = await write(t, {
+      tool_name: 'curl',
+      symptom: 'uniqueprivterm exploded while fetching',
+      cause: 'causepriv broke',
+      action: 'actionpriv applied',
+      keywords: ['keywordpriv'],
+    });
+    const kept = await write(t, { tool_name: 'curl', symptom: 'fetching stalled forever' });
+    const merged = await write(t, { tool_name: 'curl', symptom: 'uniqueprivterm exploded while fetching' });
+    assert.equal(merged.body.id, body.id, 'a duplicate merged into it (hits 2)');
+    const privWords = /uniqueprivterm|causepriv|actionpriv|keywordpriv|exploded/;
+    assert.ok((await scanKeys(`${PREFIX}:err:${t}:*`)).some((k) => privWords.test(k)));
+
+    // Action
+    assert.equal((await call(t, 'DELETE', `/${body.id}`)).status, 204);
+
+    // Assert: no key is named by its words, none but the sweep's mark holds its id, and the
+    // registry of index keys names only keys that exist. The other record is still found.
+    assert.deepEqual(
+      (await scanKeys(`${PREFIX}:err:${t}:*`)).filter((k) => privWords.test(k)),
+      [],
+    );
+    assert.deepEqual(await keysNaming(t, body.id), [`${PREFIX}:err:${t}:dead`]);
+    for (const key of await redis.smembers(`${PREFIX}:err:${t}:ikeys`)) {
+      assert.equal(await redis.exists(key), 1, `${key} is registered but gone`);
+    }
+    const found = await call(t, 'POST', '/search', { query: 'fetching', tool_name: 'curl' });
+    assert.deepEqual(
+      found.body.records.map((r: ErrorRecord) => r.id),
+      [kept.body.id],
+    );
+  });
+
   void test('purge by tool deletes only that tool; purge without one deletes all', async () => {
     const t = newTenant();
     await write(t, { tool_name: 'npm', symptom: 'ERESOLVE unable to resolve dependency tree' });

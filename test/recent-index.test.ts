@@ -4,7 +4,7 @@ import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
-import { vectorParam } from '../db/pool.js';
+import { makePgDb, vectorParam } from '../db/pool.js';
 import { archivingBehind, defineInboxScripts, finishDrain, inboxKeys } from '../services/messages/inbox.js';
 import { nearestInSession } from '../db/queries/vectors.js';
 import { makeLlmClient } from '../services/llm/llm-client.js';
@@ -27,7 +27,9 @@ import { makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
 import {
+  ADMIN_TOKEN,
   REDIS_URL,
+  api,
   createTestDatabase,
   deleteRedisPrefix,
   dropTestDatabase,
@@ -716,6 +718,141 @@ void describe('recent index with the local embedder', () => {
       [...(await vectors(svc, t.tenantId, 'cut')).keys()],
       cut.filter((s) => s >= startSeq),
     );
+  });
+});
+
+void describe('a huge session deleted while its HNSW index is built', () => {
+  // A service of its own: the maintenance pass looks at every session of the database.
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService();
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('the index built meanwhile is dropped when the build finishes, not left to the next pass', async () => {
+    // Setup: a session over the threshold, and a transaction holding an old snapshot open, which
+    // every CREATE INDEX CONCURRENTLY of the database waits out.
+    const t = await svc.newTenant();
+    const texts = Array.from({ length: 30 }, (_, i) => `routine status update number ${i}`);
+    const seqs = await post(
+      t.api,
+      'huge',
+      texts.map((x, i) => (i % 2 === 0 ? user(x) : assistant(x))),
+    );
+    await vectorsFor(svc, t.tenantId, 'huge', seqs);
+    const snapshot = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let taken!: () => void;
+    const snapshotTaken = new Promise<void>((resolve) => (taken = resolve));
+    const holding = snapshot.transaction(async (tx) => {
+      await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
+      await tx.query('SELECT 1');
+      taken();
+      await released;
+    });
+    try {
+      await snapshotTaken;
+      const name = annIndexName(t.tenantId, 'huge', 384);
+      const pass = maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 1 });
+      await eventually(
+        async () =>
+          (
+            await svc.deps.db.query(
+              `SELECT 1 FROM pg_stat_activity
+               WHERE datname = current_database() AND wait_event_type = 'Lock'
+                 AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(query, $1) > 0`,
+              [name],
+            )
+          ).rowCount === 1,
+        20_000,
+        'the index build to wait for the old snapshot',
+      );
+
+      // Action: the session is deleted while the build waits; then the build finishes.
+      assert.equal((await t.api.del('/v1/sessions/huge')).status, 204);
+      release();
+      await holding;
+      const done = await pass;
+
+      // Assert: no index of the deleted session exists or is recorded.
+      assert.ok(done.dropped.includes(name), JSON.stringify(done));
+      const left = await svc.deps.db.query('SELECT 1 FROM pg_class WHERE relname = $1', [name]);
+      assert.equal(left.rowCount, 0, 'the index is gone');
+      const recorded = await svc.deps.db.query(
+        'SELECT 1 FROM vector_ann_indexes WHERE tenant_id = $1 AND session_id = $2',
+        [t.tenantId, 'huge'],
+      );
+      assert.equal(recorded.rowCount, 0);
+    } finally {
+      release();
+      await holding.catch(() => undefined);
+      await snapshot.close();
+    }
+  });
+});
+
+void describe('a reembed stopped and never rerun', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService();
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('a delete, a reset and a tenant erasure leave none of the session’s vectors in its shadow table', async () => {
+    // Setup: two tenants' sessions embedded, then a reembed that dies after its first page (a
+    // killed process; the operator went back to the old embedder and never reran it).
+    const t = await svc.newTenant();
+    const erased = await svc.newTenant();
+    const pair = (p: string) => [user(`${p} question`), assistant(`${p} answer`)];
+    for (const [tenant, sid] of [
+      [t, 'gone'],
+      [t, 'wiped'],
+      [t, 'kept'],
+      [erased, 'theirs'],
+    ] as const) {
+      await vectorsFor(svc, tenant.tenantId, sid, await post(tenant.api, sid, pair(sid)));
+    }
+    const died = new Error('killed');
+    await assert.rejects(
+      reembed(svc.deps.db, svc.config, makeEmbedder(svc.config, null), {
+        force: true,
+        batchSize: 100,
+        onProgress: () => {
+          throw died;
+        },
+      }),
+      (err) => err === died,
+    );
+    const shadowRows = async (tenantId: string, sid?: string) =>
+      (
+        await svc.deps.db.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM message_vectors_next
+           WHERE tenant_id = $1 AND ($2::text IS NULL OR session_id = $2)`,
+          [tenantId, sid ?? null],
+        )
+      ).rows[0]!.n;
+    assert.equal(await shadowRows(t.tenantId, 'gone'), 2, 'the dead run left its rows');
+
+    // Action
+    assert.equal((await t.api.del('/v1/sessions/gone')).status, 204);
+    assert.equal((await t.api.post('/v1/sessions/wiped/reset')).status, 200);
+    const admin = api(svc.base, ADMIN_TOKEN);
+    assert.equal((await admin.del(`/v1/admin/tenants/${erased.tenantId}`)).status, 204);
+
+    // Assert
+    assert.equal(await shadowRows(t.tenantId, 'gone'), 0);
+    assert.equal(await shadowRows(t.tenantId, 'wiped'), 0);
+    assert.equal(await shadowRows(erased.tenantId), 0);
+    assert.equal(await shadowRows(t.tenantId, 'kept'), 2, 'other sessions keep theirs');
   });
 });
 

@@ -1688,6 +1688,78 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
   });
 });
 
+void describe('a huge session deleted while its own index is built', () => {
+  // A service of its own: the maintenance pass looks at every session of the database.
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService();
+  });
+  after(async () => {
+    await svc?.stop();
+  });
+
+  void test('the index built meanwhile is dropped when the build finishes, not left to the next pass', async () => {
+    // Setup: a session over the threshold, and a transaction holding an old snapshot open, which
+    // every CREATE INDEX CONCURRENTLY of the database waits out.
+    const { api, tenantId } = await svc.newTenant();
+    const s = sid('deleted-while-built');
+    await archive(
+      api,
+      s,
+      Array.from({ length: 30 }, (_, i) => user(`note ${i} about the zebra crossing`)),
+    );
+    const snapshot = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let taken!: () => void;
+    const snapshotTaken = new Promise<void>((resolve) => (taken = resolve));
+    const holding = snapshot.transaction(async (tx) => {
+      await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
+      await tx.query('SELECT 1');
+      taken();
+      await released;
+    });
+    try {
+      await snapshotTaken;
+      const name = sessionIndexName(tenantId, s, 'fts');
+      const pass = maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
+      await eventually(
+        async () =>
+          (
+            await svc.deps.db.query(
+              `SELECT 1 FROM pg_stat_activity
+               WHERE datname = current_database() AND wait_event_type = 'Lock'
+                 AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(query, $1) > 0`,
+              [name],
+            )
+          ).rowCount === 1,
+        20_000,
+        'the index build to wait for the old snapshot',
+      );
+
+      // Action: the session is deleted while the build waits; then the build finishes.
+      assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
+      release();
+      await holding;
+      const done = await pass;
+
+      // Assert: no index of the deleted session exists or is recorded.
+      assert.ok(done.dropped.includes(name), JSON.stringify(done));
+      const left = await svc.deps.db.query('SELECT 1 FROM pg_class WHERE relname = $1', [name]);
+      assert.equal(left.rowCount, 0, 'the index is gone');
+      const recorded = await svc.deps.db.query(
+        'SELECT 1 FROM session_search_indexes WHERE tenant_id = $1 AND session_id = $2',
+        [tenantId, s],
+      );
+      assert.equal(recorded.rowCount, 0);
+    } finally {
+      release();
+      await holding.catch(() => undefined);
+      await snapshot.close();
+    }
+  });
+});
+
 void describe('search across compaction and with an LLM embedder', () => {
   let fake: FakeOpenAI;
   let svc: TestService;

@@ -1,4 +1,5 @@
 import type { Queryable } from '../pool.js';
+import { SHADOW_TABLE, shadowTableExists } from './vectors.js';
 
 /** Queries of session reset/delete, import, export, the temp reaper and tenant erasure. */
 
@@ -14,7 +15,13 @@ export async function deleteSessionMessages(
   return r.rowCount ?? 0;
 }
 
-/** The recent index and its refusals (the skips hold no content, but belong to the old messages). */
+/**
+ * The recent index and its refusals (the skips hold no content, but belong to the old messages),
+ * and the session's rows of a reembed's shadow table when there is one: a reembed that was
+ * stopped and never rerun (the operator went back to the old embedder) never swaps, so nothing
+ * else would remove them. The live table first: its lock holds off a swap (whose DROP waits for
+ * it) until this transaction ends, so the shadow table cannot be renamed away in between.
+ */
 export async function deleteSessionVectorRows(
   q: Queryable,
   tenantId: string,
@@ -28,6 +35,12 @@ export async function deleteSessionVectorRows(
     tenantId,
     sessionId,
   ]);
+  if (await shadowTableExists(q)) {
+    await q.query(`DELETE FROM ${SHADOW_TABLE} WHERE tenant_id = $1 AND session_id = $2`, [
+      tenantId,
+      sessionId,
+    ]);
+  }
 }
 
 export async function deleteSessionSummary(q: Queryable, tenantId: string, sessionId: string): Promise<void> {
@@ -245,7 +258,7 @@ export async function getTenantById(q: Queryable, id: string): Promise<{ id: str
  */
 export async function deleteTenantBatch(
   q: Queryable,
-  table: 'messages' | 'message_vectors' | 'message_vector_skips' | 'llm_usage',
+  table: 'messages' | 'message_vectors' | 'message_vector_skips' | 'llm_usage' | typeof SHADOW_TABLE,
   tenantId: string,
   batch: number,
 ): Promise<number> {

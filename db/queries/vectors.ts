@@ -233,12 +233,15 @@ export async function deleteVectorSkips(q: Queryable, model: string): Promise<vo
 }
 
 /**
- * Removes a session's vectors and skip marks whose message is gone (purge after delete/reset).
- * Rows of messages that still exist are kept: a purge that runs after new messages of the next
- * generation were already embedded must not take their vectors.
+ * Removes a session's vectors and skip marks whose message is gone (purge after delete/reset),
+ * in the live table and in a reembed's shadow table, if any (a page of the reembed that embedded
+ * the session's messages while the delete ran lands after it). Rows of messages that still exist
+ * are kept: a purge that runs after new messages of the next generation were already embedded
+ * must not take their vectors.
  */
 export async function deleteOrphanVectors(q: Queryable, tenantId: string, sessionId: string): Promise<void> {
-  for (const table of ['message_vectors', 'message_vector_skips']) {
+  const shadow = (await shadowTableExists(q)) ? [SHADOW_TABLE] : [];
+  for (const table of ['message_vectors', 'message_vector_skips', ...shadow]) {
     await q.query(
       `DELETE FROM ${table} x WHERE x.tenant_id = $1 AND x.session_id = $2
          AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq = x.seq)`,
@@ -406,11 +409,12 @@ export async function touchReembed(q: Queryable, id: string): Promise<boolean> {
  * The swap (caller holds lockVectorIndex in the same transaction): the shadow table replaces the
  * live one, skip marks of other models go, and the index records the new embedder.
  *
- * Deletes, resets and compactions purge the live table only, so the shadow table can hold vectors
- * built before one of them ran: of a deleted session, of a reset history, below a moved cutoff.
- * They go here, after the DROP: it waits for every transaction that purged the live table to
- * commit, so this statement sees what they removed; one that purges later finds the renamed table
- * under the live name.
+ * Deletes, resets and tenant erasure purge the shadow table too (a reembed stopped for good never
+ * swaps, and its rows of a deleted session would stay), but a page of the rebuild whose statement
+ * raced such a purge, and every compaction, can still leave vectors in it: of a deleted session,
+ * of a reset history, below a moved cutoff. They go here, after the DROP: it waits for every
+ * transaction that purged the live table to commit, so this statement sees what they removed;
+ * one that purges later finds the renamed table under the live name.
  */
 export async function swapShadowTable(q: Queryable, a: { model: string; dimensions: number }): Promise<void> {
   await q.query('DROP TABLE message_vectors');

@@ -465,7 +465,28 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   }
 
   /**
-   * Deletes the records and marks them for the sweep. Ids without a record are marked only when
+   * Deletes one record with its dedupe key and its index entries (DELETE_SCRIPT), the term keys
+   * computed from `rec` as read (null: unknown, the sweep finds them). Re-read when a merge
+   * changed it in between; after a few such rounds it goes whatever its terms, and the dead mark
+   * (removeIds) has the sweep finish. Returns its tool name, or null when it did not exist.
+   */
+  async function deleteRecord(k: ErrorKeys, id: string, rec: StoredError | null): Promise<string | null> {
+    for (let attempt = 0; ; attempt++) {
+      const indexKeys = rec ? [k.tool(rec.tool_name), k.resolved, ...termKeysOf(k, rec)] : [];
+      const hits = rec && attempt < 3 ? String(rec.hits) : '';
+      const r = await evalScript(
+        DELETE_SCRIPT,
+        [k.rec(id), k.ikeys, ...indexKeys],
+        [id, k.dedupePrefix, hits],
+      );
+      if (r !== -1) return typeof r === 'string' ? r : null;
+      rec = (await fetchMany(k, [id]))[0] ?? null;
+    }
+  }
+
+  /**
+   * Deletes the records and marks them for the sweep (which finishes what a merge racing the
+   * delete indexed). Ids without a record are marked only when
    * `indexed` (read from an index, whose term keys still hold them): an id a client made up must
    * leave nothing behind, as the dead set has no expiry and a tenant without records is never swept.
    */
@@ -474,9 +495,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     ids: readonly string[],
     indexed: 'indexed' | 'given',
   ): Promise<number> {
-    const tools = await Promise.all(
-      ids.map((id) => evalScript(DELETE_SCRIPT, [k.rec(id)], [id, k.dedupePrefix])),
-    );
+    const recs = await fetchMany(k, ids);
+    const tools = await Promise.all(ids.map((id, i) => deleteRecord(k, id, recs[i] ?? null)));
     const deleted = ids.filter((_, i) => typeof tools[i] === 'string');
     const marked = indexed === 'indexed' ? ids : deleted;
     if (marked.length > 0) {

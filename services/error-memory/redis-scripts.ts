@@ -75,15 +75,26 @@ return 1
 `;
 
 /**
- * Delete a record and its dedupe key. KEYS: record. ARGV: id, dedupe key prefix.
- * Returns the record's tool name, or nil when it did not exist.
+ * Delete a record, its dedupe key and its index entries, in one step: the term keys are named by
+ * words of the record (`term:<word>`, `tterm:<tool>:<word>`), which must not outlive it until the
+ * sweep; an index key left empty is forgotten in the registry (Redis drops an empty set itself).
+ * The caller computed the index keys from the record at a merge count (`hits`): a merge since may
+ * have indexed it under other terms, so then nothing is done and -1 says to read it again.
+ * KEYS: record, registry of index keys, the record's index keys (tool, resolved, terms; none
+ * when unknown). ARGV: id, dedupe key prefix, hits ('' = whatever the record holds now).
+ * Returns the record's tool name, nil when it did not exist, or -1.
  */
 export const DELETE_SCRIPT = String.raw`
-local f = redis.call('HMGET', KEYS[1], 'tool_name', 'dedupe')
+local f = redis.call('HMGET', KEYS[1], 'tool_name', 'dedupe', 'hits')
+if ARGV[3] ~= '' and f[3] and f[3] ~= ARGV[3] then return -1 end
 if redis.call('DEL', KEYS[1]) == 0 then return false end
 if f[2] then
   local dk = ARGV[2] .. f[2]
   if redis.call('GET', dk) == ARGV[1] then redis.call('DEL', dk) end
+end
+for i = 3, #KEYS do
+  redis.call('ZREM', KEYS[i], ARGV[1])
+  if redis.call('EXISTS', KEYS[i]) == 0 then redis.call('SREM', KEYS[2], KEYS[i]) end
 end
 return f[1] or ''
 `;

@@ -1,6 +1,7 @@
 import { withTransaction } from '../../db/pool.js';
 import { deleteTenant, deleteTenantBatch, getTenantById } from '../../db/queries/lifecycle.js';
 import { markTenantErasing, revokeTenantKeys } from '../../db/queries/tenants.js';
+import { SHADOW_TABLE, shadowTableExists } from '../../db/queries/vectors.js';
 import { KEY_CACHE_MS } from '../tenants.js';
 import type { Redis } from '../redis.js';
 import { removeQueuedJobs, tenantJobs } from './queued-jobs.js';
@@ -120,7 +121,16 @@ export async function eraseTenant(
   const keys = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
 
   let rows = 0;
-  for (const table of ['message_vectors', 'message_vector_skips', 'messages', 'llm_usage'] as const) {
+  // A reembed's shadow table (db/queries/vectors.ts) would go with the sessions through its
+  // foreign key, in one statement: in batches like the live table instead.
+  const shadow = (await shadowTableExists(deps.db)) ? ([SHADOW_TABLE] as const) : ([] as const);
+  for (const table of [
+    'message_vectors',
+    ...shadow,
+    'message_vector_skips',
+    'messages',
+    'llm_usage',
+  ] as const) {
     for (;;) {
       const n = await deleteTenantBatch(deps.db, table, tenantId, DELETE_BATCH);
       rows += n;

@@ -6,7 +6,9 @@ import {
   sessionsNeedingAnnIndex,
 } from '../../db/queries/ann-indexes.js';
 import { dropInvalidLeftovers } from '../../db/queries/partial-indexes.js';
+import { getSession } from '../../db/queries/sessions.js';
 import { getVectorIndex } from '../../db/queries/vectors.js';
+import type { Queryable } from '../../db/pool.js';
 import type { CoreDeps } from '../deps.js';
 
 /**
@@ -30,7 +32,8 @@ export interface AnnMaintenanceResult {
  * whose Postgres restarted under it), and the indexes of sessions that were deleted,
  * shrank below half the threshold (reset, compaction) or hold another dimension than the recent
  * index (reembed), forgets indexes that vanished (a reembed swaps the table), then builds at most
- * `maxBuilds` missing ones, largest session first. Postgres only: PGlite is one connection, where
+ * `maxBuilds` missing ones, largest session first (dropping one at once whose session was deleted
+ * or reset while it was built). Postgres only: PGlite is one connection, where
  * a build would stall everything.
  */
 export async function maintainAnnIndexes(
@@ -58,14 +61,42 @@ export async function maintainAnnIndexes(
   const todo = await sessionsNeedingAnnIndex(deps.db, { minVectors, limit: opts.maxBuilds ?? 1 });
   for (const s of todo) {
     const started = Date.now();
-    const name = await buildAnnIndex(deps.db, { ...s, dimensions: index.dimensions });
+    const built = await buildForLiveSession(deps.db, s, () =>
+      buildAnnIndex(deps.db, { ...s, dimensions: index.dimensions }),
+    );
+    if (!built) continue;
+    if (!built.live) {
+      await dropAnnIndex(deps.db, built.name);
+      out.dropped.push(built.name);
+      continue;
+    }
     deps.logger.info(
-      { index: name, vectors: s.vectors, ms: Date.now() - started },
+      { index: built.name, vectors: s.vectors, ms: Date.now() - started },
       'built the HNSW index of a huge session',
     );
-    out.built.push(name);
+    out.built.push(built.name);
   }
   return out;
+}
+
+/**
+ * Runs `build` (an index over one session's rows, recorded when done; its name is returned) for a
+ * session that is live now, then tells whether it still is, in the same generation (a delete or a
+ * reset bumps it). A build can wait minutes (CREATE INDEX CONCURRENTLY waits out every older
+ * snapshot), and a delete meanwhile found no record of the index to drop: the caller drops one
+ * that is not `live` at once. A delete committed after the re-check finds the record, and drops
+ * the index itself. Null when the session was gone before the build (nothing built).
+ */
+export async function buildForLiveSession(
+  db: Queryable,
+  s: { tenantId: string; sessionId: string },
+  build: () => Promise<string>,
+): Promise<{ name: string; live: boolean } | null> {
+  const before = await getSession(db, s.tenantId, s.sessionId);
+  if (!before) return null;
+  const name = await build();
+  const after = await getSession(db, s.tenantId, s.sessionId);
+  return { name, live: after?.generation === before.generation };
 }
 
 /** Drops the indexes of a session or of a whole tenant (delete, tenant erasure). */

@@ -8,6 +8,7 @@ import {
   sessionsNeedingIndex,
 } from '../../db/queries/session-indexes.js';
 import type { SessionIndexKind } from '../../db/queries/session-indexes.js';
+import { buildForLiveSession } from '../recent-index/ann-indexes.js';
 import type { CoreDeps } from '../deps.js';
 
 /**
@@ -38,7 +39,8 @@ const KINDS: SessionIndexKind[] = ['fts', 'trgm'];
  * the indexes of sessions that were
  * deleted or shrank below half the threshold (reset; compaction for the recent part's trigram
  * index), forgets indexes that vanished, then builds at most `maxBuilds` missing ones of each kind
- * while fewer than `maxSessions` sessions have that kind. Postgres only: on PGlite (one
+ * while fewer than `maxSessions` sessions have that kind (and drops one at once whose session was
+ * deleted or reset while it was built). Postgres only: on PGlite (one
  * connection) a build would stall everything.
  */
 export async function maintainSessionIndexes(
@@ -70,12 +72,18 @@ export async function maintainSessionIndexes(
     }
     for (const s of todo) {
       const started = Date.now();
-      const name = await buildSessionIndex(deps.db, { ...s, kind });
+      const built = await buildForLiveSession(deps.db, s, () => buildSessionIndex(deps.db, { ...s, kind }));
+      if (!built) continue;
+      if (!built.live) {
+        await dropSessionIndex(deps.db, built.name);
+        out.dropped.push(built.name);
+        continue;
+      }
       deps.logger.info(
-        { index: name, kind, messages: s.messages, ms: Date.now() - started },
+        { index: built.name, kind, messages: s.messages, ms: Date.now() - started },
         'built a search index of a huge session',
       );
-      out.built.push(name);
+      out.built.push(built.name);
     }
   }
   return out;
