@@ -4,7 +4,7 @@ import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
-import { makePgDb, vectorParam } from '../db/pool.js';
+import { vectorParam } from '../db/pool.js';
 import { archivingBehind, defineInboxScripts, finishDrain, inboxKeys } from '../services/messages/inbox.js';
 import { nearestInSession } from '../db/queries/vectors.js';
 import { makeLlmClient } from '../services/llm/llm-client.js';
@@ -34,6 +34,8 @@ import {
   deleteRedisPrefix,
   dropTestDatabase,
   eventually,
+  holdOldSnapshot,
+  indexBuildWaiting,
   startTestService,
   testPrefix,
 } from './support/harness.js';
@@ -744,39 +746,15 @@ void describe('a huge session deleted while its HNSW index is built', () => {
       texts.map((x, i) => (i % 2 === 0 ? user(x) : assistant(x))),
     );
     await vectorsFor(svc, t.tenantId, 'huge', seqs);
-    const snapshot = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
-    let taken!: () => void;
-    const snapshotTaken = new Promise<void>((resolve) => (taken = resolve));
-    const holding = snapshot.transaction(async (tx) => {
-      await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
-      await tx.query('SELECT 1');
-      taken();
-      await released;
-    });
+    const snapshot = await holdOldSnapshot(svc.config.databaseUrl!);
     try {
-      await snapshotTaken;
       const name = annIndexName(t.tenantId, 'huge', 384);
       const pass = maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 1 });
-      await eventually(
-        async () =>
-          (
-            await svc.deps.db.query(
-              `SELECT 1 FROM pg_stat_activity
-               WHERE datname = current_database() AND wait_event_type = 'Lock'
-                 AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(query, $1) > 0`,
-              [name],
-            )
-          ).rowCount === 1,
-        20_000,
-        'the index build to wait for the old snapshot',
-      );
+      await indexBuildWaiting(svc.deps.db, name);
 
       // Action: the session is deleted while the build waits; then the build finishes.
       assert.equal((await t.api.del('/v1/sessions/huge')).status, 204);
-      release();
-      await holding;
+      await snapshot.release();
       const done = await pass;
 
       // Assert: no index of the deleted session exists or is recorded.
@@ -789,9 +767,7 @@ void describe('a huge session deleted while its HNSW index is built', () => {
       );
       assert.equal(recorded.rowCount, 0);
     } finally {
-      release();
-      await holding.catch(() => undefined);
-      await snapshot.close();
+      await snapshot.release();
     }
   });
 });

@@ -31,7 +31,14 @@ import {
 import type { SearchHit, SearchParams } from '../services/search/search-session.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
-import { createTestDatabase, dropTestDatabase, eventually, startTestService } from './support/harness.js';
+import {
+  createTestDatabase,
+  dropTestDatabase,
+  eventually,
+  holdOldSnapshot,
+  indexBuildWaiting,
+  startTestService,
+} from './support/harness.js';
 import type { Api, Res, TestService } from './support/harness.js';
 
 const sid = (what: string) => `search-${what}-${randomBytes(3).toString('hex')}`;
@@ -1708,39 +1715,15 @@ void describe('a huge session deleted while its own index is built', () => {
       s,
       Array.from({ length: 30 }, (_, i) => user(`note ${i} about the zebra crossing`)),
     );
-    const snapshot = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
-    let taken!: () => void;
-    const snapshotTaken = new Promise<void>((resolve) => (taken = resolve));
-    const holding = snapshot.transaction(async (tx) => {
-      await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
-      await tx.query('SELECT 1');
-      taken();
-      await released;
-    });
+    const snapshot = await holdOldSnapshot(svc.config.databaseUrl!);
     try {
-      await snapshotTaken;
       const name = sessionIndexName(tenantId, s, 'fts');
       const pass = maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
-      await eventually(
-        async () =>
-          (
-            await svc.deps.db.query(
-              `SELECT 1 FROM pg_stat_activity
-               WHERE datname = current_database() AND wait_event_type = 'Lock'
-                 AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(query, $1) > 0`,
-              [name],
-            )
-          ).rowCount === 1,
-        20_000,
-        'the index build to wait for the old snapshot',
-      );
+      await indexBuildWaiting(svc.deps.db, name);
 
       // Action: the session is deleted while the build waits; then the build finishes.
       assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
-      release();
-      await holding;
+      await snapshot.release();
       const done = await pass;
 
       // Assert: no index of the deleted session exists or is recorded.
@@ -1753,9 +1736,7 @@ void describe('a huge session deleted while its own index is built', () => {
       );
       assert.equal(recorded.rowCount, 0);
     } finally {
-      release();
-      await holding.catch(() => undefined);
-      await snapshot.close();
+      await snapshot.release();
     }
   });
 });

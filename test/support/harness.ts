@@ -165,6 +165,54 @@ export function api(base: string, token?: string): Api {
 }
 
 /** Polls until `check` returns a truthy value or the deadline passes (tests await events, never sleep). */
+/**
+ * A transaction holding an old snapshot open on its own connection, which every CREATE INDEX
+ * CONCURRENTLY of the database waits out. Resolves once the snapshot is taken; `release` ends it.
+ */
+export async function holdOldSnapshot(databaseUrl: string): Promise<{ release(): Promise<void> }> {
+  const db = makePgDb({ connectionString: databaseUrl, max: 1 });
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  let taken!: () => void;
+  const snapshotTaken = new Promise<void>((resolve) => (taken = resolve));
+  const holding = db.transaction(async (tx) => {
+    await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
+    await tx.query('SELECT 1');
+    taken();
+    await released;
+  });
+  await Promise.race([snapshotTaken, holding]);
+  let ended: Promise<void> | null = null;
+  return {
+    release: () =>
+      (ended ??= (async () => {
+        release();
+        await holding.catch(() => undefined);
+        await db.close();
+      })()),
+  };
+}
+
+/** Waits until a CREATE INDEX CONCURRENTLY of the index `name` waits on a lock (an old snapshot). */
+export async function indexBuildWaiting(
+  db: { query: (sql: string, params: unknown[]) => Promise<{ rowCount: number | null }> },
+  name: string,
+): Promise<void> {
+  await eventually(
+    async () =>
+      (
+        await db.query(
+          `SELECT 1 FROM pg_stat_activity
+           WHERE datname = current_database() AND wait_event_type = 'Lock'
+             AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(query, $1) > 0`,
+          [name],
+        )
+      ).rowCount === 1,
+    20_000,
+    'the index build to wait for the old snapshot',
+  );
+}
+
 export async function eventually<T>(
   check: () => Promise<T | undefined | null | false>,
   timeoutMs = 15000,
