@@ -494,8 +494,12 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     k: ErrorKeys,
     ids: readonly string[],
     indexed: 'indexed' | 'given',
+    progress: () => void = () => {},
   ): Promise<number> {
     const recs = await fetchMany(k, ids);
+    // Reading the records (for their index keys) is a step of its own: a purge on a slow Redis
+    // that keeps making progress must not run out of its deadline.
+    progress();
     const tools = await Promise.all(ids.map((id, i) => deleteRecord(k, id, recs[i] ?? null)));
     const deleted = ids.filter((_, i) => typeof tools[i] === 'string');
     const marked = indexed === 'indexed' ? ids : deleted;
@@ -521,7 +525,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     for (;;) {
       const ids = await client.zRange(source, 0, BATCH - 1);
       if (ids.length === 0) break;
-      deleted += await removeIds(k, ids, 'indexed');
+      deleted += await removeIds(k, ids, 'indexed', progress);
       await client.zRem(source, ids);
       progress();
     }
@@ -536,7 +540,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         doomed = ids.filter((_, i) => tools[i] === tool);
       }
       if (doomed.length > 0) {
-        deleted += await removeIds(k, doomed, 'given');
+        deleted += await removeIds(k, doomed, 'given', progress);
         await client.zRem(k.pending, doomed);
       }
       offset += ids.length - doomed.length;
