@@ -138,7 +138,7 @@ export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
 
   const messages: ContextMessage[] = [];
   const seqs: number[] = [];
-  // Call ids of earlier assistant messages, and what the current one's results must be renamed to.
+  // Call ids the context holds so far, and what the current message's results must be renamed to.
   const usedIds = new Set<string>();
   let renamed = new Map<string, string>();
   for (const { row, calls } of out) {
