@@ -380,6 +380,23 @@ void describe('JSON Lines import encodings', () => {
     const bad = await importWith(t.api, sid('bad'), Buffer.from('not gzip at all'), 'gzip');
     assert.equal(bad.status, 400, bad.text);
     assert.equal(bad.body.error.code, 'malformed_body');
+    // Data after a deflate or br stream's end is refused, not dropped (two gzip members are one body).
+    for (const [coding, body] of [
+      ['deflate', Buffer.concat([deflateSync(lines('d1')), deflateSync(lines('d2'))])],
+      ['br', Buffer.concat([brotliCompressSync(lines('b1')), Buffer.from('trailing garbage')])],
+    ] as const) {
+      const after = await importWith(t.api, sid('after'), body, coding);
+      assert.equal(after.status, 400, `${coding}: ${after.text}`);
+      assert.equal(after.body.error.code, 'malformed_body');
+    }
+    const gz2 = sid('gz2');
+    const twoMembers = Buffer.concat([gzipSync(`${lines('m1')}\n`), gzipSync(lines('m2'))]);
+    assert.equal((await importWith(t.api, gz2, twoMembers, 'gzip')).status, 201);
+    const all = await t.api.get(`/v1/sessions/${gz2}/messages`);
+    assert.deepEqual(
+      all.body.messages.map((m: { content: string }) => m.content),
+      ['m1 1', 'm1 2', 'm2 1', 'm2 2'],
+    );
     const unknown = await importWith(t.api, sid('zz'), lines('zz'), 'compress');
     assert.equal(unknown.status, 415, unknown.text);
   });

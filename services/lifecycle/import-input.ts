@@ -266,9 +266,24 @@ async function* decoded(
   coding: string,
 ): AsyncGenerator<Buffer> {
   // Its failures (the client's, the decoder's) reach the loop below through the decoder.
-  pipeline(source, decoder, () => undefined);
+  let fed = 0;
+  const counted = (async function* () {
+    for await (const chunk of source) {
+      fed += chunk.length;
+      yield chunk;
+    }
+  })();
+  const piped = new Promise<Error | null>((resolve) =>
+    pipeline(counted, decoder, (err) => resolve(err ?? null)),
+  );
   try {
     for await (const chunk of decoder) yield chunk as Buffer;
+    // A deflate or br stream ends where its data says, and zlib drops what follows: a body of two
+    // streams (or one and some garbage) imported its first part only and answered 201.
+    const failed = await piped;
+    if (failed || fed > (decoder as unknown as { bytesWritten: number }).bytesWritten) {
+      throw new AppError(400, 'malformed_body', `the body has data after the end of its ${coding} data`);
+    }
   } catch (err) {
     if (err instanceof AppError) throw err;
     throw new AppError(400, 'malformed_body', `the body is not valid ${coding} data`);
