@@ -287,51 +287,69 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
     }
   }
 
+  /**
+   * Sends a request again, without the optional parameter an endpoint refused (`learn` names it
+   * and stops sending it for the model), until it is accepted or refused for something else.
+   */
+  async function adapting<T>(
+    req: { purpose: LlmPurpose; model: string },
+    send: () => Promise<T>,
+    learn: (err: unknown) => string | undefined,
+  ): Promise<T> {
+    for (;;) {
+      try {
+        return await send();
+      } catch (err) {
+        const dropped = learn(err);
+        if (!dropped) throw err;
+        logger?.warn(
+          { purpose: req.purpose, model: req.model, dropped },
+          'llm endpoint rejected a parameter; adapting',
+        );
+      }
+    }
+  }
+
   async function chat(req: ChatRequest): Promise<ChatResult> {
     const startedAt = new Date();
     const compat = compatFor(req.model);
     const result = await withRetries(req, req.model, async (signal, timeoutMs) => {
-      // Each compatibility fallback stops sending one parameter for good, so this loop makes
-      // at most three extra requests; they share the attempt's timeout.
-      for (;;) {
-        const params = chatParams(req, compat);
-        let raw: unknown;
-        try {
-          raw = await sdk.chat.completions.create(params, sdkRequestOptions(signal, timeoutMs));
-        } catch (err) {
-          const dropped = learnFromRejection(err, params, compat);
-          if (!dropped) throw err;
-          logger?.warn(
-            { purpose: req.purpose, model: req.model, dropped },
-            'llm endpoint rejected a parameter; adapting',
-          );
-          continue;
-        }
-        // Validated inside the attempt so a bad payload is classified (and counted) like any
-        // other failed attempt.
-        throwIfErrorBody(raw, 'choices');
-        const answer = readFirstChoice(raw);
-        const usage = readUsage(raw);
-        if (answer.content === undefined) {
-          // An answer without text is billed like any other: its usage is recorded.
-          await reportUsage({
-            purpose: req.purpose,
-            model: req.model,
-            inputTokens: usage.prompt,
-            outputTokens: usage.completion,
-            tenantId: req.tenantId,
-            sessionId: req.sessionId ?? null,
-            startedAt,
-          });
-          throw unusableAnswer(answer);
-        }
-        return {
-          content: answer.content,
+      // Each compatibility fallback stops sending one parameter for good, so this makes at most
+      // three extra requests; they share the attempt's timeout.
+      let params!: ChatParams;
+      const raw: unknown = await adapting(
+        req,
+        () =>
+          sdk.chat.completions.create(
+            (params = chatParams(req, compat)),
+            sdkRequestOptions(signal, timeoutMs),
+          ),
+        (err) => learnFromRejection(err, params, compat),
+      );
+      // Validated inside the attempt so a bad payload is classified (and counted) like any
+      // other failed attempt.
+      throwIfErrorBody(raw, 'choices');
+      const answer = readFirstChoice(raw);
+      const usage = readUsage(raw);
+      if (answer.content === undefined) {
+        // An answer without text is billed like any other: its usage is recorded.
+        await reportUsage({
+          purpose: req.purpose,
+          model: req.model,
           inputTokens: usage.prompt,
           outputTokens: usage.completion,
-          ...(answer.finishReason !== undefined ? { finishReason: answer.finishReason } : {}),
-        };
+          tenantId: req.tenantId,
+          sessionId: req.sessionId ?? null,
+          startedAt,
+        });
+        throw unusableAnswer(answer);
       }
+      return {
+        content: answer.content,
+        inputTokens: usage.prompt,
+        outputTokens: usage.completion,
+        ...(answer.finishReason !== undefined ? { finishReason: answer.finishReason } : {}),
+      };
     });
     await reportUsage({
       purpose: req.purpose,
@@ -351,34 +369,26 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
     const startedAt = new Date();
     const compat = compatFor(req.model);
     const response = await withRetries(req, req.model, async (signal, timeoutMs) => {
-      // Dropping `dimensions` is the only fallback, so this loop makes at most one extra request.
-      for (;;) {
-        // Explicit floats: without encoding_format the SDK asks for base64 and decodes it itself,
-        // which some compatible servers do not implement.
-        const params: OpenAI.EmbeddingCreateParams = {
-          model: req.model,
-          input: req.input,
-          encoding_format: 'float',
-          ...(req.dimensions !== undefined && !compat.noDimensions ? { dimensions: req.dimensions } : {}),
-        };
-        let raw: unknown;
-        try {
-          raw = await sdk.embeddings.create(params, sdkRequestOptions(signal, timeoutMs));
-        } catch (err) {
-          const dropped = learnFromEmbeddingRejection(err, params, compat);
-          if (!dropped) throw err;
-          logger?.warn(
-            { purpose: req.purpose, model: req.model, dropped },
-            'llm endpoint rejected a parameter; adapting',
-          );
-          continue;
-        }
-        // Validated inside the attempt so a bad payload is classified like any other failure.
-        // The configured dimensions are still checked when the endpoint was not told them: a
-        // model of another native size must not reach the index.
-        throwIfErrorBody(raw, 'data');
-        return { vectors: readEmbeddings(raw, req.input.length, req.dimensions), usage: readUsage(raw) };
-      }
+      // Explicit floats: without encoding_format the SDK asks for base64 and decodes it itself,
+      // which some compatible servers do not implement. Dropping `dimensions` is the only
+      // fallback, so this makes at most one extra request.
+      const paramsNow = (): OpenAI.EmbeddingCreateParams => ({
+        model: req.model,
+        input: req.input,
+        encoding_format: 'float',
+        ...(req.dimensions !== undefined && !compat.noDimensions ? { dimensions: req.dimensions } : {}),
+      });
+      let params!: OpenAI.EmbeddingCreateParams;
+      const raw: unknown = await adapting(
+        req,
+        () => sdk.embeddings.create((params = paramsNow()), sdkRequestOptions(signal, timeoutMs)),
+        (err) => learnFromEmbeddingRejection(err, params, compat),
+      );
+      // Validated inside the attempt so a bad payload is classified like any other failure.
+      // The configured dimensions are still checked when the endpoint was not told them: a
+      // model of another native size must not reach the index.
+      throwIfErrorBody(raw, 'data');
+      return { vectors: readEmbeddings(raw, req.input.length, req.dimensions), usage: readUsage(raw) };
     });
     await reportUsage({
       purpose: req.purpose,
