@@ -60,40 +60,10 @@ const IMPORT_SLOT_WAIT_MS = 10_000;
 export const EXPORT_SLOTS = 4;
 const EXPORT_SLOT_WAIT_MS = 5_000;
 
-/** A counting semaphore whose `acquire` gives up after `waitMs` (false). */
-function slots(size: number) {
-  let used = 0;
-  const waiting: Array<() => void> = [];
-  return {
-    acquire(waitMs: number): Promise<boolean> {
-      if (used < size) {
-        used++;
-        return Promise.resolve(true);
-      }
-      return new Promise((resolve) => {
-        const grant = () => {
-          clearTimeout(timer);
-          used++;
-          resolve(true);
-        };
-        const timer = setTimeout(() => {
-          waiting.splice(waiting.indexOf(grant), 1);
-          resolve(false);
-        }, waitMs);
-        waiting.push(grant);
-      });
-    },
-    release(): void {
-      used--;
-      waiting.shift()?.();
-    },
-  };
-}
-
 /**
- * A budget of bytes, `total` in all and `perKey` for one key; `take` waits up to `waitMs` for
- * room (false when none came). Room that comes back goes to waiters in order, skipping those that
- * still do not fit.
+ * A budget of bytes (or any units), `total` in all and `perKey` for one key; `take` waits up to
+ * `waitMs` for room (false when none came). Room that comes back goes to waiters in order,
+ * skipping those that still do not fit.
  */
 function byteBudget(total: number, perKey: number) {
   let used = 0;
@@ -253,12 +223,13 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     res.status(204).end();
   });
 
-  const exportSlots = slots(EXPORT_SLOTS);
+  // A counting semaphore: a budget of EXPORT_SLOTS units, one per export, under one key.
+  const exportSlots = byteBudget(EXPORT_SLOTS, EXPORT_SLOTS);
   router.get('/:sid/export', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     parseInput(noQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
-    if (!(await exportSlots.acquire(EXPORT_SLOT_WAIT_MS))) {
+    if (!(await exportSlots.take('export', 1, EXPORT_SLOT_WAIT_MS))) {
       throw new AppError(
         503,
         'export_busy',
@@ -270,7 +241,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     try {
       await exportInSlot(res, tenantId, sid);
     } finally {
-      exportSlots.release();
+      exportSlots.give('export', 1);
     }
   });
 
