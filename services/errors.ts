@@ -45,6 +45,31 @@ export const REDIS_TRANSIENT_REPLY =
 const PG_TRANSIENT = /^(?:25006|57014|55P03|53\d{3}|40001|40P01)$/;
 
 /**
+ * Postgres states that are neither a bug nor an outage, with answers that say what is wrong: a
+ * read-only database (25006: a hot standby after a failover, or `default_transaction_read_only`),
+ * whose reads go on while every write fails; a database without mnemos's schema, relation
+ * (42P01) or schema (3F000) missing, as when it was dropped and re-created under a running
+ * service (migrations run at start, so a restart or `mnemos migrate` mends it; /readyz says
+ * which are pending meanwhile); a database that is not there (3D000).
+ */
+const NO_SCHEMA: [string, string] = [
+  'schema_not_migrated',
+  'the postgres database has no mnemos schema (re-created under the service?): restart the service or run `npx mnemos migrate`, then retry',
+];
+const PG_STATES = new Map<string, [code: string, message: string]>([
+  [
+    '25006',
+    [
+      'read_only',
+      'postgres refuses writes: the database is read-only (a standby, or default_transaction_read_only); retry later',
+    ],
+  ],
+  ['42P01', NO_SCHEMA],
+  ['3F000', NO_SCHEMA],
+  ['3D000', ['unavailable', 'the postgres database does not exist; retry later']],
+]);
+
+/**
  * Redis and Postgres faults are 503s with retry-after, never 500s: `err` as that AppError when it
  * says a dependency cannot be reached, else unchanged. The error handler applies it to whatever
  * reaches it (services/http-errors.ts), so routes need not; services that other callers use too
@@ -52,8 +77,15 @@ const PG_TRANSIENT = /^(?:25006|57014|55P03|53\d{3}|40001|40P01)$/;
  */
 export function asDependencyError(err: unknown): unknown {
   if (err instanceof AppError) return err;
-  // The Postgres error stays as the cause: the error handler logs its SQLSTATE and message, and
-  // answers a read-only database as such.
+  // The Postgres error stays as the cause: the error handler logs its SQLSTATE and message.
+  const state = PG_STATES.get(pgCode(err) ?? '');
+  if (state) {
+    const [code, message] = state;
+    return Object.assign(
+      new AppError(503, code, message, { dependency: 'postgres' }, { 'retry-after': '5' }),
+      { cause: err },
+    );
+  }
   if (isPgUnavailable(err) || PG_TRANSIENT.test(pgCode(err) ?? '')) {
     return Object.assign(unavailable('postgres'), { cause: err });
   }

@@ -62,40 +62,6 @@ function pgSource(err: unknown): Error | undefined {
   return 'severity' in cause || isPgUnavailable(cause) ? cause : undefined;
 }
 
-/**
- * SQLSTATEs of a database without mnemos's schema: relation (42P01) or schema (3F000) missing, as
- * when the database was dropped and re-created under a running service. Migrations run at start,
- * so a restart (or `mnemos migrate`) mends it; /readyz says which are pending meanwhile.
- */
-const PG_SCHEMA_MISSING = new Set(['42P01', '3F000']);
-
-/**
- * Postgres states that are neither a bug nor an outage, with answers that say what is wrong (each
- * a 503 with retry-after): a read-only database (25006: a hot standby after a failover, or
- * `default_transaction_read_only`), whose reads go on while every write fails; a schema that is
- * not there; a database that is not there (3D000). `err` may be an AppError made from the
- * Postgres error (its `cause`). Undefined for anything else.
- */
-export function fromPostgresState(err: unknown): AppError | undefined {
-  const source = pgSource(err);
-  if (!source) return undefined;
-  const code = pgCode(source);
-  const retry = (code: string, message: string) =>
-    new AppError(503, code, message, { dependency: 'postgres' }, { 'retry-after': '5' });
-  if (code === '25006')
-    return retry(
-      'read_only',
-      'postgres refuses writes: the database is read-only (a standby, or default_transaction_read_only); retry later',
-    );
-  if (code !== undefined && PG_SCHEMA_MISSING.has(code))
-    return retry(
-      'schema_not_migrated',
-      'the postgres database has no mnemos schema (re-created under the service?): restart the service or run `npx mnemos migrate`, then retry',
-    );
-  if (code === '3D000') return retry('unavailable', 'the postgres database does not exist; retry later');
-  return undefined;
-}
-
 /** pgLogFields, when `mapped` blames Postgres (an ioredis connection error looks much like pg's). */
 const postgresFields = (err: unknown, mapped: AppError) =>
   (mapped.details as { dependency?: unknown } | undefined)?.dependency === 'postgres' ? pgLogFields(err) : {};
@@ -137,7 +103,7 @@ export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
       );
       return;
     }
-    const mapped = fromExpressError(fromPostgresState(err) ?? asDependencyError(err));
+    const mapped = fromExpressError(asDependencyError(err));
     if (mapped) {
       if (mapped.status >= 500)
         logger.warn({ code: mapped.code, path: req.path, ...postgresFields(err, mapped) }, mapped.message);
