@@ -13,6 +13,7 @@ import type { Mode, RunningService } from '../../services/main.js';
 import { createTenant } from '../../services/tenants.js';
 import type { WorkerOptions } from '../../workers/main.js';
 import { waitExit, waitReady } from './child-service.js';
+import './open-handles.js';
 
 export const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 export const REDIS_URL = process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
