@@ -662,6 +662,40 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     ]);
     assert.ok(withOdd && after);
     assert.deepEqual(await hitSeqs(api, s, { query: 'pelican', match: 'keyword' }), [withOdd]);
+
+    // Values as the model wrote them: an id past 2^53, a decimal's trailing zero, both values of a
+    // key given twice (JSON.parse rounded the first two and kept only the last of the third).
+    const ids = {
+      id: 'call_3',
+      type: 'function',
+      function: {
+        name: 'refund',
+        arguments: '{"order_id": 1234567890123456789, "ratio": 1.10, "cmd": "zebrafish", "cmd": "giraffe"}',
+      },
+    };
+    const [withIds] = await archive(api, s, [
+      { role: 'assistant', content: null, tool_calls: [ids] },
+      { role: 'tool', tool_call_id: 'call_3', content: 'refunded' },
+    ]);
+    for (const query of ['1234567890123456789', '1.10', 'zebrafish', 'giraffe']) {
+      assert.deepEqual(await hitSeqs(api, s, { query, match: 'keyword' }), [withIds], query);
+    }
+    assert.deepEqual(await hitSeqs(api, s, { query: '1234567890123456800', match: 'keyword' }), []);
+    // Rows the v4 pass derived (through JSON.parse) are derived again by the v6 pass.
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = to_tsvector('english', 'refund order_id 1234567890123456800 ratio 1.1 cmd giraffe')
+       WHERE tenant_id = $1 AND session_id = $2 AND seq = $3`,
+      [tenantId, s, withIds],
+    );
+    assert.deepEqual(await hitSeqs(api, s, { query: '1234567890123456789', match: 'keyword' }), []);
+    await withPassRestarted(FTS_ARGS_PASS, async (deps) => {
+      for (let done = false; !done;) {
+        ({ done } = await backfillToolCallTsvectors(deps, { batch: 3, maxBatches: 2 }));
+      }
+    });
+    for (const query of ['1234567890123456789', '1.10', 'zebrafish']) {
+      assert.deepEqual(await hitSeqs(api, s, { query, match: 'keyword' }), [withIds], query);
+    }
   });
 
   void test('keyword: mixed CJK and English queries', async () => {

@@ -60,34 +60,34 @@ export function searchableText(m: Pick<AcceptedMessage, 'name' | 'content' | 'to
  * A tool call's arguments as words: the keys and values of its JSON, decoded, one per line. The
  * raw JSON glued escapes to the next word (`"cd /srv\nrestart"` indexed `nrestart`, `\u8a18` hex
  * fragments), so those words were never found. Arguments that are not JSON are taken as they are.
+ *
+ * Read from the text, not from JSON.parse's value: numbers keep the digits the model wrote (a
+ * parsed `1234567890123456789` indexed as `1234567890123456800`, `1.10` as `1.1`, and an order id
+ * searched as written was never found), and a key given twice keeps both values (the model saw
+ * both).
  */
 export function argumentsText(args: string): string {
   // Past 256 KiB the raw text, as before: decoding 8 MiB of deeply nested arguments held the event
   // loop for seconds, and only the first megabyte of a message's text is indexed anyway.
   if (args.length > ARGUMENTS_DECODE_MAX) return args;
-  let parsed: unknown;
   try {
-    parsed = JSON.parse(args);
+    JSON.parse(args);
   } catch {
     return args;
   }
+  // In valid JSON, scanning left to right, each string literal is matched whole before anything
+  // inside it could be, and numbers and literals appear only outside strings.
   const out: string[] = [];
-  // Iterative: arguments may nest deeper than the stack allows (only the body limit bounds them).
-  const stack: unknown[] = [parsed];
-  while (stack.length > 0) {
-    const v = stack.pop();
-    if (typeof v === 'string') out.push(v);
-    else if (typeof v === 'number' || typeof v === 'boolean') out.push(String(v));
-    else if (Array.isArray(v)) for (let i = v.length - 1; i >= 0; i--) stack.push(v[i]);
-    else if (v !== null && typeof v === 'object') {
-      const entries = Object.entries(v);
-      for (let i = entries.length - 1; i >= 0; i--) stack.push(entries[i]![1], entries[i]![0]);
-    }
+  for (const m of args.matchAll(JSON_TOKEN)) {
+    const t = m[0];
+    out.push(t.charCodeAt(0) === 0x22 ? (JSON.parse(t) as string) : t);
   }
   // Decoded, `\u0000` and a lone `\ud800` are real characters, which the archive row's JSON
   // parameter cannot carry (Postgres refused the row, and the session's drain failed for ever).
   return replaceBadChars(out.join('\n'));
 }
+
+const JSON_TOKEN = /"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false/g;
 
 const ARGUMENTS_DECODE_MAX = 256 * 1024;
 

@@ -11,7 +11,8 @@ import { FTS_EN_SAFE, foldForIndex, hasCjk } from '../text/fts-text.js';
 
 export const FTS_CJK_PASS = 'fts-cjk-v2';
 export const FTS_LONG_PASS = 'fts-long-v3';
-export const FTS_ARGS_PASS = 'fts-args-v4';
+// v6 (migration 016): numbers as written and every value of a repeated key; v4 (014) left behind.
+export const FTS_ARGS_PASS = 'fts-args-v6';
 export const FTS_FOLD_PASS = 'fts-fold-v5';
 
 interface BackfillOptions {
@@ -55,7 +56,8 @@ export function backfillLongTsvectors(
 
 /**
  * The third pass: rows with tool calls, whose arguments were indexed as raw JSON before
- * 2026-12-02 (escapes glued to the next word), get them indexed as their decoded keys and values
+ * 2026-12-02 (escapes glued to the next word), or through JSON.parse (numbers rounded, a repeated
+ * key's first value lost), get them indexed as their decoded keys and values as written
  * (`argumentsText` in workers/ingest.ts). Only rows with tool calls are read.
  */
 export function backfillToolCallTsvectors(
