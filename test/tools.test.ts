@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { MAX_OUTPUT_CHARS } from '../services/tools/run-tool.js';
+import { MAX_OUTPUT_CHARS, formatMessage } from '../services/tools/run-tool.js';
 import { deleteRedisPrefix, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
 
@@ -111,6 +111,22 @@ void describe('agent tools', () => {
     assert.match(bad.body.error.message, /strict/);
   });
 
+  void test('a message line names its time zone: a model reading 09:30 must know whose 09:30', () => {
+    const m = {
+      seq: 7,
+      id: 'm7',
+      role: 'user',
+      content: 'line one\r\n\tline two',
+      sent_at: '2026-01-02T14:30:00.000000Z',
+    } as Parameters<typeof formatMessage>[0];
+    assert.equal(formatMessage(m, 'UTC'), '[2026-01-02 14:30 UTC · user · #7] line one line two');
+    assert.equal(
+      formatMessage(m, 'America/New_York'),
+      '[2026-01-02 09:30 -05:00 · user · #7] line one line two',
+    );
+    assert.equal(formatMessage(m, 'Asia/Kolkata'), '[2026-01-02 20:00 +05:30 · user · #7] line one line two');
+  });
+
   void test('chat_history search finds earlier messages outside the window, marks the hit, shows neighbours', async () => {
     const text = await call(a.api, 's1', 'chat_history', {
       mode: 'search',
@@ -119,7 +135,10 @@ void describe('agent tools', () => {
       limit: 3,
     });
     assert.match(text, /match\(es\) for "flamingo"/);
-    assert.match(text, /^> \[\d{4}-\d{2}-\d{2} \d{2}:\d{2} · (user|assistant) · #\d+\] .*flamingo/m);
+    assert.match(
+      text,
+      /^> \[\d{4}-\d{2}-\d{2} \d{2}:\d{2} (UTC|[+-]\d{2}:\d{2}) · (user|assistant) · #\d+\] .*flamingo/m,
+    );
     assert.match(text, /\n\n/, 'a blank line between windows');
     // The last 16 messages (#26-#41) are the current window: not searched.
     const inWindow = await call(a.api, 's1', 'chat_history', { keyword: 'tail', match: 'keyword' });

@@ -63,10 +63,14 @@ function contentText(content: unknown): string {
   return JSON.stringify(content);
 }
 
-/** `[2026-01-02 03:04 UTC · user · #12] text` — compact and greppable for a model. */
+/**
+ * `[2026-01-02 03:04 UTC · user · #12] text` (`+08:00` in another zone) — compact and greppable
+ * for a model, on one line (runs of whitespace, newlines included, shown as one space). The zone
+ * is shown: without it a time in America/New_York read as UTC to the model.
+ */
 export function formatMessage(m: StoredMessage, timeZone: string): string {
   const t = wallClock(timeZone, Date.parse(m.sent_at.slice(0, 23) + 'Z'));
-  const when = `${t.year}-${t.month}-${t.day} ${t.hour}:${t.minute}`;
+  const when = `${t.year}-${t.month}-${t.day} ${t.hour}:${t.minute} ${t.offset === '+00:00' ? 'UTC' : t.offset}`;
   let text = contentText(m.content);
   if (m.tool_calls?.length) {
     const calls = (m.tool_calls as Array<{ function?: { name?: string; arguments?: string } }>)
