@@ -6,6 +6,7 @@ import type { Db } from '../db/pool.js';
 import { loadConfig, ConfigError } from './config.js';
 import { AppError } from './errors.js';
 import { defaultExtensions } from './extensions.js';
+import { afterRestoreCommand } from './lifecycle/after-restore.js';
 import { addLifecycleCommands } from './lifecycle/lifecycle-cli.js';
 import { runFromEnv } from './main.js';
 import { reembedCommand } from './recent-index/reembed.js';
@@ -147,6 +148,25 @@ program
       });
     });
   });
+
+program
+  .command('after-restore')
+  .description(
+    'after restoring the database from a backup: remove the per-session state Redis keeps for ' +
+      'MNEMOS_PREFIX, so that it is seeded again from the restored database (stop every mnemos process first)',
+  )
+  .option('--force', 'skip the check for running workers')
+  .option('--json', 'print the counts as one JSON line')
+  .addHelpText(
+    'after',
+    '\nStop every mnemos process (serve, worker and api) that uses this Redis and MNEMOS_PREFIX first.\n' +
+      'Running workers are found and the command refuses; API-only processes cannot be seen.\n' +
+      'Accepted messages still waiting to be archived are dropped (counted in the output).\n' +
+      'Error memory, dead letters, rate-limit counters and the job queues are kept.',
+  )
+  .action((o: { force?: boolean; json?: boolean }) =>
+    afterRestoreCommand(loadConfig(process.env), { force: o.force === true, json: o.json === true, print }),
+  );
 
 try {
   await program.parseAsync(process.argv);
