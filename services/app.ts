@@ -16,6 +16,7 @@ import { buildOpenApi } from './openapi.js';
 import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
 import { markZeroLengthBody } from './validate.js';
+import { MAX_BODY_DEPTH, jsonNestedDeeperThan } from './json-depth.js';
 import type { Mounted, RouteMeta } from './openapi.js';
 import { adminRoutesMeta, makeAdminRoutes } from './routes/admin-routes.js';
 import { jobRoutesMeta, makeJobRoutes, makeOpsRoutes, opsRoutesMeta } from './routes/ops-routes.js';
@@ -203,6 +204,15 @@ const readJsonBody: RequestHandler[] = [
     verify: (req, _res, buf) => {
       if (!isUtf8(buf)) badUtf8.add(req);
       if (buf.length === 0) zeroLength.add(req);
+      // Thrown here, the error reaches the error handler as it is (body-parser keeps its status),
+      // and the body is never parsed.
+      if (jsonNestedDeeperThan(buf, MAX_BODY_DEPTH))
+        throw new AppError(
+          400,
+          'body_too_deep',
+          `request body is nested more than ${MAX_BODY_DEPTH} levels deep (objects and arrays)`,
+          { limit: MAX_BODY_DEPTH },
+        );
     },
   }),
   (req, _res, next) => {
@@ -285,7 +295,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.use('/', rememberMount, ops);
   mounts.push({ prefix: '', router: ops, meta: opsRoutesMeta });
 
-  // Bull Board: behind the admin token (bearer, or Basic for browsers); 404 without a token.
+  // Bull Board: behind the admin token (bearer, or Basic for browsers: only here); 404 without a token.
   if (deps.config.adminToken) {
     const board = new ExpressAdapter();
     board.setBasePath('/admin/queues');
@@ -299,7 +309,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
       '/admin/queues',
       rememberMount,
       sameOriginWrites,
-      requireAdmin(deps.config.adminToken, { basicChallenge: true }),
+      requireAdmin(deps.config.adminToken, { basic: true }),
       continueAfterAuth,
       board.getRouter(),
     );

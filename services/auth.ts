@@ -74,13 +74,13 @@ export const recheckTenant: RequestHandler = async (_req, res, next) => {
 };
 
 /**
- * Admin token as a bearer token, or as the password of HTTP Basic (so a browser can open Bull
- * Board). With no MNEMOS_ADMIN_TOKEN the admin surface does not exist (404).
+ * The admin token as a bearer token. With `basic` (Bull Board, which a browser opens) also as the
+ * password of HTTP Basic, and a 401 asks for it. Nowhere else: a browser sends remembered Basic
+ * credentials with any request to their origin, a form posted from another site's page included,
+ * and such a form created a key through /v1/admin. With no MNEMOS_ADMIN_TOKEN the admin surface
+ * does not exist (404).
  */
-export function requireAdmin(
-  adminToken: string | undefined,
-  opts: { basicChallenge?: boolean } = {},
-): RequestHandler {
+export function requireAdmin(adminToken: string | undefined, opts: { basic?: boolean } = {}): RequestHandler {
   return (req, res, next) => {
     if (!adminToken)
       throw new AppError(404, 'not_found', `no route for ${req.method} ${req.baseUrl}${req.path}`);
@@ -88,11 +88,18 @@ export function requireAdmin(
     let presented = bearer(header);
     const basic = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header);
     if (!presented && basic) {
+      if (!opts.basic) {
+        throw new AppError(
+          401,
+          'unauthorized',
+          'the admin API takes the admin token as a bearer token only: send Authorization: Bearer <admin token>',
+        );
+      }
       const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
       presented = decoded.slice(decoded.indexOf(':') + 1);
     }
     if (isAdminToken(adminToken, presented)) return next();
-    if (opts.basicChallenge) res.setHeader('www-authenticate', 'Basic realm="mnemos admin"');
+    if (opts.basic) res.setHeader('www-authenticate', 'Basic realm="mnemos admin"');
     if (presented?.startsWith('mn_')) {
       throw new AppError(403, 'forbidden', 'a tenant API key cannot use admin routes');
     }

@@ -66,6 +66,30 @@ function pgSource(err: unknown): Error | undefined {
 const postgresFields = (err: unknown, mapped: AppError) =>
   (mapped.details as { dependency?: unknown } | undefined)?.dependency === 'postgres' ? pgLogFields(err) : {};
 
+/**
+ * What the log says of an error that nothing mapped: its class, message, code and stack. Not the
+ * whole object: pino would write every field, and a Postgres error's `detail` ("Failing row
+ * contains (…)", which quotes the row), `where`, `table` and the like quote stored data or name
+ * it. A Postgres error's message is bounded as pgLogFields bounds it, and its stack loses its
+ * first line, which repeats the message in full.
+ */
+function unhandledLogFields(err: unknown): Record<string, unknown> {
+  // A thrown value that is no Error may be anything the code had at hand: its type only.
+  if (!(err instanceof Error)) return { err: { type: typeof err } };
+  const pg = pgSource(err) === undefined ? undefined : pgLogFields(err);
+  const frames = err.stack?.indexOf('\n    at ') ?? -1;
+  const code = (err as { code?: unknown }).code;
+  // Without a prototype, so that pino's serializer names the error's class (`type`) after `name`,
+  // not after this object's constructor (Object).
+  const logged: Record<string, unknown> = Object.assign(Object.create(null) as object, {
+    name: err.name,
+    message: pg ? (pg.pg_message ?? '') : err.message,
+    ...(typeof code === 'string' || typeof code === 'number' ? { code } : {}),
+    stack: pg ? (frames >= 0 ? err.stack!.slice(frames + 1) : '') : err.stack,
+  });
+  return { err: logged, ...pg };
+}
+
 /** The API's error shape; `details` is always present (SPEC §4), null when there is nothing to add. */
 export function errorBody(err: AppError): { error: { code: string; message: string; details: unknown } } {
   return { error: { code: err.code, message: err.message, details: err.details ?? null } };
@@ -110,7 +134,7 @@ export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
       sendError(res, mapped);
       return;
     }
-    logger.error({ err, method: req.method, path: req.path }, 'unhandled error');
+    logger.error({ ...unhandledLogFields(err), method: req.method, path: req.path }, 'unhandled error');
     if (res.headersSent) {
       res.end();
       return;

@@ -208,6 +208,9 @@ const DUMMY_HASH = hashSecret('mnemos-dummy-secret-for-constant-time-compare');
 /** How long a verified key is trusted without asking Postgres again (revocation delay elsewhere). */
 export const KEY_CACHE_MS = 5000;
 const TOUCH_EVERY_MS = 60_000;
+/** Cached verifications of key ids that exist, and of ids that do not. */
+const MAX_KNOWN_KEYS = 10_000;
+const MAX_UNKNOWN_KEYS = 1_000;
 
 export interface KeyAuthenticator {
   /**
@@ -233,7 +236,24 @@ export function makeKeyAuthenticator(
   opts: { readTimeoutMs?: number } = {},
 ): KeyAuthenticator {
   type KeyRow = { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null;
-  const cache = new Map<string, { row: KeyRow; at: number }>();
+  type Entry = { row: KeyRow; at: number };
+  // Key ids that exist, and apart from them, ids that do not (so that a client repeating a bad key
+  // is answered without Postgres). Unknown ids cost a client nothing to make up: kept with the
+  // known ones, 10,000 of them emptied the cache, and every tenant's next request read Postgres.
+  // Each map drops its oldest entries when full. Its order is that of the reads (an entry is
+  // re-inserted when read again), and an entry in use is read again every KEY_CACHE_MS, so the
+  // first entries are those unused the longest.
+  const cache = new Map<string, Entry>();
+  const unknown = new Map<string, Entry>();
+  const remember = (id: string, entry: Entry) => {
+    const [into, other, max] = entry.row
+      ? [cache, unknown, MAX_KNOWN_KEYS]
+      : [unknown, cache, MAX_UNKNOWN_KEYS];
+    other.delete(id);
+    into.delete(id);
+    into.set(id, entry);
+    if (into.size > max) into.delete(into.keys().next().value!);
+  };
   // One database read per key at a time: the requests that find the entry too old share it. A
   // read that began before a clear() (a revocation here) answers its own requests but is not cached.
   // A read without an answer within `readTimeoutMs` fails as Postgres unavailable (503) and is
@@ -265,10 +285,7 @@ export function makeKeyAuthenticator(
               : null,
             at,
           };
-          if (began === epoch) {
-            if (cache.size > 10_000) cache.clear();
-            cache.set(id, entry);
-          }
+          if (began === epoch) remember(id, entry);
           return entry;
         })
         .finally(() => {
@@ -287,7 +304,7 @@ export function makeKeyAuthenticator(
       let verifiedAt = now();
       if (m) {
         const id = m[1]!;
-        const hit = cache.get(id);
+        const hit = cache.get(id) ?? unknown.get(id);
         const entry = hit && now() - hit.at < Math.min(maxAgeMs, KEY_CACHE_MS) ? hit : await read(id);
         row = entry.row;
         verifiedAt = entry.at;
@@ -306,6 +323,7 @@ export function makeKeyAuthenticator(
     clear() {
       epoch++;
       cache.clear();
+      unknown.clear();
       reading.clear();
     },
   };

@@ -269,11 +269,12 @@ void describe('ingestion', () => {
       assert.equal(r.body.error.code, code, JSON.stringify(r.body));
       if (detail) assert.match(JSON.stringify(r.body.error), detail);
     }
-    // Nesting deep enough to overflow a recursive walk: a 400 naming the path, not a 500.
+    // Nesting past the limit: a 400 naming the path, not a 500. (A body nested deeper than 128
+    // levels is refused before it is parsed: body_too_deep, in security-hardening.test.ts.)
     for (const [field, depth] of [
-      ['metadata', 5000],
       ['metadata', 65],
-      ['colour', 100_000],
+      ['metadata', 120],
+      ['colour', 120],
     ] as const) {
       const nested = `${'['.repeat(depth)}1${']'.repeat(depth)}`;
       const r = await t.api.raw('/v1/sessions/v/messages', {

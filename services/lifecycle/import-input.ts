@@ -3,6 +3,7 @@ import type { Transform } from 'node:stream';
 import { createBrotliDecompress, createGunzip, createInflate } from 'node:zlib';
 import { z } from 'zod';
 import { AppError } from '../errors.js';
+import { MAX_BODY_DEPTH, jsonNestedDeeperThan } from '../json-depth.js';
 import { parseMessages } from '../messages/message-input.js';
 import type { AcceptedMessage } from '../messages/message-input.js';
 import { MAX_MESSAGES_PER_REQUEST } from '../messages/message-input.js';
@@ -321,6 +322,15 @@ export async function* readJsonLines(
     }
     text = text.replace(/^\uFEFF/, '').trim();
     if (text === '') return null;
+    // As for a JSON body (services/json-depth.ts): a line of 8 MiB of nested arrays held the event
+    // loop for seconds in JSON.parse, only for the validation after it to refuse the line.
+    if (jsonNestedDeeperThan(bytes, MAX_BODY_DEPTH))
+      throw new AppError(
+        400,
+        'body_too_deep',
+        `line ${line} is nested more than ${MAX_BODY_DEPTH} levels deep (objects and arrays)`,
+        { line, limit: MAX_BODY_DEPTH },
+      );
     try {
       return { line, value: JSON.parse(text) as unknown, bytes: bytes.length };
     } catch {
