@@ -81,7 +81,10 @@ export function createMnemosAdmin(options: MnemosAdminOptions) {
       return all(`/v1/admin/tenants/${enc(tenantId)}/keys`, 'keys', opts);
     },
 
-    /** False when there was no such key. */
+    /**
+     * False when there was no such key or it was revoked already (so also for a revoke repeated
+     * after a lost answer).
+     */
     revokeKey(keyId: string, opts: CallOptions = {}): Promise<boolean> {
       return deleteOrFalse(http, {
         ...callOpts(opts),

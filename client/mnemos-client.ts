@@ -13,7 +13,7 @@
  */
 import { makeErrorMemoryMethods } from './error-memory-methods.js';
 import { MnemosError, callOpts, deleteOrFalse, makeTransport, requestJson } from './transport.js';
-import type { CallOptions, Reply, RequestSpec, Sent, TransportOptions } from './transport.js';
+import type { CallOptions, Reply, RequestSpec, TransportOptions } from './transport.js';
 import type {
   ContextResult,
   ExportLine,
@@ -38,7 +38,8 @@ import type {
 } from './types.js';
 
 // The entry point: everything a user needs is importable from this file.
-export { MnemosError, isMnemosError, parseRetryAfter } from './transport.js';
+export { MnemosError, isMnemosError } from './transport.js';
+export { parseRetryAfter } from './retry-after.js';
 export type { CallOptions, RetryInfo } from './transport.js';
 export { createMnemosAdmin } from './mnemos-admin.js';
 export type { MnemosAdmin, MnemosAdminOptions } from './mnemos-admin.js';
@@ -55,6 +56,8 @@ const MAX_MESSAGES_PER_POST = 1000;
 const MAX_POST_BYTES = 7 * 1024 * 1024; // under the 8 MiB body limit, with room for the envelope
 /** `summarize?wait=true` and import wait up to 60 s on the server. */
 const LONG_WAIT_TIMEOUT_MS = 70_000;
+/** An import's upload is sent in pieces of about this size (one write per line would be slow). */
+const UPLOAD_CHUNK_CHARS = 64 * 1024;
 
 const enc = encodeURIComponent;
 
@@ -69,7 +72,9 @@ export function createMnemosClient(options: MnemosClientOptions) {
     /**
      * Appends messages (ids assigned where missing). With `wait`, resolves once they are durable
      * in the archive (`durable: true`; false if the server's wait timed out). Batches over the
-     * server's limits are split into several requests, in order.
+     * server's limits are split into several requests, in order. A failure carries every id
+     * of the call in `details.ids` (in the caller's order), so that a repeat with them stores
+     * nothing twice.
      */
     async postMessages(
       sid: string,
@@ -79,6 +84,7 @@ export function createMnemosClient(options: MnemosClientOptions) {
       // Only a missing id is made up: an empty one goes to the server, which refuses it (a caller's
       // id variable that came out empty would otherwise lose its idempotency without a word).
       const withIds = messages.map((m) => (m.id === undefined ? { ...m, id: crypto.randomUUID() } : m));
+      const ids = withIds.map((m) => m.id as string); // every one set just above
       const out: PostMessagesResult = { session_id: sid, accepted: 0, messages: [], durable: true };
       let offset = 0;
       for (const batch of batches(withIds)) {
@@ -92,7 +98,7 @@ export function createMnemosClient(options: MnemosClientOptions) {
             idempotent: true, // every message carries an id
           })
           .catch((err: unknown) => {
-            throw offset === 0 ? err : inSplitPost(err, offset, out.messages);
+            throw postError(err, offset, out.messages, ids);
           });
         offset += batch.length;
         const body = reply.body as Omit<PostMessagesResult, 'durable'>;
@@ -122,7 +128,11 @@ export function createMnemosClient(options: MnemosClientOptions) {
       });
     },
 
-    /** Every archived message in seq order (or newest first with `order: 'desc'`), page by page. */
+    /**
+     * Every archived message in seq order (or newest first with `order: 'desc'`), page by page.
+     * Ascending without `beforeSeq` it follows messages archived meanwhile, so on a session that
+     * keeps growing it may not end: pass `beforeSeq` for a fixed range.
+     */
     async *iterateMessages(
       sid: string,
       opts: CallOptions & {
@@ -193,34 +203,35 @@ export function createMnemosClient(options: MnemosClientOptions) {
 
     /** The session as JSON Lines, parsed and streamed: messages in seq order, then the summary. */
     async *exportSession(sid: string, opts: CallOptions = {}): AsyncGenerator<ExportLine> {
-      const sent = await http.stream({
+      const reply = await http.stream({
         ...callOpts(opts),
         method: 'GET',
         path: `${session(sid)}/export`,
         idempotent: true,
       });
-      yield* readJsonLines<ExportLine>(sent, opts.signal);
+      yield* readJsonLines<ExportLine>(reply.chunks);
     },
 
     /**
      * Into an empty session only (else 409 `session_not_empty`); accepts an export's lines, so
      * `importSession(b, exportSession(a))` copies a session. Resolves once the messages are
      * archived (`durable`; the server waits up to 60 s), or at once with `wait: false`.
+     * The lines are streamed as JSON Lines while they are read (the server takes at most 64 MiB).
+     * From an array, a 429 or 503 (`import_busy`) is retried like any call; from any other
+     * iterable it is thrown, since the lines cannot be read again.
      */
     async importSession(
       sid: string,
       lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
       opts: CallOptions & { wait?: boolean } = {},
     ): Promise<ImportResult> {
-      let body = '';
-      for await (const line of lines) body += `${JSON.stringify(line)}\n`;
       const reply = await http.request({
         ...callOpts(opts),
         timeoutMs: opts.timeoutMs ?? (opts.wait === false ? undefined : LONG_WAIT_TIMEOUT_MS),
         method: 'POST',
         path: `${session(sid)}/import`,
         query: { wait: opts.wait === false ? 'false' : undefined },
-        body,
+        upload: { open: () => jsonLinesBytes(lines), once: !Array.isArray(lines) },
         contentType: 'application/x-ndjson',
         // A repeat after a lost answer would meet a non-empty session (409), not import twice.
         idempotent: false,
@@ -392,65 +403,70 @@ function batches(messages: MessageInput[]): MessageInput[][] {
 }
 
 /**
- * An error of a later request of a `postMessages` call that was split: its paths (`messages[3]`)
- * and `index` are made relative to the caller's array, and it says what the earlier requests
- * stored (`details.accepted_before`), since each request is atomic but the call is not.
+ * A failed `postMessages` request's error with every id of the call in `details.ids`: the ids the
+ * client made up are otherwise lost with the call, and a repeat with new ones could store the
+ * messages twice. For a later request of a split call, its paths (`messages[3]`) and `index` are
+ * made relative to the caller's array, and it says what the earlier requests stored
+ * (`details.accepted_before`), since each request is atomic but the call is not.
  */
-function inSplitPost(err: unknown, offset: number, before: Array<{ id: string; seq: number }>): unknown {
+function postError(
+  err: unknown,
+  offset: number,
+  before: Array<{ id: string; seq: number }>,
+  ids: string[],
+): unknown {
   if (!(err instanceof MnemosError)) return err;
   const shift = (text: string) =>
     text.replace(/messages\[(\d+)\]/g, (_m, n: string) => `messages[${Number(n) + offset}]`);
-  let details: unknown = err.details;
-  if (details && typeof details === 'object') {
-    const moved = JSON.parse(shift(JSON.stringify(details))) as Record<string, unknown>;
-    if (typeof moved.index === 'number') moved.index += offset;
-    details = { ...moved, accepted_before: before };
-  }
+  let details: Record<string, unknown> = {};
+  if (err.details && typeof err.details === 'object' && !Array.isArray(err.details)) {
+    details = JSON.parse(shift(JSON.stringify(err.details))) as Record<string, unknown>;
+    if (typeof details.index === 'number') details.index += offset;
+  } else if (err.details !== undefined) details = { value: err.details };
+  if (offset > 0) details.accepted_before = before;
   return new MnemosError({
     status: err.status,
     code: err.code,
-    message: `${shift(err.message)} (messages[0]..messages[${offset - 1}] were stored by earlier requests of this call)`,
-    details,
+    message:
+      offset === 0
+        ? err.message
+        : `${shift(err.message)} (messages[0]..messages[${offset - 1}] were stored by earlier requests of this call)`,
+    details: { ...details, ids },
     requestId: err.requestId,
     retryAfterMs: err.retryAfterMs,
     attempts: err.attempts,
-    cause: err,
+    cause: offset === 0 ? err.cause : err,
   });
 }
 
-/** Parses a JSON Lines body as it streams in; stops reading when the consumer stops. */
-async function* readJsonLines<T>(
-  { res, requestId, attempts }: Sent,
-  signal?: AbortSignal,
-): AsyncGenerator<T> {
-  if (!res.body) return;
-  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = '';
-  try {
-    for (;;) {
-      const { done, value } = await reader.read().catch((err: unknown) => {
-        // The caller's own abort is the caller's reason, as everywhere else.
-        if (signal?.aborted) throw signal.reason;
-        // The server cuts the connection when an export fails midway: never a silent short export.
-        throw new MnemosError({
-          status: res.status,
-          code: 'stream_truncated',
-          message: `the export stream broke off: ${(err as Error).message}`,
-          requestId: res.headers.get('x-request-id') ?? requestId,
-          attempts,
-          cause: err,
-        });
-      });
-      if (done) break;
-      buffer += value;
-      for (let nl = buffer.indexOf('\n'); nl >= 0; nl = buffer.indexOf('\n')) {
-        const line = buffer.slice(0, nl).trim();
-        buffer = buffer.slice(nl + 1);
-        if (line) yield JSON.parse(line) as T;
-      }
+/** Import lines as JSON Lines bytes, read from `lines` only as fast as they are sent. */
+async function* jsonLinesBytes(
+  lines: Iterable<ImportLine> | AsyncIterable<ImportLine>,
+): AsyncGenerator<Uint8Array> {
+  const encoder = new TextEncoder();
+  let text = '';
+  for await (const line of lines) {
+    text += `${JSON.stringify(line)}\n`;
+    if (text.length >= UPLOAD_CHUNK_CHARS) {
+      yield encoder.encode(text);
+      text = '';
     }
-    if (buffer.trim()) yield JSON.parse(buffer) as T;
-  } finally {
-    await reader.cancel().catch(() => undefined);
   }
+  if (text) yield encoder.encode(text);
+}
+
+/** Parses a JSON Lines body as it streams in; stops reading when the consumer stops. */
+async function* readJsonLines<T>(chunks: AsyncIterable<string>): AsyncGenerator<T> {
+  let buffer = '';
+  // Leaving the loop early (the consumer stopped, a line is not JSON) returns `chunks`, which
+  // closes the connection.
+  for await (const chunk of chunks) {
+    buffer += chunk;
+    for (let nl = buffer.indexOf('\n'); nl >= 0; nl = buffer.indexOf('\n')) {
+      const line = buffer.slice(0, nl).trim();
+      buffer = buffer.slice(nl + 1);
+      if (line) yield JSON.parse(line) as T;
+    }
+  }
+  if (buffer.trim()) yield JSON.parse(buffer) as T;
 }

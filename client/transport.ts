@@ -10,8 +10,14 @@
  *   idempotent because the client gives every message an id.
  * - Network errors, timeouts and 502/504 from a proxy are retried only for idempotent requests
  *   (the request may have been applied), with exponential backoff and full jitter.
+ * - An upload streamed from a source that can be read only once (an import from an async
+ *   iterable) has one attempt: nothing of it is retried, 429 and 503 included.
  * - Everything else fails at once with a `MnemosError`.
  */
+
+import { canStreamRequests, collect, readOrAbort, startAttempt, uploadStream } from './attempt.js';
+import type { Attempt } from './attempt.js';
+import { parseRetryAfter } from './retry-after.js';
 
 export interface RetryInfo {
   /** The attempt that failed (1 = the first). */
@@ -31,7 +37,10 @@ export interface TransportOptions {
   fetch?: typeof fetch;
   /** Retries after the first attempt. Default 4. */
   retries?: number;
-  /** Per attempt, until the body is read (for streams: until the headers). Default 30 000. */
+  /**
+   * Per attempt, until the answer is read. While a body streams (an export's answer, an import's
+   * upload) it bounds each pause instead: no bytes for this long is a `timeout`. Default 30 000.
+   */
   timeoutMs?: number;
   /** Upper bound on a server-requested wait. Default 30 000. */
   maxRetryAfterMs?: number;
@@ -58,6 +67,11 @@ export interface RequestSpec extends CallOptions {
   json?: unknown;
   /** Sent as is, with `contentType`. */
   body?: string;
+  /**
+   * Sent as it is produced, with `contentType`: `open` gives the bytes of one attempt. `once`: they
+   * come from a source that can be read only once, so the call makes one attempt.
+   */
+  upload?: { open: () => AsyncIterable<Uint8Array>; once: boolean };
   contentType?: string;
   /** Safe to repeat after a network error or timeout. */
   idempotent: boolean;
@@ -139,19 +153,31 @@ function assertPath(path: string): void {
 
 export interface Transport {
   request(spec: RequestSpec): Promise<Reply>;
-  /**
-   * For streamed bodies (export): the Response once a 2xx arrived (the caller reads the body), with
-   * the call's request id and how many attempts it took, for the errors of reading it.
-   */
-  stream(spec: RequestSpec): Promise<Sent>;
+  /** For streamed answers (export): resolves once a 2xx arrived; the caller reads `chunks`. */
+  stream(spec: RequestSpec): Promise<StreamedReply>;
 }
 
-/** A 2xx answer, the x-request-id the call sent with every attempt, and the attempts it took. */
-export interface Sent {
+export interface StreamedReply {
+  status: number;
+  headers: Headers;
+  /** The x-request-id the call sent with every attempt. */
+  requestId: string;
+  attempts: number;
+  /**
+   * The body as text, as it arrives. No bytes for `timeoutMs` while a read waits is a `timeout`,
+   * a connection cut midway is `stream_truncated`, and the caller's abort rejects with its reason.
+   * Stop early with `return()` (a `break` out of `for await`): that closes the connection.
+   */
+  chunks: AsyncGenerator<string>;
+}
+
+/** A 2xx answer (for a stream: its body unread, its attempt still live) and the attempts it took. */
+interface Sent {
   res: Response;
   text: string;
   requestId: string;
   attempts: number;
+  live: Attempt;
 }
 
 const RETRY_ALWAYS = new Set([429, 503]);
@@ -178,32 +204,47 @@ export function makeTransport(opts: TransportOptions): Transport {
     const requestId = crypto.randomUUID();
     const headers: Record<string, string> = { accept: 'application/json', 'x-request-id': requestId };
     if (opts.token) headers.authorization = `Bearer ${opts.token}`;
-    let body: string | undefined;
+    let body: string | Blob | undefined;
+    let upload = spec.upload;
     if (spec.json !== undefined) {
       body = JSON.stringify(spec.json);
       headers['content-type'] = 'application/json';
-    } else if (spec.body !== undefined) {
+    } else if (spec.body !== undefined || upload) {
       body = spec.body;
       headers['content-type'] = spec.contentType ?? 'application/json';
     }
+    if (upload && !canStreamRequests()) {
+      // A fetch without request streams (Firefox, Safari) gets the upload whole, as before.
+      body = new Blob(await collect(upload.open()));
+      upload = undefined;
+    }
+    const once = upload?.once ?? false;
     const timeoutMs = spec.timeoutMs ?? defaultTimeout;
 
     for (let attempt = 1; ; attempt++) {
-      const timeout = new AbortController();
-      const timer = setTimeout(
-        () => timeout.abort(new DOMException(`no answer within ${timeoutMs} ms`, 'TimeoutError')),
-        timeoutMs,
-      );
-      const signal = spec.signal ? AbortSignal.any([spec.signal, timeout.signal]) : timeout.signal;
+      const live = startAttempt(spec.signal, timeoutMs);
+      const sending = upload ? uploadStream(upload.open(), live) : undefined;
       let res: Response;
       let text = '';
       try {
-        res = await doFetch(url, { method: spec.method, headers, body, signal });
+        res = await doFetch(url, {
+          method: spec.method,
+          headers,
+          body: sending?.body ?? body,
+          signal: live.signal,
+          ...(sending ? { duplex: 'half' as const } : {}),
+        });
+        // The server answered: what it did not read of an upload (an early 413) is not sent.
+        sending?.stop();
         if (!streaming || !isOk(res.status, spec)) text = await res.text();
       } catch (err) {
+        live.end();
+        sending?.stop();
         if (spec.signal?.aborted) throw spec.signal.reason;
-        const timedOut = timeout.signal.aborted;
-        if (spec.idempotent && attempt <= retries) {
+        // The upload's own source failed (an export that broke off, the caller's generator): the
+        // request was cut, nothing was applied, and its error says more than "fetch failed".
+        if (sending?.failure) throw sending.failure.error;
+        if (spec.idempotent && !once && attempt <= retries) {
           const delayMs = backoff(attempt);
           opts.onRetry?.({ attempt, delayMs, method: spec.method, path: spec.path, error: err });
           await sleep(delayMs, spec.signal);
@@ -211,22 +252,26 @@ export function makeTransport(opts: TransportOptions): Transport {
         }
         throw new MnemosError({
           status: 0,
-          code: timedOut ? 'timeout' : 'network_error',
-          message: timedOut
+          code: live.timedOut ? 'timeout' : 'network_error',
+          message: live.timedOut
             ? `${spec.method} ${spec.path}: no answer within ${timeoutMs} ms`
             : `${spec.method} ${spec.path}: ${(err as Error).message}`,
           requestId,
           attempts: attempt,
           cause: err,
         });
-      } finally {
-        clearTimeout(timer);
       }
 
-      if (isOk(res.status, spec)) return { res, text, requestId, attempts: attempt };
+      if (isOk(res.status, spec)) {
+        // A stream's attempt lives on while its body is read (see `bodyChunks`).
+        if (streaming) live.pause();
+        else live.end();
+        return { res, text, requestId, attempts: attempt, live };
+      }
+      live.end();
       const retryAfterMs = parseRetryAfter(res.headers.get('retry-after'));
       const retryable =
-        RETRY_ALWAYS.has(res.status) || (spec.idempotent && RETRY_IF_IDEMPOTENT.has(res.status));
+        !once && (RETRY_ALWAYS.has(res.status) || (spec.idempotent && RETRY_IF_IDEMPOTENT.has(res.status)));
       if (retryable && attempt <= retries) {
         const delayMs =
           retryAfterMs !== null
@@ -237,6 +282,46 @@ export function makeTransport(opts: TransportOptions): Transport {
         continue;
       }
       throw errorFromResponse(res, text, requestId, attempt, retryAfterMs);
+    }
+  }
+
+  /**
+   * A 2xx answer's body as text. The attempt's timer runs while a read waits for bytes (not while
+   * the consumer holds a chunk): an export that stalled after its headers hung for ever.
+   */
+  async function* bodyChunks(spec: RequestSpec, sent: Sent): AsyncGenerator<string> {
+    const { res, live } = sent;
+    const timeoutMs = spec.timeoutMs ?? defaultTimeout;
+    try {
+      if (!res.body) return;
+      const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+      try {
+        for (;;) {
+          live.arm();
+          const { done, value } = await readOrAbort(reader, live.signal).catch((err: unknown) => {
+            // The caller's own abort is the caller's reason, as everywhere else.
+            if (spec.signal?.aborted) throw spec.signal.reason;
+            throw new MnemosError({
+              status: res.status,
+              code: live.timedOut ? 'timeout' : 'stream_truncated',
+              // The server cuts the connection when an export fails midway: never a silent short one.
+              message: live.timedOut
+                ? `${spec.method} ${spec.path}: no bytes of the answer within ${timeoutMs} ms`
+                : `${spec.method} ${spec.path}: the answer broke off: ${(err as Error).message}`,
+              requestId: res.headers.get('x-request-id') ?? sent.requestId,
+              attempts: sent.attempts,
+              cause: err,
+            });
+          });
+          live.pause();
+          if (done) return;
+          yield value;
+        }
+      } finally {
+        await reader.cancel().catch(() => undefined);
+      }
+    } finally {
+      live.end();
     }
   }
 
@@ -261,8 +346,16 @@ export function makeTransport(opts: TransportOptions): Transport {
       }
       return { status: res.status, headers: res.headers, body: parsed };
     },
-    stream(spec) {
-      return send(spec, true);
+    async stream(spec) {
+      const sent = await send(spec, true);
+      const { res, requestId, attempts } = sent;
+      return {
+        status: res.status,
+        headers: res.headers,
+        requestId,
+        attempts,
+        chunks: bodyChunks(spec, sent),
+      };
     },
   };
 }
@@ -277,15 +370,6 @@ function queryString(query: RequestSpec['query']): string {
   for (const [k, v] of Object.entries(query)) if (v !== undefined) params.set(k, String(v));
   const s = params.toString();
   return s ? `?${s}` : '';
-}
-
-/** `retry-after` as milliseconds: delta-seconds (decimals tolerated) or an HTTP date. */
-export function parseRetryAfter(value: string | null): number | null {
-  if (value === null || value.trim() === '') return null;
-  const v = value.trim();
-  if (/^\d+(\.\d+)?$/.test(v)) return Math.round(Number(v) * 1000);
-  const at = Date.parse(v);
-  return Number.isNaN(at) ? null : Math.max(0, at - Date.now());
 }
 
 function errorFromResponse(

@@ -82,7 +82,7 @@ export interface SessionInfo {
   start_seq: number;
   start_at: string | null;
   last_message_at: string | null;
-  created_at?: string;
+  created_at: string;
   summary: { version: number; cursor_seq: number | null; status: string } | null;
   pending_jobs: number | null;
 }
@@ -204,21 +204,31 @@ export interface JobView {
   result: unknown;
 }
 
-/** One line of `GET …/export` (and of an import): messages in seq order, then the summary. */
-export type ExportLine =
-  | ({ type: 'message' } & StoredMessage)
-  | {
-      type: 'summary';
-      summary: Summary;
-      version?: number;
-      cursor_seq?: number | null;
-      status?: string;
-      updated_at?: string;
-    };
+/** One line of `GET …/export`: messages in seq order, then the summary (every field is sent). */
+export type ExportLine = ({ type: 'message' } & StoredMessage) | ExportSummaryLine;
+
+export interface ExportSummaryLine {
+  type: 'summary';
+  summary: Summary;
+  version: number;
+  cursor_seq: number | null;
+  status: string;
+  updated_at: string;
+}
 
 /** What an import accepts: export lines, or plain messages (with their `sent_at`). */
 export type ImportLine =
-  ExportLine | (MessageInput & { type?: 'message'; seq?: number; sent_at_ns?: string });
+  ExportLine | (MessageInput & { type?: 'message'; seq?: number; sent_at_ns?: string }) | ImportSummaryLine;
+
+/** A summary line as an import takes it: `cursor_seq` places the cursor, the rest is informational. */
+export interface ImportSummaryLine {
+  type: 'summary';
+  summary: Summary;
+  cursor_seq?: number | null;
+  version?: number;
+  status?: string;
+  updated_at?: string;
+}
 
 export interface ResetResult {
   session_id: string;

@@ -1,9 +1,24 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { getEventListeners } from 'node:events';
 import { readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { RequestListener, Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
-import { MnemosError, createMnemosAdmin, createMnemosClient } from '../client/mnemos-client.js';
-import type { ContextResult, MessageInput, MnemosClient, RetryInfo } from '../client/mnemos-client.js';
+import {
+  MnemosError,
+  createMnemosAdmin,
+  createMnemosClient,
+  parseRetryAfter,
+} from '../client/mnemos-client.js';
+import type {
+  ContextResult,
+  ImportLine,
+  MessageInput,
+  MnemosClient,
+  RetryInfo,
+} from '../client/mnemos-client.js';
 import { runTurn } from '../examples/agent-loop.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -62,6 +77,37 @@ function scriptedFetch(...steps: Step[]) {
   return { impl, calls };
 }
 
+/** A plain local HTTP server (for what the real service never does: stall, or not listen). */
+async function localServer(
+  handler: RequestListener,
+): Promise<{ base: string; server: Server; close: () => Promise<void> }> {
+  const server = createServer(handler);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    base: `http://127.0.0.1:${port}`,
+    server,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+/** `promise`, or a failure once `ms` passed (for calls that used to hang). */
+async function within<T>(ms: number, promise: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`still waiting after ${ms} ms`)), ms);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 void describe('client: messages', () => {
   void test('posts with wait and reads every message back through the iterator', async () => {
     const s = sid('roundtrip');
@@ -104,6 +150,9 @@ void describe('client: messages', () => {
     const info = await mnemos.getSession(s);
     assert.equal(info.id, s);
     assert.equal(info.message_count, 7);
+    // Always sent (required in /openapi.json): typed so (this did not compile when it was optional).
+    const createdAt: string = info.created_at;
+    assert.ok(!Number.isNaN(Date.parse(createdAt)));
   });
 
   void test('an empty id is refused by the server, not replaced by a made-up one', async () => {
@@ -376,6 +425,290 @@ void describe('client: retries', () => {
   });
 });
 
+void describe('client: signals, streams, retry-after and ids', () => {
+  void test('calls sharing one long-lived signal leave it no listener and no link to them', async () => {
+    // Setup: a stub fetch for every kind of call (answers, errors, streams, a network error),
+    // and one signal for all calls, as an app passes its shutdown signal.
+    const line = `${JSON.stringify({ type: 'message', id: 'm1', seq: 1, role: 'user', content: 'x' })}\n`;
+    const attemptSignals: AbortSignal[] = [];
+    let n = 0;
+    const stub: typeof fetch = (input, init) => {
+      attemptSignals.push(init!.signal!);
+      const url = String(input);
+      if (url.includes('/export')) return Promise.resolve(new Response(line + line, { status: 200 }));
+      if (url.includes('/missing'))
+        return Promise.resolve(jsonResponse(404, { error: { code: 'not_found', message: 'no' } }));
+      if (++n % 1000 === 1) return Promise.reject(new TypeError('fetch failed'));
+      return Promise.resolve(jsonResponse(200, { sessions: [], next: null }));
+    };
+    const client = createMnemosClient({
+      baseUrl: 'http://stub.invalid',
+      apiKey: 'k',
+      fetch: stub,
+      backoffBaseMs: 1,
+    });
+    const shutdown = new AbortController();
+    const { signal } = shutdown;
+
+    // Action: 20,000 calls, retries among them, then errors and exports read whole or stopped early.
+    for (let i = 0; i < 20_000; i++) await client.listSessions({ signal });
+    for (let i = 0; i < 100; i++) {
+      assert.equal((await rejects(client.getSession('missing', { signal }))).code, 'not_found');
+      for await (const _l of client.exportSession('s', { signal })) break;
+      const all = [];
+      for await (const l of client.exportSession('s', { signal })) all.push(l);
+      assert.equal(all.length, 2);
+    }
+
+    // Assert: nothing of the finished calls hangs on the signal (AbortSignal.any kept every attempt
+    // reachable from it: 1.6 M calls grew the heap by 93 MB), and aborting it reaches none of them.
+    assert.ok(attemptSignals.length > 20_000);
+    assert.equal(getEventListeners(signal, 'abort').length, 0);
+    shutdown.abort(new Error('shutting down'));
+    assert.equal(attemptSignals.filter((s) => s.aborted).length, 0);
+  });
+
+  void test('an import streams its lines: the source is read while the body is sent', async () => {
+    // Setup: a generator that counts the lines taken, and a fetch that notes the count when the
+    // first bytes of the body go out.
+    const s = sid('stream-import');
+    const count = 3000;
+    let pulled = 0;
+    async function* source(): AsyncGenerator<ImportLine> {
+      for (let i = 0; i < count; i++) {
+        pulled++;
+        await Promise.resolve();
+        yield {
+          id: `line-${i}`,
+          role: 'user',
+          content: `${i} ${'y'.repeat(1000)}`,
+          sent_at: new Date(Date.UTC(2024, 0, 1, 0, 0, i)).toISOString(),
+        };
+      }
+    }
+    let pulledAtFirstBytes: number | undefined;
+    const watching: typeof fetch = (input, init) => {
+      const body = init?.body;
+      if (!(body instanceof ReadableStream)) {
+        pulledAtFirstBytes = pulled;
+        return fetch(input, init);
+      }
+      const watched = (body as ReadableStream<Uint8Array>).pipeThrough(
+        new TransformStream<Uint8Array, Uint8Array>({
+          transform(chunk, controller) {
+            pulledAtFirstBytes ??= pulled;
+            controller.enqueue(chunk);
+          },
+        }),
+      );
+      return fetch(input, { ...init, body: watched });
+    };
+    const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: watching });
+
+    // Action
+    const imported = await client.importSession(s, source());
+
+    // Assert: the first bytes left after a few dozen lines (buffered, after all 3000), and the
+    // whole session arrived.
+    assert.ok(pulledAtFirstBytes !== undefined && pulledAtFirstBytes < count / 10, `${pulledAtFirstBytes}`);
+    assert.equal(imported.imported, count);
+    assert.equal(imported.durable, true);
+    const page = await mnemos.listMessages(s, { order: 'desc', limit: 1 });
+    assert.equal(page.messages[0]?.id, `line-${count - 1}`);
+    assert.equal((await mnemos.getSession(s)).message_count, count);
+
+    // A source that fails midway: its own error, and the cut upload imported nothing.
+    const broken = sid('broken-import');
+    const boom = new Error('the source broke');
+    async function* failing(): AsyncGenerator<ImportLine> {
+      for (let i = 0; i < 500; i++) yield { role: 'user', content: `${i} ${'z'.repeat(1000)}` };
+      throw boom;
+    }
+    await assert.rejects(mnemos.importSession(broken, failing()), (e: unknown) => e === boom);
+    assert.equal((await rejects(mnemos.getSession(broken))).code, 'not_found');
+  });
+
+  void test('an import from an array is retried after a 503; from a generator it is not', async () => {
+    const busy = () =>
+      jsonResponse(503, { error: { code: 'import_busy', message: 'retry' } }, { 'retry-after': '0' });
+    const line = (i: number): ImportLine => ({ role: 'user', content: `line ${i}` });
+
+    // An array can be sent again: the 503 is retried, as every call's is.
+    const fromArray = scriptedFetch(busy());
+    const arrayClient = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: fromArray.impl });
+    const imported = await arrayClient.importSession(sid('array-import'), [line(0), line(1)]);
+    assert.equal(fromArray.calls.length, 2);
+    assert.equal(imported.imported, 2);
+
+    // A generator's lines cannot be read twice: the 503 (here after the first piece of the body
+    // was read) is the caller's to handle, and the generator is closed.
+    let closed = false;
+    async function* lines(): AsyncGenerator<ImportLine> {
+      try {
+        for (let i = 0; i < 500; i++) yield { role: 'user', content: `${i} ${'w'.repeat(1000)}` };
+      } finally {
+        closed = true;
+      }
+    }
+    let calls = 0;
+    const readsThenBusy: typeof fetch = async (_input, init) => {
+      calls++;
+      const reader = (init!.body as ReadableStream<Uint8Array>).getReader();
+      await reader.read();
+      reader.releaseLock();
+      return busy();
+    };
+    const generatorClient = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: readsThenBusy });
+    const s = sid('generator-import');
+    const err = await rejects(generatorClient.importSession(s, lines()));
+    assert.equal(err.code, 'import_busy');
+    assert.equal(err.retryAfterMs, 0);
+    assert.equal(calls, 1);
+    await within(
+      5000,
+      (async () => {
+        while (!closed) await new Promise((resolve) => setImmediate(resolve));
+      })(),
+    );
+    assert.equal((await rejects(mnemos.getSession(s))).code, 'not_found');
+  });
+
+  void test('an export that stalls after its headers times out; a slow reader does not', async () => {
+    const line = (seq: number) =>
+      `${JSON.stringify({ type: 'message', id: `m${seq}`, seq, role: 'user', content: 'x' })}\n`;
+    const local = await localServer((req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      // One line, then nothing, the connection left open; or a whole body at once.
+      if (req.url?.includes('/stalled/')) res.write(line(1));
+      else res.end(line(1) + line(2) + line(3));
+    });
+    try {
+      const client = createMnemosClient({ baseUrl: local.base, apiKey: 'k', timeoutMs: 200 });
+      const seen: number[] = [];
+      const started = Date.now();
+      const err = await within(
+        5000,
+        rejects(
+          (async () => {
+            for await (const l of client.exportSession('stalled')) if (l.type === 'message') seen.push(l.seq);
+          })(),
+        ),
+      );
+      assert.equal(err.code, 'timeout');
+      assert.deepEqual(seen, [1]);
+      assert.ok(Date.now() - started >= 200);
+
+      // The limit runs while a read waits for bytes, not while the caller holds a line.
+      const all: number[] = [];
+      for await (const l of client.exportSession('whole')) {
+        if (l.type === 'message') all.push(l.seq);
+        await new Promise((resolve) => setTimeout(resolve, 300));
+      }
+      assert.deepEqual(all, [1, 2, 3]);
+    } finally {
+      await local.close();
+    }
+  });
+
+  void test('retry-after is delta-seconds or an HTTP date; anything else falls back to backoff', async () => {
+    assert.equal(parseRetryAfter('5'), 5000);
+    assert.equal(parseRetryAfter(' 1.5 '), 1500);
+    for (const bad of [
+      '-5',
+      '+5',
+      '1e3',
+      '5s',
+      'soon',
+      '',
+      '2030-01-01',
+      'Nov 5',
+      'Sun, 06 Nov 1994 08:49:37 PST',
+    ]) {
+      assert.equal(parseRetryAfter(bad), null, JSON.stringify(bad));
+    }
+    // The three forms of RFC 9110, 10 s ahead (whole seconds), and one in the past.
+    const at = new Date(Math.ceil(Date.now() / 1000) * 1000 + 10_000);
+    const [wd, dd, mon, yyyy, time] = at.toUTCString().split(' ') as [string, string, string, string, string];
+    const weekday = {
+      'Sun,': 'Sunday',
+      'Mon,': 'Monday',
+      'Tue,': 'Tuesday',
+      'Wed,': 'Wednesday',
+      'Thu,': 'Thursday',
+      'Fri,': 'Friday',
+      'Sat,': 'Saturday',
+    }[wd]!;
+    const forms = [
+      at.toUTCString(),
+      `${weekday}, ${dd}-${mon}-${yyyy.slice(2)} ${time} GMT`,
+      `${wd.slice(0, 3)} ${mon} ${String(Number(dd)).padStart(2, ' ')} ${time} ${yyyy}`,
+    ];
+    for (const form of forms) {
+      const ms = parseRetryAfter(form);
+      assert.ok(ms !== null && ms > 8000 && ms <= 11_000, `${form}: ${ms}`);
+    }
+    assert.equal(parseRetryAfter('Sun, 06 Nov 1994 08:49:37 GMT'), 0);
+
+    // A 429 with `retry-after: -5` waits the backoff (100–200 ms here), not 0 ms.
+    const { impl, calls } = scriptedFetch(
+      jsonResponse(429, { error: { code: 'rate_limited', message: 'slow down' } }, { 'retry-after': '-5' }),
+    );
+    const retries: RetryInfo[] = [];
+    const client = createMnemosClient({
+      baseUrl: svc.base,
+      apiKey,
+      fetch: impl,
+      backoffBaseMs: 200,
+      onRetry: (r) => retries.push(r),
+    });
+    await client.listSessions({ limit: 1 });
+    assert.equal(calls.length, 2);
+    assert.ok(retries[0]!.delayMs >= 100 && retries[0]!.delayMs <= 200, `delay ${retries[0]!.delayMs}`);
+  });
+
+  void test('a failed post carries the ids it sent; a repeat with them stores nothing twice', async () => {
+    // Nothing listens on this port (it was just free).
+    const gone = await localServer(() => undefined);
+    await gone.close();
+    const down = createMnemosClient({ baseUrl: gone.base, apiKey, retries: 1, backoffBaseMs: 5 });
+    const err = await rejects(
+      down.postMessages(sid('down'), [
+        { id: 'mine-1', role: 'user', content: 'a' },
+        { role: 'assistant', content: 'b' },
+      ]),
+    );
+    assert.equal(err.code, 'network_error');
+    assert.equal(err.attempts, 2);
+    const { ids } = err.details as { ids: string[] };
+    assert.equal(ids.length, 2);
+    assert.equal(ids[0], 'mine-1');
+    assert.match(ids[1]!, /^[0-9a-f-]{36}$/);
+
+    // The server stored the post and the answer was lost: the ids make the repeat harmless.
+    const s = sid('lost-ids');
+    const input: MessageInput[] = [
+      { role: 'user', content: 'question' },
+      { role: 'assistant', content: 'answer' },
+    ];
+    const { impl } = scriptedFetch('deliver-then-fail');
+    const noRetry = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: impl, retries: 0 });
+    const lost = await rejects(noRetry.postMessages(s, input, { wait: true }));
+    assert.equal(lost.code, 'network_error');
+    const sent = (lost.details as { ids: string[] }).ids;
+    const again = await mnemos.postMessages(
+      s,
+      input.map((m, i) => ({ ...m, id: sent[i] })),
+      { wait: true },
+    );
+    assert.equal(again.accepted, 0);
+    assert.deepEqual(
+      again.messages.map((m) => m.id),
+      sent,
+    );
+    assert.equal((await mnemos.getSession(s)).message_count, 2);
+  });
+});
+
 void describe('client: error memory and tools', () => {
   void test('writes, deduplicates, finds, reads, lists, deletes and purges records', async () => {
     const tool = `deploy_${randomBytes(3).toString('hex')}`;
@@ -477,6 +810,10 @@ void describe('client: split posts and aborted exports', () => {
     assert.match(err.message, /messages\[0\]\.\.messages\[999\] were stored/);
     assert.equal(details.accepted_before.length, 1000);
     assert.equal((await mnemos.getSession(s)).message_count, 1000);
+    // Every id of the call, in the caller's order: a repeat with them stores nothing twice.
+    const { ids } = err.details as { ids: string[] };
+    assert.equal(ids.length, 1500);
+    assert.equal(new Set(ids).size, 1500);
   });
 
   void test("aborting an export midway rejects with the caller's reason", async () => {
@@ -664,6 +1001,17 @@ void describe('client: summaries with an LLM', () => {
     assert.equal(job.state, 'completed');
     const usage = await client.usage({ sessionId: s });
     assert.ok(usage.rows.some((r) => r.purpose === 'summary' && r.calls >= 1));
+
+    // The export's summary line has every field (this did not compile when they were optional).
+    const exported = [];
+    for await (const line of client.exportSession(s)) exported.push(line);
+    const last = exported.at(-1);
+    assert.ok(last?.type === 'summary');
+    const meta: { version: number; cursor_seq: number | null; status: string; updated_at: string } = last;
+    assert.deepEqual(
+      [meta.version, meta.cursor_seq, meta.status, typeof meta.updated_at],
+      [view.version, view.cursor_seq, view.status, 'string'],
+    );
 
     // The context now carries the summary and the system block.
     const ctx = await client.context(s, { input: 'next' });
