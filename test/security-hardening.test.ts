@@ -96,6 +96,18 @@ void describe('security hardening', () => {
     assert.equal((await t.api.get('/v1/sessions/imp')).status, 404, 'nothing was imported');
   });
 
+  void test('tool arguments sent as a JSON string are checked for depth before they are parsed', async () => {
+    const t = await svc.newTenant();
+    const deep = `{"keyword":"x","z":${'['.repeat(200)}${']'.repeat(200)}}`;
+    const r = await t.api.post('/v1/sessions/s/tools/chat_history', JSON.stringify(deep));
+    assert.equal(r.status, 200, r.text.slice(0, 200));
+    assert.match(r.body.content, /^Invalid arguments for chat_history: nested more than 128 levels deep/);
+    // At 127 levels the string is parsed and read as arguments, as before.
+    const fine = `{"keyword":"x","z":${'['.repeat(126)}${']'.repeat(126)}}`;
+    const ok = await t.api.post('/v1/sessions/s/tools/chat_history', JSON.stringify(fine));
+    assert.match(ok.body.content, /unknown field/);
+  });
+
   void test('the admin API takes the admin token as a bearer token only; Bull Board still takes Basic', async () => {
     // Setup: what a browser sends with remembered Basic credentials.
     const basic = `Basic ${Buffer.from(`admin:${ADMIN_TOKEN}`).toString('base64')}`;

@@ -13,6 +13,7 @@ import { searchBodySchema, searchSessionDetailed } from '../search/search-sessio
 import type { DetailedHit } from '../search/search-session.js';
 import { TOOL_NAMES } from './tool-definitions.js';
 import type { ToolName } from './tool-definitions.js';
+import { MAX_BODY_DEPTH, jsonNestedDeeperThan } from '../json-depth.js';
 
 /** One message line is clipped here; the whole answer never exceeds MAX_OUTPUT. */
 export const MAX_LINE_CHARS = 1200;
@@ -383,7 +384,11 @@ export async function runTool(
   }
   const tool = name as ToolName;
   if (typeof args === 'string') {
-    // Models sometimes send the arguments as the JSON string they produced.
+    // Models sometimes send the arguments as the JSON string they produced. Checked for depth
+    // first, as every JSON body is (services/json-depth.ts): the body's check sees one string, and
+    // 8 MiB of nested arrays inside it held the event loop for 4 s in JSON.parse.
+    if (jsonNestedDeeperThan(Buffer.from(args, 'utf8'), MAX_BODY_DEPTH))
+      return `Invalid arguments for ${tool}: nested more than ${MAX_BODY_DEPTH} levels deep. Example of a valid call: ${EXAMPLES[tool]}`;
     try {
       args = args.trim() === '' ? {} : (JSON.parse(args) as unknown);
     } catch {
