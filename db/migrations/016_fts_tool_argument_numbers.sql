@@ -4,3 +4,6 @@
 -- `1.1`) and a key given twice kept only its last value; an id searched as the model wrote it was
 -- never found. Rows with tool calls are derived again from the arguments' text.
 INSERT INTO maintenance_state (name) VALUES ('fts-args-v6');
+-- The new pass does all the old one did: the old one is marked done, so that no row in
+-- maintenance_state looks like a pass left unfinished.
+UPDATE maintenance_state SET done_at = now() WHERE name = 'fts-args-v4' AND done_at IS NULL;
