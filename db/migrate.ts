@@ -33,12 +33,35 @@ export async function migrate(db: Db, migrations?: Migration[]): Promise<string[
   try {
     return await applyPending(db, all);
   } catch (err) {
-    // The first statement of every process: say which setting to look at.
-    const code = pgCode(err);
-    if (isPgUnavailable(err) || (code !== undefined && CONNECT_CODES.has(code))) {
-      throw new Error(`cannot reach Postgres (DATABASE_URL): ${(err as Error).message}`, { cause: err });
-    }
-    throw err;
+    throw explainConnectError(err);
+  }
+}
+
+/** The first statement of every process: a connection that cannot be made names the setting to look at. */
+function explainConnectError(err: unknown): unknown {
+  const code = pgCode(err);
+  if (isPgUnavailable(err) || (code !== undefined && CONNECT_CODES.has(code))) {
+    return new Error(`cannot reach Postgres (DATABASE_URL): ${(err as Error).message}`, { cause: err });
+  }
+  return err;
+}
+
+/**
+ * Whether mnemos's schema is in this database (the ledger records at least one migration), and the
+ * database's name as Postgres reports it (a DATABASE_URL without one gets the user's). Read without
+ * creating anything, so a command pointed at the wrong database can refuse it untouched.
+ */
+export async function schemaState(db: Db): Promise<{ database: string; installed: boolean }> {
+  try {
+    const r = await db.query<{ database: string; ledger: boolean }>(
+      `SELECT current_database() AS database, to_regclass('schema_migrations') IS NOT NULL AS ledger`,
+    );
+    const { database, ledger } = r.rows[0]!;
+    if (!ledger) return { database, installed: false };
+    const any = await db.query('SELECT 1 FROM schema_migrations LIMIT 1');
+    return { database, installed: any.rows.length > 0 };
+  } catch (err) {
+    throw explainConnectError(err);
   }
 }
 

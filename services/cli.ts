@@ -7,13 +7,19 @@ import { loadConfig, ConfigError } from './config.js';
 import { AppError } from './errors.js';
 import { defaultExtensions } from './extensions.js';
 import { afterRestoreCommand } from './lifecycle/after-restore.js';
-import { addLifecycleCommands } from './lifecycle/lifecycle-cli.js';
+import { addLifecycleCommands, refuseWithoutSchema } from './lifecycle/lifecycle-cli.js';
 import { runFromEnv } from './main.js';
 import { reembedCommand } from './recent-index/reembed.js';
 import { createKey, createTenant, keyList, revokeKey, tenantList } from './tenants.js';
 
-/** Opens the database, applies pending migrations (`applied` names them) and runs `fn`. */
-async function withDb<T>(fn: (db: Db, applied: string[]) => Promise<T>): Promise<T> {
+/**
+ * Opens the database, applies pending migrations (`applied` names them) and runs `fn`. Only with
+ * `install` (the `migrate` command) is a Postgres database without mnemos's schema given one.
+ */
+async function withDb<T>(
+  fn: (db: Db, applied: string[]) => Promise<T>,
+  opts: { install?: boolean } = {},
+): Promise<T> {
   const config = loadConfig(process.env);
   // Embedded mode: open the data dir directly; it fails with a clear message while "mnemos serve" holds it.
   const db = config.databaseUrl
@@ -24,6 +30,7 @@ async function withDb<T>(fn: (db: Db, applied: string[]) => Promise<T>): Promise
       })
     : await openPgliteDb(config.dataDir);
   try {
+    if (!opts.install) await refuseWithoutSchema(db, config);
     const applied = await migrate(db);
     return await fn(db, applied);
   } finally {
@@ -35,7 +42,14 @@ const print = (s: string) => process.stdout.write(`${s}\n`);
 
 const program = new Command('mnemos')
   .description('Tiered conversation memory for multi-agent LLM backends')
-  .showHelpAfterError();
+  .showHelpAfterError()
+  // serve, api and worker log the configuration's warnings at start; the other commands say them
+  // here: a DATABASE_URL without a database name or a mistyped MNEMOS_PREFIX matters to `migrate`
+  // and `after-restore` as much as to a service.
+  .hook('preAction', (_, command) => {
+    if (['serve', 'api', 'worker'].includes(command.name()) && command.parent === program) return;
+    for (const w of loadConfig(process.env).warnings) process.stderr.write(`mnemos: warning: ${w}\n`);
+  });
 
 program
   .command('serve')
@@ -53,17 +67,20 @@ program
   .command('migrate')
   .description('apply pending database migrations')
   .action(() =>
-    withDb(async (db, applied) => {
-      const newer = await unknownMigrations(db);
-      if (newer.length > 0) process.stderr.write(`mnemos: warning: ${newerSchemaWarning(newer)}\n`);
-      print(
-        applied.length
-          ? `applied: ${applied.join(', ')}`
-          : newer.length > 0
-            ? 'schema is ahead of this build'
-            : 'schema is up to date',
-      );
-    }),
+    withDb(
+      async (db, applied) => {
+        const newer = await unknownMigrations(db);
+        if (newer.length > 0) process.stderr.write(`mnemos: warning: ${newerSchemaWarning(newer)}\n`);
+        print(
+          applied.length
+            ? `applied: ${applied.join(', ')}`
+            : newer.length > 0
+              ? 'schema is ahead of this build'
+              : 'schema is up to date',
+        );
+      },
+      { install: true },
+    ),
   );
 
 const tenant = program.command('tenant').description('manage tenants');
@@ -118,12 +135,29 @@ key
           );
     }),
   );
-key.command('revoke <key_id>').action((id: string) =>
-  withDb(async (db) => {
-    if (!(await revokeKey(db, id))) throw new AppError(404, 'not_found', `no active key ${id}`);
-    print(`revoked ${id}`);
-  }),
-);
+// The key id of a whole API key (`mn_<key id>_<secret>`, services/tenants.ts), and the shape of a
+// key id alone.
+const KEY_ID_OF_KEY = /^mn_([a-z2-7]{12})_/;
+const KEY_ID = /^[a-z2-7]{12}$/;
+
+key
+  .command('revoke <key_id>')
+  .description('revoke a key, given its id or the key itself (only the id is printed)')
+  .action((arg: string) =>
+    withDb(async (db) => {
+      // Keys are never printed (README "Security notes"): a whole key pasted here was echoed in
+      // "no active key mn_…". It is revoked by its id, and no message shows more than an id.
+      const id = KEY_ID_OF_KEY.exec(arg)?.[1] ?? arg;
+      if (!KEY_ID.test(id))
+        throw new AppError(
+          400,
+          'invalid_key_id',
+          'not a key id (12 characters of a-z and 2-7, as `mnemos key list` shows) or an API key (mn_<key id>_<secret>)',
+        );
+      if (!(await revokeKey(db, id))) throw new AppError(404, 'not_found', `no active key ${id}`);
+      print(`revoked ${id}`);
+    }),
+  );
 
 program
   .command('reembed')

@@ -119,9 +119,15 @@ const schema = z.object({
     .string()
     .regex(/^[A-Za-z0-9_-]{1,64}$/, 'must be 1-64 characters of letters, digits, "_" or "-" (no ":")')
     .default('mnemos'),
+  // Not trimmed: a token of spaces opened Bull Board with a blank password, and one with a
+  // trailing space from a .env file could never match (a Bearer header carries no spaces).
   MNEMOS_ADMIN_TOKEN: z
     .string()
     .min(16, 'must be at least 16 characters (use e.g. `openssl rand -hex 24`)')
+    .regex(
+      /^[\x21-\x7e]*$/,
+      'must be printable ASCII without spaces: it is sent in an Authorization header (use e.g. `openssl rand -hex 24`)',
+    )
     .optional(),
   OPENAI_API_KEY: optionalText,
   // A query (Azure's `?api-version=...`) goes on every request; a fragment never reaches the
@@ -321,6 +327,89 @@ export function shownUrl(url: string): string {
   }
 }
 
+/** Edit distance (insertions, deletions, substitutions) between two names. */
+function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= b.length; j++)
+      row.push(Math.min(prev[j]! + 1, row[j - 1]! + 1, prev[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1)));
+    prev = row;
+  }
+  return prev[b.length]!;
+}
+
+/**
+ * MNEMOS_* names that are not settings of the service but are read by something else beside it:
+ * the client and the example agent (MNEMOS_URL, MNEMOS_API_KEY, MNEMOS_SESSION, which the Quick
+ * start exports in the same shell), docker-compose.yml (MNEMOS_BIND, MNEMOS_PORT, often in the same
+ * .env file) and the test runner.
+ */
+const READ_ELSEWHERE = new Set([
+  'MNEMOS_URL',
+  'MNEMOS_API_KEY',
+  'MNEMOS_SESSION',
+  'MNEMOS_BIND',
+  'MNEMOS_PORT',
+  'MNEMOS_CHECK_RESPONSES',
+  'MNEMOS_TEST_RUN',
+  'MNEMOS_TEST_TEMPLATE',
+]);
+
+/**
+ * A warning for each MNEMOS_* variable that no setting reads: a typo (`MNEMOS_PREFX`) otherwise
+ * starts on the default, and the default prefix is shared with every other deployment on the Redis.
+ * The closest known name is suggested when it is a small edit away, also without the MNEMOS_ part
+ * (`MNEMOS_REDIS_URL` is REDIS_URL).
+ */
+function unknownVariableWarnings(env: Record<string, string | undefined>): string[] {
+  const known = Object.keys(schema.shape);
+  const warnings: string[] = [];
+  for (const [name, value] of Object.entries(env)) {
+    if (!/^mnemos_/i.test(name) || value === undefined || value === '') continue;
+    if (known.includes(name) || READ_ELSEWHERE.has(name)) continue;
+    const upper = name.toUpperCase();
+    let best: { name: string; distance: number } | null = null;
+    for (const k of known) {
+      const distance = Math.min(editDistance(upper, k), editDistance(upper.slice('MNEMOS_'.length), k));
+      if (distance <= Math.max(1, Math.floor(k.length / 4)) && (!best || distance < best.distance))
+        best = { name: k, distance };
+    }
+    warnings.push(
+      `${name} is not a mnemos setting and is ignored (${best ? `did you mean ${best.name}?` : 'see README "Configuration"'})`,
+    );
+  }
+  return warnings;
+}
+
+const decodedOr = (s: string, fallback: string): string => {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    return fallback;
+  }
+};
+
+/**
+ * A DATABASE_URL without a database name connects, by libpq's rule (node-postgres follows it), to
+ * PGDATABASE or else the database named like the user: `postgres://postgres@host` is the shared
+ * `postgres` database, which mnemos then fills with its tables. Said at start, naming that database.
+ */
+function databaseNameWarning(url: string, env: Record<string, string | undefined>): string | null {
+  const u = parsePgUrl(url);
+  if (!u || u.pathname.replace(/^\//, '') !== '') return null;
+  const user = u.searchParams.get('user') || decodedOr(u.username, u.username) || env.PGUSER || env.USER;
+  const database = env.PGDATABASE
+    ? `"${env.PGDATABASE}" (PGDATABASE)`
+    : user
+      ? `"${user}" (named like the user)`
+      : 'the one named like the user';
+  return (
+    `DATABASE_URL names no database: Postgres will use database ${database}; put the database in ` +
+    `the path (e.g. postgres://user@127.0.0.1:5432/mnemos)`
+  );
+}
+
 /** A Chinese tag other than Taiwan's Traditional (`zh-CN`, `zh-Hans-TW`; not `zh-TW-u-nu-hanidec`). */
 function chineseOtherThanTaiwan(tag: string): boolean {
   const l = new Intl.Locale(tag);
@@ -377,6 +466,11 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
       `REPLY_LANG=${e.REPLY_LANG}: Chinese summaries are always written in Taiwan Traditional Chinese (zh-TW)`,
     );
   }
+  if (e.DATABASE_URL) {
+    const unnamed = databaseNameWarning(e.DATABASE_URL, env);
+    if (unnamed) warnings.push(unnamed);
+  }
+  warnings.push(...unknownVariableWarnings(env));
   // SPEC §1: without an LLM, LLM-dependent work reports itself disabled rather than failing.
   if (e.DECISION_MODEL && !configured) {
     warnings.push(

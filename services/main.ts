@@ -268,11 +268,15 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
   process.off('SIGINT', earlyInt);
   if (svc.url) {
     logger.info({ url: svc.url }, `mnemos ${mode} listening on ${svc.url}`);
+    // Shown because the default is shared: two deployments on one Redis with the same prefix take
+    // each other's jobs, and a mistyped MNEMOS_PREFIX variable falls back to it.
+    const prefixLine = `  Prefix:     ${config.prefix}   (MNEMOS_PREFIX: its Redis keys and queues; one per deployment)`;
     // A worker serves health, readiness and metrics only: no keys, Bull Board or OpenAPI to show.
     const lines =
       mode === 'worker'
         ? [
             `mnemos worker listening on ${svc.url}`,
+            prefixLine,
             `  Health:     ${svc.url}/readyz   Metrics: ${svc.url}/metrics`,
           ]
         : [
@@ -283,6 +287,7 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
             config.adminToken
               ? `  Bull Board: ${svc.url}/admin/queues   (user: any, password: MNEMOS_ADMIN_TOKEN)`
               : '  Bull Board: set MNEMOS_ADMIN_TOKEN to enable /admin/queues',
+            prefixLine,
             `  Health:     ${svc.url}/readyz   Metrics: ${svc.url}/metrics   OpenAPI: ${svc.url}/openapi.json`,
           ];
     process.stdout.write(`${lines.join('\n')}\n`);

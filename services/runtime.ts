@@ -22,7 +22,7 @@ import { createTenant, tenantList } from './tenants.js';
 export async function openDeps(
   config: Config,
   logger: Logger,
-  opts: { db?: Db; defaultMetrics?: boolean; poolSize?: number } = {},
+  opts: { db?: Db; defaultMetrics?: boolean; poolSize?: number; quietQueueErrors?: boolean } = {},
 ): Promise<CoreDeps> {
   const db =
     opts.db ??
@@ -38,7 +38,15 @@ export async function openDeps(
       : await openEmbedded(config, logger));
   const redis = makeRedis(config.redisUrl, 'producer', logger);
   // Queues share the fail-fast producer connection: enqueueing during an outage is a 503, not a hang.
-  const queues = makeQueues(redis, config.prefix, logger);
+  // `quietQueueErrors` (CLI commands): makeRedis logs that connection's errors (at most one per
+  // 5 s) and the command ends with "cannot reach Redis", but each queue repeated every reconnect
+  // attempt's error too (36 lines on the stderr of an `export` before the one saying so). Those
+  // go to debug there.
+  const queues = makeQueues(
+    redis,
+    config.prefix,
+    opts.quietQueueErrors ? { warn: (obj: object, msg: string) => logger.debug(obj, msg) } : logger,
+  );
   const metrics = makeMetrics({ defaultMetrics: opts.defaultMetrics ?? false });
   const llm = config.llm.configured
     ? makeLlmClient({

@@ -3,11 +3,13 @@ import { open } from 'node:fs/promises';
 import path from 'node:path';
 import type { Writable } from 'node:stream';
 import type { Command } from 'commander';
-import { migrate } from '../../db/migrate.js';
+import { migrate, schemaState } from '../../db/migrate.js';
+import type { Db } from '../../db/pool.js';
 import { findTenant } from '../../db/queries/tenants.js';
 import type { AfterArchive } from '../../workers/ingest.js';
 import { drainSession } from '../../workers/ingest.js';
 import { loadConfig, shownUrl } from '../config.js';
+import type { Config } from '../config.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
 import type { Extension, ExtensionFactory } from '../extension.js';
@@ -30,6 +32,24 @@ import { eraseTenant } from './tenant-erasure.js';
 
 const print = (s: string) => process.stdout.write(`${s}\n`);
 
+/**
+ * CLI commands other than `migrate` refuse a Postgres database without mnemos's schema instead of
+ * installing it: pointed at another application's database by mistake (or at the shared `postgres`
+ * one), `tenant list` left 14 tables and the vector extension there. A database with the schema
+ * and pending migrations is still migrated by them (the upgrade path). Embedded mode's data
+ * directory is mnemos's own, and a fresh one is installed (README Quick start: `tenant create`
+ * before any `serve`).
+ */
+export async function refuseWithoutSchema(db: Db, config: Config): Promise<void> {
+  if (!config.databaseUrl) return;
+  const { database, installed } = await schemaState(db);
+  if (installed) return;
+  throw new Error(
+    `database "${database}" (${shownUrl(config.databaseUrl)}) has no mnemos schema, and this command ` +
+      `does not install one: check DATABASE_URL, or run \`mnemos migrate\` first to install it there`,
+  );
+}
+
 interface Runtime {
   deps: CoreDeps;
   extensions: Extension[];
@@ -43,9 +63,10 @@ async function withRuntime<T>(
   // Results go to stdout; logs only when asked for, and to stderr: an export to stdout with
   // LOG_LEVEL=info began with the "PGlite opened" log line, and its import then failed.
   const logger = makeLogger(process.env.LOG_LEVEL ? config.logLevel : 'warn', { stderr: true });
-  const deps = await openDeps(config, logger, { poolSize: 4 });
+  const deps = await openDeps(config, logger, { poolSize: 4, quietQueueErrors: true });
   const extensions: Extension[] = [];
   try {
+    await refuseWithoutSchema(deps.db, config);
     await migrate(deps.db);
     if (!(await waitForRedis(deps.redis, 5000)))
       throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)}`);

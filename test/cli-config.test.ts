@@ -1,0 +1,294 @@
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { describe, test } from 'node:test';
+import { loadMigrations, migrate } from '../db/migrate.js';
+import { makePgDb } from '../db/pool.js';
+import { ConfigError, loadConfig } from '../services/config.js';
+import { createTenant, keyList } from '../services/tenants.js';
+import {
+  ADMIN_URL,
+  createTestDatabase,
+  deleteRedisPrefix,
+  dropTestDatabase,
+  testPrefix,
+} from './support/harness.js';
+import { waitExit } from './support/child-service.js';
+
+/** Runs a CLI command to its end, as an operator would (the test's environment plus `env`). */
+const cli = (args: string[], env: Record<string, string>) =>
+  spawnSync(process.execPath, ['bin/mnemos.js', ...args], {
+    env: { ...process.env, LOG_LEVEL: '', ...env },
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+
+/** A database of its own for one test, empty (no mnemos schema); dropped by the returned `drop`. */
+async function emptyDatabase(): Promise<{ name: string; url: string; drop(): Promise<void> }> {
+  const name = `mnemos_t_${process.env.MNEMOS_TEST_RUN ?? 'x'}_foreign_${randomBytes(4).toString('hex')}`;
+  const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+  await admin.query(`CREATE DATABASE "${name}"`).finally(() => admin.close());
+  const u = new URL(ADMIN_URL);
+  u.pathname = `/${name}`;
+  const url = u.toString();
+  return { name, url, drop: () => dropTestDatabase(url) };
+}
+
+void describe('CLI commands and the database they are given', () => {
+  void test("refuse another application's database without touching it, and work once it is migrated", async () => {
+    // Setup: another application's database, with a table of its own.
+    const other = await emptyDatabase();
+    try {
+      const db = makePgDb({ connectionString: other.url, max: 1 });
+      await db.query('CREATE TABLE invoices (id int PRIMARY KEY)');
+      await db.close();
+      const withPassword = new URL(other.url);
+      withPassword.password = 'sekrit-pw';
+
+      // Action: a read-only command through each way the CLI opens the database (tenant list:
+      // the database alone; export: the runtime with Redis and the queues).
+      const listed = cli(['tenant', 'list'], { DATABASE_URL: withPassword.toString() });
+      const exported = cli(['export', 's1', '--tenant', 'nobody'], { DATABASE_URL: other.url });
+
+      // Assert: refused, naming the database (not the password) and what to do; nothing created.
+      for (const r of [listed, exported]) {
+        assert.notEqual(r.status, 0, r.stderr);
+        assert.match(
+          r.stderr,
+          new RegExp(`database "${other.name}" \\(.*\\) has no mnemos schema.*DATABASE_URL.*mnemos migrate`),
+        );
+        assert.equal(r.stdout, '');
+      }
+      assert.doesNotMatch(listed.stderr, /sekrit-pw/);
+      const check = makePgDb({ connectionString: other.url, max: 1 });
+      const tables = await check.query<{ t: string }>(
+        `SELECT table_name AS t FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1`,
+      );
+      const extensions = await check.query<{ e: string }>(`SELECT extname AS e FROM pg_extension ORDER BY 1`);
+      await check.close();
+      assert.deepEqual(
+        tables.rows.map((r) => r.t),
+        ['invoices'],
+      );
+      assert.deepEqual(
+        extensions.rows.map((r) => r.e),
+        ['plpgsql'],
+      );
+
+      // Action / Assert: `mnemos migrate` installs the schema on purpose; then the command works.
+      const migrated = cli(['migrate'], { DATABASE_URL: other.url });
+      assert.equal(migrated.status, 0, migrated.stderr);
+      assert.match(migrated.stdout, /^applied: 001_init/);
+      const after = cli(['tenant', 'list'], { DATABASE_URL: other.url });
+      assert.equal(after.status, 0, after.stderr);
+      assert.equal(after.stdout, '');
+    } finally {
+      await other.drop();
+    }
+  });
+
+  void test('a database with the schema and pending migrations is still brought up to date by any command', async () => {
+    // Setup: a database migrated by an older build (its first three migrations only).
+    const old = await emptyDatabase();
+    try {
+      const db = makePgDb({ connectionString: old.url, max: 1 });
+      await migrate(db, (await loadMigrations()).slice(0, 3));
+
+      // Action
+      const r = cli(['tenant', 'create', 'upgraded'], { DATABASE_URL: old.url });
+
+      // Assert: the tenant exists and every migration is applied.
+      assert.equal(r.status, 0, r.stderr);
+      assert.match(r.stdout, /^tenant_id: t_/);
+      const ledger = await db.query<{ n: number }>('SELECT count(*)::int AS n FROM schema_migrations');
+      await db.close();
+      assert.equal(ledger.rows[0]!.n, (await loadMigrations()).length);
+    } finally {
+      await old.drop();
+    }
+  });
+
+  void test('the configuration warnings are printed by every command, on stderr', async () => {
+    // Setup
+    const url = await createTestDatabase();
+    try {
+      // Action
+      const r = cli(['migrate'], { DATABASE_URL: url, MNEMOS_PREFX: 'mine' });
+
+      // Assert: stdout is the command's output only.
+      assert.equal(r.status, 0, r.stderr);
+      assert.equal(r.stdout, 'schema is up to date\n');
+      assert.match(
+        r.stderr,
+        /^mnemos: warning: MNEMOS_PREFX is not a mnemos setting and is ignored \(did you mean MNEMOS_PREFIX\?\)$/m,
+      );
+    } finally {
+      await dropTestDatabase(url);
+    }
+  });
+});
+
+void describe('key revoke', () => {
+  void test('takes a whole API key, revokes it by its id and never prints its secret', async () => {
+    // Setup
+    const url = await createTestDatabase();
+    const db = makePgDb({ connectionString: url, max: 1 });
+    try {
+      const { tenant_id, api_key } = await createTenant(db, 'revoker');
+      const [, keyId, secret] = /^mn_([a-z2-7]{12})_(\w+)$/.exec(api_key)!;
+
+      // Action
+      const first = cli(['key', 'revoke', api_key], { DATABASE_URL: url });
+      const again = cli(['key', 'revoke', api_key], { DATABASE_URL: url });
+      const truncated = cli(['key', 'revoke', `mn_${secret!.slice(0, 20)}`], { DATABASE_URL: url });
+
+      // Assert: revoked, named by its id; the second time an error naming the id only.
+      assert.equal(first.status, 0, first.stderr);
+      assert.equal(first.stdout, `revoked ${keyId}\n`);
+      const keys = (await keyList(db, tenant_id)).items;
+      assert.equal(keys.length, 1);
+      assert.equal(keys[0]!.key_id, keyId);
+      assert.ok(keys[0]!.revoked_at, 'the key is revoked');
+      assert.notEqual(again.status, 0);
+      assert.match(again.stderr, new RegExp(`no active key ${keyId}$`, 'm'));
+      assert.notEqual(truncated.status, 0);
+      assert.match(truncated.stderr, /not a key id/);
+      for (const r of [first, again, truncated]) {
+        assert.ok(!r.stdout.includes(secret!.slice(0, 20)), 'no part of the secret on stdout');
+        assert.ok(!r.stderr.includes(secret!.slice(0, 20)), 'no part of the secret on stderr');
+      }
+    } finally {
+      await db.close();
+      await dropTestDatabase(url);
+    }
+  });
+});
+
+void describe('CLI and Redis', () => {
+  void test('an unreachable Redis is said in a few lines, ending with the one that names it', async () => {
+    // Setup
+    const url = await createTestDatabase();
+    try {
+      // Action
+      const r = cli(['export', 's1', '--tenant', 'nobody'], {
+        DATABASE_URL: url,
+        REDIS_URL: 'redis://127.0.0.1:1',
+        MNEMOS_PREFIX: testPrefix(),
+      });
+
+      // Assert
+      assert.equal(r.status, 1, r.stderr);
+      const lines = r.stderr.trimEnd().split('\n');
+      assert.ok(lines.length <= 3, `at most a few lines:\n${r.stderr}`);
+      assert.match(lines.at(-1)!, /^mnemos: cannot reach Redis at redis:\/\/127\.0\.0\.1:1/);
+    } finally {
+      await dropTestDatabase(url);
+    }
+  });
+});
+
+void describe('start-up configuration', () => {
+  void test('a DATABASE_URL without a database name warns which database Postgres will use', () => {
+    const warned = (env: Record<string, string>) =>
+      loadConfig(env).warnings.filter((w) => w.startsWith('DATABASE_URL'));
+    assert.match(
+      warned({ DATABASE_URL: 'postgres://postgres@127.0.0.1:5432' })[0] ?? '',
+      /DATABASE_URL names no database: Postgres will use database "postgres"/,
+    );
+    assert.match(
+      warned({ DATABASE_URL: 'postgres://app:pw@db.internal/', PGDATABASE: 'other' })[0] ?? '',
+      /will use database "other" \(PGDATABASE\)/,
+    );
+    assert.match(
+      warned({ DATABASE_URL: 'postgres://@/?host=/run/postgresql', USER: 'alice' })[0] ?? '',
+      /will use database "alice"/,
+    );
+    assert.deepEqual(warned({ DATABASE_URL: 'postgres://postgres@127.0.0.1:5432/mnemos' }), []);
+    assert.deepEqual(warned({ DATABASE_URL: 'postgres://u@/mnemos?host=/run/postgresql' }), []);
+  });
+
+  void test('an unknown MNEMOS_ variable is warned about, with the closest setting when it is a typo', () => {
+    const c = loadConfig({ MNEMOS_PREFX: 'mine', MNEMOS_REDIS_URL: 'redis://r:6379', MNEMOS_COLOUR: 'blue' });
+    assert.equal(c.prefix, 'mnemos');
+    assert.deepEqual(c.warnings, [
+      'MNEMOS_PREFX is not a mnemos setting and is ignored (did you mean MNEMOS_PREFIX?)',
+      'MNEMOS_REDIS_URL is not a mnemos setting and is ignored (did you mean REDIS_URL?)',
+      'MNEMOS_COLOUR is not a mnemos setting and is ignored (see README "Configuration")',
+    ]);
+    // Settings, and names read beside the service (the client's, docker-compose.yml's), are not.
+    assert.deepEqual(
+      loadConfig({
+        MNEMOS_PREFIX: 'mine',
+        MNEMOS_DATA_DIR: './d',
+        MNEMOS_API_KEY: 'mn_x',
+        MNEMOS_URL: 'http://127.0.0.1:8080',
+        MNEMOS_PORT: '8081',
+        MNEMOS_EMPTY: '',
+      }).warnings,
+      [],
+    );
+  });
+
+  void test('MNEMOS_ADMIN_TOKEN with spaces, control characters or non-ASCII stops the start', () => {
+    for (const token of [
+      ' '.repeat(16),
+      'a-good-token-0123 ',
+      'tab\tinside-0123456',
+      'ünïcode-token-0123456',
+    ]) {
+      assert.throws(
+        () => loadConfig({ MNEMOS_ADMIN_TOKEN: token }),
+        (err: unknown) =>
+          err instanceof ConfigError &&
+          /MNEMOS_ADMIN_TOKEN: must be printable ASCII without spaces: it is sent in an Authorization header/.test(
+            err.message,
+          ),
+        JSON.stringify(token),
+      );
+    }
+    assert.equal(
+      loadConfig({ MNEMOS_ADMIN_TOKEN: 'Ab0-_.~+/=!#$%&*^|0123' }).adminToken,
+      'Ab0-_.~+/=!#$%&*^|0123',
+    );
+    // The CLI exits 78 on it, like every configuration error.
+    const r = cli(['tenant', 'list'], {
+      MNEMOS_ADMIN_TOKEN: 'a-good-token-0123 ',
+      DATABASE_URL: 'postgres://postgres@127.0.0.1:1/x',
+    });
+    assert.equal(r.status, 78, r.stderr);
+    assert.match(r.stderr, /MNEMOS_ADMIN_TOKEN: must be printable ASCII/);
+  });
+
+  void test('the start banner shows the Redis prefix', async () => {
+    // Setup
+    const url = await createTestDatabase();
+    const prefix = testPrefix();
+    try {
+      // Action
+      const child = spawn(process.execPath, ['bin/mnemos.js', 'api'], {
+        env: { ...process.env, DATABASE_URL: url, MNEMOS_PREFIX: prefix, PORT: '0', LOG_LEVEL: 'silent' },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
+      let out = '';
+      const banner = await new Promise<string>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no banner within 60 s:\n${out}`)), 60_000);
+        child.stdout.on('data', (d: Buffer) => {
+          out += d.toString();
+          if (/Health:/.test(out)) {
+            clearTimeout(timer);
+            resolve(out);
+          }
+        });
+        child.once('exit', (code) => reject(new Error(`exited (${code}):\n${out}`)));
+      });
+      child.kill('SIGTERM');
+      await waitExit(child);
+
+      // Assert
+      assert.match(banner, new RegExp(`^ {2}Prefix: +${prefix} +\\(MNEMOS_PREFIX`, 'm'));
+    } finally {
+      await deleteRedisPrefix(prefix);
+      await dropTestDatabase(url);
+    }
+  });
+});
