@@ -20,3 +20,27 @@ export function makeLogger(level: string, opts: { name?: string; stderr?: boolea
   // Synchronous, so a line logged just before the CLI's process.exit is not lost.
   return opts.stderr ? pino(options, pino.destination({ fd: 2, sync: true })) : pino(options);
 }
+
+/**
+ * A warning logged at most once per `everyMs` (5 s), the next line counting those left out
+ * (`suppressed`). For error events a library emits per poll or per reconnect attempt: BullMQ
+ * emitted 1,000–3,000 a second while Redis refused commands, 1.5 GB of log an hour.
+ */
+export function throttledWarn(
+  logger: { warn(obj: object, msg: string): void } | undefined,
+  msg: string,
+  everyMs = 5000,
+): (fields: object) => void {
+  let last = 0;
+  let suppressed = 0;
+  return (fields) => {
+    const now = Date.now();
+    if (now - last < everyMs) {
+      suppressed++;
+      return;
+    }
+    logger?.warn({ ...fields, suppressed }, msg);
+    last = now;
+    suppressed = 0;
+  };
+}

@@ -616,3 +616,31 @@ void describe('Postgres states that are not an outage', () => {
     }
   });
 });
+
+void describe('logs during a Redis outage', () => {
+  void test('a Redis that is gone is logged a few lines per 5 s, not a line per reconnect attempt and queue', async () => {
+    const { startPrivateRedis } = await import('./support/private-redis.js');
+    const redis = await startPrivateRedis();
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino(
+      { level: 'warn' },
+      { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) },
+    );
+    const own = await startTestService({ mode: 'api', env: { REDIS_URL: redis.url }, logger });
+    try {
+      await redis.kill();
+      // Reconnect attempts every 200 ms to 2 s: several per queue in 6 s.
+      await new Promise((r) => setTimeout(r, 6000));
+      const queueLines = lines.filter((l) => l['msg'] === 'queue error');
+      const perQueue = new Map<unknown, number>();
+      for (const l of queueLines) perQueue.set(l['queue'], (perQueue.get(l['queue']) ?? 0) + 1);
+      assert.ok(perQueue.size > 0, 'queue errors are logged');
+      for (const [queue, n] of perQueue) assert.ok(n <= 2, `${String(queue)}: ${n} lines in 6 s`);
+    } finally {
+      await redis.start();
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+      await redis.stop();
+    }
+  });
+});

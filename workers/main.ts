@@ -2,6 +2,7 @@ import { UnrecoverableError, Worker } from 'bullmq';
 import type { Job, Processor } from 'bullmq';
 import type { CoreDeps } from '../services/deps.js';
 import type { Extension } from '../services/extension.js';
+import { throttledWarn } from '../services/logger.js';
 import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
@@ -80,20 +81,10 @@ export async function startWorkers(
     const queueConcurrency =
       name === 'embed' ? Math.min(concurrency, deps.config.embedConcurrency) : concurrency;
     const w = new Worker(name, timedProcessor, { ...common, concurrency: queueConcurrency });
-    // While Redis refuses commands (out of memory, say) BullMQ emits an error per poll: 1,000–3,000
-    // a second, 1.5 GB of log an hour. One line per queue per 5 s, with the count left out.
-    let lastWarn = 0;
-    let quiet = 0;
-    w.on('error', (err) => {
-      const now = Date.now();
-      if (now - lastWarn < 5000) {
-        quiet++;
-        return;
-      }
-      deps.logger.warn({ queue: name, err: { message: err.message }, suppressed: quiet }, 'worker error');
-      lastWarn = now;
-      quiet = 0;
-    });
+    // While Redis refuses commands (out of memory, say) BullMQ emits an error per poll: one line
+    // per queue per 5 s, with the count left out.
+    const warnError = throttledWarn(deps.logger, 'worker error');
+    w.on('error', (err) => warnError({ queue: name, err: { message: err.message } }));
     w.on('failed', (job, err) => {
       // Final: no attempt left, or a permanent fault (UnrecoverableError skips the rest).
       const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';

@@ -1,6 +1,7 @@
 import { Queue, UnrecoverableError } from 'bullmq';
 import type { ConnectionOptions, JobsOptions } from 'bullmq';
 import { z } from 'zod';
+import { throttledWarn } from '../services/logger.js';
 
 /**
  * The typed queue registry: the only place that constructs BullMQ `Queue`s. Every payload carries a
@@ -81,9 +82,10 @@ export function makeQueues(
   );
   const queues = Object.fromEntries(entries) as unknown as { [N in QueueName]: Queue<Payload<N>> };
   for (const [name, q] of entries) {
-    q.on('error', (err: Error) =>
-      logger?.warn({ queue: name, err: { message: err.message } }, 'queue error'),
-    );
+    // One per reconnect attempt of the shared connection, whose own errors makeRedis logs: one
+    // line per queue per 5 s, with the count left out.
+    const warnError = throttledWarn(logger, 'queue error');
+    q.on('error', (err: Error) => warnError({ queue: name, err: { message: err.message } }));
   }
   return {
     ...queues,
