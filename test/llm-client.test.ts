@@ -337,23 +337,37 @@ void describe('llm client: chat', () => {
     assert.equal((await client().chat(chatReq({ timeoutMs: 1000 }))).content, 'late but fine');
   });
 
+  /**
+   * Aborts once the fake has the call's first request (in the backoff after a 429, or while the
+   * fake holds its answer). A fixed 100 ms timer raced the request on a loaded machine: aborted
+   * before it arrived, the request reached the fake later and took the next test's script.
+   */
+  const abortOnceRequested = (controller: AbortController) => {
+    const poll = setInterval(() => {
+      if (fake.chatRequests().length === 0) return;
+      clearInterval(poll);
+      setTimeout(() => controller.abort(), 50);
+    }, 5);
+  };
+
   void test('abort during the backoff sleep ends the call quickly as aborted', async () => {
     fake.queueChat({ status: 429, headers: { 'retry-after': '5' } }, { content: 'never reached' });
     const controller = new AbortController();
-    setTimeout(() => controller.abort(), 100);
+    abortOnceRequested(controller);
     const started = Date.now();
     await rejectsWith(client({ maxDelayMs: 10_000 }).chat(chatReq({ signal: controller.signal })), (err) => {
       assert.equal(err.kind, 'aborted');
       assert.equal(err.retryable, false);
     });
-    assert.ok(Date.now() - started < 1000);
+    // Well before the 5 s the endpoint asked for.
+    assert.ok(Date.now() - started < 4000);
     assert.equal(fake.chatRequests().length, 1);
   });
 
   void test('abort during an in-flight request is aborted, not timeout', async () => {
     fake.queueChat({ hang: true });
     const controller = new AbortController();
-    setTimeout(() => controller.abort(), 100);
+    abortOnceRequested(controller);
     await rejectsWith(client().chat(chatReq({ signal: controller.signal })), (err) =>
       assert.equal(err.kind, 'aborted'),
     );
