@@ -36,7 +36,7 @@ export function startAttempt(caller: AbortSignal | undefined, timeoutMs: number)
     }, timeoutMs);
   };
   if (caller?.aborted) ac.abort(caller.reason);
-  else caller?.addEventListener('abort', onAbort, { once: true });
+  else if (caller) onCallerAbort(caller, onAbort);
   arm();
   return {
     signal: ac.signal,
@@ -48,9 +48,40 @@ export function startAttempt(caller: AbortSignal | undefined, timeoutMs: number)
     end() {
       ended = true;
       pause();
-      caller?.removeEventListener('abort', onAbort);
+      if (caller) offCallerAbort(caller, onAbort);
     },
   };
+}
+
+/**
+ * The attempts listening to each caller signal, behind one listener of its own: a listener per
+ * attempt made Node warn of a leak (MaxListenersExceededWarning) once 11 calls sharing an app's
+ * shutdown signal ran at once. The entry goes when its last attempt ends.
+ */
+const listening = new WeakMap<AbortSignal, { attempts: Set<() => void>; fire: () => void }>();
+
+function onCallerAbort(caller: AbortSignal, onAbort: () => void): void {
+  let entry = listening.get(caller);
+  if (!entry) {
+    const attempts = new Set<() => void>();
+    const fire = () => {
+      listening.delete(caller);
+      for (const a of attempts) a();
+    };
+    entry = { attempts, fire };
+    listening.set(caller, entry);
+    caller.addEventListener('abort', fire, { once: true });
+  }
+  entry.attempts.add(onAbort);
+}
+
+function offCallerAbort(caller: AbortSignal, onAbort: () => void): void {
+  const entry = listening.get(caller);
+  if (!entry) return;
+  entry.attempts.delete(onAbort);
+  if (entry.attempts.size > 0) return;
+  listening.delete(caller);
+  caller.removeEventListener('abort', entry.fire);
 }
 
 /**
@@ -125,9 +156,23 @@ export function canStreamRequests(): boolean {
   }
 }
 
-export async function collect(source: AsyncIterable<Uint8Array>): Promise<Uint8Array[]> {
-  const out: Uint8Array[] = [];
-  for await (const chunk of source) out.push(chunk);
+/**
+ * The whole upload in one buffer of its own (where fetch cannot stream a body): typed on a plain
+ * ArrayBuffer, which is what a DOM lib's Blob takes.
+ */
+export async function collect(source: AsyncIterable<Uint8Array>): Promise<Uint8Array<ArrayBuffer>> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of source) {
+    chunks.push(chunk);
+    size += chunk.length;
+  }
+  const out = new Uint8Array(size);
+  let at = 0;
+  for (const c of chunks) {
+    out.set(c, at);
+    at += c.length;
+  }
   return out;
 }
 

@@ -445,15 +445,36 @@ async function* jsonLinesBytes(
 ): AsyncGenerator<Uint8Array> {
   const encoder = new TextEncoder();
   let text = '';
+  let sent = 0;
+  // The server reads at most MAX_IMPORT_BYTES, then answers 413 and closes the connection while
+  // a streamed body is still being written: the client saw only "fetch failed" (EPIPE). It stops
+  // at the limit itself, with the code the server gives; nothing is imported.
+  const chunk = (t: string): Uint8Array => {
+    const bytes = encoder.encode(t);
+    sent += bytes.length;
+    if (sent > MAX_IMPORT_BYTES)
+      throw new MnemosError({
+        status: 0,
+        code: 'body_too_large',
+        message: `the import exceeds ${MAX_IMPORT_BYTES} bytes, the server's limit: stopped there, nothing was imported`,
+        details: { limit: MAX_IMPORT_BYTES },
+        requestId: null,
+        attempts: 1,
+      });
+    return bytes;
+  };
   for await (const line of lines) {
     text += `${JSON.stringify(line)}\n`;
     if (text.length >= UPLOAD_CHUNK_CHARS) {
-      yield encoder.encode(text);
+      yield chunk(text);
       text = '';
     }
   }
-  if (text) yield encoder.encode(text);
+  if (text) yield chunk(text);
 }
+
+/** What the server takes of one import (services/lifecycle/import-input.ts MAX_IMPORT_BYTES). */
+const MAX_IMPORT_BYTES = 64 * 1024 * 1024;
 
 /** Parses a JSON Lines body as it streams in; stops reading when the consumer stops. */
 async function* readJsonLines<T>(chunks: AsyncIterable<string>): AsyncGenerator<T> {

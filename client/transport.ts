@@ -215,7 +215,7 @@ export function makeTransport(opts: TransportOptions): Transport {
     }
     if (upload && !canStreamRequests()) {
       // A fetch without request streams (Firefox, Safari) gets the upload whole, as before.
-      body = new Blob(await collect(upload.open()));
+      body = new Blob([await collect(upload.open())]);
       upload = undefined;
     }
     const once = upload?.once ?? false;

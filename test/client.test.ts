@@ -468,6 +468,58 @@ void describe('client: signals, streams, retry-after and ids', () => {
     assert.equal(attemptSignals.filter((s) => s.aborted).length, 0);
   });
 
+  void test('calls in flight at once on one signal hang one listener on it, and an abort reaches each', async () => {
+    const release: Array<() => void> = [];
+    const stub: typeof fetch = (_input, init) =>
+      new Promise((resolve, reject) => {
+        init!.signal!.addEventListener('abort', () => reject(init!.signal!.reason as Error), { once: true });
+        release.push(() => resolve(jsonResponse(200, { sessions: [], next: null })));
+      });
+    const client = createMnemosClient({ baseUrl: 'http://stub.invalid', apiKey: 'k', fetch: stub });
+    const shutdown = new AbortController();
+    const { signal } = shutdown;
+
+    // 20 at once: a listener each made Node warn of a leak past 10 (MaxListenersExceededWarning).
+    const first = Array.from({ length: 20 }, () => client.listSessions({ signal }));
+    while (release.length < 20) await new Promise((r) => setImmediate(r));
+    assert.equal(getEventListeners(signal, 'abort').length, 1);
+    for (const r of release.splice(0)) r();
+    await Promise.all(first);
+    assert.equal(getEventListeners(signal, 'abort').length, 0);
+
+    const second = Array.from({ length: 20 }, () =>
+      client.listSessions({ signal }).then(
+        () => 'answered',
+        (err: unknown) => String(err),
+      ),
+    );
+    while (release.length < 20) await new Promise((r) => setImmediate(r));
+    shutdown.abort(new Error('shutting down'));
+    for (const outcome of await Promise.all(second)) assert.match(outcome, /shutting down/);
+    assert.equal(getEventListeners(signal, 'abort').length, 0);
+  });
+
+  void test('an import past the server limit stops at 64 MiB with body_too_large, not a broken pipe', async () => {
+    let sentBytes = 0;
+    const stub: typeof fetch = async (_input, init) => {
+      const reader = (init!.body as ReadableStream<Uint8Array>).getReader();
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        sentBytes += value.length;
+      }
+      return jsonResponse(201, { imported: 0, first_seq: null, last_seq: null, summary: false });
+    };
+    const client = createMnemosClient({ baseUrl: 'http://stub.invalid', apiKey: 'k', fetch: stub });
+    const content = 'x'.repeat(100_000);
+    async function* lines() {
+      for (let i = 0; i < 700; i++) yield { role: 'user' as const, content };
+    }
+    const err = await rejects(client.importSession('big', lines()));
+    assert.equal(err.code, 'body_too_large');
+    assert.ok(sentBytes <= 64 * 1024 * 1024, `${sentBytes} bytes sent`);
+  });
+
   void test('an import streams its lines: the source is read while the body is sent', async () => {
     // Setup: a generator that counts the lines taken, and a fetch that notes the count when the
     // first bytes of the body go out.
