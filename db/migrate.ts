@@ -58,6 +58,13 @@ export async function schemaState(db: Db): Promise<{ database: string; installed
     );
     const { database, ledger } = r.rows[0]!;
     if (!ledger) return { database, installed: false };
+    // Rails, golang-migrate and dbmate keep a schema_migrations table too: ours has these columns.
+    const ours = await db.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM information_schema.columns
+       WHERE table_schema = current_schema() AND table_name = 'schema_migrations'
+         AND column_name IN ('version', 'name', 'applied_at')`,
+    );
+    if (ours.rows[0]!.n < 3) return { database, installed: false };
     const any = await db.query('SELECT 1 FROM schema_migrations LIMIT 1');
     return { database, installed: any.rows.length > 0 };
   } catch (err) {

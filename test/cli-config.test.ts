@@ -35,6 +35,33 @@ async function emptyDatabase(): Promise<{ name: string; url: string; drop(): Pro
 }
 
 void describe('CLI commands and the database they are given', () => {
+  void test("another tool's schema_migrations table is not taken for mnemos's, and a key given as a tenant is not printed", async () => {
+    const other = await emptyDatabase();
+    try {
+      // Rails keeps its migrations in a table of the same name (one column, version).
+      const db = makePgDb({ connectionString: other.url, max: 1 });
+      await db.query(`CREATE TABLE schema_migrations (version varchar PRIMARY KEY)`);
+      await db.query(`INSERT INTO schema_migrations VALUES ('20240101000000')`);
+      await db.close();
+      const listed = cli(['tenant', 'list'], { DATABASE_URL: other.url });
+      assert.notEqual(listed.status, 0);
+      assert.match(listed.stderr, /has no mnemos schema/);
+
+      // A whole API key where a tenant belongs (`--tenant`): refused without printing it.
+      const url = await createTestDatabase();
+      const prefix = testPrefix();
+      const secret = 'mn_abcdefghijkl_' + 'S'.repeat(40);
+      const r = cli(['tenant', 'delete', secret], { DATABASE_URL: url, MNEMOS_PREFIX: prefix });
+      assert.notEqual(r.status, 0);
+      assert.doesNotMatch(r.stdout + r.stderr, /SSSS/);
+      assert.match(r.stderr, /no tenant/);
+      await deleteRedisPrefix(prefix);
+      await dropTestDatabase(url);
+    } finally {
+      await other.drop();
+    }
+  });
+
   void test("refuse another application's database without touching it, and work once it is migrated", async () => {
     // Setup: another application's database, with a table of its own.
     const other = await emptyDatabase();

@@ -80,7 +80,15 @@ async function withRuntime<T>(
 
 async function tenantIdOf(deps: CoreDeps, idOrName: string): Promise<string> {
   const t = await findTenant(deps.db, idOrName);
-  if (!t) throw new AppError(404, 'not_found', `no tenant "${idOrName}"`);
+  // An API key passed by mistake is not printed (keys never are: README "Security notes").
+  if (!t)
+    throw new AppError(
+      404,
+      'not_found',
+      /^mn_/.test(idOrName)
+        ? 'no tenant of that name or id (an API key is not a tenant)'
+        : `no tenant "${idOrName}"`,
+    );
   return t.id;
 }
 
