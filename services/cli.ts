@@ -10,7 +10,7 @@ import { afterRestoreCommand } from './lifecycle/after-restore.js';
 import { addLifecycleCommands, refuseWithoutSchema } from './lifecycle/lifecycle-cli.js';
 import { runFromEnv } from './main.js';
 import { reembedCommand } from './recent-index/reembed.js';
-import { createKey, createTenant, keyList, revokeKey, tenantList } from './tenants.js';
+import { createKey, createTenant, keyIdOf, keyList, revokeKey, tenantList } from './tenants.js';
 
 /**
  * Opens the database, applies pending migrations (`applied` names them) and runs `fn`. Only with
@@ -135,11 +135,6 @@ key
           );
     }),
   );
-// The key id of a whole API key (`mn_<key id>_<secret>`, services/tenants.ts), and the shape of a
-// key id alone.
-const KEY_ID_OF_KEY = /^mn_([a-z2-7]{12})_/;
-const KEY_ID = /^[a-z2-7]{12}$/;
-
 key
   .command('revoke <key_id>')
   .description('revoke a key, given its id or the key itself (only the id is printed)')
@@ -147,8 +142,8 @@ key
     withDb(async (db) => {
       // Keys are never printed (README "Security notes"): a whole key pasted here was echoed in
       // "no active key mn_…". It is revoked by its id, and no message shows more than an id.
-      const id = KEY_ID_OF_KEY.exec(arg)?.[1] ?? arg;
-      if (!KEY_ID.test(id))
+      const id = keyIdOf(arg);
+      if (id === null)
         throw new AppError(
           400,
           'invalid_key_id',

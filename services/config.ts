@@ -382,14 +382,6 @@ function unknownVariableWarnings(env: Record<string, string | undefined>): strin
   return warnings;
 }
 
-const decodedOr = (s: string, fallback: string): string => {
-  try {
-    return decodeURIComponent(s);
-  } catch {
-    return fallback;
-  }
-};
-
 /**
  * A DATABASE_URL without a database name connects, by libpq's rule (node-postgres follows it), to
  * PGDATABASE or else the database named like the user: `postgres://postgres@host` is the shared
@@ -398,7 +390,8 @@ const decodedOr = (s: string, fallback: string): string => {
 function databaseNameWarning(url: string, env: Record<string, string | undefined>): string | null {
   const u = parsePgUrl(url);
   if (!u || u.pathname.replace(/^\//, '') !== '') return null;
-  const user = u.searchParams.get('user') || decodedOr(u.username, u.username) || env.PGUSER || env.USER;
+  const name = decodes(u.username) ? decodeURIComponent(u.username) : u.username;
+  const user = u.searchParams.get('user') || name || env.PGUSER || env.USER;
   const database = env.PGDATABASE
     ? `"${env.PGDATABASE}" (PGDATABASE)`
     : user

@@ -17,7 +17,17 @@ import { pageOf } from './validate.js';
 import { hasBadChars } from './messages/message-input.js';
 
 /** API keys look like `mn_<key id>_<secret>`; only sha256(secret) is stored. */
+const KEY_ID_RE = /^[a-z2-7]{12}$/;
 const KEY_RE = /^mn_([a-z2-7]{12})_([A-Za-z0-9]{40})$/;
+
+/**
+ * The key id a CLI argument names: a key id as `key list` shows it, or an API key (`mn_<key id>_`
+ * and its secret, pasted whole or cut short), read for its id; null for anything else.
+ */
+export function keyIdOf(arg: string): string | null {
+  const id = /^mn_([a-z2-7]{12})_/.exec(arg)?.[1] ?? arg;
+  return KEY_ID_RE.test(id) ? id : null;
+}
 const BASE32 = 'abcdefghijklmnopqrstuvwxyz234567';
 const BASE62 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
 
