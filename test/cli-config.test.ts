@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { describe, test } from 'node:test';
+import { after, describe, test } from 'node:test';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import { ConfigError, loadConfig } from '../services/config.js';
@@ -15,10 +15,17 @@ import {
 } from './support/harness.js';
 import { waitExit } from './support/child-service.js';
 
+/**
+ * The file's own Redis prefix: commands that open the queues (export, tenant delete) write their
+ * keys under it, never under the shared default `mnemos`. Deleted when the file ends.
+ */
+const filePrefix = testPrefix();
+after(() => deleteRedisPrefix(filePrefix));
+
 /** Runs a CLI command to its end, as an operator would (the test's environment plus `env`). */
 const cli = (args: string[], env: Record<string, string>) =>
   spawnSync(process.execPath, ['bin/mnemos.js', ...args], {
-    env: { ...process.env, LOG_LEVEL: '', ...env },
+    env: { ...process.env, LOG_LEVEL: '', MNEMOS_PREFIX: filePrefix, ...env },
     encoding: 'utf8',
     timeout: 60_000,
   });
