@@ -171,6 +171,16 @@ const sameOriginWrites: RequestHandler = (req, _res, next) => {
   next();
 };
 
+/**
+ * Bull Board's pages have buttons that change the queues (retry, clean, promote, add): no other
+ * site may show them in a frame and lead a signed-in admin's clicks there (clickjacking).
+ */
+const noFraming: RequestHandler = (_req, res, next) => {
+  res.setHeader('x-frame-options', 'DENY');
+  res.setHeader('content-security-policy', "frame-ancestors 'none'");
+  next();
+};
+
 const badUtf8 = new WeakSet<object>();
 /** Requests whose JSON body had zero bytes (`content-length: 0` with a JSON content-type). */
 const zeroLength = new WeakSet<object>();
@@ -308,6 +318,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     app.use(
       '/admin/queues',
       rememberMount,
+      noFraming,
       sameOriginWrites,
       requireAdmin(deps.config.adminToken, { basic: true }),
       continueAfterAuth,

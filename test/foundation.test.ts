@@ -543,6 +543,9 @@ void describe('tenants, keys and the admin API', () => {
     const board = await fetch(`${svc.base}/admin/queues`, { headers: { authorization: `Basic ${basic}` } });
     assert.equal(board.status, 200);
     assert.match(await board.text(), /<html/i);
+    // Its pages change the queues: no other site may frame them.
+    assert.equal(board.headers.get('x-frame-options'), 'DENY');
+    assert.equal(board.headers.get('content-security-policy'), "frame-ancestors 'none'");
     const noAuth = await fetch(`${svc.base}/admin/queues`);
     assert.equal(noAuth.status, 401);
     assert.match(noAuth.headers.get('www-authenticate') ?? '', /Basic/);
