@@ -65,8 +65,17 @@ export interface KeyView {
 
 // eslint-disable-next-line no-control-regex
 const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/;
-const UNPRINTABLE = 'must not contain control characters or lone surrogates';
-const unprintable = (name: string) => CONTROL_CHARS.test(name) || hasBadChars(name);
+/**
+ * Characters that make a name look like another in a list: invisible ones (soft hyphen, zero-width
+ * space, word joiner, byte-order mark) and bidirectional embeddings, overrides and isolates, which
+ * reorder what follows ("acme\u202egnp" shows as "acmepng"). The zero-width joiner and non-joiner
+ * stay: emoji sequences, Persian and Indic words need them.
+ */
+const INVISIBLE_CHARS = /[\u00ad\u180e\u200b\u2060-\u2064\ufeff\u202a-\u202e\u2066-\u2069]/;
+const UNPRINTABLE =
+  'must not contain control characters, lone surrogates, invisible characters or direction overrides';
+const unprintable = (name: string) =>
+  CONTROL_CHARS.test(name) || INVISIBLE_CHARS.test(name) || hasBadChars(name);
 
 function badName(problem: string): AppError {
   return new AppError(400, 'validation_failed', `name: ${problem}`, {

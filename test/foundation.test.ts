@@ -485,6 +485,11 @@ void describe('tenants, keys and the admin API', () => {
       ['a\u0000b', /control characters/],
       ['a\ud800b', /lone surrogates/],
       ['line\nbreak', /control characters/],
+      // Names that would show as another in a list.
+      ['ac\u200bme', /invisible characters/],
+      ['acme\u00ad', /invisible characters/],
+      ['acme\u202egnp', /direction overrides/],
+      ['\u2066acme\u2069', /direction overrides/],
       [' lead', /start or end with spaces/],
       ['trail ', /start or end with spaces/],
       ['x'.repeat(129), /at most 128 characters/],
@@ -496,9 +501,19 @@ void describe('tenants, keys and the admin API', () => {
     // 128 characters are code points: 128 emoji (256 UTF-16 units) are a valid name.
     const emoji = await admin().post('/v1/admin/tenants', { name: '😀'.repeat(128) });
     assert.equal(emoji.status, 201, emoji.text);
+    // Joiners are parts of words and emoji: a family emoji and a Persian word are names.
+    for (const name of ['👩\u200d👩\u200d👧 team', 'می\u200cخواهم']) {
+      const joined = await admin().post('/v1/admin/tenants', { name });
+      assert.equal(joined.status, 201, joined.text);
+      const listed = await admin().get(`/v1/admin/tenants/${encodeURIComponent(name)}/keys`);
+      assert.equal(listed.status, 200, `the name resolves: ${listed.text}`);
+    }
     const bad = await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name: 'k\u0000' });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.code, 'validation_failed');
+    const hidden = await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name: 'ci\u202e' });
+    assert.equal(hidden.status, 400);
+    assert.match(hidden.body.error.message, /direction overrides/);
     // A JSON null is not an object (no body at all is): no key is made from it.
     const nullBody = await admin().raw(`/v1/admin/tenants/${made[0]}/keys`, {
       method: 'POST',
@@ -507,7 +522,7 @@ void describe('tenants, keys and the admin API', () => {
     });
     assert.equal(nullBody.status, 400);
     assert.equal((await admin().get(`/v1/admin/tenants/a%00b/keys`)).status, 400);
-    assert.equal((await admin().get('/v1/admin/tenants?limit=500')).body.tenants.length, before + 1);
+    assert.equal((await admin().get('/v1/admin/tenants?limit=500')).body.tenants.length, before + 3);
     assert.equal((await admin().get(`/v1/admin/tenants/${made[0]}/keys?limit=500`)).body.keys.length, 3);
     // An empty cursor is the first page, on every list.
     const firstPage = await admin().get('/v1/admin/tenants?cursor=&limit=1');
