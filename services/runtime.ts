@@ -124,6 +124,10 @@ export async function ensureFirstTenant(db: Db, dataDir: string): Promise<string
   return file;
 }
 
+/** `p` as one word for a POSIX shell, to paste as printed (a checkout under "My Projects"). */
+export const shellQuoted = (p: string): string =>
+  /^[\w/.,:@%+=-]+$/.test(p) ? p : `'${p.replace(/'/g, `'\\''`)}'`;
+
 /** Start-up banner lines about the embedded database and how to get an API key. */
 export function embeddedBannerLines(config: Config, url: string): string[] {
   const dir = path.resolve(config.dataDir);
@@ -131,7 +135,7 @@ export function embeddedBannerLines(config: Config, url: string): string[] {
   return [
     `  Database:   embedded PGlite in ${path.join(dir, PGDATA_SUBDIR)} (single process; set DATABASE_URL for Postgres)`,
     existsSync(keyFile)
-      ? `  API key:    export MNEMOS_API_KEY="$(cat ${keyFile})"   (tenant "default"; delete the file once stored)`
+      ? `  API key:    export MNEMOS_API_KEY="$(cat ${shellQuoted(keyFile)})"   (tenant "default"; delete the file once stored)`
       : config.adminToken
         ? `  API keys:   curl -X POST ${url}/v1/admin/tenants -H "authorization: Bearer $MNEMOS_ADMIN_TOKEN" -H 'content-type: application/json' -d '{"name":"me"}'`
         : '  API keys:   stop the server and run `npx mnemos tenant create <name>`, or set MNEMOS_ADMIN_TOKEN for the admin API',

@@ -1,10 +1,14 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import { ConfigError, loadConfig } from '../services/config.js';
+import { embeddedBannerLines, FIRST_KEY_FILE } from '../services/runtime.js';
 import { createTenant, keyList } from '../services/tenants.js';
 import {
   ADMIN_URL,
@@ -323,6 +327,24 @@ void describe('start-up configuration', () => {
     } finally {
       await deleteRedisPrefix(prefix);
       await dropTestDatabase(url);
+    }
+  });
+});
+
+void describe('start-up banner', () => {
+  void test("the embedded banner's key command works pasted into a shell, also in a path with spaces and quotes", () => {
+    const dir = mkdtempSync(path.join(tmpdir(), "mnemos banner's dir "));
+    try {
+      writeFileSync(path.join(dir, FIRST_KEY_FILE), 'mn_key_secret\n');
+      const config = loadConfig({ MNEMOS_DATA_DIR: dir });
+      const line = embeddedBannerLines(config, 'http://127.0.0.1:1').find((l) => l.includes('API key:'))!;
+      const command = /API key:\s+(export .*?)\s{3}\(/.exec(line)?.[1];
+      assert.ok(command, line);
+      const r = spawnSync('sh', ['-c', `${command}; printf %s "$MNEMOS_API_KEY"`], { encoding: 'utf8' });
+      assert.equal(r.stderr, '');
+      assert.equal(r.stdout, 'mn_key_secret');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });
