@@ -1370,11 +1370,16 @@ void describe('tenant erasure', () => {
       const busy = await small(c.api, 'third', 'c');
       assert.equal(busy.status, 503, busy.text);
       assert.equal(busy.body.error.code, 'import_busy');
+      assert.equal(busy.body.error.details.scope, 'process');
+      assert.match(busy.body.error.message, /this process's import memory \(2 imports' worth\)/);
       assert.equal(busy.headers.get('retry-after'), '5');
       assert.ok(Date.now() - started >= 9_000, 'it waited for room first');
       const second = await secondOfA;
       assert.equal(second.status, 503, second.text);
       assert.equal(second.body.error.code, 'import_busy');
+      // It was its own tenant's share that was held, not the process's: the answer says so.
+      assert.equal(second.body.error.details.scope, 'tenant');
+      assert.match(second.body.error.message, /this tenant's other imports hold its share/);
       assert.equal((await c.api.get('/v1/sessions/third')).status, 404, 'nothing stored');
       // The room comes back when they end.
       heldA.destroy();

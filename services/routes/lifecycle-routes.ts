@@ -62,8 +62,8 @@ const EXPORT_SLOT_WAIT_MS = 5_000;
 
 /**
  * A budget of bytes (or any units), `total` in all and `perKey` for one key; `take` waits up to
- * `waitMs` for room (false when none came). Room that comes back goes to waiters in order,
- * skipping those that still do not fit.
+ * `waitMs` for room (true), else says which bound left none: the key's own share, or the total.
+ * Room that comes back goes to waiters in order, skipping those that still do not fit.
  */
 function byteBudget(total: number, perKey: number) {
   let used = 0;
@@ -76,7 +76,7 @@ function byteBudget(total: number, perKey: number) {
     usedBy.set(key, (usedBy.get(key) ?? 0) + bytes);
   };
   return {
-    take(key: string, bytes: number, waitMs: number): Promise<boolean> {
+    take(key: string, bytes: number, waitMs: number): Promise<true | 'key' | 'total'> {
       // Not behind the waiters: one waiting on its tenant's room must not hold up other tenants.
       if (fits(key, bytes)) {
         add(key, bytes);
@@ -94,7 +94,7 @@ function byteBudget(total: number, perKey: number) {
         };
         const timer = setTimeout(() => {
           waiting.splice(waiting.indexOf(w), 1);
-          resolve(false);
+          resolve((usedBy.get(key) ?? 0) + bytes > perKey ? 'key' : 'total');
         }, waitMs);
         waiting.push(w);
       });
@@ -114,14 +114,24 @@ function byteBudget(total: number, perKey: number) {
 }
 type ByteBudget = ReturnType<typeof byteBudget>;
 
-const importBusy = () =>
-  new AppError(
-    503,
-    'import_busy',
-    `imports hold this process's import memory (${IMPORT_SLOTS} imports' worth): retry`,
-    { limit: IMPORT_SLOTS },
-    { 'retry-after': '5' },
-  );
+/** No room came: the tenant's own share (one import's worth) or the whole process's was held. */
+const importBusy = (full: 'key' | 'total') =>
+  full === 'key'
+    ? new AppError(
+        503,
+        'import_busy',
+        "this tenant's other imports hold its share of this process's import memory (one import's " +
+          'worth): retry when one ends',
+        { limit: 1, scope: 'tenant' },
+        { 'retry-after': '5' },
+      )
+    : new AppError(
+        503,
+        'import_busy',
+        `imports hold this process's import memory (${IMPORT_SLOTS} imports' worth): retry`,
+        { limit: IMPORT_SLOTS, scope: 'process' },
+        { 'retry-after': '5' },
+      );
 
 /** One import's part of the budget: taken as it grows, all given back by `release`. */
 function importShare(budget: ByteBudget, tenantId: string) {
@@ -130,7 +140,8 @@ function importShare(budget: ByteBudget, tenantId: string) {
     // Past MAX_IMPORT_BYTES the reader refuses the import (413): no room is asked for that.
     const n = Math.min(bytes, MAX_IMPORT_BYTES - held);
     if (n <= 0) return;
-    if (!(await budget.take(tenantId, n, IMPORT_SLOT_WAIT_MS))) throw importBusy();
+    const got = await budget.take(tenantId, n, IMPORT_SLOT_WAIT_MS);
+    if (got !== true) throw importBusy(got);
     held += n;
   };
   return {
@@ -229,7 +240,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     const sid = assertSessionId(req.params.sid!);
     parseInput(noQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
-    if (!(await exportSlots.take('export', 1, EXPORT_SLOT_WAIT_MS))) {
+    if ((await exportSlots.take('export', 1, EXPORT_SLOT_WAIT_MS)) !== true) {
       throw new AppError(
         503,
         'export_busy',
