@@ -644,6 +644,53 @@ void describe('ingestion', () => {
     assert.ok(names.includes('ingest') && names.includes('summary'), names.join(','));
   });
 
+  void test("a tenant posting to many sessions does not hold up another tenant's messages", async () => {
+    const queue = svc.deps.queues.ingest;
+    const [heavy, light] = [await svc.newTenant(), await svc.newTenant()];
+    const tenants = [heavy.tenantId, light.tenantId];
+    await queue.pause();
+    try {
+      await eventually(async () => (await queue.getActiveCount()) === 0, 20_000, 'running drains to end');
+      for (let i = 0; i < 6; i++) {
+        const r = await heavy.api.post(`/v1/sessions/flood-${i}/messages`, {
+          messages: [user(`flood ${i}`)],
+        });
+        assert.equal(r.status, 202);
+      }
+      // A second post to an armed session asks for no second job.
+      await heavy.api.post('/v1/sessions/flood-0/messages', { messages: [user('flood 0 again')] });
+      assert.equal(
+        (await light.api.post('/v1/sessions/mine/messages', { messages: [user('mine')] })).status,
+        202,
+      );
+      // The order a worker takes the flush jobs in: the wait list (no priority) first, then the
+      // prioritized ones, lowest number first. The light tenant's job goes behind the heavy
+      // tenant's first only (each tenant's first in a minute share a priority, first come first
+      // served; the minute may turn between the posts, which puts one more of the heavy's first).
+      const waiting = await queue.getJobs(['wait'], 0, -1, true);
+      const prioritized = await queue.getJobs(['prioritized'], 0, -1, true);
+      const order = [...waiting, ...prioritized]
+        .filter((j) => tenants.includes((j.data as { tenantId: string }).tenantId))
+        .map((j) => (j.data as { sessionId: string }).sessionId);
+      assert.equal(order.length, 7, order.join(' '));
+      assert.ok(order.indexOf('mine') <= 2, order.join(' '));
+    } finally {
+      await queue.resume();
+    }
+    const w = await light.api.post('/v1/sessions/mine/messages?wait=true', { messages: [user('mine 2')] });
+    assert.equal(w.status, 201);
+    assert.deepEqual(
+      (await archived(light.api, 'mine')).map((m) => m.content),
+      ['mine', 'mine 2'],
+    );
+    for (let i = 0; i < 6; i++)
+      await eventually(
+        async () => (await archived(heavy.api, `flood-${i}`)).length === (i === 0 ? 2 : 1),
+        20_000,
+        `flood-${i} archived`,
+      );
+  });
+
   void test('the archive stores a row per message with its byte size and the tsvector', async () => {
     const t = await svc.newTenant();
     await t.api.post('/v1/sessions/tsv/messages?wait=true', {

@@ -144,7 +144,6 @@ void describe('summary sweep', () => {
       await enqueueSummarizeMany(
         svc.deps.queues,
         [backlog, joined].map((sessionId) => ({ tenantId: t.tenantId, sessionId })),
-        'sweep',
       );
       const ids: Record<string, string> = {};
       for (const s of [joined, own]) {
@@ -152,20 +151,58 @@ void describe('summary sweep', () => {
         assert.equal(r.status, 202);
         ids[s] = String(r.body.job_id).replace(/^summary\./, '');
       }
-      const sessionsIn = async (state: 'wait' | 'prioritized') =>
-        (await queue.getJobs([state]))
-          .filter((j) => (j.data as { tenantId?: string }).tenantId === t.tenantId)
-          .map((j) => (j.data as { sessionId: string }).sessionId)
-          .sort();
-      // A worker takes the wait list first, the sweep's jobs after it.
-      assert.deepEqual(await sessionsIn('wait'), [joined, own].sort());
-      assert.deepEqual(await sessionsIn('prioritized'), [backlog]);
-      assert.ok((await queue.getJobs(['wait'])).some((j) => j.id === ids[joined]));
+      // The order a worker takes them in: the requests' jobs (the joined one moved up), then the
+      // sweep's.
+      assert.deepEqual(await takeOrder(queue, [t.tenantId]), [joined, own, backlog]);
+      assert.ok((await queue.getJobs(['prioritized'])).some((j) => j.id === ids[joined]));
     } finally {
       await queue.resume();
     }
   });
+
+  void test("a tenant's many summarize requests do not hold up another tenant's", async () => {
+    fake.reset();
+    fake.onChat(echoSummary);
+    const queue = svc.deps.queues.summary;
+    const [heavy, light] = [await svc.newTenant(), await svc.newTenant()];
+    const many = Array.from({ length: 6 }, (_, i) => sid(`many${i}`));
+    for (const s of many) await archive(heavy.api, s, [user(`[T:h] ${s}`)]);
+    const mine = sid('mine');
+    const seq = (await archive(light.api, mine, [user('[T:l] mine')]))[0]!;
+    await queue.pause();
+    await eventually(async () => (await queue.getActiveCount()) === 0, 20_000, 'running jobs to end');
+    try {
+      for (const s of many) assert.equal((await heavy.api.post(`/v1/sessions/${s}/summarize`)).status, 202);
+      assert.equal((await light.api.post(`/v1/sessions/${mine}/summarize`)).status, 202);
+      // The light tenant's one request goes behind the heavy tenant's first only (the first of
+      // each tenant in a minute share a priority, first come first served; the clock may turn to
+      // a new minute between the requests, which puts the heavy tenant's next one first too).
+      const order = await takeOrder(queue, [heavy.tenantId, light.tenantId]);
+      assert.equal(order.length, 7);
+      assert.ok(order.indexOf(mine) <= 2, order.join(' '));
+    } finally {
+      await queue.resume();
+    }
+    await eventually(
+      async () => (await light.api.get(`/v1/sessions/${mine}/summary`)).body.cursor_seq === seq,
+      20_000,
+      'the light tenant summarised',
+    );
+  });
 });
+
+/** The sessions of these tenants' waiting summarize jobs, in the order a worker takes them. */
+async function takeOrder(
+  queue: ReturnType<typeof makeQueues>['summary'],
+  tenants: string[],
+): Promise<string[]> {
+  const mine = (j: { data: unknown }) => tenants.includes((j.data as { tenantId?: string }).tenantId ?? '');
+  const session = (j: { data: unknown }) => (j.data as { sessionId: string }).sessionId;
+  // The wait list (jobs without a priority) first, then the prioritized ones, lowest number first.
+  const waiting = (await queue.getJobs(['wait'], 0, -1, true)).filter(mine);
+  const prioritized = (await queue.getJobs(['prioritized'], 0, -1, true)).filter(mine);
+  return [...waiting, ...prioritized].map(session);
+}
 
 void describe('two worker processes', () => {
   const DELAY_MS = 150;

@@ -1,5 +1,6 @@
 import type { CoreDeps } from '../services/deps.js';
 import { staleArmedSessions, touchArmed } from '../services/messages/inbox.js';
+import { enqueueFlush } from '../services/fair-priority.js';
 
 /**
  * Crash recovery for the ingest path: a session stays "armed" while its inbox holds messages. If
@@ -14,11 +15,9 @@ export async function runIngestSweep(deps: Pick<CoreDeps, 'redis' | 'queues' | '
     // One re-request per session until that job ends: a drain that keeps failing retries its job
     // from the delayed set for many minutes, and a new job at every sweep beside it multiplied
     // the failures (one more retrying job a minute, each later a dead letter).
-    await deps.queues.ingest.add(
-      'flush',
-      { v: 1, tenantId: s.tenantId, sessionId: s.sessionId },
-      { deduplication: { id: `sweep:${s.tenantId}:${s.sessionId}` } },
-    );
+    // At the tenant's fair priority: a flooding tenant's sessions that waited a minute behind
+    // its own backlog would otherwise all go ahead of every other tenant's (services/fair-priority.ts).
+    await enqueueFlush(deps, s.tenantId, s.sessionId, { dedupId: `sweep:${s.tenantId}:${s.sessionId}` });
     await touchArmed(deps.redis, deps.config.prefix, s.member);
   }
   return { requeued: stale.length };

@@ -19,6 +19,7 @@ import { replaceBadChars } from '../services/messages/message-input.js';
 import type { InboxEntry } from '../services/messages/inbox.js';
 import { ftsDocument } from '../services/text/fts-text.js';
 import { parsePayload } from './queues.js';
+import { enqueueFlush } from '../services/fair-priority.js';
 
 /** Entries per transaction: big enough to amortise the commit, small enough to keep locks short. */
 export const DRAIN_BATCH = 500;
@@ -280,7 +281,8 @@ export function makeIngestProcessor(
     const p = parsePayload('ingest', job.data);
     const r = await drainSession(deps, p.tenantId, p.sessionId, afterArchive);
     // A very busy session: hand the rest to a fresh job so other sessions get a turn.
-    if (r.more) await deps.queues.ingest.add('flush', { v: 1, tenantId: p.tenantId, sessionId: p.sessionId });
+    // At the tenant's fair priority (services/fair-priority.ts), as every flush job.
+    if (r.more) await enqueueFlush(deps, p.tenantId, p.sessionId);
     return { archived: r.archived };
   };
 }

@@ -25,7 +25,6 @@ export async function runSummarySweep(
     await enqueueSummarizeMany(
       deps.queues,
       page.map((c) => ({ tenantId: c.tenant_id, sessionId: c.id })),
-      'sweep',
     );
     candidates += page.length;
     const last = page[page.length - 1];

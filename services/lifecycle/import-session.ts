@@ -12,6 +12,7 @@ import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { defineInboxScripts, inboxKeys, seedInbox } from '../messages/inbox.js';
 import type { ImportCursor, ImportInput, ImportMessage } from './import-input.js';
 import { clearToGeneration, deadLetterKey, publishStagedImport } from './lifecycle-redis.js';
+import { enqueueFlush } from '../fair-priority.js';
 
 /**
  * Import (SPEC §4 import, §5 `import jsonl|agenvoy`): past messages archived in timestamp order,
@@ -183,7 +184,7 @@ export async function importSession(
       };
     });
     if (wake) {
-      await deps.queues.ingest.add('flush', { v: 1, tenantId, sessionId }).catch((err: unknown) => {
+      await enqueueFlush(deps, tenantId, sessionId).catch((err: unknown) => {
         // The session is armed: the ingest sweeper requests the flush.
         deps.metrics.enqueueFailures.inc();
         deps.logger.warn(

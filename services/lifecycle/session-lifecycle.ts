@@ -20,6 +20,7 @@ import { AppError, asDependencyError } from '../errors.js';
 import { inboxKeys, topHandedOut } from '../messages/inbox.js';
 import { clearToGeneration, deadLetterKey } from './lifecycle-redis.js';
 import { FINISHED_STATES, PENDING_STATES, removeQueuedJobs, sessionJobs } from './queued-jobs.js';
+import { enqueueFlush } from '../fair-priority.js';
 
 /**
  * Reset and delete (SPEC §4, invariant 9). One Postgres transaction holds the session row lock
@@ -158,7 +159,7 @@ export async function syncRedisGeneration(
   await recordRedisCaughtUp(deps.db, { tenantId, sessionId, generation, nextSeq: null });
   if (c.left > 0) {
     // Messages accepted after the clear wait in the inbox: flush them now (the sweeper would too).
-    await deps.queues.ingest.add('flush', { v: 1, tenantId, sessionId });
+    await enqueueFlush(deps, tenantId, sessionId);
   }
   return c.cleared;
 }

@@ -5,6 +5,7 @@ import { getSession, lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { syncRedisGeneration } from '../lifecycle/session-lifecycle.js';
+import { enqueueFlush } from '../fair-priority.js';
 import { acceptIntoInbox, defineInboxScripts, inboxKeys, seedInbox } from './inbox.js';
 import type { AcceptedMessage } from './message-input.js';
 
@@ -114,13 +115,16 @@ export async function acceptMessages(
       // run but lost its answer (and with it the flush it would have asked for: the session is
       // armed, so this accept asks for none). One flush per session at a time for such retries,
       // so that a retry storm does not queue one per retry.
-      const retried = !outcome.wake && outcome.results.some((r) => r.duplicate);
-      if (outcome.wake || retried) {
+      const retried = outcome.wake === null && outcome.results.some((r) => r.duplicate);
+      if (outcome.wake !== null || retried) {
         try {
-          await deps.queues.ingest.add(
-            'flush',
-            { v: 1, tenantId, sessionId },
-            retried ? { deduplication: { id: `retry:${tenantId}:${sessionId}` } } : undefined,
+          await enqueueFlush(
+            deps,
+            tenantId,
+            sessionId,
+            outcome.wake !== null
+              ? { priority: outcome.wake }
+              : { dedupId: `retry:${tenantId}:${sessionId}` },
           );
         } catch (err) {
           // The messages are in the inbox and the session is armed: the ingest sweeper flushes it.

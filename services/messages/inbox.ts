@@ -1,5 +1,6 @@
 import type { Redis } from '../redis.js';
 import { cutUnits } from '../text/fts-text.js';
+import { FAIR_WINDOW_MS, fairKey, fairPriorityOf } from '../fair-priority.js';
 import type { AcceptedMessage } from './message-input.js';
 
 /**
@@ -24,9 +25,13 @@ export interface InboxKeys {
   ids: string;
   armed: string;
   member: string;
+  prefix: string;
+  tenantId: string;
 }
 
 export const inboxKeys = (prefix: string, tenantId: string, sessionId: string): InboxKeys => ({
+  prefix,
+  tenantId,
   sess: `${prefix}:sess:${tenantId}:${sessionId}`,
   inbox: `${prefix}:inbox:${tenantId}:${sessionId}`,
   ids: `${prefix}:ids:${tenantId}:${sessionId}`,
@@ -56,6 +61,9 @@ const IDS_PRUNE_MS = 3600 * 1000;
 // client, whose re-post of one under that id before its drain must find its seq (it was given a
 // new one, which the archive's unique id then dropped, and a ?wait=true called the batch lost).
 // Only a client's own ids are looked up: a fresh UUID cannot be in the hash.
+// A request that arms the session (its flush job is to be added) counts one more flush of its
+// tenant in KEYS[5], the tenant's count of the current window (services/fair-priority.ts): the
+// answer's second field is that count (0 = no flush to add), the job's priority.
 // ARGV: now_ms, armed member, ids ttl, archive's highest seq, Postgres generation (0 = unknown),
 // then 6 per message: id, cid (0/1), fp, given sent ns ('' when the client gave none), stored
 // sent ns, payload json.
@@ -112,7 +120,8 @@ if added > 0 then
   if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
     redis.call('HSET', KEYS[1], 'armed', '1')
     redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
-    out[2] = 1
+    out[2] = redis.call('INCR', KEYS[5])
+    redis.call('PEXPIRE', KEYS[5], ${2 * FAIR_WINDOW_MS})
   end
   if redis.call('HGET', KEYS[1], 'deleted') == '1' then
     redis.call('HDEL', KEYS[1], 'deleted')
@@ -285,7 +294,8 @@ export type AcceptResult =
   | { kind: 'conflict'; indexes: number[] }
   | {
       kind: 'ok';
-      wake: boolean;
+      /** This request armed the session: the priority of the flush job to add; else null. */
+      wake: number | null;
       generation: number;
       /** The first messages since the session was deleted: its row is to be revived. */
       revive: boolean;
@@ -308,7 +318,7 @@ type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unkn
 export function defineInboxScripts(redis: Redis): void {
   const r = redis as ScriptedRedis;
   if (typeof r.mnemosAccept === 'function') return;
-  const numberOfKeys = { accept: 4, seed: 2, finish: 4, clear: 4, read: 1, check: 1 } as const;
+  const numberOfKeys = { accept: 5, seed: 2, finish: 4, clear: 4, read: 1, check: 1 } as const;
   for (const [k, s] of Object.entries(scripts)) {
     redis.defineCommand(s.name, { numberOfKeys: numberOfKeys[k as keyof typeof numberOfKeys], lua: s.body });
   }
@@ -322,7 +332,8 @@ export async function acceptIntoInbox(
   archivedTop = 0,
   generation = 0,
 ): Promise<AcceptResult> {
-  const args: (string | number)[] = [Date.now(), keys.member, IDS_TTL_SECONDS, archivedTop, generation];
+  const now = Date.now();
+  const args: (string | number)[] = [now, keys.member, IDS_TTL_SECONDS, archivedTop, generation];
   messages.forEach((m, i) => {
     args.push(m.id, m.cid ? '1' : '0', m.fp, givenSent[i] ?? '', m.sent_at_ns, JSON.stringify(m));
   });
@@ -331,6 +342,7 @@ export async function acceptIntoInbox(
     keys.inbox,
     keys.ids,
     keys.armed,
+    fairKey(keys.prefix, 'flush', keys.tenantId, now),
     ...args,
   )) as (string | number)[];
   if (r[0] === 'SEED') return { kind: 'seed' };
@@ -341,7 +353,7 @@ export async function acceptIntoInbox(
     results.push({ seq: Number(r[i]), duplicate: Number(r[i + 1]) === 1 });
   return {
     kind: 'ok',
-    wake: Number(r[1]) === 1,
+    wake: Number(r[1]) > 0 ? fairPriorityOf(Number(r[1])) : null,
     generation: Number(r[2]),
     revive: Number(r[3]) === 1,
     results,

@@ -146,7 +146,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
     }
     const requestId = randomUUID();
     const enqueue = () =>
-      enqueueSummarize(deps.queues, tenantId, sid, 'api', requestId).catch(() => {
+      enqueueSummarize(deps, tenantId, sid, 'api', requestId).catch(() => {
         throw redisDown();
       });
     const first = await enqueue();

@@ -1,6 +1,8 @@
 import { createHash } from 'node:crypto';
 import type { Job, JobsOptions } from 'bullmq';
 import type { QueueRegistry } from '../../workers/queues.js';
+import { MAX_FAIR_PRIORITY, nextFairPriority } from '../fair-priority.js';
+import type { Redis } from '../redis.js';
 
 /**
  * One summarize job per session at a time, for the sweep and the API alike: BullMQ's
@@ -17,13 +19,21 @@ export function summaryDedupId(tenantId: string, sessionId: string): string {
 export type SummarizeReason = 'sweep' | 'api';
 
 /**
- * The sweep's jobs wait behind those an API request asked for: BullMQ takes jobs without a
- * priority first. In one first-come queue, a tenant's backlog (an import, thousands of new
- * sessions) held every other tenant's `summarize?wait=true` for minutes.
+ * The sweep's jobs wait behind those an API request asked for (BullMQ takes the lowest number
+ * first): in one first-come queue, a tenant's backlog (an import, thousands of new sessions) held
+ * every other tenant's `summarize?wait=true` for minutes. Requests get their tenant's fair
+ * priority (services/fair-priority.ts), 1 to MAX_FAIR_PRIORITY: a tenant that asked for
+ * thousands of summaries held every other tenant's request behind them the same way.
  */
-const SWEEP_PRIORITY = 10;
+const SWEEP_PRIORITY = MAX_FAIR_PRIORITY + 1;
 
-function job(tenantId: string, sessionId: string, reason: SummarizeReason, requestId?: string) {
+function job(
+  tenantId: string,
+  sessionId: string,
+  reason: SummarizeReason,
+  priority: number,
+  requestId?: string,
+) {
   const data = {
     v: 1 as const,
     kind: 'summarize' as const,
@@ -34,7 +44,7 @@ function job(tenantId: string, sessionId: string, reason: SummarizeReason, reque
   };
   const opts: JobsOptions = {
     deduplication: { id: summaryDedupId(tenantId, sessionId) },
-    ...(reason === 'sweep' ? { priority: SWEEP_PRIORITY } : {}),
+    priority,
   };
   return { name: 'summarize', data, opts };
 }
@@ -43,32 +53,38 @@ function job(tenantId: string, sessionId: string, reason: SummarizeReason, reque
  * Enqueues the session's summarize job, or joins the one already waiting or running; returns the
  * BullMQ job id, and for an API request the job as it found it (undefined when it is gone
  * already). `requestId`, stored in the payload, tells the caller which of the two happened. A
- * request that joins a sweep's job still waiting behind the backlog moves it to the front.
+ * request that joins a job still waiting at a later priority (the sweep's, behind the backlog)
+ * moves it up to the request's.
  */
 export async function enqueueSummarize(
-  queues: Pick<QueueRegistry, 'summary'>,
+  deps: { queues: Pick<QueueRegistry, 'summary'>; redis: Redis; config: { prefix: string } },
   tenantId: string,
   sessionId: string,
   reason: SummarizeReason,
   requestId?: string,
 ): Promise<{ id: string; job?: Job | undefined }> {
-  const j = job(tenantId, sessionId, reason, requestId);
+  const { queues } = deps;
+  const priority =
+    reason === 'api'
+      ? await nextFairPriority(deps.redis, deps.config.prefix, 'summarize', tenantId)
+      : SWEEP_PRIORITY;
+  const j = job(tenantId, sessionId, reason, priority, requestId);
   const added = await queues.summary.add(j.name, j.data, j.opts);
   const id = String(added.id);
   if (reason !== 'api') return { id };
   const existing = await queues.summary.getJob(id);
-  if (existing && existing.priority > 0 && (await existing.getState()) === 'prioritized') {
+  if (existing && existing.priority > priority && (await existing.getState()) === 'prioritized') {
     // Taken by a worker meanwhile: it runs now anyway.
-    await existing.changePriority({ priority: 0 }).catch(() => undefined);
+    await existing.changePriority({ priority }).catch(() => undefined);
   }
   return { id, job: existing };
 }
 
+/** The sweep's jobs, behind every request's (SWEEP_PRIORITY). */
 export async function enqueueSummarizeMany(
   queues: Pick<QueueRegistry, 'summary'>,
   sessions: Array<{ tenantId: string; sessionId: string }>,
-  reason: SummarizeReason,
 ): Promise<void> {
   if (sessions.length === 0) return;
-  await queues.summary.addBulk(sessions.map((s) => job(s.tenantId, s.sessionId, reason)));
+  await queues.summary.addBulk(sessions.map((s) => job(s.tenantId, s.sessionId, 'sweep', SWEEP_PRIORITY)));
 }
