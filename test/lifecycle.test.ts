@@ -14,6 +14,8 @@ import pg from 'pg';
 import type { Queue } from 'bullmq';
 import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
+import { lifecycleExtension } from '../services/lifecycle/lifecycle-extension.js';
+import { sessionsBehindInRedis } from '../db/queries/lifecycle.js';
 import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
 import {
   EXPORT_PAGE_BYTES,
@@ -528,6 +530,50 @@ void describe('delete', () => {
       (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
       [[seqs[0], 'after']],
     );
+  });
+
+  void test('the reconciler finds lagging sessions through its index, and a worker runs it at start once, not at every re-assert', async () => {
+    const t = await svc.newTenant();
+    // Many sessions, none lagging: what every idle minute of a big deployment looks like.
+    await q(
+      `INSERT INTO sessions (tenant_id, id) SELECT $1, 'idle-' || i FROM generate_series(1, 5000) AS i`,
+      [t.tenantId],
+    );
+    await q('ANALYZE sessions');
+    let sent: { text: string; params: unknown[] } | null = null;
+    const recording: Queryable = {
+      query: (text, params) => {
+        sent = { text, params: params ?? [] };
+        return Promise.resolve({ rows: [], rowCount: 0 }) as never;
+      },
+    };
+    await sessionsBehindInRedis(recording, 500);
+    const call = sent as unknown as { text: string; params: unknown[] };
+    const [plan] = await q(`EXPLAIN (FORMAT JSON) ${call.text}`, call.params);
+    const nodes = JSON.stringify(plan['QUERY PLAN']);
+    assert.match(nodes, /sessions_redis_behind/, nodes);
+    assert.doesNotMatch(nodes, /Seq Scan/, nodes);
+
+    // workers/main.ts calls every extension's schedule() again each minute.
+    let reconciles = 0;
+    const counting = {
+      ...svc.deps,
+      db: {
+        ...svc.deps.db,
+        query: (text: string, params?: unknown[], o?: unknown) => {
+          if (text.includes('redis_generation <> generation')) reconciles++;
+          return svc.deps.db.query(text, params as never, o as never);
+        },
+      },
+    };
+    const ext = await lifecycleExtension(counting as never, []);
+    await ext.schedule!();
+    await ext.schedule!();
+    await ext.schedule!();
+    await eventually(async () => reconciles >= 1, 5000, 'the start-up reconcile');
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(reconciles, 1);
+    await q(`DELETE FROM sessions WHERE tenant_id = $1 AND id LIKE 'idle-%'`, [t.tenantId]);
   });
 
   void test('messages accepted between a reset’s commit and its Redis step (a crash) are kept', async () => {

@@ -144,8 +144,11 @@ export async function sessionsBehindInRedis(
     cleared_through_seq: string;
     deleted: boolean;
   }>(
+    // Ordered as the partial index sessions_redis_behind (migration 004) is: the planner cannot
+    // estimate `redis_generation <> generation` (it guesses 99.5 % of rows) and, without the
+    // ORDER BY, read the whole table to find none (0.4 s a run at a million sessions).
     `SELECT tenant_id, id, generation, cleared_through_seq, deleted_at IS NOT NULL AS deleted FROM sessions
-     WHERE redis_generation <> generation LIMIT $1`,
+     WHERE redis_generation <> generation ORDER BY tenant_id, id LIMIT $1`,
     [limit],
   );
   return r.rows;

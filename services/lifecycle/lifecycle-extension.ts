@@ -16,6 +16,9 @@ const RECONCILE_EVERY_MS = 60_000;
  */
 export const lifecycleExtension: ExtensionFactory = async (deps, opened): Promise<Extension> => {
   const extensions = () => opened;
+  // schedule() runs again every minute (workers/main.ts re-asserts the schedulers): the reconcile
+  // at start-up is once per process, the maintenance task every minute does the rest.
+  let reconciledAtStart = false;
   return {
     name: 'lifecycle',
     routes: [
@@ -31,9 +34,12 @@ export const lifecycleExtension: ExtensionFactory = async (deps, opened): Promis
     },
     async schedule() {
       // A worker (re)starting after a crash finishes interrupted resets/deletes at once.
-      void reconcileGenerations(deps, extensions).catch((err: unknown) =>
-        deps.logger.warn({ err: { message: (err as Error).message } }, 'generation reconcile failed'),
-      );
+      if (!reconciledAtStart) {
+        reconciledAtStart = true;
+        void reconcileGenerations(deps, extensions).catch((err: unknown) =>
+          deps.logger.warn({ err: { message: (err as Error).message } }, 'generation reconcile failed'),
+        );
+      }
       await scheduleMaintenance(deps.queues, 'temp-reaper', TEMP_REAPER_EVERY_MS);
       await scheduleMaintenance(deps.queues, 'lifecycle-reconcile', RECONCILE_EVERY_MS);
     },
