@@ -30,9 +30,43 @@ export async function sampleQueues(
   }
 }
 
-/** Summary lag: only meaningful when summaries run (an LLM is configured). */
-export async function sampleSummaryLag(deps: Pick<CoreDeps, 'db' | 'llm' | 'metrics'>): Promise<void> {
-  deps.metrics.summaryLag.set(deps.llm ? await oldestUnsummarisedAgeSeconds(deps.db) : 0);
+/** One process of the fleet computes the summary lag in such a period (the others read it). */
+const SUMMARY_LAG_PERIOD_MS = 50_000;
+
+/**
+ * Summary lag: only meaningful when summaries run (an LLM is configured). Its query joins every
+ * session with its summary (1.75 s of Postgres at a million sessions), so with Redis at hand one
+ * process of the fleet runs it in each period, whichever asks first, and shares the value: every
+ * API process exports it, and the query runs about once a minute however many there are (until
+ * 2026-12-02 each API process ran it every minute). A shared value is up to a minute old.
+ */
+export async function sampleSummaryLag(
+  deps: Pick<CoreDeps, 'db' | 'llm' | 'metrics'> & Partial<Pick<CoreDeps, 'redis' | 'config'>>,
+): Promise<void> {
+  if (!deps.llm) {
+    deps.metrics.summaryLag.set(0);
+    return;
+  }
+  if (!deps.redis || !deps.config) {
+    deps.metrics.summaryLag.set(await oldestUnsummarisedAgeSeconds(deps.db));
+    return;
+  }
+  const valueKey = `${deps.config.prefix}:metrics:summary-lag`;
+  const turn = await deps.redis.set(
+    `${valueKey}:turn`,
+    String(process.pid),
+    'PX',
+    SUMMARY_LAG_PERIOD_MS,
+    'NX',
+  );
+  if (turn !== 'OK') {
+    const shared = await deps.redis.get(valueKey);
+    if (shared !== null && Number.isFinite(Number(shared))) deps.metrics.summaryLag.set(Number(shared));
+    return;
+  }
+  const age = await oldestUnsummarisedAgeSeconds(deps.db);
+  deps.metrics.summaryLag.set(age);
+  await deps.redis.set(valueKey, String(age), 'PX', 3 * SUMMARY_LAG_PERIOD_MS);
 }
 
 export function startQueueSampler(

@@ -8,7 +8,8 @@ import { makeErrorHandler } from '../services/http-errors.js';
 import { makeLogger } from '../services/logger.js';
 import { inboxKeys } from '../services/messages/inbox.js';
 import { oldestUnsummarisedAgeSeconds } from '../db/queries/summaries.js';
-import { sampleQueues } from '../services/metrics-sampler.js';
+import { sampleQueues, sampleSummaryLag } from '../services/metrics-sampler.js';
+import { makeMetrics } from '../services/metrics.js';
 import { rateLimit } from '../services/rate-limit.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import {
@@ -113,6 +114,44 @@ void describe('operations', () => {
     const lag = await oldestUnsummarisedAgeSeconds(svc.deps.db);
     // Everything in this suite's database was archived minutes ago, none of it summarised.
     assert.ok(lag > 0 && lag < 3600, `lag ${lag} s`);
+  });
+
+  void test('the summary lag is computed by one process of the fleet a minute and exported by all', async () => {
+    const t = await svc.newTenant();
+    const msg = { messages: [{ role: 'user', content: 'not summarised yet' }] };
+    assert.equal((await t.api.post('/v1/sessions/lagging/messages?wait=true', msg)).status, 201);
+    await new Promise((resolve) => setTimeout(resolve, 1100));
+    let lagQueries = 0;
+    const counting = {
+      ...svc.deps.db,
+      query: (text: string, params?: unknown[], o?: unknown) => {
+        if (text.includes('extract(epoch FROM now() - min(first_at))')) lagQueries++;
+        return svc.deps.db.query(text, params as never, o as never);
+      },
+    };
+    const prefix = `${svc.config.prefix}-lag`;
+    // Three API processes of one fleet (one Redis prefix), each with its own metrics.
+    const processes = [0, 1, 2].map(() => ({
+      db: counting as never,
+      llm: {} as never,
+      metrics: makeMetrics(),
+      redis: svc.deps.redis,
+      config: { ...svc.config, prefix },
+    }));
+    try {
+      for (const p of processes) await sampleSummaryLag(p);
+      assert.equal(lagQueries, 1, 'one query for the fleet');
+      const exported = await Promise.all(
+        processes.map(async (p) =>
+          metricValue(await p.metrics.registry.metrics(), 'mnemos_summary_lag_seconds'),
+        ),
+      );
+      const truth = await oldestUnsummarisedAgeSeconds(svc.deps.db);
+      assert.ok(exported[0]! > 0 && Math.abs(exported[0]! - truth) < 60, `${exported[0]} against ${truth}`);
+      assert.deepEqual(exported, [exported[0], exported[0], exported[0]]);
+    } finally {
+      await deleteRedisPrefix(prefix);
+    }
   });
 
   void test('the ingest queue’s oldest age covers accepted messages whose drain has no waiting job', async () => {
