@@ -1,8 +1,13 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { link, mkdir, readFile, unlink, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { constants } from 'node:fs';
+import { access, link, mkdir, readdir, readFile, realpath, unlink, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import type { Server } from 'node:net';
 import { hostname } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { inspect } from 'node:util';
 import { PGlite } from '@electric-sql/pglite';
 import type { Results, Transaction } from '@electric-sql/pglite';
 import { vector } from '@electric-sql/pglite-pgvector';
@@ -16,8 +21,9 @@ import type { Db, QueryResult, Queryable } from './pool.js';
  *
  * Two traps this module closes:
  * - PGlite does not lock its data directory: two processes can open the same directory and
- *   silently lose each other's writes. A lock file (`mnemos.lock`, holding the owner's pid) makes
- *   a second opener fail with `EmbeddedLockedError` instead.
+ *   silently lose each other's writes. A lock file (`mnemos.lock`, holding the owner's pid) and,
+ *   on Linux, a socket only one process can bind make a second opener fail with
+ *   `EmbeddedLockedError` instead (see `takeLock`).
  * - Code that holds `db.transaction(...)` and then awaits `db.query(...)` (not the tx) would wait
  *   for itself forever. Such a call fails at once with `EmbeddedReentryError`, naming the fix.
  */
@@ -51,7 +57,7 @@ export class EmbeddedLockedError extends Error {
     readonly owner: { pid: number; host: string },
   ) {
     super(
-      `the embedded database in ${dataDir} is in use by process ${owner.pid}` +
+      `the embedded database in ${dataDir} is in use by ${owner.pid > 0 ? `process ${owner.pid}` : 'another process'}` +
         (owner.host !== hostname() ? ` on host ${owner.host}` : '') +
         ` (PGlite is single-process). Stop that process first, or, while "mnemos serve" runs, use its admin API` +
         ` (POST /v1/admin/tenants with MNEMOS_ADMIN_TOKEN). If no such process exists, delete ${path.join(dataDir, LOCK_FILE)}.`,
@@ -101,10 +107,90 @@ export class EmbeddedOpenError extends Error {
         `Likely causes: a directory of another Postgres version or build (a Postgres server's cluster is ` +
         `not a PGlite directory), a damaged one, or one this user cannot write. ` +
         `Restore it from a backup, or move ${pgdata} away to start afresh with an empty database ` +
-        `(PGlite said: ${cause instanceof Error ? cause.message : String(cause)})`,
+        `(PGlite said: ${describeCause(cause)})`,
       { cause },
     );
     this.name = 'EmbeddedOpenError';
+  }
+}
+
+/**
+ * The data directory (or part of PGlite's files in it) cannot be written by this process: typically
+ * files left owned by root after running the CLI with sudo. Said instead of EmbeddedOpenError's
+ * "damaged ... move it away", which would invite throwing away a sound database.
+ */
+export class EmbeddedNotWritableError extends Error {
+  readonly code = 'EMBEDDED_NOT_WRITABLE';
+  constructor(
+    readonly dataDir: string,
+    readonly blocked: string,
+    errno: string,
+    cause: unknown,
+  ) {
+    const uid = process.getuid?.() ?? -1;
+    super(
+      `the data directory ${dataDir} is not writable by this user (uid ${uid}): ${blocked} (${errno}). ` +
+        (errno === 'EROFS'
+          ? 'It is on a read-only file system; use a writable MNEMOS_DATA_DIR.'
+          : `Fix the ownership (chown -R ${uid} ${dataDir}, as root), or run mnemos as the user that owns it.`),
+      { cause },
+    );
+    this.name = 'EmbeddedNotWritableError';
+  }
+}
+
+/** One readable line for whatever PGlite threw (Emscripten can throw non-Error objects). */
+function describeCause(cause: unknown): string {
+  if (cause instanceof Error) return cause.message;
+  if (typeof cause !== 'object' || cause === null) return String(cause);
+  const o = cause as Record<string, unknown>;
+  const parts = ['name', 'message', 'code', 'errno']
+    .filter((k) => typeof o[k] === 'string' || typeof o[k] === 'number')
+    .map((k) => `${k}: ${String(o[k])}`);
+  return parts.length > 0
+    ? parts.join(', ')
+    : inspect(cause, { depth: 1, breakLength: Infinity, maxStringLength: 200 }).slice(0, 300);
+}
+
+/**
+ * The first of the data dir, `pgdata/` and pgdata's direct entries that this process cannot read
+ * and write (directories: and enter), with the errno; null when all can. A cheap look, not a walk
+ * of every file: what it catches is a tree left behind by another user (root) as a whole.
+ */
+async function firstUnwritable(dataDir: string): Promise<{ path: string; errno: string } | null> {
+  const pgdata = path.join(dataDir, PGDATA_SUBDIR);
+  const entries = await readdir(pgdata, { withFileTypes: true }).catch(() => []);
+  const dirMode = constants.R_OK | constants.W_OK | constants.X_OK;
+  const checks: Array<[string, number]> = [
+    [dataDir, dirMode],
+    [pgdata, dirMode],
+    ...entries.map((e): [string, number] => [
+      path.join(pgdata, e.name),
+      e.isDirectory() ? dirMode : constants.R_OK | constants.W_OK,
+    ]),
+  ];
+  for (const [p, mode] of checks) {
+    try {
+      await access(p, mode);
+    } catch (err) {
+      const errno = (err as NodeJS.ErrnoException).code ?? 'EACCES';
+      if (errno !== 'ENOENT') return { path: p, errno };
+    }
+  }
+  return null;
+}
+
+/**
+ * Whether `dataDir` holds an embedded database: a non-empty `pgdata/`. Commands that only read
+ * refuse a directory without one instead of creating it (a CLI run from the wrong directory made
+ * a 39 MB empty database there). A `pgdata/` that cannot be read counts as present: opening it
+ * then says why it cannot be used.
+ */
+export async function hasEmbeddedDatabase(dataDir: string): Promise<boolean> {
+  try {
+    return (await readdir(path.join(path.resolve(dataDir), PGDATA_SUBDIR))).length > 0;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code !== 'ENOENT';
   }
 }
 
@@ -132,60 +218,145 @@ function isAlive(pid: number): boolean {
 // the lock file cannot tell that apart from a stale lock of an earlier process with the same pid.
 const heldHere = new Set<string>();
 
-async function acquireLock(dataDir: string): Promise<() => Promise<void>> {
-  if (heldHere.has(dataDir)) throw new EmbeddedLockedError(dataDir, { pid: process.pid, host: hostname() });
-  heldHere.add(dataDir);
+/**
+ * Locks `dataDir` (an existing directory) for this process, as `openPgliteDb` does; resolves to
+ * the release. Fails with `EmbeddedLockedError` while another live process holds it.
+ */
+export async function lockDataDir(dataDir: string): Promise<() => Promise<void>> {
+  const dir = path.resolve(dataDir);
+  if (heldHere.has(dir)) throw new EmbeddedLockedError(dir, { pid: process.pid, host: hostname() });
+  heldHere.add(dir);
   let release: () => Promise<void>;
   try {
-    release = await takeLockFile(dataDir);
+    release = await takeLock(dir);
   } catch (err) {
-    heldHere.delete(dataDir);
+    heldHere.delete(dir);
     throw err;
   }
   return async () => {
-    heldHere.delete(dataDir);
+    heldHere.delete(dir);
     await release();
   };
 }
 
+interface Owner {
+  pid: number;
+  host: string;
+}
+
+function parseOwner(text: string): Owner {
+  let owner: { pid?: unknown; host?: unknown } = {};
+  try {
+    owner = JSON.parse(text) as typeof owner;
+  } catch {
+    /* unreadable: pid 0, stale */
+  }
+  return {
+    pid: typeof owner.pid === 'number' ? owner.pid : 0,
+    host: typeof owner.host === 'string' ? owner.host : hostname(),
+  };
+}
+
+/** A lock left by a dead process on this host, or by this very pid (pid 1 in a restarted container). */
+const isStale = (o: Owner) =>
+  o.pid === 0 || (o.host === hostname() && (o.pid === process.pid || !isAlive(o.pid)));
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
 /**
- * Creates `<dataDir>/mnemos.lock` atomically with its content (write a temp file, then `link`,
- * which fails if the lock exists). A lock left by a dead process on this host, or by this very pid
- * (pid 1 in a restarted container), is stale and taken over.
+ * Binds a listening Unix socket in Linux's abstract namespace, named after the data dir's real
+ * path. Only one live process can bind a name, the kernel frees it when the process dies (no stale
+ * state, unlike a file), and it is not inherited by child processes (libuv opens it CLOEXEC).
+ * Resolves to the server, 'busy' when another process has it, or null where abstract sockets do
+ * not exist (not Linux) or are refused (a sandbox): the file lock alone decides there.
  */
-async function takeLockFile(dataDir: string): Promise<() => Promise<void>> {
+function bindHostLock(realDir: string): Promise<Server | 'busy' | null> {
+  if (process.platform !== 'linux') return Promise.resolve(null);
+  const name = `\0mnemos-lock-${createHash('sha256').update(realDir).digest('hex')}`;
+  return new Promise((resolve) => {
+    // Anyone on the host may connect to an abstract socket; nobody needs to.
+    const server = createServer((socket) => socket.destroy());
+    server.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'EADDRINUSE' ? 'busy' : null));
+    server.listen(name, () => {
+      server.on('error', () => undefined);
+      // Holding the lock must not keep the process alive.
+      server.unref();
+      resolve(server);
+    });
+  });
+}
+
+/**
+ * The lock has two parts.
+ *
+ * `<dataDir>/mnemos.lock` is created atomically with its content (pid, host): a temp file, then
+ * `link`, which fails if the lock exists. It names the owner in messages and is the only lock
+ * between hosts sharing a volume (a lock of another host is never taken over).
+ *
+ * Taking over a stale lock file (its process is gone) is a check-then-unlink, which is not atomic:
+ * two starters that judged the same stale lock could each unlink and link, the second removing the
+ * first one's fresh lock, and both would open the database (measured: 6 of 25 rounds of 4
+ * simultaneous starters). So on Linux the whole procedure, and then the lifetime of the lock, is
+ * guarded by `bindHostLock`'s socket: on this host only its holder touches the lock file, so the
+ * stale file it judged is still the one it unlinks. Another host's starter never unlinks a lock
+ * of this host and can only create a missing one, which makes our `link` fail and the loop see it.
+ * Holding the socket for the lock's whole life (not just around the takeover) also means a second
+ * opener on this host is refused by the kernel even if the file was deleted by hand, and the
+ * socket dies with the process, so it never needs cleaning up. Limits: abstract names are per
+ * network namespace (containers without `--network host` do not share them; they normally differ
+ * in host name too, which the file lock handles), and another local user could bind the name
+ * first and block mnemos from starting on that directory ("in use by another process").
+ * Elsewhere (macOS, or a sandbox refusing the socket) only the file lock remains, and the race
+ * above stays possible there, for starters within the same moment after a crash.
+ */
+async function takeLock(dataDir: string): Promise<() => Promise<void>> {
   const file = path.join(dataDir, LOCK_FILE);
+  const realDir = await realpath(dataDir);
+  let host = await bindHostLock(realDir);
+  // Another process on this host holds the socket. Its lock file names it, except for a moment
+  // while it is starting (the file still stale, or not there yet) or stopping: look again then.
+  for (let i = 0; host === 'busy'; i++) {
+    const owner = parseOwner(await readFile(file, 'utf8').catch(() => ''));
+    if (!isStale(owner) || i >= 100)
+      throw new EmbeddedLockedError(dataDir, isStale(owner) ? { pid: 0, host: hostname() } : owner);
+    await sleep(20);
+    host = await bindHostLock(realDir);
+  }
+  const server = host;
   const content = `${JSON.stringify({ pid: process.pid, host: hostname(), started_at: new Date().toISOString() })}\n`;
   const tmp = `${file}.${process.pid}.${Date.now()}.tmp`;
-  await writeFile(tmp, content, { mode: 0o600 });
+  let taken = false;
   try {
+    await writeFile(tmp, content, { mode: 0o600 });
     for (let attempt = 0; ; attempt++) {
       try {
         await link(tmp, file);
+        taken = true;
         return async () => {
-          // Only remove a lock that is still ours.
+          // Only remove a lock that is still ours; then let the next process bind the socket.
           if ((await readFile(file, 'utf8').catch(() => '')) === content)
             await unlink(file).catch(() => undefined);
+          await new Promise((resolve) => (server ? server.close(resolve) : resolve(undefined)));
         };
       } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'EEXIST' || attempt > 0) throw err;
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
       }
-      const seen = await readFile(file, 'utf8').catch(() => '');
-      let owner: { pid?: unknown; host?: unknown } = {};
-      try {
-        owner = JSON.parse(seen) as typeof owner;
-      } catch {
-        /* unreadable: stale */
+      const seen = await readFile(file, 'utf8').catch(() => null);
+      if (seen === null) {
+        // Removed since our link failed: try again (a few times; then someone keeps winning).
+        if (attempt >= 5) throw new EmbeddedLockedError(dataDir, { pid: 0, host: hostname() });
+        continue;
       }
-      const pid = typeof owner.pid === 'number' ? owner.pid : 0;
-      const host = typeof owner.host === 'string' ? owner.host : hostname();
-      const stale = pid === 0 || (host === hostname() && (pid === process.pid || !isAlive(pid)));
-      if (!stale) throw new EmbeddedLockedError(dataDir, { pid, host });
-      // Remove only the stale lock we judged (another starter may have replaced it meanwhile).
+      const owner = parseOwner(seen);
+      // Losing the race to another starter ends here too: its fresh lock names a live process.
+      if (!isStale(owner) || attempt >= 5) throw new EmbeddedLockedError(dataDir, owner);
+      // Remove only the stale lock we judged. With the socket held nobody else on this host can
+      // replace it between the two steps; without it (see above) this is the racy part.
       if ((await readFile(file, 'utf8').catch(() => '')) === seen) await unlink(file).catch(() => undefined);
     }
   } finally {
     await unlink(tmp).catch(() => undefined);
+    if (!taken && server) await new Promise((resolve) => server.close(resolve));
   }
 }
 
@@ -223,14 +394,28 @@ export interface EmbeddedDb extends Db {
  */
 export async function openPgliteDb(dataDir: string): Promise<EmbeddedDb> {
   const dir = path.resolve(dataDir);
-  await mkdir(path.join(dir, PGDATA_SUBDIR), { recursive: true, mode: 0o700 });
-  const release = await acquireLock(dir);
   const pgdata = path.join(dir, PGDATA_SUBDIR);
+  // Not writable is said as such: the same EACCES from PGlite read "damaged ... move it away".
+  const notWritable = async (err: unknown) => {
+    const blocked = await firstUnwritable(dir);
+    return blocked ? new EmbeddedNotWritableError(dir, blocked.path, blocked.errno, err) : null;
+  };
+  let release: () => Promise<void>;
+  try {
+    await mkdir(pgdata, { recursive: true, mode: 0o700 });
+    release = await lockDataDir(dir);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'EACCES' || code === 'EPERM' || code === 'EROFS') throw (await notWritable(err)) ?? err;
+    throw err;
+  }
   let pg: PGlite;
   try {
     pg = await PGlite.create(pgdata, { extensions: { vector }, parsers });
   } catch (err) {
     await release();
+    const unwritable = await notWritable(err);
+    if (unwritable) throw unwritable;
     const found = await readFile(path.join(pgdata, 'PG_VERSION'), 'utf8').then(
       (v) => v.trim().slice(0, 40),
       () => null,

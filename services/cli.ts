@@ -1,5 +1,6 @@
 import { Command } from 'commander';
-import { openPgliteDb } from '../db/embedded.js';
+import path from 'node:path';
+import { hasEmbeddedDatabase, openPgliteDb } from '../db/embedded.js';
 import { migrate, newerSchemaWarning, unknownMigrations } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
@@ -40,15 +41,47 @@ async function withDb<T>(
 
 const print = (s: string) => process.stdout.write(`${s}\n`);
 
+/**
+ * Embedded mode: the commands that only read, change what exists, or need a tenant that a new
+ * database cannot have. On a data directory without a database they refuse, creating nothing (run
+ * from the wrong directory, `tenant list` printed nothing and left a 39 MB empty database there,
+ * `export` a tenant "default" and a key file too). `serve`, `migrate`, `tenant create` and
+ * `import` (whose `--tenant default` is the tenant a new database starts with) create one.
+ */
+const NEEDS_EMBEDDED_DB = new Set([
+  'tenant list',
+  'tenant delete',
+  'key create',
+  'key list',
+  'key revoke',
+  'export',
+  'reembed',
+]);
+
+async function refuseWithoutEmbeddedDb(command: Command): Promise<void> {
+  const names: string[] = [];
+  for (let c: Command | null = command; c && c !== program; c = c.parent) names.unshift(c.name());
+  const name = names.join(' ');
+  const config = loadConfig(process.env);
+  if (config.databaseUrl || !NEEDS_EMBEDDED_DB.has(name) || (await hasEmbeddedDatabase(config.dataDir)))
+    return;
+  throw new Error(
+    `no embedded database in ${path.resolve(config.dataDir)} (MNEMOS_DATA_DIR, default ./data of the current ` +
+      `directory), and "${name}" does not create one: set MNEMOS_DATA_DIR to your data directory (or DATABASE_URL ` +
+      `for Postgres); "mnemos serve" or "mnemos tenant create <name>" creates a new database`,
+  );
+}
+
 const program = new Command('mnemos')
   .description('Tiered conversation memory for multi-agent LLM backends')
   .showHelpAfterError()
   // serve, api and worker log the configuration's warnings at start; the other commands say them
   // here: a DATABASE_URL without a database name or a mistyped MNEMOS_PREFIX matters to `migrate`
   // and `after-restore` as much as to a service.
-  .hook('preAction', (_, command) => {
+  .hook('preAction', async (_, command) => {
     if (['serve', 'api', 'worker'].includes(command.name()) && command.parent === program) return;
     for (const w of loadConfig(process.env).warnings) process.stderr.write(`mnemos: warning: ${w}\n`);
+    await refuseWithoutEmbeddedDb(command);
   });
 
 program

@@ -3,12 +3,18 @@ import { spawn, spawnSync } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { chown, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { EmbeddedLockedError, EmbeddedReentryError, PGLITE_PG_MAJOR, openPgliteDb } from '../db/embedded.js';
+import {
+  EmbeddedLockedError,
+  EmbeddedOpenError,
+  EmbeddedReentryError,
+  PGLITE_PG_MAJOR,
+  openPgliteDb,
+} from '../db/embedded.js';
 import type { EmbeddedDb } from '../db/embedded.js';
 import { migrate } from '../db/migrate.js';
 import { initVectorIndex, insertSessionVectors } from '../db/queries/vectors.js';
@@ -602,5 +608,193 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     db = await openPgliteDb(dir);
     const r = await db.query<{ name: string }>(`SELECT name FROM tenants WHERE id = $1`, [`t_${name}`]);
     assert.deepEqual(r.rows, [{ name }]);
+  });
+});
+
+/** One process that locks a data dir when told, at a given instant, and releases it when told. */
+function lockStarter() {
+  const code = `
+    import { lockDataDir } from ${JSON.stringify(path.join(root, 'db', 'embedded.ts'))};
+    let release = null;
+    process.on('message', async (m) => {
+      if (m.at) {
+        while (Date.now() < m.at);
+        try {
+          release = await lockDataDir(m.dir);
+          process.send({ ok: true });
+        } catch (e) {
+          process.send({ ok: false, name: e.name, message: e.message });
+        }
+      } else if (m.release) {
+        await release();
+        process.send({ released: true });
+      } else process.disconnect();
+    });
+    process.send({ ready: true });`;
+  const proc = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
+    cwd: root,
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  const inbox: Array<Record<string, unknown>> = [];
+  const waiting: Array<(m: Record<string, unknown>) => void> = [];
+  proc.on('message', (m: Record<string, unknown>) => {
+    const w = waiting.shift();
+    if (w) w(m);
+    else inbox.push(m);
+  });
+  const next = () =>
+    new Promise<Record<string, unknown>>((resolve) => {
+      const m = inbox.shift();
+      if (m) resolve(m);
+      else waiting.push(resolve);
+    });
+  return { proc, next };
+}
+
+void describe('embedded data directory edge cases', () => {
+  let scratch: string;
+
+  before(async () => {
+    scratch = await mkdtemp(path.join(tmpdir(), 'mnemos-embedded-edges-'));
+  });
+
+  after(() => rm(scratch, { recursive: true, force: true }));
+
+  void it('gives a stale lock to exactly one of several starters at the same instant; the others are told who has it', async () => {
+    const dir = await mkdtemp(path.join(scratch, 'race-'));
+    const lock = path.join(dir, 'mnemos.lock');
+    const dead = spawnSync(process.execPath, ['-e', '0']).pid!;
+    const starters = Array.from({ length: 4 }, lockStarter);
+    try {
+      for (const s of starters) assert.deepEqual(await s.next(), { ready: true });
+      for (let round = 0; round < 40; round++) {
+        // What a kill -9 leaves, then four starts at one instant.
+        await writeFile(lock, JSON.stringify({ pid: dead, host: hostname() }));
+        const at = Date.now() + 50;
+        for (const s of starters) s.proc.send({ at, dir });
+        const results = await Promise.all(starters.map((s) => s.next()));
+        const winners = starters.filter((_, i) => results[i]!.ok);
+        assert.equal(winners.length, 1, `round ${round}: ${JSON.stringify(results)}`);
+        const owner = winners[0]!.proc.pid!;
+        assert.equal((JSON.parse(await readFile(lock, 'utf8')) as { pid: number }).pid, owner);
+        for (const r of results.filter((x) => !x.ok)) {
+          assert.equal(r.name, 'EmbeddedLockedError', `round ${round}: ${String(r.message)}`);
+          assert.match(String(r.message), new RegExp(`in use by process ${owner}\\b`));
+        }
+        winners[0]!.proc.send({ release: true });
+        assert.deepEqual(await winners[0]!.next(), { released: true });
+        assert.ok(!existsSync(lock), 'the release removes the lock');
+      }
+    } finally {
+      for (const s of starters) if (s.proc.connected) s.proc.disconnect();
+      await Promise.all(
+        starters.map((s) =>
+          s.proc.exitCode !== null ? null : new Promise((resolve) => s.proc.once('exit', resolve)),
+        ),
+      );
+    }
+  });
+
+  void it('runs with a TMPDIR it cannot write (tsx compiles without its cache)', () => {
+    // A path below a regular file: unusable even for root, who ignores permissions.
+    const r = runCli(['--help'], embeddedEnv({ TMPDIR: '/etc/hostname/x' }));
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /Usage: mnemos/);
+    assert.doesNotMatch(r.stderr, /ENOTDIR: not a directory, mkdir|\n\s+at /);
+    assert.ok(r.stderr.trim().split('\n').length <= 1, r.stderr);
+  });
+
+  void it('refuses read-only commands on a directory without a database, creating nothing', async () => {
+    const cwd = await mkdtemp(path.join(scratch, 'cwd-'));
+    const env = embeddedEnv({ MNEMOS_PREFIX: testPrefix() });
+    delete env.MNEMOS_DATA_DIR;
+    const commands: Array<[string, string[]]> = [
+      ['tenant list', []],
+      ['tenant delete', ['default']],
+      ['key list', []],
+      ['key create', ['--tenant', 'default']],
+      ['key revoke', ['aaaaaaaaaaaa']],
+      ['export', ['some-session', '--tenant', 'default']],
+      ['reembed', []],
+    ];
+    const runs = await Promise.all(
+      commands.map(
+        ([name, args]) =>
+          new Promise<{ status: number | null; stderr: string }>((resolve) => {
+            const proc = spawn(process.execPath, [bin, ...name.split(' '), ...args], {
+              cwd,
+              env,
+              stdio: ['ignore', 'ignore', 'pipe'],
+            });
+            let stderr = '';
+            proc.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+            proc.once('exit', (status) => resolve({ status, stderr }));
+          }),
+      ),
+    );
+    runs.forEach((r, i) => {
+      const name = commands[i]![0];
+      assert.equal(r.status, 1, `${name}: ${r.stderr}`);
+      assert.equal(
+        r.stderr.trim(),
+        `mnemos: no embedded database in ${path.join(cwd, 'data')} (MNEMOS_DATA_DIR, default ./data of the current ` +
+          `directory), and "${name}" does not create one: set MNEMOS_DATA_DIR to your data directory (or ` +
+          'DATABASE_URL for Postgres); "mnemos serve" or "mnemos tenant create <name>" creates a new database',
+      );
+    });
+    assert.deepEqual(await readdir(cwd), [], 'nothing created');
+    // An empty pgdata/ (what a failed first start leaves) is no database either.
+    const dataDir = path.join(cwd, 'data');
+    await mkdir(path.join(dataDir, 'pgdata'), { recursive: true });
+    const list = runCli(['tenant', 'list'], { ...env, MNEMOS_DATA_DIR: dataDir });
+    assert.equal(list.status, 1);
+    assert.match(list.stderr, /^mnemos: no embedded database in /);
+    assert.deepEqual(await readdir(path.join(dataDir, 'pgdata')), []);
+    // `tenant create` still starts a new database (README Quick start), and then `tenant list` reads it.
+    const created = runCli(['tenant', 'create', 'me', '--json'], { ...env, MNEMOS_DATA_DIR: dataDir });
+    assert.equal(created.status, 0, created.stderr);
+    const listed = runCli(['tenant', 'list', '--json'], { ...env, MNEMOS_DATA_DIR: dataDir });
+    assert.equal(listed.status, 0, listed.stderr);
+    assert.deepEqual(
+      (JSON.parse(listed.stdout) as Array<{ name: string }>).map((t) => t.name),
+      ['me'],
+    );
+  });
+
+  void it('says a data dir left owned by another user is not writable, not damaged', async (t) => {
+    if (process.getuid?.() !== 0) return t.skip('needs root, to leave files owned by another user');
+    const nobody = 65534;
+    const dataDir = await mkdtemp(path.join(scratch, 'owned-'));
+    await (await openPgliteDb(dataDir)).close();
+    // What `sudo mnemos ...` leaves for its user: the directories are theirs, PGlite's files root's.
+    await chown(scratch, nobody, nobody);
+    await chown(dataDir, nobody, nobody);
+    await chown(path.join(dataDir, 'pgdata'), nobody, nobody);
+    const r = spawnSync(process.execPath, [bin, 'tenant', 'list'], {
+      cwd: root,
+      env: embeddedEnv({ MNEMOS_DATA_DIR: dataDir }),
+      encoding: 'utf8',
+      uid: nobody,
+      gid: nobody,
+      timeout: 60_000,
+    });
+    assert.equal(r.status, 1, r.stderr);
+    assert.match(
+      r.stderr,
+      new RegExp(
+        `^mnemos: the data directory ${dataDir} is not writable by this user \\(uid ${nobody}\\): ${dataDir}/pgdata/\\S+ \\(EACCES\\)\\. Fix the ownership \\(chown -R ${nobody} ${dataDir}, as root\\)`,
+      ),
+    );
+    assert.doesNotMatch(r.stderr, /damaged|backup|move .* away/);
+    assert.ok(existsSync(path.join(dataDir, 'pgdata', 'PG_VERSION')), 'nothing moved or removed');
+  });
+
+  void it('prints a non-Error cause from PGlite readably', () => {
+    const err = new EmbeddedOpenError('/x/pgdata', PGLITE_PG_MAJOR, '0.5.14', {
+      name: 'ErrnoError',
+      errno: 63,
+    });
+    assert.doesNotMatch(err.message, /\[object Object\]/);
+    assert.match(err.message, /PGlite said: name: ErrnoError, errno: 63\)$/);
   });
 });

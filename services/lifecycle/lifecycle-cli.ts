@@ -37,8 +37,9 @@ const print = (s: string) => process.stdout.write(`${s}\n`);
  * installing it: pointed at another application's database by mistake (or at the shared `postgres`
  * one), `tenant list` left 14 tables and the vector extension there. A database with the schema
  * and pending migrations is still migrated by them (the upgrade path). Embedded mode's data
- * directory is mnemos's own, and a fresh one is installed (README Quick start: `tenant create`
- * before any `serve`).
+ * directory is mnemos's own: `tenant create` and `import` install a fresh one (README Quick start:
+ * `tenant create` before any `serve`), the commands that only read or need an existing tenant
+ * refuse a directory without a database (services/cli.ts, refuseWithoutEmbeddedDb).
  */
 export async function refuseWithoutSchema(db: Db, config: Config): Promise<void> {
   if (!config.databaseUrl) return;
