@@ -6,47 +6,60 @@ import type { Redis } from './redis.js';
  * served: a tenant that floods it (thousands of sessions posted to, or asked to summarise) held
  * every other tenant's jobs behind its own for minutes (a light tenant's messages took 95 s to be
  * archived behind another's two-minute flood). BullMQ has no queue per tenant, but it takes jobs
- * by priority (lowest number first; first come, first served among equals). So a job gets as its
- * priority the number of jobs of its kind its tenant asked for in the current window: the first
- * job of every tenant in a window is 1, a flooding tenant's thousandth is 1,000, and a light
- * tenant's job goes ahead of the flood's backlog, behind at most the few jobs each tenant queued
- * as its first of a window. Within a tenant, jobs stay in order except across a window's turn
- * (a new window's first jobs pass the previous window's later ones).
+ * by priority (lowest number first; first come, first served among equals). So a job's priority
+ * is its tenant's recent rate of such jobs: a count that every job adds 1 to and that decays by e
+ * every FAIR_DECAY_MS (a leaky bucket). A tenant's first job in a while is 1; a flood of r jobs a
+ * second settles at about r x 60: its jobs keep about one priority among themselves, so they stay
+ * in order, while a light tenant's job goes ahead of all of them. (A count per minute that started
+ * again at 1 every minute put a flooding tenant's new jobs ahead of its own older ones, whose
+ * sessions then waited for as long as the flood lasted: 52 s, against 14 s first come first
+ * served.) Nothing needs to be taken back when a job ends or is lost.
  *
- * The counts are Redis keys `<prefix>:fair:<kind>:<tenant>:<window>` that expire after two
- * windows, so nothing needs to be taken back when a job ends or is lost.
+ * The counts are Redis hashes `<prefix>:fair:<kind>:<tenant>` {v, t}, which expire after ten
+ * decay periods without a job.
  */
-export const FAIR_WINDOW_MS = 60_000;
+export const FAIR_DECAY_MS = 60_000;
 
 /** BullMQ's highest priority number is 2,097,152; the summary sweep's jobs come after these. */
 export const MAX_FAIR_PRIORITY = 1_000_000;
 
 export type FairKind = 'flush' | 'summarize';
 
-/** The count key of `tenantId`'s `kind` jobs in the window of `now`. */
-export function fairKey(prefix: string, kind: FairKind, tenantId: string, now = Date.now()): string {
-  return `${prefix}:fair:${kind}:${tenantId}:${Math.floor(now / FAIR_WINDOW_MS)}`;
-}
+/** The key of `tenantId`'s count of `kind` jobs. */
+export const fairKey = (prefix: string, kind: FairKind, tenantId: string): string =>
+  `${prefix}:fair:${kind}:${tenantId}`;
 
-/** The priority number of count `n` (1 = the tenant's first job of the window). */
-export const fairPriorityOf = (n: number): number => Math.min(Math.max(1, Math.floor(n)), MAX_FAIR_PRIORITY);
+/**
+ * Lua: adds one job to the decaying count in KEYS[1] at time `now` (ms) and leaves the job's
+ * priority (1 to MAX_FAIR_PRIORITY) in the local `fair`. Also part of the accept script
+ * (services/messages/inbox.ts), which counts a flush in the step that arms its session.
+ */
+export const fairLua = (key: string, now: string) => `
+local fair
+do
+  local f = redis.call('HMGET', ${key}, 'v', 't')
+  local v = tonumber(f[1]) or 0
+  local dt = ${now} - (tonumber(f[2]) or ${now})
+  if dt < 0 then dt = 0 end
+  v = v * math.exp(-dt / ${FAIR_DECAY_MS}) + 1
+  redis.call('HSET', ${key}, 'v', string.format('%.6f', v), 't', ${now})
+  redis.call('PEXPIRE', ${key}, ${10 * FAIR_DECAY_MS})
+  fair = math.min(math.ceil(v - 1e-9), ${MAX_FAIR_PRIORITY})
+end
+`;
 
-/** Counts one more `kind` job of `tenantId` in this window and returns its priority. */
+const FAIR = `${fairLua('KEYS[1]', 'tonumber(ARGV[1])')}
+return fair`;
+
+/** Counts one more `kind` job of `tenantId` and returns its priority. */
 export async function nextFairPriority(
   redis: Redis,
   prefix: string,
   kind: FairKind,
   tenantId: string,
 ): Promise<number> {
-  const key = fairKey(prefix, kind, tenantId);
-  const replies = await redis
-    .multi()
-    .incr(key)
-    .pexpire(key, 2 * FAIR_WINDOW_MS)
-    .exec();
-  const [err, n] = replies?.[0] ?? [new Error('no reply'), 0];
-  if (err) throw err;
-  return fairPriorityOf(Number(n));
+  const r = (await redis.eval(FAIR, 1, fairKey(prefix, kind, tenantId), Date.now())) as number;
+  return Math.min(Math.max(1, Number(r)), MAX_FAIR_PRIORITY);
 }
 
 /**

@@ -1,6 +1,6 @@
 import type { Redis } from '../redis.js';
 import { cutUnits } from '../text/fts-text.js';
-import { FAIR_WINDOW_MS, fairKey, fairPriorityOf } from '../fair-priority.js';
+import { fairKey, fairLua } from '../fair-priority.js';
 import type { AcceptedMessage } from './message-input.js';
 
 /**
@@ -62,8 +62,8 @@ const IDS_PRUNE_MS = 3600 * 1000;
 // new one, which the archive's unique id then dropped, and a ?wait=true called the batch lost).
 // Only a client's own ids are looked up: a fresh UUID cannot be in the hash.
 // A request that arms the session (its flush job is to be added) counts one more flush of its
-// tenant in KEYS[5], the tenant's count of the current window (services/fair-priority.ts): the
-// answer's second field is that count (0 = no flush to add), the job's priority.
+// tenant in KEYS[5], the tenant's decaying count (services/fair-priority.ts): the answer's second
+// field is the flush job's priority (0 = no flush to add).
 // ARGV: now_ms, armed member, ids ttl, archive's highest seq, Postgres generation (0 = unknown),
 // then 6 per message: id, cid (0/1), fp, given sent ns ('' when the client gave none), stored
 // sent ns, payload json.
@@ -120,8 +120,8 @@ if added > 0 then
   if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
     redis.call('HSET', KEYS[1], 'armed', '1')
     redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
-    out[2] = redis.call('INCR', KEYS[5])
-    redis.call('PEXPIRE', KEYS[5], ${2 * FAIR_WINDOW_MS})
+    ${fairLua('KEYS[5]', 'tonumber(ARGV[1])')}
+    out[2] = fair
   end
   if redis.call('HGET', KEYS[1], 'deleted') == '1' then
     redis.call('HDEL', KEYS[1], 'deleted')
@@ -332,8 +332,7 @@ export async function acceptIntoInbox(
   archivedTop = 0,
   generation = 0,
 ): Promise<AcceptResult> {
-  const now = Date.now();
-  const args: (string | number)[] = [now, keys.member, IDS_TTL_SECONDS, archivedTop, generation];
+  const args: (string | number)[] = [Date.now(), keys.member, IDS_TTL_SECONDS, archivedTop, generation];
   messages.forEach((m, i) => {
     args.push(m.id, m.cid ? '1' : '0', m.fp, givenSent[i] ?? '', m.sent_at_ns, JSON.stringify(m));
   });
@@ -342,7 +341,7 @@ export async function acceptIntoInbox(
     keys.inbox,
     keys.ids,
     keys.armed,
-    fairKey(keys.prefix, 'flush', keys.tenantId, now),
+    fairKey(keys.prefix, 'flush', keys.tenantId),
     ...args,
   )) as (string | number)[];
   if (r[0] === 'SEED') return { kind: 'seed' };
@@ -353,7 +352,7 @@ export async function acceptIntoInbox(
     results.push({ seq: Number(r[i]), duplicate: Number(r[i + 1]) === 1 });
   return {
     kind: 'ok',
-    wake: Number(r[1]) > 0 ? fairPriorityOf(Number(r[1])) : null,
+    wake: Number(r[1]) > 0 ? Number(r[1]) : null,
     generation: Number(r[2]),
     revive: Number(r[3]) === 1,
     results,
