@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { makePgDb } from '../db/pool.js';
 import { inboxKeys } from '../services/messages/inbox.js';
+import { fairKey, nextFairPriority } from '../services/fair-priority.js';
 import { ADMIN_TOKEN, api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
 
@@ -688,6 +689,31 @@ void describe('ingestion', () => {
         20_000,
         `flood-${i} archived`,
       );
+  });
+
+  void test("a tenant's fair priority follows its recent rate in classes, and holds its class while the rate wobbles", async () => {
+    const prefix = `${svc.config.prefix}-fair`;
+    const key = fairKey(prefix, 'flush', 'busy');
+    const next = () => nextFairPriority(svc.deps.redis, prefix, 'flush', 'busy');
+    try {
+      const seen: number[] = [];
+      for (let i = 0; i < 200; i++) seen.push(await next());
+      assert.equal(seen[0], 1, "a tenant's first job in a while");
+      assert.ok(
+        seen.every((p, i) => i === 0 || p >= seen[i - 1]!),
+        'a burst never puts a later job ahead of an earlier one',
+      );
+      // 200 jobs: class round(log1.5 200) = 13.
+      assert.equal(seen[199], 14);
+      // 20 s without a job: the count fell by 28 % (to about 144, class 12.3): the class holds.
+      await svc.deps.redis.hset(key, 't', Date.now() - 20_000);
+      assert.equal(await next(), 14);
+      // A minute more: the count fell by e (to about 54): the class goes down.
+      await svc.deps.redis.hset(key, 't', Date.now() - 60_000);
+      assert.equal(await next(), 11);
+    } finally {
+      await deleteRedisPrefix(prefix);
+    }
   });
 
   void test('the archive stores a row per message with its byte size and the tsvector', async () => {
