@@ -5,6 +5,7 @@ import { migrate, newerSchemaWarning, unknownMigrations } from '../db/migrate.js
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { loadConfig, ConfigError } from './config.js';
+import type { Config } from './config.js';
 import { AppError } from './errors.js';
 import { defaultExtensions } from './extensions.js';
 import { afterRestoreCommand } from './lifecycle/after-restore.js';
@@ -58,11 +59,10 @@ const NEEDS_EMBEDDED_DB = new Set([
   'reembed',
 ]);
 
-async function refuseWithoutEmbeddedDb(command: Command): Promise<void> {
+async function refuseWithoutEmbeddedDb(command: Command, config: Config): Promise<void> {
   const names: string[] = [];
   for (let c: Command | null = command; c && c !== program; c = c.parent) names.unshift(c.name());
   const name = names.join(' ');
-  const config = loadConfig(process.env);
   if (config.databaseUrl || !NEEDS_EMBEDDED_DB.has(name) || (await hasEmbeddedDatabase(config.dataDir)))
     return;
   throw new Error(
@@ -80,8 +80,9 @@ const program = new Command('mnemos')
   // and `after-restore` as much as to a service.
   .hook('preAction', async (_, command) => {
     if (['serve', 'api', 'worker'].includes(command.name()) && command.parent === program) return;
-    for (const w of loadConfig(process.env).warnings) process.stderr.write(`mnemos: warning: ${w}\n`);
-    await refuseWithoutEmbeddedDb(command);
+    const config = loadConfig(process.env);
+    for (const w of config.warnings) process.stderr.write(`mnemos: warning: ${w}\n`);
+    await refuseWithoutEmbeddedDb(command, config);
   });
 
 program

@@ -68,8 +68,8 @@ export async function nextFairPriority(
   kind: FairKind,
   tenantId: string,
 ): Promise<number> {
-  const r = (await redis.eval(FAIR, 1, fairKey(prefix, kind, tenantId), Date.now())) as number;
-  return Math.min(Math.max(1, Number(r)), MAX_FAIR_PRIORITY);
+  // The script's priority is already within 1 to MAX_FAIR_PRIORITY.
+  return Number(await redis.eval(FAIR, 1, fairKey(prefix, kind, tenantId), Date.now()));
 }
 
 /**

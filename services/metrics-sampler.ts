@@ -35,20 +35,16 @@ const SUMMARY_LAG_PERIOD_MS = 50_000;
 
 /**
  * Summary lag: only meaningful when summaries run (an LLM is configured). Its query joins every
- * session with its summary (1.75 s of Postgres at a million sessions), so with Redis at hand one
- * process of the fleet runs it in each period, whichever asks first, and shares the value: every
+ * session with its summary (1.75 s of Postgres at a million sessions), so one process of the
+ * fleet runs it in each period, whichever asks first, and shares the value: every
  * API process exports it, and the query runs about once a minute however many there are (until
  * 2026-12-02 each API process ran it every minute). A shared value is up to a minute old.
  */
 export async function sampleSummaryLag(
-  deps: Pick<CoreDeps, 'db' | 'llm' | 'metrics'> & Partial<Pick<CoreDeps, 'redis' | 'config'>>,
+  deps: Pick<CoreDeps, 'db' | 'llm' | 'metrics' | 'redis' | 'config'>,
 ): Promise<void> {
   if (!deps.llm) {
     deps.metrics.summaryLag.set(0);
-    return;
-  }
-  if (!deps.redis || !deps.config) {
-    deps.metrics.summaryLag.set(await oldestUnsummarisedAgeSeconds(deps.db));
     return;
   }
   const valueKey = `${deps.config.prefix}:metrics:summary-lag`;

@@ -1,4 +1,5 @@
 import { Redis } from 'ioredis';
+import { throttledWarn } from './logger.js';
 import type { Logger } from './logger.js';
 
 export type { Redis };
@@ -28,15 +29,9 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
           retryStrategy: (times) => Math.min(100 * 2 ** Math.min(times, 6), 5000),
         });
   if (role === 'producer') watchStaleConnection(redis, logger);
-  let lastWarn = 0;
-  redis.on('error', (err: Error) => {
-    // Reconnect loops emit an error per attempt; keep the log readable.
-    const now = Date.now();
-    if (now - lastWarn > 5000) {
-      lastWarn = now;
-      logger?.warn({ err: { message: err.message }, role }, 'redis connection error');
-    }
-  });
+  // Reconnect loops emit an error per attempt: one line per 5 s, with the count left out.
+  const warnError = throttledWarn(logger, 'redis connection error');
+  redis.on('error', (err: Error) => warnError({ err: { message: err.message }, role }));
   return redis;
 }
 
