@@ -854,7 +854,15 @@ async function main() {
       EMBEDDING_DIMENSIONS: String(DIMS),
       LOG_LEVEL: 'silent',
     });
-    const deps: SearchDeps = { db, config, llm: null, logger: makeLogger('silent'), metrics: makeMetrics() };
+    const deps: SearchDeps = {
+      db,
+      config,
+      llm: null,
+      logger: makeLogger('silent'),
+      metrics: makeMetrics(),
+      // The loaded vectors are clusters standing for a model's (see clusteredVector).
+      syntheticVectors: true,
+    };
     // What the service's ann-indexes maintenance task does for sessions of ANN_MIN_VECTORS or more.
     let annNote = 'Per-session HNSW indexes: off (--no-ann).';
     if (ANN) {

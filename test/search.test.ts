@@ -22,8 +22,10 @@ import {
   FTS_CJK_PASS,
   FTS_ARGS_PASS,
   FTS_FOLD_PASS,
+  FTS_COMPOUND_PASS,
   FTS_LONG_PASS,
   backfillCjkTsvectors,
+  backfillCompoundTsvectors,
   backfillFoldedTsvectors,
   backfillLongTsvectors,
   backfillToolCallTsvectors,
@@ -237,6 +239,16 @@ void describe('query parsing and ranking (pure)', () => {
     );
     assert.equal(p.embedText, 'deploy db database unclosed phrase');
     assert.deepEqual(parseSearchQuery('or or - -').groups, []);
+    // Two dashes make a word (a command-line flag), not an exclusion.
+    const flags = parseSearchQuery('migrate --dry-run -v --');
+    assert.deepEqual(
+      flags.groups.map((g) => g.map((t) => t.text)),
+      [['migrate'], ['--dry-run']],
+    );
+    assert.deepEqual(
+      flags.exclude.map((t) => t.text),
+      ['v'],
+    );
     assert.deepEqual(
       parseSearchQuery('a or -b or c').groups.map((g) => g.map((t) => t.text)),
       [['a'], ['c']],
@@ -369,7 +381,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
 
   void test('keyword: phrases, unclosed quotes, exclusions and or', async () => {
     const s = sid('syntax');
-    const [hot, rev, pg, my, redis, kafka, both] = await archiveSpaced(api, s, [
+    const archived = await archiveSpaced(api, s, [
       user('the hot history grows quickly'),
       user('history is hot today'),
       user('database migration with postgres'),
@@ -377,7 +389,17 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       user('redis cache layer'),
       user('kafka event stream'),
       user('redis and kafka together'),
+      user('ran npm run migrate --dry-run first'),
+      user('the job ended with exit code -1'),
+      user('the job ended with exit code 0'),
     ]);
+    const [minusOne, zero] = [archived[8]!, archived[9]!];
+    const [hot, rev, pg, my, redis, kafka, both, dry] = archived;
+    // A command-line flag is a term, not an exclusion; a quoted term may start with one dash.
+    assert.deepEqual(await hitSeqs(api, s, { query: 'exit code "-1"', match: 'keyword' }), [minusOne]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'exit code -1', match: 'keyword' }), [zero]);
+    assert.deepEqual(await hitSeqs(api, s, { query: '--dry-run', match: 'keyword' }), [dry]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'database --dry-run', match: 'keyword' }), []);
     assert.deepEqual(await hitSeqs(api, s, { query: '"hot history"', match: 'keyword' }), [hot]);
     assert.deepEqual(await hitSeqs(api, s, { query: '"hot history', match: 'keyword' }), [hot]);
     assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'hot history', match: 'keyword' })), [hot, rev]);
@@ -617,6 +639,50 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await kw('GPU server'), [wide!, plain!]);
     assert.deepEqual(await kw('Ti\u1ebfng'), [decomposed!]);
     assert.deepEqual(await kw('οδος'), [greek!]);
+  });
+
+  void test('keyword: the words of dotted names, paths, URLs and addresses are found by full text; old rows are re-derived', async () => {
+    const s = sid('compound');
+    const [npe, path, mail, plain] = await archiveSpaced(api, s, [
+      user('threw java.lang.NullPointerException at com.acme.InvoiceService.load(InvoiceService.java:42)'),
+      user('the worker runs /app/worker/tasks.py from https://example.com/deploy/notes'),
+      user('ask ops-team@example.org, e.g. before 3.5 ships'),
+      user('a plain message about tasks and services'),
+    ]);
+    const byFullText = async (query: string) =>
+      sorted(
+        (await search(api, s, { query, match: 'keyword' })).body.hits
+          .filter((h) => h.source !== 'recent')
+          .map((h) => h.seq),
+      );
+    const expectations: Array<[string, number[]]> = [
+      ['NullPointerException', [npe!]],
+      ['InvoiceService', [npe!]],
+      ['java.lang.NullPointerException', [npe!]],
+      ['tasks.py', [path!]],
+      ['tasks', sorted([path!, plain!])],
+      ['example', sorted([path!, mail!])],
+      ['ops-team', [mail!]],
+      ['deploy notes', [path!]],
+      // The text's own phrases keep their positions.
+      ['"threw java.lang.NullPointerException"', [npe!]],
+    ];
+    for (const [query, want] of expectations) assert.deepEqual(await byFullText(query), want, query);
+    // What rows archived before 2026-12-02 hold: each compound one token.
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = to_tsvector('english', content)
+       WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
+      [tenantId, s, [npe, path, mail]],
+    );
+    assert.deepEqual(await byFullText('NullPointerException'), []);
+    assert.deepEqual(await byFullText('tasks'), [plain!]);
+    await withPassRestarted(FTS_COMPOUND_PASS, async (deps) => {
+      for (let done = false; !done;) {
+        ({ done } = await backfillCompoundTsvectors(deps, { batch: 3, maxBatches: 2 }));
+      }
+    });
+    for (const [query, want] of expectations)
+      assert.deepEqual(await byFullText(query), want, `${query} (re-derived)`);
   });
 
   void test('keyword: words inside tool-call arguments are found (JSON escapes decoded); old rows are re-derived', async () => {
@@ -1127,6 +1193,63 @@ void describe('POST /v1/sessions/{sid}/search', () => {
         one.body.hits.map((h: SearchHit) => h.seq),
         [notes],
         `${match}: only the message that shares a word`,
+      );
+    }
+  });
+
+  void test('local embedder: a message whose vector collides with the query but shares no word is no semantic hit', async () => {
+    // With the local embedder's 384 buckets, `lot` has the bucket and sign of `kubectl`: "lot"
+    // scores 1.0 against the query "kubectl", above the message that has the word.
+    const s = sid('collide');
+    const [real, aLot, lot, thanks] = await archiveSpaced(api, s, [
+      user('kubectl rollout restart of the gateway deployment, then check the logs'),
+      user('a lot'),
+      user('lot'),
+      user('Thanks, that helps a lot.'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    const colliding = (await search(api, s, { query: 'lot', match: 'semantic' })).body.hits.map((h) => h.seq);
+    assert.deepEqual(sorted(colliding), sorted([aLot, lot, thanks]), 'the word itself is found');
+    for (const match of ['semantic', 'hybrid'] as const) {
+      for (const limit of [1, 8]) {
+        const hits = (await search(api, s, { query: 'kubectl', match, limit })).body.hits;
+        assert.deepEqual(
+          hits.map((h) => h.seq),
+          [real],
+          `${match}, limit ${limit}: only the message with the word`,
+        );
+      }
+    }
+    // A tool call's arguments are not embedded: keyword finds it, and the collision no longer ties
+    // with it in hybrid (first in each list, the newer one won).
+    const t = sid('collide-call');
+    const [call, , thanks2] = await archive(api, t, [
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [
+          {
+            id: 'k1',
+            type: 'function',
+            function: { name: 'run_shell', arguments: JSON.stringify({ cmd: 'kubectl rollout restart' }) },
+          },
+        ],
+      },
+      { role: 'tool', tool_call_id: 'k1', content: 'restarted' },
+      user('Thanks, that helps a lot.'),
+    ]);
+    await ensureVectors(svc, tenantId, t);
+    const before = await search(api, t, { query: 'helps', match: 'semantic' });
+    assert.deepEqual(
+      before.body.hits.map((h) => h.seq),
+      [thanks2],
+    );
+    for (const limit of [1, 8]) {
+      const hy = (await search(api, t, { query: 'kubectl', limit })).body.hits;
+      assert.deepEqual(
+        hy.map((h) => h.seq),
+        [call],
+        `hybrid, limit ${limit}`,
       );
     }
   });

@@ -245,6 +245,29 @@ export function hasLocalFeatures(text: string): boolean {
   return keys.length > 0;
 }
 
+/**
+ * The distinct features of a text (words' stems, CJK bigrams or lone characters; the two kinds
+ * never coincide), for sharesLocalFeature.
+ */
+export function localFeatureSet(text: string): Set<string> {
+  const keys: string[] = [];
+  scanFeatures(text, keys, []);
+  return new Set(keys);
+}
+
+/**
+ * Whether `text` has a feature of `features` (a localFeatureSet). Two texts' local vectors score
+ * above 0 without one when features of each land in one of the few hundred buckets with one sign:
+ * "Thanks, that helps a lot." scored 0.45 against "kubectl", as much as a real match of one
+ * word does, so only this test tells a real match from a collision.
+ */
+export function sharesLocalFeature(features: ReadonlySet<string>, text: string): boolean {
+  if (features.size === 0) return false;
+  const keys: string[] = [];
+  scanFeatures(text, keys, []);
+  return keys.some((key) => features.has(key));
+}
+
 export function localEmbedMany(texts: readonly string[], dimensions: number): number[][] {
   return texts.map((text) => localEmbed(text, dimensions));
 }

@@ -7,13 +7,14 @@ import {
 } from '../../db/queries/fts-backfill.js';
 import { DRAIN_MAX_BYTES, ftsColumns, searchableText } from '../../workers/ingest.js';
 import type { CoreDeps } from '../deps.js';
-import { FTS_EN_SAFE, foldForIndex, hasCjk } from '../text/fts-text.js';
+import { FTS_EN_SAFE, compoundParts, foldForIndex, hasCjk } from '../text/fts-text.js';
 
 export const FTS_CJK_PASS = 'fts-cjk-v2';
 export const FTS_LONG_PASS = 'fts-long-v3';
 // v6 (migration 016): numbers as written and every value of a repeated key; v4 (014) left behind.
 export const FTS_ARGS_PASS = 'fts-args-v6';
 export const FTS_FOLD_PASS = 'fts-fold-v5';
+export const FTS_COMPOUND_PASS = 'fts-compound-v7';
 
 interface BackfillOptions {
   batch?: number;
@@ -87,6 +88,24 @@ export function backfillFoldedTsvectors(
     what: 'rows with compatibility forms',
     minBytes: 0,
     wants: (text) => foldForIndex(text) !== text,
+  });
+}
+
+/**
+ * The fifth pass: rows whose searchable text has compounds (`java.lang.NullPointerException`,
+ * `tasks.py`, `ops-team@example.org`), which rows archived before 2026-12-02 were indexed with as
+ * one token only, get the compounds' parts indexed as words too (compoundParts). Every row is
+ * read; only those with compounds are written.
+ */
+export function backfillCompoundTsvectors(
+  deps: Pick<CoreDeps, 'db' | 'logger'>,
+  opts: BackfillOptions = {},
+): Promise<BackfillResult> {
+  return backfillPass(deps, opts, {
+    name: FTS_COMPOUND_PASS,
+    what: 'rows with compounds',
+    minBytes: 0,
+    wants: (text) => compoundParts(foldForIndex(text)) !== '',
   });
 }
 

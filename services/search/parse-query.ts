@@ -51,13 +51,19 @@ function tokenize(query: string): Token[] {
     }
     let negated = false;
     if (query[i] === '-') {
-      const next = query[i + 1];
-      if (next === undefined || isSpace(next)) {
-        i++;
+      let dashes = i;
+      while (query[dashes] === '-') dashes++;
+      // Dashes alone are no term.
+      if (dashes === n || isSpace(query[dashes])) {
+        i = dashes;
         continue;
       }
-      negated = true;
-      i++;
+      // `-term` excludes; `--term` is a word as written: command-line flags (`--dry-run`) were
+      // excluded and never found, and nobody excludes with two dashes.
+      if (dashes === i + 1) {
+        negated = true;
+        i++;
+      }
     }
     if (query[i] === '"') {
       const close = query.indexOf('"', i + 1);

@@ -6,6 +6,7 @@ import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.
 import { refreshTableStatistics } from './table-statistics.js';
 import {
   backfillCjkTsvectors,
+  backfillCompoundTsvectors,
   backfillFoldedTsvectors,
   backfillLongTsvectors,
   backfillToolCallTsvectors,
@@ -37,6 +38,7 @@ export const searchExtension: ExtensionFactory = async (deps) => {
         long: await backfillLongTsvectors(deps),
         args: await backfillToolCallTsvectors(deps),
         folded: await backfillFoldedTsvectors(deps),
+        compound: await backfillCompoundTsvectors(deps),
       }),
     },
     async schedule() {

@@ -23,7 +23,8 @@ import {
   wordRegex,
 } from './parse-query.js';
 import type { FtsLeaf, QueryTerm } from './parse-query.js';
-import { hasLocalFeatures } from '../llm/local-embedder.js';
+import { hasLocalFeatures, localFeatureSet, sharesLocalFeature } from '../llm/local-embedder.js';
+import { prepareEmbedText } from '../recent-index/embedder.js';
 import { onlyStopWords } from './english-stop-words.js';
 import { ownIndexes } from './indexed-sessions.js';
 import { embedQuery } from './query-embedding.js';
@@ -84,7 +85,13 @@ export interface DetailedHit extends SearchHit {
   message: StoredMessage;
 }
 
-export type SearchDeps = Pick<CoreDeps, 'db' | 'config' | 'llm' | 'logger' | 'metrics'>;
+export type SearchDeps = Pick<CoreDeps, 'db' | 'config' | 'llm' | 'logger' | 'metrics'> & {
+  /**
+   * Set by bench/search.ts only: its stored vectors stand for a model embedder's (clusters), not
+   * the local embedder's, so semantic hits are not tested for a shared word (see `lexical`).
+   */
+  syntheticVectors?: boolean;
+};
 
 const DURATION_METRIC = 'mnemos_search_duration_seconds';
 
@@ -307,7 +314,22 @@ async function run(
       : params.match === 'semantic'
         ? semanticList
         : fuseRrf([keywordList, semanticList]);
-  return { hits: await expand(deps, tenantId, sessionId, ranked, fetched, params.limit) };
+  // The local embedder is lexical, and its vectors have a few hundred buckets: a message can score
+  // as high as a real match of one word without sharing any with the query (hash collisions, in
+  // about one search in four for a word the session never used). What only the vectors found must
+  // share a word or CJK bigram with the query.
+  const lexical =
+    embedding !== null && deps.config.embedding.local && !deps.syntheticVectors && semanticList.length > 0
+      ? {
+          features: localFeatureSet(prepareEmbedText(parsed.embedText) ?? ''),
+          seqs: new Set(
+            params.match === 'semantic'
+              ? semanticList.map((c) => c.seq)
+              : difference(semanticList, keywordList),
+          ),
+        }
+      : undefined;
+  return { hits: await expand(deps, tenantId, sessionId, ranked, fetched, params.limit, lexical) };
 }
 
 /**
@@ -336,41 +358,74 @@ async function candidates(deps: SearchDeps, search: SearchArgs): Promise<SearchP
   }
 }
 
+/** Seqs of `list` that `other` does not hold. */
+function difference(list: readonly Candidate[], other: readonly Candidate[]): number[] {
+  const held = new Set(other.map((c) => c.seq));
+  return list.filter((c) => !held.has(c.seq)).map((c) => c.seq);
+}
+
 /**
  * Picks the hits and their contexts (`selectHits`) and builds them from the prefetched rows. The
  * candidate statement ran the same selection in SQL, so it normally brought every neighbour list
  * and row needed; if not (the orders differed), one more statement runs the selection over this
- * ranking and brings what is missing.
+ * ranking and brings what is missing. With `lexical`, a hit among its `seqs` whose text shares no
+ * feature with the query is a collision of the local embedder: if one is picked, the rows of all
+ * such candidates are fetched (one statement), the collisions dropped, and the hits picked again.
  */
 async function expand(
   deps: SearchDeps,
   tenantId: string,
   sessionId: string,
-  ranked: Candidate[],
+  candidates: Candidate[],
   fetched: Pick<SearchPrefetch, 'around' | 'rows'>,
   limit: number,
+  lexical?: { features: ReadonlySet<string>; seqs: ReadonlySet<number> },
 ): Promise<DetailedHit[]> {
+  let ranked = candidates;
   if (ranked.length === 0) return [];
-  let neighbours = fetched.around;
+  const neighbours = fetched.around;
   for (const list of neighbours.values()) list.sort((a, b) => a - b);
   const bySeq = new Map(fetched.rows.map((r) => [Number(r.seq), r]));
-  let chosen = selectHits(ranked, neighbours, limit);
-  const complete = chosen.every(
-    ({ hit, context }) => neighbours.has(hit.seq) && bySeq.has(hit.seq) && context.every((s) => bySeq.has(s)),
-  );
-  if (!complete) {
+  // Runs the selection over `order` in SQL and keeps the rows and neighbour lists it brings (a
+  // message's neighbours do not depend on the order).
+  const walk = async (order: readonly Candidate[], n: number) => {
     const more = await walkRows(deps.db, {
       tenantId,
       sessionId,
-      order: ranked.map((c) => c.seq),
-      limit,
+      order: order.map((c) => c.seq),
+      limit: n,
       have: [...bySeq.keys()],
     });
-    // The walk over this very order computed the neighbours of every hit selectHits keeps.
-    neighbours = more.around;
-    for (const list of neighbours.values()) list.sort((a, b) => a - b);
+    for (const [seq, list] of more.around)
+      neighbours.set(
+        seq,
+        list.sort((a, b) => a - b),
+      );
     for (const r of more.rows) bySeq.set(Number(r.seq), r);
-    chosen = selectHits(ranked, neighbours, limit);
+  };
+  const pick = async () => {
+    const chosen = selectHits(ranked, neighbours, limit);
+    const complete = chosen.every(
+      ({ hit, context }) =>
+        neighbours.has(hit.seq) && bySeq.has(hit.seq) && context.every((s) => bySeq.has(s)),
+    );
+    if (complete) return chosen;
+    await walk(ranked, limit);
+    return selectHits(ranked, neighbours, limit);
+  };
+  let chosen = await pick();
+  if (lexical) {
+    const collided = (c: Candidate) => {
+      if (!lexical.seqs.has(c.seq)) return false;
+      const row = bySeq.get(c.seq);
+      return row !== undefined && !sharesLocalFeature(lexical.features, prepareEmbedText(row.content) ?? '');
+    };
+    if (chosen.some(({ hit }) => collided(hit))) {
+      const unseen = ranked.filter((c) => lexical.seqs.has(c.seq) && !bySeq.has(c.seq));
+      if (unseen.length > 0) await walk(unseen, unseen.length);
+      ranked = ranked.filter((c) => !collided(c));
+      chosen = await pick();
+    }
   }
   const stored = (seq: number) => {
     const r = bySeq.get(seq);

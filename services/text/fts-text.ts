@@ -130,8 +130,56 @@ const spacedForm = (c: string): string => {
  */
 export function ftsDocument(raw: string): { en: string; cjk: string } {
   const text = foldForIndex(raw);
-  const cap = (s: string) => cutUnits(s, FTS_EN_MAX);
+  const cap = (s: string) => cutUnits(withCompoundParts(s), FTS_EN_MAX);
   // Most messages have no CJK: one scan instead of three.
   if (!hasCjk(text)) return { en: cap(text), cjk: '' };
   return { en: cap(text.replace(CJK_RUN, ' ')), cjk: cjkTsvector(text, FTS_CJK_CAP) };
 }
+
+/**
+ * Words joined by `.`, `/` or `@` with no space: Postgres's parser reads the whole run as one
+ * token (a host, file, URL or e-mail address: `java.lang.NullPointerException`,
+ * `/app/worker/tasks.py`, `ops-team@example.org`), so full text found none of its words alone, and
+ * once a message left the recent part (whose substring match does find them) `NullPointerException`,
+ * `tasks` or `example` no longer found it. A compound here is a whitespace-delimited token with
+ * such a separator between two other characters (the lookbehind starts a match only at a token's
+ * start: without it the scan retried at every character of every word, 34 µs per message).
+ */
+const COMPOUND = /(?<!\S)\S*?[^\s./@][./@]+[^\s./@]\S*/g;
+const SEGMENT_SEPARATOR = /[/@]+/;
+// A letter, or any non-ASCII character (the parser decides what it is).
+const HAS_LETTER = /[A-Za-z\u0080-\uffff]/;
+
+/**
+ * The parts of the text's compounds (COMPOUND) that full text would not see alone: those of at
+ * least two characters with a letter (not the `e` and `g` of `e.g.`, nor the digits of `3.5` or an
+ * address), each compound's on a line of its own after the text. After it, so that the text's own
+ * phrases keep their positions.
+ */
+export function compoundParts(text: string): string {
+  let out = '';
+  for (const [compound] of text.matchAll(COMPOUND)) {
+    const parts: string[] = [];
+    // A path's or address's segments first, whole (`tasks.py` of `/app/worker/tasks.py`, which
+    // the parser then reads as a file name of its own), then their dotted words.
+    const segments = compound.split(SEGMENT_SEPARATOR);
+    for (const segment of segments) {
+      if (segments.length > 1 && segment.includes('.')) keep(parts, segment);
+      for (const word of segment.split('.')) keep(parts, word);
+    }
+    if (parts.length > 0) out += `\n${parts.join(' ')}`;
+  }
+  return out;
+}
+
+function keep(parts: string[], part: string): void {
+  if (part.length >= 2 && HAS_LETTER.test(part)) parts.push(part);
+}
+
+/** `text` and its compounds' parts (compoundParts). */
+export function withCompoundParts(text: string): string {
+  // Most text has no separator before a word character: one cheap test instead of the scan.
+  if (!SEPARATOR_BEFORE_WORD.test(text)) return text;
+  return text + compoundParts(text);
+}
+const SEPARATOR_BEFORE_WORD = /[./@][^\s./@]/;

@@ -11,7 +11,7 @@ export const toolDefinitions = [
     function: {
       name: 'chat_history',
       description:
-        'Look up earlier messages of THIS conversation that are no longer in your context. Use it when the user refers to something said before ("as we discussed", "the error from yesterday", a name or id you do not see). mode "search" finds messages by keywords (best: distinctive nouns, names, ids, error text; English or Chinese; "exact phrase", or, -exclude work); "read" returns a seq range around a search hit; "list" returns the latest messages. Results show [time · role · #seq] lines.',
+        'Look up earlier messages of THIS conversation that are no longer in your context. Use it when the user refers to something said before ("as we discussed", "the error from yesterday", a name or id you do not see). mode "search" finds messages by keywords (best: distinctive nouns, names, ids, error text; any language, CJK included; "exact phrase", or, -exclude work: quote a term that starts with one dash, "-1", to find it; --flags are words); "read" returns a seq range around a search hit; "list" returns the latest messages. Results show [time · role · #seq] lines.',
       parameters: {
         type: 'object',
         properties: {
@@ -27,7 +27,8 @@ export const toolDefinitions = [
           match: {
             type: 'string',
             enum: ['hybrid', 'keyword', 'semantic'],
-            description: 'search only. hybrid (default) combines exact words and meaning.',
+            description:
+              'search only. hybrid (default) combines exact words and meaning (only words, without an embedding model).',
           },
           time_range: {
             type: 'string',
