@@ -135,6 +135,17 @@ export function makePgDb(opts: {
    * erasure) is not bounded: its connections have TCP keepalive.
    */
   requestTimeoutMs?: number;
+  /**
+   * Postgres is reached through a pooler in transaction mode (PgBouncer `pool_mode = transaction`),
+   * which hands each transaction whatever server connection is free: a setting made with SET
+   * stays on that connection and reaches other clients' statements (a tester's psql sessions
+   * through the same PgBouncer had their `pg_sleep(11)` cancelled by the search connections' 10 s
+   * `statement_timeout`, and drains failed when SEARCH_TIMEOUT_MS was low). So nothing is SET on a
+   * connection: a search runs in a transaction of its own with SET LOCAL (three round trips
+   * instead of one), and Postgres's idle-in-transaction bound is left to the pooler's
+   * `idle_transaction_timeout`. Named statements must not be used (`PG_PREPARED_STATEMENTS`).
+   */
+  transactionPooler?: boolean;
 }): Db {
   const warn = (what: string) => (err: Error) =>
     opts.logger?.warn({ err: { message: err.message } }, `could not set ${what}`);
@@ -159,6 +170,7 @@ export function makePgDb(opts: {
       // would hold its place in the pool for ever).
       // eslint-disable-next-line @typescript-eslint/no-misused-promises -- pg-pool awaits onConnect (pg-pool 3.14 index.js); @types/pg says void
       onConnect: async (client: pg.ClientBase) => {
+        if (opts.transactionPooler) return;
         const set = (sql: string, what: string) =>
           answerWithin(client, client.query(sql), CONNECT_TIMEOUT_MS).then(
             () => undefined,
@@ -167,6 +179,10 @@ export function makePgDb(opts: {
               warn(what)(err);
             },
           );
+        // mnemos's transactions are written for read committed (a drain's row locks serialise a
+        // session's writers); a database or role defaulting to repeatable read or serializable
+        // failed 1 in 40 posts with a 503 serialisation failure, and drains retried.
+        await set(`SET default_transaction_isolation = 'read committed'`, 'default_transaction_isolation');
         if (opts.idleInTransactionTimeoutMs)
           await set(
             `SET idle_in_transaction_session_timeout = ${Math.round(opts.idleInTransactionTimeoutMs)}`,
@@ -212,6 +228,13 @@ export function makePgDb(opts: {
         ? Math.max(requestTimeoutMs, searchTimeoutMs > 0 ? searchTimeoutMs + 2000 : 0)
         : requestTimeoutMs
       : 0);
+  // Behind a transaction pooler, a search's settings last for its own transaction only.
+  const searchSettings = [
+    `BEGIN ISOLATION LEVEL READ COMMITTED`,
+    `SET LOCAL hnsw.ef_search = 100`,
+    `SET LOCAL hnsw.iterative_scan = 'relaxed_order'`,
+    ...(searchTimeoutMs > 0 ? [`SET LOCAL statement_timeout = ${Math.round(searchTimeoutMs)}`] : []),
+  ].join('; ');
   const background = facade(false);
   const forRequests = requestTimeoutMs > 0 ? facade(true) : background;
   return background;
@@ -220,44 +243,68 @@ export function makePgDb(opts: {
     return {
       kind: 'postgres',
       binaryParams: true,
-      query: (text, params, o) =>
-        checkedOut(
+      query: (text, params, o) => {
+        const statement = (client: pg.PoolClient) =>
+          client.query({ name: o?.name, text, values: params as unknown[] });
+        if (opts.transactionPooler && o?.search) {
+          return inTransaction(searchPool(), boundOf(forRequest, o), searchSettings, (run) =>
+            run(statement),
+          ) as never;
+        }
+        return checkedOut(
           o?.name ? namedPool() : o?.search ? searchPool() : pool,
           boundOf(forRequest, o),
-          (ask) => ask((client) => client.query({ name: o?.name, text, values: params as unknown[] })),
+          (ask) => ask(statement),
           (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
-        ) as never,
-      transaction: (fn) => {
-        // After a ROLLBACK that went through, the connection is clean whatever fn threw.
-        let rolledBack = true;
-        return checkedOut(
-          pool,
-          boundOf(forRequest),
-          async (ask) => {
-            await ask((client) => client.query('BEGIN'));
-            try {
-              const result = await fn({
-                binaryParams: true,
-                query: (text, params) => ask((client) => client.query(text, params as unknown[])) as never,
-              });
-              await ask((client) => client.query('COMMIT'));
-              return result;
-            } catch (err) {
-              await ask((client) => client.query('ROLLBACK')).catch(() => {
-                rolledBack = false;
-              });
-              throw err;
-            }
-          },
-          () => rolledBack,
-        );
+        ) as never;
       },
+      transaction: (fn) =>
+        // Read committed whatever the database's default: behind a transaction pooler no SET on
+        // the connection says so.
+        inTransaction(pool, boundOf(forRequest), 'BEGIN ISOLATION LEVEL READ COMMITTED', (run) =>
+          fn({
+            binaryParams: true,
+            query: (text, params) => run((client) => client.query(text, params as unknown[])) as never,
+          }),
+        ),
       close: async () => {
         await Promise.all([pool.end(), named?.end(), searching?.end()]);
       },
       forRequests: () => forRequests,
     };
   }
+}
+
+/**
+ * Runs `fn` in a transaction opened by `begin` on a connection of `p` (checkedOut), committed if
+ * `fn` resolves and rolled back if it throws.
+ */
+function inTransaction<T>(
+  p: pg.Pool,
+  boundMs: number,
+  begin: string,
+  fn: (run: <R>(statement: (client: pg.PoolClient) => Promise<R>) => Promise<R>) => Promise<T>,
+): Promise<T> {
+  // After a ROLLBACK that went through, the connection is clean whatever fn threw.
+  let rolledBack = true;
+  return checkedOut(
+    p,
+    boundMs,
+    async (ask) => {
+      await ask((client) => client.query(begin));
+      try {
+        const result = await fn(ask);
+        await ask((client) => client.query('COMMIT'));
+        return result;
+      } catch (err) {
+        await ask((client) => client.query('ROLLBACK')).catch(() => {
+          rolledBack = false;
+        });
+        throw err;
+      }
+    },
+    () => rolledBack,
+  );
 }
 
 /**

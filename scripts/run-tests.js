@@ -28,6 +28,7 @@ const adminUrl = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127
 if (!process.env.TEST_SKIP_SETUP) {
   run('bash', ['scripts/ensure-services.sh']);
   run('bash', ['scripts/install-pgvector.sh']);
+  run('bash', ['scripts/install-pgbouncer.sh']);
 }
 
 const runId = `${Math.floor(Date.now() / 1000)}_${randomBytes(3).toString('hex')}`;

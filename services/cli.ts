@@ -29,6 +29,7 @@ async function withDb<T>(
         connectionString: config.databaseUrl,
         max: 2,
         idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
+        transactionPooler: config.pgTransactionPooler,
       })
     : await openPgliteDb(config.dataDir);
   try {

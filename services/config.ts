@@ -222,6 +222,12 @@ const schema = z.object({
   ANN_MIN_VECTORS: int(0, 100_000_000, 'vectors of a session that get it an HNSW index, 0 = never').default(
     8000,
   ),
+  PG_POOLER: z
+    .enum(['none', 'transaction'], {
+      message:
+        'must be none or transaction (PgBouncer pool_mode = transaction, or another pooler that hands each transaction any connection)',
+    })
+    .default('none'),
   PG_PREPARED_STATEMENTS: z
     .enum(['true', 'false'], {
       message: 'must be true or false (false behind a pooler that drops prepared statements)',
@@ -292,6 +298,8 @@ export interface Config {
    * false behind a connection pooler in transaction mode (PgBouncer).
    */
   pgPreparedStatements: boolean;
+  /** Postgres is reached through a pooler in transaction mode: no SET on a connection (db/pool.ts). */
+  pgTransactionPooler: boolean;
   /** A session with this many messages gets its own full-text and trigram indexes (0 = never). */
   searchIndexMinMessages: number;
   /** At most this many sessions get each kind of those indexes (each costs planning time). */
@@ -506,7 +514,9 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     pgRequestTimeoutMs: e.PG_REQUEST_TIMEOUT_MS,
     searchTimeoutMs: e.SEARCH_TIMEOUT_MS,
     annMinVectors: e.ANN_MIN_VECTORS,
-    pgPreparedStatements: e.PG_PREPARED_STATEMENTS,
+    // A named statement prepared on one server connection is missing (or already there) on the next.
+    pgPreparedStatements: e.PG_PREPARED_STATEMENTS && e.PG_POOLER === 'none',
+    pgTransactionPooler: e.PG_POOLER === 'transaction',
     searchIndexMinMessages: e.SEARCH_INDEX_MIN_MESSAGES,
     searchIndexMaxSessions: e.SEARCH_INDEX_MAX_SESSIONS,
     llmTimeoutMs: e.LLM_TIMEOUT_MS,

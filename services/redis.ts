@@ -80,18 +80,39 @@ export async function waitForRedis(redis: Redis, timeoutMs: number): Promise<boo
 
 /** SPEC §1: production Redis should persist (AOF) and never evict queue keys. */
 export async function redisDurabilityWarnings(redis: Redis): Promise<string[]> {
+  const settings = await durabilitySettings(redis);
+  if (!settings) return ['could not read Redis persistence settings (CONFIG GET and INFO refused)'];
   const warnings: string[] = [];
+  if (!settings.aof)
+    warnings.push(
+      'Redis runs without AOF (appendonly no): a Redis restart can lose accepted messages not yet archived',
+    );
+  if (settings.policy !== 'noeviction')
+    warnings.push(
+      `Redis maxmemory-policy is ${settings.policy}: set noeviction so queue keys are never evicted`,
+    );
+  return warnings;
+}
+
+/**
+ * AOF on, and the eviction policy: from CONFIG GET, or where managed services refuse CONFIG
+ * (ElastiCache, Memorystore, an ACL user without it) from INFO, which BullMQ needs anyway. The
+ * check once said only "could not read" there, and an `allkeys-lru` Redis went unreported.
+ */
+async function durabilitySettings(redis: Redis): Promise<{ aof: boolean; policy: string } | null> {
   try {
     const aof = (await redis.config('GET', 'appendonly')) as string[];
     const policy = (await redis.config('GET', 'maxmemory-policy')) as string[];
-    if (aof[1] !== 'yes')
-      warnings.push(
-        'Redis runs without AOF (appendonly no): a Redis restart can lose accepted messages not yet archived',
-      );
-    if (policy[1] !== 'noeviction')
-      warnings.push(`Redis maxmemory-policy is ${policy[1]}: set noeviction so queue keys are never evicted`);
+    return { aof: aof[1] === 'yes', policy: policy[1] ?? 'unknown' };
   } catch {
-    warnings.push('could not read Redis persistence settings (CONFIG GET refused)');
+    try {
+      const info = `${await redis.info('persistence')}\n${await redis.info('memory')}`;
+      const field = (name: string) => new RegExp(`^${name}:(.*)$`, 'm').exec(info)?.[1]?.trim();
+      const aof = field('aof_enabled');
+      const policy = field('maxmemory_policy');
+      return aof === undefined || policy === undefined ? null : { aof: aof === '1', policy };
+    } catch {
+      return null;
+    }
   }
-  return warnings;
 }

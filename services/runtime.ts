@@ -32,6 +32,7 @@ export async function openDeps(
           logger,
           max: opts.poolSize ?? config.pgPoolSize,
           idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
+          transactionPooler: config.pgTransactionPooler,
           searchTimeoutMs: config.searchTimeoutMs,
           requestTimeoutMs: config.pgRequestTimeoutMs,
         })

@@ -1,0 +1,171 @@
+// Behind a pooler in transaction mode (PgBouncer), server connections are shared by every client:
+// nothing mnemos sets may outlive its own transaction there. A real PgBouncer, two server
+// connections, in front of this file's database.
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import pg from 'pg';
+import { makePgDb } from '../db/pool.js';
+import { createTestDatabase, dropTestDatabase, startTestService } from './support/harness.js';
+import type { Api, TestService } from './support/harness.js';
+import { startPgBouncer } from './support/pgbouncer.js';
+import type { PgBouncer } from './support/pgbouncer.js';
+
+const SEARCH_TIMEOUT_MS = 300;
+
+/** What a session of another client sees on the server connections, two at once (all of them). */
+async function settingsSeenByOthers(url: string): Promise<Array<Record<string, string | null>>> {
+  const clients = [new pg.Client({ connectionString: url }), new pg.Client({ connectionString: url })];
+  await Promise.all(clients.map((c) => c.connect()));
+  try {
+    // Both inside a transaction at once: each holds one of the pooler's two server connections.
+    await Promise.all(clients.map((c) => c.query('BEGIN')));
+    const rows = await Promise.all(
+      clients.map(async (c) => {
+        const r = await c.query<Record<string, string | null>>(
+          `SELECT current_setting('statement_timeout') AS statement_timeout,
+                  current_setting('plan_cache_mode') AS plan_cache_mode,
+                  current_setting('idle_in_transaction_session_timeout') AS idle_in_transaction,
+                  current_setting('hnsw.ef_search', true) AS ef_search,
+                  current_setting('default_transaction_isolation') AS isolation,
+                  pg_backend_pid()::text AS pid`,
+        );
+        return r.rows[0]!;
+      }),
+    );
+    await Promise.all(clients.map((c) => c.query('COMMIT')));
+    return rows;
+  } finally {
+    await Promise.all(clients.map((c) => c.end()));
+  }
+}
+
+void describe('behind PgBouncer in transaction mode (PG_POOLER=transaction)', () => {
+  let dbUrl: string;
+  let bouncer: PgBouncer;
+  let svc: TestService;
+  let api: Api;
+  let defaults: Array<Record<string, string | null>>;
+
+  before(async () => {
+    dbUrl = await createTestDatabase();
+    bouncer = await startPgBouncer(dbUrl, 2);
+    defaults = await settingsSeenByOthers(bouncer.urlOf(dbUrl));
+    svc = await startTestService({
+      databaseUrl: bouncer.urlOf(dbUrl),
+      env: {
+        PG_POOLER: 'transaction',
+        SEARCH_TIMEOUT_MS: String(SEARCH_TIMEOUT_MS),
+        PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: '60000',
+      },
+    });
+    ({ api } = await svc.newTenant());
+  });
+
+  after(async () => {
+    await svc?.stop();
+    await bouncer?.stop();
+    await dropTestDatabase(dbUrl);
+  });
+
+  void test('ingest and every kind of search work, and no setting of mnemos reaches other clients', async () => {
+    assert.equal(defaults.length, 2);
+    assert.notEqual(defaults[0]!.pid, defaults[1]!.pid, 'two server connections');
+    const sid = `pooled-${randomBytes(3).toString('hex')}`;
+    const r = await api.post(`/v1/sessions/${sid}/messages?wait=true`, {
+      messages: [
+        { role: 'user', content: 'the connection pool is exhausted again' },
+        { role: 'assistant', content: 'raise the pool size and add a timeout' },
+      ],
+    });
+    assert.equal(r.status, 201, r.text);
+    for (let i = 0; i < 20; i++) {
+      for (const match of ['keyword', 'semantic', 'hybrid']) {
+        const s = await api.post(`/v1/sessions/${sid}/search`, { query: 'pool timeout', match });
+        assert.equal(s.status, 200, s.text);
+      }
+    }
+    const k = await api.post(`/v1/sessions/${sid}/search`, { query: 'exhausted', match: 'keyword' });
+    assert.deepEqual(
+      k.body.hits.map((h: { seq: number }) => h.seq),
+      [r.body.messages[0].seq],
+    );
+    const ctx = await api.post(`/v1/sessions/${sid}/context`, {});
+    assert.equal(ctx.status, 200, ctx.text);
+    // The server connections the searches ran on, as the next client finds them.
+    const seen = await settingsSeenByOthers(bouncer.urlOf(dbUrl));
+    // pgvector's default (40) once a connection has loaded it; unset before.
+    const normal = ({ pid: _pid, ...settings }: Record<string, string | null>) => ({
+      ...settings,
+      ef_search: settings.ef_search ?? '40',
+    });
+    for (const s of seen) assert.deepEqual(normal(s), normal(defaults[0]!), `connection ${s.pid}`);
+    // And a long statement of another client is not cancelled at the search timeout.
+    const other = new pg.Client({ connectionString: bouncer.urlOf(dbUrl) });
+    await other.connect();
+    try {
+      await other.query(`SELECT pg_sleep(${(SEARCH_TIMEOUT_MS * 2) / 1000})`);
+    } finally {
+      await other.end();
+    }
+  });
+
+  void test('a search keeps its own settings: the search timeout and the HNSW options, for its transaction', async () => {
+    const db = svc.deps.db;
+    const r = await db.query<{ ef: string; timeout: string; isolation: string }>(
+      `SELECT current_setting('hnsw.ef_search') AS ef, current_setting('statement_timeout') AS timeout,
+              current_setting('transaction_isolation') AS isolation`,
+      [],
+      { search: true },
+    );
+    assert.deepEqual(r.rows[0], {
+      ef: '100',
+      timeout: `${SEARCH_TIMEOUT_MS}ms`,
+      isolation: 'read committed',
+    });
+    await assert.rejects(
+      db.query('SELECT pg_sleep(2)', [], { search: true }),
+      (err: { code?: string }) => err.code === '57014',
+    );
+    // The connection is usable after the cancelled transaction.
+    const again = await db.query<{ one: number }>('SELECT 1 AS one', [], { search: true });
+    assert.equal(again.rows[0]!.one, 1);
+    const plain = await db.query<{ timeout: string }>(
+      `SELECT current_setting('statement_timeout') AS timeout`,
+    );
+    assert.equal(plain.rows[0]!.timeout, '0');
+  });
+});
+
+void test('transactions are read committed whatever the database defaults to', async () => {
+  const url = await createTestDatabase();
+  const name = new URL(url).pathname.slice(1);
+  const admin = makePgDb({ connectionString: url, max: 1 });
+  await admin.query(`ALTER DATABASE "${name}" SET default_transaction_isolation = 'serializable'`);
+  await admin.close();
+  const bouncer = await startPgBouncer(url, 2);
+  try {
+    for (const [what, db] of [
+      ['direct', makePgDb({ connectionString: url, max: 2 })],
+      ['pooled', makePgDb({ connectionString: bouncer.urlOf(url), max: 2, transactionPooler: true })],
+    ] as const) {
+      try {
+        const inTx = await db.transaction((q) =>
+          q.query<{ level: string }>(`SELECT current_setting('transaction_isolation') AS level`),
+        );
+        assert.equal(inTx.rows[0]!.level, 'read committed', what);
+        if (what === 'direct') {
+          const single = await db.query<{ level: string }>(
+            `SELECT current_setting('transaction_isolation') AS level`,
+          );
+          assert.equal(single.rows[0]!.level, 'read committed', `${what}, a single statement`);
+        }
+      } finally {
+        await db.close();
+      }
+    }
+  } finally {
+    await bouncer.stop();
+    await dropTestDatabase(url);
+  }
+});
