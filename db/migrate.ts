@@ -83,6 +83,30 @@ const CONNECT_CODES = new Set([
   '28000',
 ]);
 
+/**
+ * The errors a managed Postgres gives a role that may not create extensions, or whose
+ * `search_path` lacks the schema the provider put `vector` in (Supabase: `extensions`), with
+ * what to do: the bare messages (`permission denied to create extension "vector"`, `type "vector"
+ * does not exist`) named neither the migration nor the fix. Code and message stay as they were.
+ */
+function explainMigrationError(err: unknown, migration: string): unknown {
+  const e = err as { code?: string; message?: string };
+  if (typeof e?.message !== 'string') return err;
+  let hint: string | undefined;
+  if (e.code === '42501' && /extension/i.test(e.message)) {
+    hint =
+      'this role may not create extensions: have an admin run CREATE EXTENSION vector; and CREATE EXTENSION pg_trgm; ' +
+      'in this database once, then start again (README "Managed Postgres")';
+  } else if (e.code === '42704' && /type "vector"/.test(e.message)) {
+    hint =
+      "the vector extension is in a schema that is not on this role's search_path (Supabase puts it in " +
+      '"extensions"): ALTER ROLE <role> SET search_path = public, extensions; or add ' +
+      '?options=-c%20search_path%3Dpublic,extensions to DATABASE_URL (README "Managed Postgres")';
+  }
+  if (!hint) return err;
+  return Object.assign(new Error(`${e.message} (migration ${migration}): ${hint}`), { code: e.code });
+}
+
 async function applyPending(db: Db, all: Migration[]): Promise<string[]> {
   return db.transaction(async (tx) => {
     await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
@@ -93,7 +117,9 @@ async function applyPending(db: Db, all: Migration[]): Promise<string[]> {
     const names: string[] = [];
     for (const m of all) {
       if (applied.has(m.version)) continue;
-      await tx.query(m.sql);
+      await tx.query(m.sql).catch((err: unknown) => {
+        throw explainMigrationError(err, m.name);
+      });
       await tx.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [m.version, m.name]);
       names.push(m.name);
     }
