@@ -68,8 +68,18 @@ export async function scheduleMaintenance(
   kind: string,
   everyMs: number,
 ): Promise<void> {
+  // BullMQ sets a scheduler's next run by the clock of the process that runs or adds it, and an
+  // upsert keeps a next run already set: one worker whose clock was an hour ahead put every
+  // maintenance task of the fleet an hour away (no ingest sweep, no temp reaper), and it stayed
+  // so after that worker was stopped or its clock corrected. A next run further than one interval
+  // and a minute away is re-created from this process's time; the workers re-assert every minute.
+  const existing = await queues.maintenance.getJobScheduler(kind);
+  if (existing?.next !== undefined && existing.next > Date.now() + everyMs + FUTURE_SLACK_MS) {
+    await queues.maintenance.removeJobScheduler(kind);
+  }
   await queues.maintenance.upsertJobScheduler(kind, { every: everyMs }, { name: kind, data: { v: 1, kind } });
 }
+const FUTURE_SLACK_MS = 60_000;
 
 export function makeQueues(
   connection: ConnectionOptions,
