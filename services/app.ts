@@ -40,6 +40,10 @@ export interface AppOptions {
   /** Content types besides JSON that a route accepts raw (e.g. JSON Lines import). */
 }
 
+/**
+ * The request's id: the client's own (the client library sends one per call, the same on each
+ * retry) or a new one. The error handler's log lines carry it as `reqId`.
+ */
 const requestId: RequestHandler = (req, res, next) => {
   const given = req.header('x-request-id');
   const id = given && /^[A-Za-z0-9._-]{1,128}$/.test(given) ? given : randomUUID();
@@ -364,7 +368,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   }
 
   app.use(notFoundHandler);
-  app.use(makeErrorHandler(deps.logger));
+  app.use(makeErrorHandler(deps.logger, routeLabel));
   return app;
 }
 
@@ -384,6 +388,6 @@ export function makeOpsApp(deps: CoreDeps): express.Express {
     })),
   );
   app.use(notFoundHandler);
-  app.use(makeErrorHandler(deps.logger));
+  app.use(makeErrorHandler(deps.logger, routeLabel));
   return app;
 }

@@ -90,7 +90,8 @@ export function asDependencyError(err: unknown): unknown {
     return Object.assign(unavailable('postgres'), { cause: err });
   }
   const msg = err instanceof Error ? err.message : '';
-  if (REDIS_TRANSIENT_REPLY.test(msg)) return unavailable('redis');
+  // The cause gives the log line its `redis_error` (the client's answer says only "unavailable").
+  if (REDIS_TRANSIENT_REPLY.test(msg)) return Object.assign(unavailable('redis'), { cause: err });
   // ioredis's MaxRetriesPerRequestError says "Reached the max retries per request limit": matched
   // by its name too, since its message does not carry it.
   if (
@@ -99,7 +100,7 @@ export function asDependencyError(err: unknown): unknown {
       msg,
     )
   ) {
-    return unavailable('redis');
+    return Object.assign(unavailable('redis'), { cause: err });
   }
   return err;
 }

@@ -1,6 +1,7 @@
-import type { ErrorRequestHandler, RequestHandler } from 'express';
+import type { ErrorRequestHandler, Request, RequestHandler, Response } from 'express';
 import { isPgUnavailable, pgCode } from '../db/pool.js';
 import { AppError, asDependencyError } from './errors.js';
+import { throttledLog } from './logger.js';
 import type { Logger } from './logger.js';
 
 /** Body-parser and friends throw errors with `type`/`status`; map them onto the API's error shape. */
@@ -67,6 +68,37 @@ const postgresFields = (err: unknown, mapped: AppError) =>
   (mapped.details as { dependency?: unknown } | undefined)?.dependency === 'postgres' ? pgLogFields(err) : {};
 
 /**
+ * What the log says of why Redis refused or could not be reached, when `mapped` blames Redis: the
+ * message of the error behind it (`OOM command not allowed…`, `READONLY…`, `connect
+ * ECONNREFUSED…`), bounded as pg_message is. Only the message: an ioredis reply error also
+ * carries its command, arguments and all (message bodies among them).
+ */
+function redisFields(err: unknown, mapped: AppError): { redis_error?: string } {
+  if ((mapped.details as { dependency?: unknown } | undefined)?.dependency !== 'redis') return {};
+  const source = err instanceof AppError ? (err as { cause?: unknown }).cause : err;
+  if (!(source instanceof Error) || source instanceof AppError) return {};
+  const inner = source instanceof AggregateError ? (source.errors[0] as unknown) : undefined;
+  const message = source.message || (inner instanceof Error ? inner.message : '');
+  return message ? { redis_error: message.slice(0, LOGGED_MESSAGE_CHARS) } : {};
+}
+
+/** The route a request's log lines name: see defaultRouteOf. */
+export type RouteOf = (req: Request, res: Response) => string;
+
+/**
+ * The matched route pattern (`/v1/sessions/:sid/messages`), never the raw path: it holds
+ * tenant-chosen session ids (e-mail addresses, say). Outside a matched route, `unmatched`. The
+ * app passes its metrics label instead, which also knows the mount an error has left.
+ */
+export const defaultRouteOf: RouteOf = (req) => {
+  const path: unknown = req.route?.path;
+  return typeof path === 'string' ? `${req.baseUrl}${path}` : req.baseUrl || 'unmatched';
+};
+
+/** Kinds of lines the handler keeps a throttle for; past this many the throttles start again. */
+const MAX_THROTTLED_KINDS = 1000;
+
+/**
  * What the log says of an error that nothing mapped: its class, message, code and stack. Not the
  * whole object: pino would write every field, and a Postgres error's `detail` ("Failing row
  * contains (…)", which quotes the row), `where`, `table` and the like quote stored data or name
@@ -100,14 +132,48 @@ export function sendError(res: Parameters<RequestHandler>[1], err: AppError): vo
   res.status(err.status).json(errorBody(err));
 }
 
-/** The last middleware: every error leaves as `{"error":{"code","message","details"}}` (details null when none). */
-export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
+/**
+ * The last middleware: every error leaves as `{"error":{"code","message","details"}}` (details null
+ * when none). Its log lines name the request (`reqId`, the `x-request-id` the client sees and
+ * resends with each retry), its tenant when authenticated, its method and route. Each kind of
+ * line (a code and message, or an error's class and code, per route) is logged at most once per
+ * 5 s, the next counting those left out (`suppressed`): during a Redis outage every request was a
+ * line, 469 a second, and a flood of one 500 wrote its stack at request rate.
+ */
+export function makeErrorHandler(logger: Logger, routeOf: RouteOf = defaultRouteOf): ErrorRequestHandler {
+  const throttles = new Map<string, (fields: object) => void>();
+  const log = (level: 'warn' | 'error', kind: unknown[], fields: object, msg: string) => {
+    const key = JSON.stringify([level, msg, ...kind]);
+    let write = throttles.get(key);
+    if (!write) {
+      // Kinds are bounded (codes, classes, route patterns); this only keeps a bug from growing it.
+      if (throttles.size >= MAX_THROTTLED_KINDS) throttles.clear();
+      write = throttledLog((obj, m) => logger[level](obj, m), msg);
+      throttles.set(key, write);
+    }
+    write(fields);
+  };
+  const requestFields = (req: Request, res: Response) => {
+    const tenantId: unknown = res.locals.tenantId;
+    return {
+      reqId: res.locals.requestId as unknown,
+      ...(typeof tenantId === 'string' ? { tenantId } : {}),
+      method: req.method,
+      route: routeOf(req, res),
+    };
+  };
   return (err, req, res, _next) => {
+    const request = requestFields(req, res);
     if (pgCode(err) === '22021' && !res.headersSent) {
       // Postgres refused a parameter (a NUL character: text cannot hold one) that a route let
       // through unchecked. It is bad input, and the statement changed nothing; logged as a gap in
       // that route's validation.
-      logger.warn({ code: '22021', method: req.method, path: req.path }, 'unvalidated NUL reached Postgres');
+      log(
+        'warn',
+        [request.method, request.route],
+        { code: '22021', ...request },
+        'unvalidated NUL reached Postgres',
+      );
       sendError(
         res,
         new AppError(400, 'invalid_characters', 'NUL characters and lone surrogates are not allowed'),
@@ -130,11 +196,23 @@ export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
     const mapped = fromExpressError(asDependencyError(err));
     if (mapped) {
       if (mapped.status >= 500)
-        logger.warn({ code: mapped.code, path: req.path, ...postgresFields(err, mapped) }, mapped.message);
+        log(
+          'warn',
+          [mapped.code, request.method, request.route],
+          { code: mapped.code, ...request, ...postgresFields(err, mapped), ...redisFields(err, mapped) },
+          mapped.message,
+        );
       sendError(res, mapped);
       return;
     }
-    logger.error({ ...unhandledLogFields(err), method: req.method, path: req.path }, 'unhandled error');
+    const fields = unhandledLogFields(err);
+    const { name, code } = (fields.err ?? {}) as { name?: unknown; code?: unknown };
+    log(
+      'error',
+      [name ?? typeof err, code, request.method, request.route],
+      { ...fields, ...request },
+      'unhandled error',
+    );
     if (res.headersSent) {
       res.end();
       return;

@@ -31,6 +31,18 @@ export function throttledWarn(
   msg: string,
   everyMs = 5000,
 ): (fields: object) => void {
+  return throttledLog(logger && ((obj, m) => logger.warn(obj, m)), msg, everyMs);
+}
+
+/**
+ * throttledWarn at any level: `write` logs the line (`(obj, msg) => logger.error(obj, msg)`).
+ * The line that is written is the first of its window, with its own fields (a request's id).
+ */
+export function throttledLog(
+  write: ((obj: object, msg: string) => void) | undefined,
+  msg: string,
+  everyMs = 5000,
+): (fields: object) => void {
   let last = 0;
   let suppressed = 0;
   return (fields) => {
@@ -39,7 +51,7 @@ export function throttledWarn(
       suppressed++;
       return;
     }
-    logger?.warn({ ...fields, suppressed }, msg);
+    write?.({ ...fields, suppressed }, msg);
     last = now;
     suppressed = 0;
   };

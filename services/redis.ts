@@ -28,11 +28,35 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
           enableReadyCheck: true,
           retryStrategy: (times) => Math.min(100 * 2 ** Math.min(times, 6), 5000),
         });
-  if (role === 'producer') watchStaleConnection(redis, logger);
   // Reconnect loops emit an error per attempt: one line per 5 s, with the count left out.
   const warnError = throttledWarn(logger, 'redis connection error');
-  redis.on('error', (err: Error) => warnError({ err: { message: err.message }, role }));
+  const outage = watchOutage(redis, role, logger);
+  if (role === 'producer') watchStaleConnection(redis, logger, outage);
+  redis.on('error', (err: Error) => {
+    outage.failed();
+    warnError({ err: { message: err.message }, role });
+  });
   return redis;
+}
+
+/**
+ * Once connection errors were logged, one line when the connection is ready again, saying how
+ * long it was down and how many errors it had: the throttled error lines alone never say that
+ * the outage ended.
+ */
+function watchOutage(redis: Redis, role: string, logger?: Logger): { failed(): void } {
+  let since = 0;
+  let errors = 0;
+  redis.on('ready', () => {
+    if (errors === 0) return;
+    logger?.info({ role, down_ms: Date.now() - since, errors }, 'redis connection restored');
+    errors = 0;
+  });
+  return {
+    failed() {
+      if (errors++ === 0) since = Date.now();
+    },
+  };
 }
 
 export const STALE_CHECK_EVERY_MS = 5000;
@@ -44,7 +68,7 @@ export const STALE_CHECK_EVERY_MS = 5000;
  * a ready connection that gets no answer within the command timeout reconnects it. (A busy or
  * loading Redis answers PING with an error at once: that is no reason to reconnect.)
  */
-function watchStaleConnection(redis: Redis, logger?: Logger): void {
+function watchStaleConnection(redis: Redis, logger: Logger | undefined, outage: { failed(): void }): void {
   let pinging = false;
   const timer = setInterval(() => {
     if (pinging || redis.status !== 'ready') return;
@@ -54,6 +78,7 @@ function watchStaleConnection(redis: Redis, logger?: Logger): void {
       .catch((err: Error) => {
         if (!/Command timed out/.test(err.message) || redis.status !== 'ready') return;
         logger?.warn('redis connection gave no answer to a ping: reconnecting');
+        outage.failed();
         redis.disconnect(true);
       })
       .finally(() => (pinging = false));

@@ -560,7 +560,9 @@ void describe('Postgres states that are not an outage', () => {
       assert.equal(write.body.error.code, 'read_only');
       assert.match(write.body.error.message, /postgres refuses writes: the database is read-only/);
       assert.ok(Number(write.headers.get('retry-after')) > 0);
-      const logged = s.lines.find((l) => l.path === '/v1/sessions/s1' && l.code === 'read_only');
+      const logged = s.lines.find(
+        (l) => l.route === '/v1/sessions/:sid' && l.method === 'DELETE' && l.code === 'read_only',
+      );
       assert.equal(logged?.pg_code, '25006', JSON.stringify(s.lines));
       assert.match(String(logged?.pg_message), /cannot execute SELECT FOR UPDATE in a read-only transaction/);
       // A post to a new session goes through the dependency mapping: it says the same.
@@ -569,7 +571,7 @@ void describe('Postgres states that are not an outage', () => {
       });
       assert.equal(posted.status, 503, posted.text);
       assert.equal(posted.body.error.code, 'read_only');
-      assert.ok(s.lines.some((l) => l.path === '/v1/sessions/fresh/messages' && l.pg_code === '25006'));
+      assert.ok(s.lines.some((l) => l.route === '/v1/sessions/:sid/messages' && l.pg_code === '25006'));
 
       // Writable again: ready again.
       await s.admin.query(`ALTER DATABASE "${s.name}" RESET default_transaction_read_only`);
@@ -644,7 +646,7 @@ void describe('Postgres states that are not an outage', () => {
         answers.map((r) => r.status),
         [503, 503],
       );
-      const of = (path: string) => lines.find((l) => l.path === path);
+      const of = (path: string) => lines.find((l) => l.route === path);
       assert.equal(of('/refused')?.pg_code, 'ECONNREFUSED');
       assert.match(String(of('/refused')?.pg_message), /^connect ECONNREFUSED 127\.0\.0\.1:1$/);
       assert.equal(of('/timeout')?.pg_code, '57014');

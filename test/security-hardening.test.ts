@@ -173,7 +173,7 @@ void describe('security hardening', () => {
         answers.map((r) => r.status),
         [500, 500],
       );
-      const of = (path: string) => lines.find((l) => l.path === path && l.msg === 'unhandled error');
+      const of = (path: string) => lines.find((l) => l.route === path && l.msg === 'unhandled error');
       for (const path of ['/check', '/thrown']) {
         const line = of(path);
         assert.ok(line, `logged ${path}`);

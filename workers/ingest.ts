@@ -242,7 +242,13 @@ export async function drainSession(
       await deadLetter(deps.redis, deps.config.prefix, tenantId, sessionId, batch.unreadable);
       deps.metrics.ingestDeadLetter.inc(batch.unreadable.length);
       deps.logger.error(
-        { tenantId, count: batch.unreadable.length },
+        {
+          tenantId,
+          sessionId,
+          count: batch.unreadable.length,
+          key: `${deps.config.prefix}:dead:${tenantId}:${sessionId}`,
+          hint: 'not messages, so no retry can archive them: inspect with redis-cli LRANGE <key> 0 -1; see docs/ingestion.md, "Seqs that are never archived do not stall anything"',
+        },
         'unreadable inbox entries dead-lettered',
       );
     }

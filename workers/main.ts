@@ -21,6 +21,22 @@ export interface WorkerOptions {
   ingestSweepEveryMs?: number;
 }
 
+/**
+ * The tenant and session a job is for, read from its payload (`tenantId`, `sessionId`), so that an
+ * operator can find the session a failure is about. Nothing else of the payload: no content. Read
+ * as it is, not parsed: a job that failed for a payload of the wrong shape is named too.
+ */
+function jobSubject(data: unknown): { tenantId?: string; sessionId?: string } {
+  const d = (typeof data === 'object' && data !== null ? data : {}) as Record<string, unknown>;
+  const id = (v: unknown) => (typeof v === 'string' ? v.slice(0, 256) : undefined);
+  const tenantId = id(d.tenantId);
+  const sessionId = id(d.sessionId);
+  return {
+    ...(tenantId === undefined ? {} : { tenantId }),
+    ...(sessionId === undefined ? {} : { sessionId }),
+  };
+}
+
 export interface RunningWorkers {
   workers: Worker[];
   close(timeoutMs: number): Promise<void>;
@@ -90,7 +106,14 @@ export async function startWorkers(
       const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';
       deps.metrics.jobFailures.inc({ queue: name, final: final ? 'true' : 'false' });
       deps.logger.warn(
-        { queue: name, jobId: job?.id, attempts: job?.attemptsMade, final, err: { message: err.message } },
+        {
+          queue: name,
+          jobId: job?.id,
+          ...jobSubject(job?.data),
+          attempts: job?.attemptsMade,
+          final,
+          err: { message: err.message },
+        },
         'job failed',
       );
     });

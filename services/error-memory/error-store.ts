@@ -3,6 +3,7 @@ import { createRequire } from 'node:module';
 import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
 import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
+import { throttledWarn } from '../logger.js';
 import type { Logger } from '../logger.js';
 import { KEYWORD_SEPARATOR, classifyError, normaliseKeywords, normaliseSymptom } from './normalise.js';
 import {
@@ -51,7 +52,7 @@ export type ErrorMemoryOptions = {
   ttlDays: number;
   embed?: (text: string) => number[];
   now?: () => number;
-  logger?: Pick<Logger, 'warn'>;
+  logger?: Pick<Logger, 'warn' | 'info'>;
   /** Deadline of one request-path operation; past it the caller gets a 503. */
   opTimeoutMs?: number;
   /**
@@ -75,6 +76,17 @@ function loadCreateClient(): CreateClient {
   return (createRequire(omEntry)('redis') as { createClient: CreateClient }).createClient;
 }
 
+/**
+ * What a log line says of a connection error: its message and code, no stack and no other fields.
+ * (A refused connect to several addresses is an AggregateError without a message of its own.)
+ */
+const connectionErrorFields = (err: Error) => {
+  const inner = err instanceof AggregateError ? (err.errors[0] as unknown) : undefined;
+  const message = err.message || (inner instanceof Error ? inner.message : '');
+  const code = (err as { code?: unknown }).code;
+  return { message, ...(typeof code === 'string' ? { code } : {}) };
+};
+
 const sha1 = (text: string) => createHash('sha1').update(text).digest('hex');
 /** What a record's dedupe key is named by: its tool and normalised symptom (both trimmed). */
 export const dedupeOf = (tool: string, symptom: string) =>
@@ -94,11 +106,34 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     disableOfflineQueue: true,
     socket: { connectTimeout: 5000, reconnectStrategy: (retries) => Math.min(100 * 2 ** retries, 2000) },
   });
-  client.on('error', (err: unknown) => opts.logger?.warn({ err }, 'error-memory redis connection error'));
+  // Every reconnect attempt is an error event (each with its stack, five a second while Redis was
+  // gone): one line per 5 s with the count left out, its message and code only, as
+  // services/redis.ts logs the API's connections. Once ready again, one line says so.
+  const warnError = throttledWarn(opts.logger, 'error-memory redis connection error');
+  let lastError: Error | undefined;
+  let errors = 0;
+  let downSince = 0;
+  client.on('error', (err: unknown) => {
+    lastError = err instanceof Error ? err : new Error(String(err));
+    if (errors++ === 0) downSince = Date.now();
+    warnError({ err: connectionErrorFields(lastError) });
+  });
+  client.on('ready', () => {
+    if (errors > 0)
+      opts.logger?.info(
+        { down_ms: Date.now() - downSince, errors },
+        'error-memory redis connection restored',
+      );
+    errors = 0;
+    lastError = undefined;
+  });
   const connecting = client.connect().then(
     () => true,
     (err: unknown) => {
-      opts.logger?.warn({ err }, 'error-memory redis connection failed');
+      opts.logger?.warn(
+        { err: connectionErrorFields(err instanceof Error ? err : new Error(String(err))) },
+        'error-memory redis connection failed',
+      );
       return false;
     },
   );
@@ -144,7 +179,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     fn: (progress: () => void) => Promise<T>,
     deadline: 'op' | 'progress' | 'none' = 'op',
   ): Promise<T> {
-    if (!client.isReady) throw unavailable('redis');
+    // The last connection error goes with the 503, for its log line (redis_error).
+    if (!client.isReady) throw Object.assign(unavailable('redis'), { cause: lastError });
     let timer: NodeJS.Timeout | undefined;
     let settled = false;
     try {
@@ -163,7 +199,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     } catch (err) {
       if (err instanceof AppError) throw err;
       const message = err instanceof Error ? err.message : '';
-      if (!client.isReady || REDIS_TRANSIENT_REPLY.test(message)) throw unavailable('redis');
+      if (!client.isReady || REDIS_TRANSIENT_REPLY.test(message))
+        throw Object.assign(unavailable('redis'), { cause: err });
       throw err;
     } finally {
       settled = true;

@@ -1,0 +1,295 @@
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { describe, test } from 'node:test';
+import express from 'express';
+import { Redis } from 'ioredis';
+import { pino } from 'pino';
+import { AppError } from '../services/errors.js';
+import { openErrorMemory } from '../services/error-memory/error-store.js';
+import { makeErrorHandler } from '../services/http-errors.js';
+import { drainSession } from '../workers/ingest.js';
+import { deleteRedisPrefix, eventually, startTestService, testPrefix } from './support/harness.js';
+import { startPrivateRedis } from './support/private-redis.js';
+
+type Line = Record<string, unknown>;
+
+/** A logger whose lines (at `level` and above) are kept, parsed, as an operator would read them. */
+function capturedLogger(level = 'info') {
+  const lines: Line[] = [];
+  const logger = pino({ level }, { write: (line: string) => void lines.push(JSON.parse(line) as Line) });
+  return { lines, logger };
+}
+
+const REDIS_DOWN = 'redis is unavailable, retry later';
+const message = { messages: [{ role: 'user', content: 'private message text' }] };
+
+void describe('request log lines', () => {
+  void test('a 503 in a Redis outage names the request id, tenant and route, never the session, once per 5 s; the recovery is logged', async () => {
+    // Setup: an API on a Redis of its own, a tenant, and a session named by an e-mail address.
+    const redis = await startPrivateRedis();
+    const { lines, logger } = capturedLogger();
+    const own = await startTestService({ mode: 'api', env: { REDIS_URL: redis.url }, logger });
+    const sid = 'alice@example.com';
+    let down = false;
+    try {
+      const t = await own.newTenant();
+      assert.equal((await t.api.post(`/v1/sessions/${sid}/messages`, message)).status, 202);
+
+      // Action: Redis goes; the client retries one call under one request id until it sees the 503.
+      await redis.kill();
+      down = true;
+      const first = await eventually(async () => {
+        const r = await t.api.post(`/v1/sessions/${sid}/messages`, message, { 'x-request-id': 'call-1' });
+        return r.status === 503 ? r : null;
+      });
+      assert.equal(first.headers.get('x-request-id'), 'call-1');
+
+      // Assert: the line says which request, tenant and route, and names no session.
+      const refusals = () =>
+        lines.filter((l) => l.msg === REDIS_DOWN && l.route === '/v1/sessions/:sid/messages');
+      const line = refusals()[0];
+      assert.ok(line, JSON.stringify(lines));
+      assert.deepEqual(
+        [line.reqId, line.tenantId, line.method, line.code, line.level],
+        ['call-1', t.tenantId, 'POST', 'unavailable', 40],
+      );
+      assert.ok(!('path' in line), JSON.stringify(line));
+      // And why: the Redis client's own error (the connection is refused).
+      assert.equal(typeof line.redis_error, 'string', JSON.stringify(line));
+
+      // Action: 50 more requests within the 5 s.
+      const more = await Promise.all(
+        Array.from({ length: 50 }, (_, i) =>
+          t.api.post(`/v1/sessions/${sid}/messages`, message, { 'x-request-id': `flood-${i}` }),
+        ),
+      );
+      assert.deepEqual(new Set(more.map((r) => r.status)), new Set([503]));
+      assert.equal(refusals().length, 1, 'one line for 51 requests');
+
+      // Past the 5 s: the next request's line counts those left out.
+      const second = await eventually(
+        async () => {
+          await t.api.post(`/v1/sessions/${sid}/messages`, message, { 'x-request-id': 'later' });
+          return refusals()[1];
+        },
+        10_000,
+        'a second line',
+      );
+      assert.equal(second.reqId, 'later');
+      assert.ok(Number(second.suppressed) >= 50, JSON.stringify(second));
+      assert.ok(Number(second.time) - Number(line.time) >= 5000);
+      assert.equal(refusals().length, 2);
+
+      // Redis is back: one line says so, with how long it was down.
+      await redis.start();
+      down = false;
+      const restored = await eventually(
+        async () => lines.find((l) => l.msg === 'redis connection restored' && l.role === 'producer'),
+        15_000,
+        'the restored line',
+      );
+      assert.ok(Number(restored.errors) >= 1 && Number(restored.down_ms) > 0, JSON.stringify(restored));
+      assert.equal(restored.level, 30);
+
+      // No line names the session (the raw path did).
+      assert.deepEqual(
+        lines.filter((l) => JSON.stringify(l).includes(sid)),
+        [],
+      );
+    } finally {
+      // (A start while it runs would leave this one behind: the new one cannot take the port.)
+      if (down) await redis.start();
+      await own.stop();
+      await redis.stop();
+    }
+  });
+
+  void test('a Redis refusal is named in the 503 line (redis_error)', async () => {
+    // Setup: an API whose Redis runs out of memory (noeviction), so writes are refused.
+    const redis = await startPrivateRedis();
+    const { lines, logger } = capturedLogger('warn');
+    const own = await startTestService({ mode: 'api', env: { REDIS_URL: redis.url }, logger });
+    const admin = new Redis(redis.url);
+    try {
+      const t = await own.newTenant();
+      await admin.config('SET', 'maxmemory', '1');
+
+      // Action: an error-memory write, refused by Redis.
+      const r = await t.api.post(
+        '/v1/errors',
+        { tool_name: 'npm', symptom: 'ERESOLVE', action: 'x', outcome: 'resolved' },
+        {
+          'x-request-id': 'oom-1',
+        },
+      );
+
+      // Assert
+      assert.equal(r.status, 503, r.text);
+      const line = lines.find((l) => l.reqId === 'oom-1');
+      assert.equal(line?.msg, REDIS_DOWN, JSON.stringify(lines));
+      assert.equal(line.route, '/v1/errors');
+      assert.match(String(line.redis_error), /^OOM command not allowed when used memory > 'maxmemory'/);
+    } finally {
+      await admin.config('SET', 'maxmemory', '0').catch(() => undefined);
+      admin.disconnect();
+      await own.stop();
+      await redis.stop();
+    }
+  });
+
+  void test('the error handler quotes the Redis reply behind a 503, and logs a flood of one 500 once per 5 s', async () => {
+    // Setup: routes that meet a Redis refusal (as ioredis throws it) and errors nothing maps.
+    const { lines, logger } = capturedLogger('warn');
+    const app = express();
+    const router = express.Router();
+    router.post('/:sid/messages', () => {
+      throw Object.assign(new Error("READONLY You can't write against a read only replica."), {
+        command: { name: 'evalsha', args: ['private message text'] },
+      });
+    });
+    router.get('/:sid', () => {
+      throw Object.assign(new TypeError('boom'), { code: 'E_BOOM' });
+    });
+    router.get('/:sid/other', () => {
+      throw new RangeError('other');
+    });
+    router.get('/:sid/bare', () => {
+      throw new AppError(503, 'unavailable', REDIS_DOWN, { dependency: 'redis' });
+    });
+    app.use('/v1/sessions', router);
+    app.use(makeErrorHandler(logger));
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    const base = `http://127.0.0.1:${(server.address() as { port: number }).port}/v1/sessions/bob@example.com`;
+    try {
+      // Action
+      const readOnly = await fetch(`${base}/messages`, { method: 'POST', headers: { 'x-request-id': 'r1' } });
+      const booms: number[] = [];
+      for (let i = 0; i < 20; i++) booms.push((await fetch(base)).status);
+      const other = await fetch(`${base}/other`);
+      const bare = await fetch(`${base}/bare`);
+
+      // Assert: the 503 line quotes Redis, and nothing of the command.
+      assert.deepEqual([readOnly.status, bare.status, other.status], [503, 503, 500]);
+      assert.deepEqual(new Set(booms), new Set([500]));
+      const refused = lines.find((l) => l.msg === REDIS_DOWN && l.route === '/:sid/messages');
+      assert.equal(refused?.redis_error, "READONLY You can't write against a read only replica.");
+      assert.ok(!JSON.stringify(lines).includes('private message text'));
+      const bareLine = lines.find((l) => l.msg === REDIS_DOWN && l.route === '/:sid/bare');
+      assert.ok(bareLine && !('redis_error' in bareLine), 'nothing to quote without a cause');
+      // One line per kind of error and route, however many requests met it.
+      assert.deepEqual(
+        lines.filter((l) => l.msg === 'unhandled error').map((l) => [(l.err as Line).type, l.route, l.level]),
+        [
+          ['TypeError', '/:sid', 50],
+          ['RangeError', '/:sid/other', 50],
+        ],
+      );
+      assert.ok(!JSON.stringify(lines).includes('bob@example.com'));
+    } finally {
+      server.close();
+    }
+  });
+});
+
+void describe('job and worker log lines', () => {
+  void test('a failed job names its tenant and session, nothing else of its payload', async () => {
+    // Setup: a worker, and a job its processor refuses (a payload of a version it does not read).
+    const { lines, logger } = capturedLogger('warn');
+    const own = await startTestService({ mode: 'worker', logger });
+    try {
+      const t = await own.newTenant();
+      const job = await own.deps.queues.ingest.add('flush', {
+        v: 99,
+        tenantId: t.tenantId,
+        sessionId: 'carol@example.com',
+        content: 'private message text',
+      } as never);
+
+      // Action: the worker runs it.
+      const failed = await eventually(
+        async () => lines.find((l) => l.msg === 'job failed' && l.jobId === job.id),
+        15_000,
+        'the job to fail',
+      );
+
+      // Assert
+      assert.deepEqual(
+        [failed.queue, failed.tenantId, failed.sessionId],
+        ['ingest', t.tenantId, 'carol@example.com'],
+      );
+      assert.ok(!JSON.stringify(failed).includes('private message text'), JSON.stringify(failed));
+    } finally {
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
+  });
+
+  void test('dead-lettered inbox entries are logged with the session, the list to read, and where the docs say what to do', async () => {
+    // Setup: an inbox holding an entry that is no message.
+    const { lines, logger } = capturedLogger('warn');
+    const own = await startTestService({ mode: 'api' });
+    const redis = new Redis(own.config.redisUrl);
+    try {
+      const t = await own.newTenant();
+      const sid = 'dave@example.com';
+      await redis.rpush(`${own.config.prefix}:inbox:${t.tenantId}:${sid}`, '1 0 this is not JSON');
+
+      // Action: a drain.
+      await drainSession({ ...own.deps, logger }, t.tenantId, sid);
+
+      // Assert: the line leads to the list, and the list holds the entry.
+      const line = lines.find((l) => l.msg === 'unreadable inbox entries dead-lettered');
+      assert.ok(line, JSON.stringify(lines));
+      const key = `${own.config.prefix}:dead:${t.tenantId}:${sid}`;
+      assert.deepEqual(
+        [line.level, line.tenantId, line.sessionId, line.count, line.key],
+        [50, t.tenantId, sid, 1, key],
+      );
+      assert.deepEqual(await redis.lrange(key, 0, -1), ['1 0 this is not JSON']);
+      // The hint points at text the docs hold.
+      const [, doc, heading] = /see (docs\/[\w.-]+), "([^"]+)"/.exec(String(line.hint)) ?? [];
+      assert.ok(doc && heading, String(line.hint));
+      assert.ok((await readFile(doc, 'utf8')).includes(heading), `${doc} has "${heading}"`);
+    } finally {
+      redis.disconnect();
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
+  });
+
+  void test("the error memory's reconnect errors are one line per 5 s, without a stack, and its recovery is logged", async () => {
+    // Setup: the store on a Redis of its own.
+    const redis = await startPrivateRedis();
+    const { lines, logger } = capturedLogger();
+    const store = await openErrorMemory({ redisUrl: redis.url, prefix: testPrefix(), ttlDays: 1, logger });
+    let down = false;
+    try {
+      assert.equal(await store.ping(), true);
+
+      // Action: Redis is gone for 3 s (reconnect attempts after 100, 200, 400, 800, 1,600 ms), then back.
+      await redis.kill();
+      down = true;
+      await new Promise((r) => setTimeout(r, 3000));
+      await redis.start();
+      down = false;
+      const restored = await eventually(
+        async () => lines.find((l) => l.msg === 'error-memory redis connection restored'),
+        15_000,
+        'the restored line',
+      );
+
+      // Assert
+      const errors = lines.filter((l) => l.msg === 'error-memory redis connection error');
+      assert.equal(errors.length, 1, JSON.stringify(errors));
+      const err = errors[0]!.err as Line;
+      assert.ok(err.message && !String(err.stack ?? '').includes(' at '), JSON.stringify(errors));
+      assert.ok(Number(restored.errors) >= 3, JSON.stringify(restored));
+      assert.equal(await store.ping(), true);
+    } finally {
+      if (down) await redis.start();
+      await store.close();
+      await redis.stop();
+    }
+  });
+});
