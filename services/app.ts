@@ -9,6 +9,7 @@ import type { RequestHandler, Router } from 'express';
 import { recheckTenant, requireAdmin, requireTenant } from './auth.js';
 import { rateLimit } from './rate-limit.js';
 import { makeKeyAuthenticator } from './tenants.js';
+import { monotonicNow } from './time.js';
 import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
 import { makeErrorHandler, notFoundHandler } from './http-errors.js';
@@ -336,7 +337,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   // answer first. Embedded (PGlite) statements queue behind each other in the process: no outage.
   // Postgres statements made for a request get PG_REQUEST_TIMEOUT_MS to answer (db/pool.ts).
   const routeDeps = forRequests(deps);
-  const keys = makeKeyAuthenticator(routeDeps.db, Date.now, {
+  const keys = makeKeyAuthenticator(routeDeps.db, monotonicNow, {
     readTimeoutMs:
       deps.db.kind === 'postgres' && deps.config.pgRequestTimeoutMs > 0
         ? deps.config.pgRequestTimeoutMs + 5000

@@ -1,6 +1,7 @@
 import type { RequestHandler } from 'express';
 import { AppError } from './errors.js';
 import { isAdminToken } from './tenants.js';
+import { monotonicNow } from './time.js';
 import type { KeyAuthenticator } from './tenants.js';
 
 function bearer(header: string | undefined): string | undefined {
@@ -59,7 +60,7 @@ export const RECHECK_AFTER_MS = 1000;
  */
 export async function recheckKey(res: object, tenantId: unknown): Promise<void> {
   const v = verified.get(res);
-  if (!v || Date.now() - v.at <= RECHECK_AFTER_MS) return;
+  if (!v || monotonicNow() - v.at <= RECHECK_AFTER_MS) return;
   const who = await v.keys.authenticate(v.key, RECHECK_AFTER_MS);
   if (!who || who.tenantId !== tenantId) {
     throw new AppError(401, 'unauthorized', 'the API key was revoked while the request was being sent');

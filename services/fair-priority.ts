@@ -37,28 +37,33 @@ export const fairKey = (prefix: string, kind: FairKind, tenantId: string): strin
   `${prefix}:fair:${kind}:${tenantId}`;
 
 /**
- * Lua: adds one job to the decaying count in KEYS[1] at time `now` (ms) and leaves the job's
- * priority (1 to MAX_FAIR_PRIORITY) in the local `fair`. Also part of the accept script
- * (services/messages/inbox.ts), which counts a flush in the step that arms its session.
+ * Lua: adds one job to the decaying count in `key` and leaves the job's priority (1 to
+ * MAX_FAIR_PRIORITY) in the local `fair`. Also part of the accept script
+ * (services/messages/inbox.ts), which counts a flush in the step that arms its session. The time
+ * is Redis's (TIME), one clock for every process: with each API's own, two APIs 10 minutes apart
+ * dropped a flooding tenant to the lightest class (each call decayed the count by the skew), and
+ * froze a light tenant's count (a `t` ahead of a process's clock decays nothing).
  */
-export const fairLua = (key: string, now: string) => `
+export const fairLua = (key: string) => `
 local fair
 do
+  local tm = redis.call('TIME')
+  local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
   local f = redis.call('HMGET', ${key}, 'v', 't', 'b')
   local v = tonumber(f[1]) or 0
-  local dt = ${now} - (tonumber(f[2]) or ${now})
+  local dt = now - (tonumber(f[2]) or now)
   if dt < 0 then dt = 0 end
   v = v * math.exp(-dt / ${FAIR_DECAY_MS}) + 1
   local class = math.log(v) / math.log(${FAIR_CLASS_STEP})
   local b = tonumber(f[3])
   if b == nil or class > b + 0.5 or class < b - 1.5 then b = math.floor(class + 0.5) end
-  redis.call('HSET', ${key}, 'v', string.format('%.6f', v), 't', ${now}, 'b', b)
+  redis.call('HSET', ${key}, 'v', string.format('%.6f', v), 't', now, 'b', b)
   redis.call('PEXPIRE', ${key}, ${10 * FAIR_DECAY_MS})
   fair = math.min(b + 1, ${MAX_FAIR_PRIORITY})
 end
 `;
 
-const FAIR = `${fairLua('KEYS[1]', 'tonumber(ARGV[1])')}
+const FAIR = `${fairLua('KEYS[1]')}
 return fair`;
 
 /** Counts one more `kind` job of `tenantId` and returns its priority. */
@@ -69,7 +74,7 @@ export async function nextFairPriority(
   tenantId: string,
 ): Promise<number> {
   // The script's priority is already within 1 to MAX_FAIR_PRIORITY.
-  return Number(await redis.eval(FAIR, 1, fairKey(prefix, kind, tenantId), Date.now()));
+  return Number(await redis.eval(FAIR, 1, fairKey(prefix, kind, tenantId)));
 }
 
 /**

@@ -73,8 +73,9 @@ export async function startService(
       // deadline for all of it: requests first (jobs keep running meanwhile, so that a ?wait=true
       // still sees its drain), then jobs with what is left of it. (Each phase once had the whole
       // grace period: twice SHUTDOWN_TIMEOUT_MS, past compose's stop_grace_period.)
-      const until = Date.now() + config.shutdownTimeoutMs;
-      const left = () => Math.max(0, until - Date.now());
+      // Monotonic, as every deadline here: a wall clock stepped back would keep the process past it.
+      const until = performance.now() + config.shutdownTimeoutMs;
+      const left = () => Math.max(0, Math.floor(until - performance.now()));
       // A ?wait=true still waiting a second before the deadline answers its 202 then, rather
       // than have its connection cut with it.
       const waits = setTimeout(() => endWaits(inFlight), Math.max(0, left() - 1000));

@@ -13,6 +13,7 @@ import {
 import type { PageAfter } from '../db/queries/tenants.js';
 import { AppError, unavailable } from './errors.js';
 import { codePoints } from './text/code-points.js';
+import { monotonicNow } from './time.js';
 import { pageOf } from './validate.js';
 import { hasBadChars } from './messages/message-input.js';
 
@@ -251,7 +252,7 @@ export interface KeyAuthenticator {
  */
 export function makeKeyAuthenticator(
   db: Db,
-  now: () => number = Date.now,
+  now: () => number = monotonicNow,
   opts: { readTimeoutMs?: number } = {},
 ): KeyAuthenticator {
   type KeyRow = { tenant_id: string; secret_hash: Buffer; revoked: boolean } | null;

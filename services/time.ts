@@ -3,6 +3,14 @@
  * decimal string (a JSON number cannot hold ns precisely), or naive `YYYY-MM-DD HH:MM:SS` in TZ.
  */
 
+/**
+ * Milliseconds on a clock that never steps (the process's start plus the monotonic time since):
+ * for durations and deadlines inside one process. Date.now() follows the wall clock, which NTP or
+ * a resumed VM moves: a cache entry stamped before a step back of an hour stayed fresh for that
+ * hour, and a key revoked elsewhere kept working here.
+ */
+export const monotonicNow = (): number => performance.timeOrigin + performance.now();
+
 // RFC 3339 allows any number of fractional digits; those past nanoseconds are dropped (truncated).
 const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$/;
 const NAIVE = /^(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$/;

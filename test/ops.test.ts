@@ -307,7 +307,11 @@ void describe('operations', () => {
       // The other process has not seen a count yet: its first request passes and learns the total.
       assert.equal((await fetch(p2.url)).status, 200);
       await eventually(async () => {
-        const v = await svc.deps.redis.get(`${svc.config.prefix}:rl:shared-key:${Math.floor(now / 60_000)}`);
+        // The window is Redis's minute, whatever the processes' clocks say.
+        const [sec] = await svc.deps.redis.time();
+        const v = await svc.deps.redis.get(
+          `${svc.config.prefix}:rl:shared-key:${Math.floor(Number(sec) / 60)}`,
+        );
         return v === '6';
       });
       assert.equal((await fetch(p2.url)).status, 429, 'the budget spent elsewhere counts here too');

@@ -206,31 +206,37 @@ export async function upsertImportedSummary(
 }
 
 /**
- * Whether the `temp-` session `s` is idle since before `idleBefore`: no message sent, no message
- * archived and no creation after it. Activity is the newest of `last_message_at` (a message's own
- * time, which an import may set far in the past), the newest archival and the row's creation. A
- * message time after `now` is the client's clock, not activity: a `sent_at` in 2030 kept a
- * throwaway session until 2030.
+ * Whether the `temp-` session `s` is idle: no message sent, no message archived and no creation
+ * within `idleMs` before `now`. Activity is the newest of `last_message_at` (a message's own time,
+ * which an import may set far in the past), the newest archival and the row's creation. A message
+ * time after `now` is the client's clock, not activity: a `sent_at` in 2030 kept a throwaway
+ * session until 2030. `now` is Postgres's clock unless a test gives one: the times compared are
+ * Postgres's own (created_at, archived_at), and a worker whose clock ran an hour ahead deleted a
+ * session posted a minute earlier.
  */
-const idleTempSql = (idleBefore: string, now: string) =>
-  `s.deleted_at IS NULL AND s.id LIKE 'temp-%' AND s.created_at < ${idleBefore}
-   AND (s.last_message_at IS NULL OR s.last_message_at < ${idleBefore} OR s.last_message_at > ${now})
+const IDLE_TEMP_SQL = `s.deleted_at IS NULL AND s.id LIKE 'temp-%'
+   AND s.created_at < t.now - t.idle
+   AND (s.last_message_at IS NULL OR s.last_message_at < t.now - t.idle OR s.last_message_at > t.now)
    AND NOT EXISTS (SELECT 1 FROM messages m
-                   WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.archived_at >= ${idleBefore})`;
+                   WHERE m.tenant_id = s.tenant_id AND m.session_id = s.id AND m.archived_at >= t.now - t.idle)`;
 
-/** Live `temp-` sessions idle since before `idleBefore` (idleTempSql), oldest first. */
+/** `t.now` and `t.idle` for IDLE_TEMP_SQL, from the parameters `now` (null: Postgres's now()) and `idleMs`. */
+const idleClock = (now: string, idleMs: string) =>
+  `(SELECT COALESCE(${now}::timestamptz, now()) AS now, ${idleMs}::bigint * interval '1 millisecond' AS idle) t`;
+
+/** Live `temp-` sessions idle for `idleMs` (IDLE_TEMP_SQL), oldest first. */
 export async function idleTempSessions(
   q: Queryable,
-  idleBefore: Date,
-  now: Date,
+  idleMs: number,
+  now: Date | null,
   limit: number,
 ): Promise<Array<{ tenant_id: string; id: string }>> {
   const r = await q.query<{ tenant_id: string; id: string }>(
-    `SELECT s.tenant_id, s.id FROM sessions s
-     WHERE ${idleTempSql('$1', '$3')}
+    `SELECT s.tenant_id, s.id FROM sessions s, ${idleClock('$3', '$1')}
+     WHERE ${IDLE_TEMP_SQL}
      ORDER BY s.created_at
      LIMIT $2`,
-    [idleBefore, limit, now],
+    [idleMs, limit, now],
   );
   return r.rows;
 }
@@ -240,12 +246,13 @@ export async function isTempSessionIdle(
   q: Queryable,
   tenantId: string,
   sessionId: string,
-  idleBefore: Date,
-  now: Date,
+  idleMs: number,
+  now: Date | null,
 ): Promise<boolean> {
   const r = await q.query(
-    `SELECT 1 FROM sessions s WHERE s.tenant_id = $1 AND s.id = $2 AND ${idleTempSql('$3', '$4')}`,
-    [tenantId, sessionId, idleBefore, now],
+    `SELECT 1 FROM sessions s, ${idleClock('$4', '$3')}
+     WHERE s.tenant_id = $1 AND s.id = $2 AND ${IDLE_TEMP_SQL}`,
+    [tenantId, sessionId, idleMs, now],
   );
   return r.rows.length > 0;
 }

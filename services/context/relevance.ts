@@ -149,7 +149,8 @@ export function makeRelevanceJudge(
       pending = (async () => {
         // The budget covers the cache too: a Redis that stalls without refusing (a failover, a
         // partition) made each command wait out ioredis's 5-s commandTimeout on the turn's path.
-        const deadline = Date.now() + deps.config.relevanceTimeoutMs;
+        // Monotonic: a wall-clock step must not stretch or cut the budget.
+        const deadline = performance.now() + deps.config.relevanceTimeoutMs;
         // A quarter of it at most: the model must have time left.
         const cached = await orNull(
           deps.redis.hget(key, field),
@@ -159,7 +160,8 @@ export function makeRelevanceJudge(
           const j = parseJudgement(cached, a.parts);
           if (j) return j;
         }
-        const left = deadline - Date.now();
+        // Whole ms: AbortSignal.timeout takes integers only.
+        const left = Math.floor(deadline - performance.now());
         if (left <= 0) return null;
         const j = await askModel(deps, model, a, left);
         // Not awaited: the answer does not wait for the cache.

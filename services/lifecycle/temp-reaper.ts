@@ -11,22 +11,23 @@ const MAX_ROUNDS = 25;
 
 /**
  * Deletes idle `temp-` sessions through the same path as DELETE /v1/sessions/{sid}. Idle = no
- * message sent, archived or waiting in the inbox, and no creation, within `idleMs` before `now`;
+ * message sent, archived or waiting in the inbox, and no creation, within `idleMs` before now;
  * re-checked under the session's row lock, so a session that becomes active meanwhile is kept.
- * `now` is injectable for tests.
+ * Now is Postgres's clock, which stamped the times compared (this process's clock an hour ahead
+ * deleted a session posted a minute earlier); `now` stands in for it in tests.
  */
 export async function reapTempSessions(
   deps: LifecycleDeps,
   extensions: ExtensionList,
   opts: { now?: Date; idleMs?: number } = {},
 ): Promise<{ deleted: number; kept: number }> {
-  const now = opts.now ?? new Date();
-  const idleBefore = new Date(now.getTime() - (opts.idleMs ?? TEMP_IDLE_MS));
+  const now = opts.now ?? null;
+  const idleMs = opts.idleMs ?? TEMP_IDLE_MS;
   const seen = new Set<string>();
   let deleted = 0;
   let kept = 0;
   for (let round = 0; round < MAX_ROUNDS; round++) {
-    const fresh = (await idleTempSessions(deps.db, idleBefore, now, BATCH + seen.size)).filter(
+    const fresh = (await idleTempSessions(deps.db, idleMs, now, BATCH + seen.size)).filter(
       (s) => !seen.has(`${s.tenant_id} ${s.id}`),
     );
     if (fresh.length === 0) break;
@@ -41,7 +42,7 @@ export async function reapTempSessions(
         {
           jobScan: 0,
           guard: async (_row, tx) =>
-            (await isTempSessionIdle(tx, s.tenant_id, s.id, idleBefore, now)) &&
+            (await isTempSessionIdle(tx, s.tenant_id, s.id, idleMs, now)) &&
             (await deps.redis.llen(inboxKeys(deps.config.prefix, s.tenant_id, s.id).inbox)) === 0,
         },
       ).catch((err: unknown) => {

@@ -268,20 +268,21 @@ export async function waitArchived(
   signal?: AbortSignal,
 ): Promise<boolean> {
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
-  const deadline = Date.now() + timeoutMs;
+  // Monotonic: the wall clock stepping back an hour (NTP, a VM resumed) held a ?wait=true past 60 s.
+  const deadline = performance.now() + timeoutMs;
   let delay = 2;
   let seenGen: string | null | undefined;
-  let askedArchive = 0;
+  let askedArchive = -Infinity;
   for (;;) {
     const [mark, gen] = await deps.redis
       .hmget(keys.sess, 'archived', 'gen')
       .catch((): Array<string | null> => [null, null]);
     if (mark != null && Number(mark) >= seq) return true;
-    const timedOut = Date.now() >= deadline;
+    const timedOut = performance.now() >= deadline;
     // The session's state is gone (expired or evicted; a drain does not make it again): its
     // archived mark will not move, so the archive itself is asked, at most every 250 ms.
-    if (mark == null && gen == null && (timedOut || Date.now() - askedArchive >= 250)) {
-      askedArchive = Date.now();
+    if (mark == null && gen == null && (timedOut || performance.now() - askedArchive >= 250)) {
+      askedArchive = performance.now();
       const row = await getSession(deps.db, tenantId, sessionId).catch(() => null);
       if (row && Number(row.next_seq) > seq) return true;
     }
@@ -290,7 +291,7 @@ export async function waitArchived(
     }
     seenGen = gen ?? null;
     if (timedOut || signal?.aborted) return false;
-    await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(1, deadline - Date.now()))));
+    await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(1, deadline - performance.now()))));
     delay = Math.min(delay * 2, 50);
   }
 }

@@ -120,7 +120,7 @@ if added > 0 then
   if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
     redis.call('HSET', KEYS[1], 'armed', '1')
     redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
-    ${fairLua('KEYS[5]', 'tonumber(ARGV[1])')}
+    ${fairLua('KEYS[5]')}
     out[2] = fair
   end
   if redis.call('HGET', KEYS[1], 'deleted') == '1' then

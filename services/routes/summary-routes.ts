@@ -104,7 +104,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
   /**
    * Polls a job until it completes or fails; null on deadline, or once `signal` fires (the process
    * is shutting down: the request answers its 202 before its connection is cut). A vanished job
-   * counts as done.
+   * counts as done. `deadline` is on the performance.now() clock.
    */
   async function finished(
     id: string,
@@ -125,7 +125,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
         return { state, result: job?.returnvalue ?? null };
       }
       if (state === 'failed') return { state, result: null };
-      if (Date.now() + delay > deadline || signal.aborted) return null;
+      if (performance.now() + delay > deadline || signal.aborted) return null;
       await new Promise((r) => setTimeout(r, delay));
       delay = Math.min(delay * 2, 250);
     }
@@ -155,7 +155,8 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
       res.status(202).json({ job_id: `summary.${id}` });
       return;
     }
-    const deadline = Date.now() + SUMMARIZE_WAIT_MS;
+    // Monotonic (performance.now()): a wall clock stepped back would hold the wait for as long.
+    const deadline = performance.now() + SUMMARIZE_WAIT_MS;
     const signal = waitSignal(res);
     // Joined a run that was already going: it may have read the archive before this request, so
     // wait for it and then run once more to include everything archived now.
