@@ -240,6 +240,10 @@ void describe('query parsing and ranking (pure)', () => {
     assert.equal(p.embedText, 'deploy db database unclosed phrase');
     assert.deepEqual(parseSearchQuery('or or - -').groups, []);
     // Two dashes make a word (a command-line flag), not an exclusion.
+    assert.deepEqual(
+      parseSearchQuery('--"dry run"').groups.map((g) => g.map((t) => `${t.phrase ? 'P:' : ''}${t.text}`)),
+      [['P:dry run']],
+    );
     const flags = parseSearchQuery('migrate --dry-run -v --');
     assert.deepEqual(
       flags.groups.map((g) => g.map((t) => t.text)),
@@ -664,8 +668,9 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       ['example', sorted([path!, mail!])],
       ['ops-team', [mail!]],
       ['deploy notes', [path!]],
-      // The text's own phrases keep their positions.
+      // The text's own phrases keep their positions, and none runs on into the parts.
       ['"threw java.lang.NullPointerException"', [npe!]],
+      ['"ships ops-team"', []],
     ];
     for (const [query, want] of expectations) assert.deepEqual(await byFullText(query), want, query);
     // What rows archived before 2026-12-02 hold: each compound one token.
@@ -1219,6 +1224,22 @@ void describe('POST /v1/sessions/{sid}/search', () => {
           `${match}, limit ${limit}: only the message with the word`,
         );
       }
+    }
+    // Collisions that fill every candidate of the k-NN (4 per hit) do not hide the real match: the
+    // search asks for more candidates.
+    const many = sid('collide-many');
+    const [older] = await archive(api, many, [
+      user('kubectl rollout restart of the gateway deployment, then check the logs'),
+      ...Array.from({ length: 20 }, () => user('a lot')),
+    ]);
+    await ensureVectors(svc, tenantId, many);
+    for (const limit of [1, 2, 4]) {
+      const hits = (await search(api, many, { query: 'kubectl', match: 'semantic', limit })).body.hits;
+      assert.deepEqual(
+        hits.map((h) => h.seq),
+        [older],
+        `limit ${limit}`,
+      );
     }
     // A tool call's arguments are not embedded: keyword finds it, and the collision no longer ties
     // with it in hybrid (first in each list, the newer one won).

@@ -59,10 +59,13 @@ function tokenize(query: string): Token[] {
         continue;
       }
       // `-term` excludes; `--term` is a word as written: command-line flags (`--dry-run`) were
-      // excluded and never found, and nobody excludes with two dashes.
+      // excluded and never found, and nobody excludes with two dashes. Two or more before a quote
+      // are dropped, as before a space: `--"dry run"` is the phrase.
       if (dashes === i + 1) {
         negated = true;
         i++;
+      } else if (query[dashes] === '"') {
+        i = dashes;
       }
     }
     if (query[i] === '"') {

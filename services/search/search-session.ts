@@ -296,16 +296,51 @@ async function run(
     }
     embedding = await embedQuery(deps, tenantId, sessionId, parsed.embedText);
   }
-  const fetched = await candidates(deps, {
-    ...filters,
-    keyword,
-    embedding,
-    k: params.limit * CANDIDATES_PER_HIT,
-    limit: params.limit,
-    match: params.match,
-  });
-  // The candidate statement is scoped by the tenant's live session: no head row, no session.
-  if (!fetched.found) throw notFound('session');
+  const lexicalCheck = embedding !== null && deps.config.embedding.local && !deps.syntheticVectors;
+  // Collisions dropped can leave fewer hits than `limit` while real matches lay past the k-NN's
+  // candidates: 20 short "that works" messages filled every candidate of `compaction` (they
+  // collide), and semantic search answered none of the 3 messages about it. Then the search runs
+  // again with four times the candidates, as long as the k-NN filled them all.
+  for (let k = params.limit * CANDIDATES_PER_HIT; ; k *= CANDIDATES_PER_HIT) {
+    const fetched = await candidates(deps, {
+      ...filters,
+      keyword,
+      embedding,
+      k,
+      limit: params.limit,
+      match: params.match,
+    });
+    // The candidate statement is scoped by the tenant's live session: no head row, no session.
+    if (!fetched.found) throw notFound('session');
+    const found = await rankAndExpand(
+      deps,
+      tenantId,
+      sessionId,
+      params,
+      fetched,
+      lexicalCheck,
+      parsed.embedText,
+    );
+    const more = found.collided > 0 && found.hits.length < params.limit;
+    if (!more || fetched.semantic.length < k || k * CANDIDATES_PER_HIT > MAX_LEXICAL_CANDIDATES) {
+      return { hits: found.hits };
+    }
+  }
+}
+
+/** The most candidates a search asks the k-NN for after dropping collisions (see `run`). */
+const MAX_LEXICAL_CANDIDATES = 512;
+
+/** Ranks the candidates by `params.match` and picks the hits with their contexts (expand). */
+async function rankAndExpand(
+  deps: SearchDeps,
+  tenantId: string,
+  sessionId: string,
+  params: SearchParams,
+  fetched: SearchPrefetch,
+  lexicalCheck: boolean,
+  embedText: string,
+): Promise<{ hits: DetailedHit[]; collided: number }> {
   const keywordList = rankKeyword(fetched.keyword);
   const semanticList = rankSemantic(fetched.semantic);
   const ranked =
@@ -319,9 +354,9 @@ async function run(
   // about one search in four for a word the session never used). What only the vectors found must
   // share a word or CJK bigram with the query.
   const lexical =
-    embedding !== null && deps.config.embedding.local && !deps.syntheticVectors && semanticList.length > 0
+    lexicalCheck && semanticList.length > 0
       ? {
-          features: localFeatureSet(prepareEmbedText(parsed.embedText) ?? ''),
+          features: localFeatureSet(prepareEmbedText(embedText) ?? ''),
           seqs: new Set(
             params.match === 'semantic'
               ? semanticList.map((c) => c.seq)
@@ -329,7 +364,7 @@ async function run(
           ),
         }
       : undefined;
-  return { hits: await expand(deps, tenantId, sessionId, ranked, fetched, params.limit, lexical) };
+  return expand(deps, tenantId, sessionId, ranked, fetched, params.limit, lexical);
 }
 
 /**
@@ -380,9 +415,9 @@ async function expand(
   fetched: Pick<SearchPrefetch, 'around' | 'rows'>,
   limit: number,
   lexical?: { features: ReadonlySet<string>; seqs: ReadonlySet<number> },
-): Promise<DetailedHit[]> {
+): Promise<{ hits: DetailedHit[]; collided: number }> {
   let ranked = candidates;
-  if (ranked.length === 0) return [];
+  if (ranked.length === 0) return { hits: [], collided: 0 };
   const neighbours = fetched.around;
   for (const list of neighbours.values()) list.sort((a, b) => a - b);
   const bySeq = new Map(fetched.rows.map((r) => [Number(r.seq), r]));
@@ -414,6 +449,7 @@ async function expand(
     return selectHits(ranked, neighbours, limit);
   };
   let chosen = await pick();
+  let dropped = 0;
   if (lexical) {
     const collided = (c: Candidate) => {
       if (!lexical.seqs.has(c.seq)) return false;
@@ -423,7 +459,9 @@ async function expand(
     if (chosen.some(({ hit }) => collided(hit))) {
       const unseen = ranked.filter((c) => lexical.seqs.has(c.seq) && !bySeq.has(c.seq));
       if (unseen.length > 0) await walk(unseen, unseen.length);
-      ranked = ranked.filter((c) => !collided(c));
+      const kept = ranked.filter((c) => !collided(c));
+      dropped = ranked.length - kept.length;
+      ranked = kept;
       chosen = await pick();
     }
   }
@@ -448,5 +486,5 @@ async function expand(
       message: m,
     });
   }
-  return hits;
+  return { hits, collided: dropped };
 }
