@@ -606,6 +606,26 @@ void describe('ingestion', () => {
     assert.match(metrics, /mnemos_ingest_dead_letter_total 1/);
   });
 
+  void test('an inbox entry without its seq and generation (written by hand) is dead-lettered, not looped on', async () => {
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/garbage/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'garbage');
+    // At the head, as LPUSH puts it, and one at the tail, as RPUSH does.
+    await svc.deps.redis.lpush(keys.inbox, 'not json at all {');
+    await svc.deps.redis.rpush(keys.inbox, '');
+    const r = await t.api.post('/v1/sessions/garbage/messages?wait=true', { messages: [user('after')] });
+    assert.equal(r.status, 201, r.text);
+    assert.deepEqual(
+      (await archived(t.api, 'garbage')).map((m) => m.content),
+      ['before', 'after'],
+    );
+    assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:garbage`, 0, -1), [
+      'not json at all {',
+      '',
+    ]);
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+  });
+
   void test('the client-id hash drops ids archived over an hour ago; their re-posts still dedupe by the archive', async () => {
     const t = await svc.newTenant();
     const post = (messages: unknown[]) => t.api.post('/v1/sessions/ids/messages?wait=true', { messages });

@@ -7,6 +7,7 @@ import type { CoreDeps } from '../services/deps.js';
 import {
   clearInbox,
   deadLetter,
+  moveToDeadLetters,
   defineInboxScripts,
   finishDrain,
   finishDrainCounted,
@@ -128,6 +129,26 @@ export function toArchiveRow(seq: number, m: AcceptedMessage): ArchiveInsertRow 
 /** A drain's inbox head is no longer what it read: its transaction is rolled back. */
 class InboxMoved extends Error {}
 
+function logDeadLetters(
+  logger: CoreDeps['logger'],
+  fields: { tenantId: string; sessionId: string; count: number; key: string },
+): void {
+  logger.error(
+    {
+      ...fields,
+      hint: 'not messages, so no retry can archive them: inspect with redis-cli LRANGE <key> 0 -1; see docs/ingestion.md, "Seqs that are never archived do not stall anything"',
+    },
+    'unreadable inbox entries dead-lettered',
+  );
+}
+
+/** The batch read holds entries that are not `<seq> <gen> <message>` (InboxEntry.malformed). */
+class MalformedEntries extends Error {
+  constructor(readonly raw: string[]) {
+    super('malformed inbox entries');
+  }
+}
+
 /**
  * Drains one session's inbox into the archive, in seq order, batch by batch. Each batch is one
  * transaction that holds the session's row lock, so any number of workers may run this for the
@@ -161,6 +182,8 @@ export async function drainSession(
         const session = await lockOrCreateSession(tx, tenantId, sessionId);
         const entries = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
         if (entries.length === 0) return null;
+        const malformed = entries.filter((e) => e.malformed).map((e) => e.raw);
+        if (malformed.length > 0) throw new MalformedEntries(malformed);
         const nextSeq = Number(session.next_seq);
         // Entries of the current generation, and entries accepted after the last reset/delete
         // committed (its Redis step may not have re-stamped the inbox generation yet: a crash in
@@ -211,6 +234,14 @@ export async function drainSession(
         };
       });
     } catch (err) {
+      if (err instanceof MalformedEntries) {
+        // Nothing was written: moved aside, the batch is read again.
+        const key = `${deps.config.prefix}:dead:${tenantId}:${sessionId}`;
+        const moved = await moveToDeadLetters(deps.redis, keys, key, err.raw);
+        deps.metrics.ingestDeadLetter.inc(moved);
+        logDeadLetters(deps.logger, { tenantId, sessionId, count: moved, key });
+        continue;
+      }
       if (err instanceof InboxMoved) {
         deps.metrics.ingestInboxMoved.inc();
         deps.logger.warn(
@@ -241,16 +272,12 @@ export async function drainSession(
     if (batch.unreadable.length > 0) {
       await deadLetter(deps.redis, deps.config.prefix, tenantId, sessionId, batch.unreadable);
       deps.metrics.ingestDeadLetter.inc(batch.unreadable.length);
-      deps.logger.error(
-        {
-          tenantId,
-          sessionId,
-          count: batch.unreadable.length,
-          key: `${deps.config.prefix}:dead:${tenantId}:${sessionId}`,
-          hint: 'not messages, so no retry can archive them: inspect with redis-cli LRANGE <key> 0 -1; see docs/ingestion.md, "Seqs that are never archived do not stall anything"',
-        },
-        'unreadable inbox entries dead-lettered',
-      );
+      logDeadLetters(deps.logger, {
+        tenantId,
+        sessionId,
+        count: batch.unreadable.length,
+        key: `${deps.config.prefix}:dead:${tenantId}:${sessionId}`,
+      });
     }
     const { left, trimmed } = await finishDrainCounted(deps.redis, keys, batch.lastRead);
     // Stale entries a reset's Redis step removed before this trim were counted by the reset
