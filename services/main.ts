@@ -9,6 +9,7 @@ import { startQueueSampler } from './metrics-sampler.js';
 import { endWaits } from './messages/accept-messages.js';
 import { loadConfig, shownUrl } from './config.js';
 import type { Config } from './config.js';
+import type { Db } from '../db/pool.js';
 import type { CoreDeps } from './deps.js';
 import type { Extension, ExtensionFactory } from './extension.js';
 import { makeLogger } from './logger.js';
@@ -116,7 +117,12 @@ export async function startService(
     if (!(await waitForRedis(deps.redis, 5000))) {
       throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)} (is it running?)`);
     }
-    for (const w of [...config.warnings, ...(await redisDurabilityWarnings(deps.redis))]) logger.warn(w);
+    for (const w of [
+      ...config.warnings,
+      ...(await redisDurabilityWarnings(deps.redis)),
+      ...(await poolerIsolationWarnings(deps.db, config)),
+    ])
+      logger.warn(w);
     for (const f of opts.extensions ?? []) extensions.push(await f(deps, extensions));
     if (mode !== 'api') workers = await startWorkers(deps, extensions, opts.worker);
     let url: string | null = null;
@@ -454,4 +460,25 @@ export function clientErrorResponse(code: string | undefined): string {
     `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\n` +
     `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`
   );
+}
+
+/**
+ * Behind a transaction pooler no connection can be told to default to read committed (db/pool.ts):
+ * mnemos's transactions say it themselves, but its single statements run at the database's
+ * default. Under repeatable read or serializable they fail with serialisation errors when drains
+ * update the same session row: a re-tester's resets answered 503 after they had committed, and a
+ * client retrying one resets twice.
+ */
+async function poolerIsolationWarnings(db: Db, config: Config): Promise<string[]> {
+  if (!config.pgTransactionPooler || db.kind !== 'postgres') return [];
+  const r = await db.query<{ level: string }>(
+    `SELECT current_setting('default_transaction_isolation') AS level`,
+  );
+  const level = r.rows[0]?.level ?? 'read committed';
+  if (level === 'read committed') return [];
+  return [
+    `the database's default_transaction_isolation is ${level}: behind a transaction pooler (PG_POOLER) ` +
+      `mnemos's single statements run at it and fail when drains update the same row; set it for ` +
+      `mnemos's role: ALTER ROLE <role> SET default_transaction_isolation = 'read committed'`,
+  ];
 }

@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
+import { pino } from 'pino';
 import { makePgDb } from '../db/pool.js';
 import { createTestDatabase, dropTestDatabase, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
@@ -135,6 +136,31 @@ void describe('behind PgBouncer in transaction mode (PG_POOLER=transaction)', ()
     );
     assert.equal(plain.rows[0]!.timeout, '0');
   });
+});
+
+void test('behind a pooler, a database defaulting to serializable is reported at start', async () => {
+  const url = await createTestDatabase();
+  const name = new URL(url).pathname.slice(1);
+  const admin = makePgDb({ connectionString: url, max: 1 });
+  await admin.query(`ALTER DATABASE "${name}" SET default_transaction_isolation = 'serializable'`);
+  await admin.close();
+  const bouncer = await startPgBouncer(url, 2);
+  const lines: Array<{ level: number; msg: string }> = [];
+  const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+  try {
+    const svc = await startTestService({
+      databaseUrl: bouncer.urlOf(url),
+      env: { PG_POOLER: 'transaction' },
+      logger,
+    });
+    await svc.stop();
+    const warned = lines.find((l) => /default_transaction_isolation is serializable/.test(l.msg));
+    assert.ok(warned, JSON.stringify(lines));
+    assert.match(warned.msg, /ALTER ROLE <role> SET default_transaction_isolation = 'read committed'/);
+  } finally {
+    await bouncer.stop();
+    await dropTestDatabase(url);
+  }
 });
 
 void test('transactions are read committed whatever the database defaults to', async () => {
