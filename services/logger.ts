@@ -1,5 +1,6 @@
 import { pino } from 'pino';
 import type { Logger } from 'pino';
+import { monotonicNow } from './time.js';
 
 export type { Logger };
 
@@ -46,7 +47,8 @@ export function throttledLog(
   let last = 0;
   let suppressed = 0;
   return (fields) => {
-    const now = Date.now();
+    // Monotonic: a wall clock stepping back an hour would have silenced the line for that hour.
+    const now = monotonicNow();
     if (now - last < everyMs) {
       suppressed++;
       return;

@@ -8,6 +8,7 @@ import { AppError } from '../services/errors.js';
 import { openErrorMemory } from '../services/error-memory/error-store.js';
 import { makeErrorHandler } from '../services/http-errors.js';
 import { drainSession } from '../workers/ingest.js';
+import { startWorkers } from '../workers/main.js';
 import { deleteRedisPrefix, eventually, startTestService, testPrefix } from './support/harness.js';
 import { startPrivateRedis } from './support/private-redis.js';
 
@@ -193,6 +194,39 @@ void describe('request log lines', () => {
 });
 
 void describe('job and worker log lines', () => {
+  void test('attempts that will be retried are logged once per error per 5 s; final failures always', async () => {
+    // Setup: workers whose embed processor fails as in a Postgres outage, on an API's deps.
+    const { lines, logger } = capturedLogger('warn');
+    const own = await startTestService({ mode: 'api' });
+    const workers = await startWorkers({ ...own.deps, logger }, [
+      {
+        name: 'failing',
+        processors: { embed: () => Promise.reject(new Error('connect ECONNREFUSED 127.0.0.1:5432')) },
+      },
+    ]);
+    try {
+      // Action: 30 jobs of two attempts each fail at once.
+      for (let i = 0; i < 30; i++) {
+        await own.deps.queues.embed.add(
+          'embed',
+          { v: 1, tenantId: 'tenant-x', sessionId: `s-${i}` } as never,
+          { attempts: 2, backoff: { type: 'fixed', delay: 10 } },
+        );
+      }
+      const finals = () => lines.filter((l) => l.msg === 'job failed' && l.final === true);
+      await eventually(async () => finals().length === 30, 20_000, 'every job to fail for good');
+
+      // Assert: 30 lines for the 30 final failures; the 30 retried attempts took one or two.
+      const retried = lines.filter((l) => l.msg === 'job failed' && l.final === false);
+      assert.ok(retried.length >= 1 && retried.length <= 2, JSON.stringify(retried));
+      assert.equal(retried[0]!.tenantId, 'tenant-x');
+    } finally {
+      await workers.close(5000);
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
+  });
+
   void test('a failed job names its tenant and session, nothing else of its payload', async () => {
     // Setup: a worker, and a job its processor refuses (a payload of a version it does not read).
     const { lines, logger } = capturedLogger('warn');
