@@ -138,12 +138,21 @@ void describe('behind PgBouncer in transaction mode (PG_POOLER=transaction)', ()
   });
 });
 
-void test('behind a pooler, a database defaulting to serializable is reported at start', async () => {
+/** A database of this run whose transactions default to serializable. */
+async function serializableDatabase(): Promise<string> {
   const url = await createTestDatabase();
-  const name = new URL(url).pathname.slice(1);
   const admin = makePgDb({ connectionString: url, max: 1 });
-  await admin.query(`ALTER DATABASE "${name}" SET default_transaction_isolation = 'serializable'`);
-  await admin.close();
+  try {
+    const name = new URL(url).pathname.slice(1);
+    await admin.query(`ALTER DATABASE "${name}" SET default_transaction_isolation = 'serializable'`);
+  } finally {
+    await admin.close();
+  }
+  return url;
+}
+
+void test('behind a pooler, a database defaulting to serializable is reported at start', async () => {
+  const url = await serializableDatabase();
   const bouncer = await startPgBouncer(url, 2);
   const lines: Array<{ level: number; msg: string }> = [];
   const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
@@ -164,11 +173,7 @@ void test('behind a pooler, a database defaulting to serializable is reported at
 });
 
 void test('transactions are read committed whatever the database defaults to', async () => {
-  const url = await createTestDatabase();
-  const name = new URL(url).pathname.slice(1);
-  const admin = makePgDb({ connectionString: url, max: 1 });
-  await admin.query(`ALTER DATABASE "${name}" SET default_transaction_isolation = 'serializable'`);
-  await admin.close();
+  const url = await serializableDatabase();
   const bouncer = await startPgBouncer(url, 2);
   try {
     for (const [what, db] of [
