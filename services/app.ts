@@ -12,7 +12,7 @@ import { makeKeyAuthenticator } from './tenants.js';
 import { monotonicNow } from './time.js';
 import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
-import { makeErrorHandler, notFoundHandler } from './http-errors.js';
+import { makeErrorHandler, notFoundHandler, routeLabel } from './http-errors.js';
 import { buildOpenApi } from './openapi.js';
 import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
@@ -248,21 +248,6 @@ const rememberMount: RequestHandler = (req, res, next) => {
   next();
 };
 
-/**
- * The matched route pattern, never the raw path (it holds tenant-chosen session ids). An answer
- * given before a route matched (a 401, a 429, a 503 of the key check) is labelled by where it was
- * mounted (`/v1/sessions/*`), so that dashboards can tell them apart; `unmatched` is a path that
- * no router took.
- */
-function routeLabel(req: express.Request, res: express.Response): string {
-  const path: unknown = req.route?.path;
-  const mount = typeof res.locals.mount === 'string' ? res.locals.mount : req.baseUrl;
-  if (path === undefined) return typeof res.locals.mount === 'string' && mount ? `${mount}/*` : 'unmatched';
-  // A router's own several-path routes (Bull Board) are labelled by the mount alone.
-  if (typeof path !== 'string') return mount || 'unmatched';
-  return path === '/' ? mount || '/' : `${mount}${path}`;
-}
-
 export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express {
   const app = express();
   app.disable('x-powered-by');
@@ -369,7 +354,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   }
 
   app.use(notFoundHandler);
-  app.use(makeErrorHandler(deps.logger, routeLabel));
+  app.use(makeErrorHandler(deps.logger));
   return app;
 }
 
@@ -389,6 +374,6 @@ export function makeOpsApp(deps: CoreDeps): express.Express {
     })),
   );
   app.use(notFoundHandler);
-  app.use(makeErrorHandler(deps.logger, routeLabel));
+  app.use(makeErrorHandler(deps.logger));
   return app;
 }

@@ -1,7 +1,7 @@
 import type { ErrorRequestHandler, Request, RequestHandler, Response } from 'express';
 import { isPgUnavailable, pgCode } from '../db/pool.js';
 import { AppError, asDependencyError } from './errors.js';
-import { throttledLog } from './logger.js';
+import { errorMessage, throttledKinds, throttledLog } from './logger.js';
 import type { Logger } from './logger.js';
 
 /** Body-parser and friends throw errors with `type`/`status`; map them onto the API's error shape. */
@@ -77,25 +77,27 @@ function redisFields(err: unknown, mapped: AppError): { redis_error?: string } {
   if ((mapped.details as { dependency?: unknown } | undefined)?.dependency !== 'redis') return {};
   const source = err instanceof AppError ? (err as { cause?: unknown }).cause : err;
   if (!(source instanceof Error) || source instanceof AppError) return {};
-  const inner = source instanceof AggregateError ? (source.errors[0] as unknown) : undefined;
-  const message = source.message || (inner instanceof Error ? inner.message : '');
+  const message = errorMessage(source);
   return message ? { redis_error: message.slice(0, LOGGED_MESSAGE_CHARS) } : {};
 }
 
-/** The route a request's log lines name: see defaultRouteOf. */
-export type RouteOf = (req: Request, res: Response) => string;
-
 /**
- * The matched route pattern (`/v1/sessions/:sid/messages`), never the raw path: it holds
- * tenant-chosen session ids (e-mail addresses, say). Outside a matched route, `unmatched`. The
- * app passes its metrics label instead, which also knows the mount an error has left.
+ * The `route` of the HTTP metrics and of the error log lines: the matched route pattern, never the
+ * raw path (it holds tenant-chosen session ids). An answer
+ * given before a route matched (a 401, a 429, a 503 of the key check) is labelled by where it was
+ * mounted (`/v1/sessions/*`), so that dashboards can tell them apart; `unmatched` is a path that
+ * no router took.
  */
-export const defaultRouteOf: RouteOf = (req) => {
+export function routeLabel(req: Request, res: Response): string {
   const path: unknown = req.route?.path;
-  return typeof path === 'string' ? `${req.baseUrl}${path}` : req.baseUrl || 'unmatched';
-};
+  const mount = typeof res.locals.mount === 'string' ? res.locals.mount : req.baseUrl;
+  if (path === undefined) return typeof res.locals.mount === 'string' && mount ? `${mount}/*` : 'unmatched';
+  // A router's own several-path routes (Bull Board) are labelled by the mount alone.
+  if (typeof path !== 'string') return mount || 'unmatched';
+  return path === '/' ? mount || '/' : `${mount}${path}`;
+}
 
-/** Kinds of lines the handler keeps a throttle for; past this many the throttles start again. */
+/** Kinds of lines the handler keeps a throttle for (throttledKinds). */
 const MAX_THROTTLED_KINDS = 1000;
 
 /**
@@ -140,26 +142,19 @@ export function sendError(res: Parameters<RequestHandler>[1], err: AppError): vo
  * 5 s, the next counting those left out (`suppressed`): during a Redis outage every request was a
  * line, 469 a second, and a flood of one 500 wrote its stack at request rate.
  */
-export function makeErrorHandler(logger: Logger, routeOf: RouteOf = defaultRouteOf): ErrorRequestHandler {
-  const throttles = new Map<string, (fields: object) => void>();
-  const log = (level: 'warn' | 'error', kind: unknown[], fields: object, msg: string) => {
-    const key = JSON.stringify([level, msg, ...kind]);
-    let write = throttles.get(key);
-    if (!write) {
-      // Kinds are bounded (codes, classes, route patterns); this only keeps a bug from growing it.
-      if (throttles.size >= MAX_THROTTLED_KINDS) throttles.clear();
-      write = throttledLog((obj, m) => logger[level](obj, m), msg);
-      throttles.set(key, write);
-    }
-    write(fields);
-  };
+export function makeErrorHandler(logger: Logger): ErrorRequestHandler {
+  const throttleOf = throttledKinds(MAX_THROTTLED_KINDS);
+  const log = (level: 'warn' | 'error', kind: unknown[], fields: object, msg: string) =>
+    throttleOf(JSON.stringify([level, msg, ...kind]), () =>
+      throttledLog((obj, m) => logger[level](obj, m), msg),
+    )(fields);
   const requestFields = (req: Request, res: Response) => {
     const tenantId: unknown = res.locals.tenantId;
     return {
       reqId: res.locals.requestId as unknown,
       ...(typeof tenantId === 'string' ? { tenantId } : {}),
       method: req.method,
-      route: routeOf(req, res),
+      route: routeLabel(req, res),
     };
   };
   return (err, req, res, _next) => {

@@ -36,6 +36,35 @@ export function throttledWarn(
 }
 
 /**
+ * An error's message for a log line; of an AggregateError without one of its own (a refused
+ * connect to several addresses), its first error's.
+ */
+export function errorMessage(err: Error): string {
+  const inner = err instanceof AggregateError ? (err.errors[0] as unknown) : undefined;
+  return err.message || (inner instanceof Error ? inner.message : '');
+}
+
+/**
+ * One throttle per kind of line (throttledLog, `make` building it on the kind's first line): at
+ * most one line of each kind per 5 s. Kinds should be bounded (codes, error classes, route
+ * patterns); past `maxKinds` the throttles start again, so that a bug cannot grow the map.
+ */
+export function throttledKinds(
+  maxKinds: number,
+): (kind: string, make: () => (fields: object) => void) => (fields: object) => void {
+  const throttles = new Map<string, (fields: object) => void>();
+  return (kind, make) => {
+    let write = throttles.get(kind);
+    if (!write) {
+      if (throttles.size >= maxKinds) throttles.clear();
+      write = make();
+      throttles.set(kind, write);
+    }
+    return write;
+  };
+}
+
+/**
  * throttledWarn at any level: `write` logs the line (`(obj, msg) => logger.error(obj, msg)`).
  * The line that is written is the first of its window, with its own fields (a request's id).
  */

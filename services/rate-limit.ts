@@ -1,6 +1,7 @@
 import type { RequestHandler } from 'express';
 import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
+import { monotonicNow } from './time.js';
 
 /**
  * Requests per API key per minute (RATE_LIMIT_PER_MIN; 0 = off), counted in Redis so every API
@@ -51,7 +52,7 @@ interface Window {
  */
 export function rateLimit(
   deps: Pick<CoreDeps, 'config' | 'redis' | 'metrics'>,
-  clock: () => number = () => performance.timeOrigin + performance.now(),
+  clock: () => number = monotonicNow,
 ): RequestHandler {
   const limit = deps.config.rateLimitPerMin;
   const windows = new Map<string, Window>();

@@ -1,5 +1,6 @@
 import { Redis } from 'ioredis';
 import { throttledWarn } from './logger.js';
+import { monotonicNow } from './time.js';
 import type { Logger } from './logger.js';
 
 export type { Redis };
@@ -30,7 +31,7 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
         });
   // Reconnect loops emit an error per attempt: one line per 5 s, with the count left out.
   const warnError = throttledWarn(logger, 'redis connection error');
-  const outage = watchOutage(redis, role, logger);
+  const outage = watchOutage(redis, logger, 'redis connection restored', { role });
   if (role === 'producer') watchStaleConnection(redis, logger, outage);
   redis.on('error', (err: Error) => {
     outage.failed();
@@ -40,21 +41,26 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
 }
 
 /**
- * Once connection errors were logged, one line when the connection is ready again, saying how
- * long it was down and how many errors it had: the throttled error lines alone never say that
- * the outage ended.
+ * Once connection errors were logged (each reported by `failed()`), one line `msg` when the
+ * client is ready again, saying how long it was down and how many errors it had: the throttled
+ * error lines alone never say that the outage ended. For ioredis and node-redis clients alike.
  */
-function watchOutage(redis: Redis, role: string, logger?: Logger): { failed(): void } {
+export function watchOutage(
+  client: { on(event: 'ready', listener: () => void): unknown },
+  logger: Pick<Logger, 'info'> | undefined,
+  msg: string,
+  fields: object = {},
+): { failed(): void } {
   let since = 0;
   let errors = 0;
-  redis.on('ready', () => {
+  client.on('ready', () => {
     if (errors === 0) return;
-    logger?.info({ role, down_ms: Date.now() - since, errors }, 'redis connection restored');
+    logger?.info({ ...fields, down_ms: Math.round(monotonicNow() - since), errors }, msg);
     errors = 0;
   });
   return {
     failed() {
-      if (errors++ === 0) since = Date.now();
+      if (errors++ === 0) since = monotonicNow();
     },
   };
 }

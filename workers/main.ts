@@ -2,7 +2,7 @@ import { UnrecoverableError, Worker } from 'bullmq';
 import type { Job, Processor } from 'bullmq';
 import type { CoreDeps } from '../services/deps.js';
 import type { Extension } from '../services/extension.js';
-import { throttledWarn } from '../services/logger.js';
+import { throttledKinds, throttledWarn } from '../services/logger.js';
 import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
@@ -104,7 +104,7 @@ export async function startWorkers(
     // Attempts that will be retried: one line per error message per 5 s on this queue (a
     // Postgres outage failed every queued drain's attempts at once: 3,202 lines in 30 s, 694 a
     // second, for 400 sessions). A final failure, which needs an operator, is always logged.
-    const retried = new Map<string, (fields: object) => void>();
+    const retriedOf = throttledKinds(100);
     w.on('failed', (job, err) => {
       // Final: no attempt left, or a permanent fault (UnrecoverableError skips the rest).
       const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';
@@ -121,14 +121,7 @@ export async function startWorkers(
         deps.logger.warn(fields, 'job failed');
         return;
       }
-      const kind = err.message.slice(0, 200);
-      let log = retried.get(kind);
-      if (!log) {
-        if (retried.size >= 100) retried.clear();
-        log = throttledWarn(deps.logger, 'job failed');
-        retried.set(kind, log);
-      }
-      log(fields);
+      retriedOf(err.message.slice(0, 200), () => throttledWarn(deps.logger, 'job failed'))(fields);
     });
     workers.push(w);
   }

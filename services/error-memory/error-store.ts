@@ -3,7 +3,8 @@ import { createRequire } from 'node:module';
 import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
 import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
-import { throttledWarn } from '../logger.js';
+import { errorMessage, throttledWarn } from '../logger.js';
+import { watchOutage } from '../redis.js';
 import type { Logger } from '../logger.js';
 import { KEYWORD_SEPARATOR, classifyError, normaliseKeywords, normaliseSymptom } from './normalise.js';
 import {
@@ -76,15 +77,10 @@ function loadCreateClient(): CreateClient {
   return (createRequire(omEntry)('redis') as { createClient: CreateClient }).createClient;
 }
 
-/**
- * What a log line says of a connection error: its message and code, no stack and no other fields.
- * (A refused connect to several addresses is an AggregateError without a message of its own.)
- */
+/** What a log line says of a connection error: its message and code, no stack and no other fields. */
 const connectionErrorFields = (err: Error) => {
-  const inner = err instanceof AggregateError ? (err.errors[0] as unknown) : undefined;
-  const message = err.message || (inner instanceof Error ? inner.message : '');
   const code = (err as { code?: unknown }).code;
-  return { message, ...(typeof code === 'string' ? { code } : {}) };
+  return { message: errorMessage(err), ...(typeof code === 'string' ? { code } : {}) };
 };
 
 const sha1 = (text: string) => createHash('sha1').update(text).digest('hex');
@@ -110,21 +106,14 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   // gone): one line per 5 s with the count left out, its message and code only, as
   // services/redis.ts logs the API's connections. Once ready again, one line says so.
   const warnError = throttledWarn(opts.logger, 'error-memory redis connection error');
+  const outage = watchOutage(client, opts.logger, 'error-memory redis connection restored');
   let lastError: Error | undefined;
-  let errors = 0;
-  let downSince = 0;
   client.on('error', (err: unknown) => {
     lastError = err instanceof Error ? err : new Error(String(err));
-    if (errors++ === 0) downSince = Date.now();
+    outage.failed();
     warnError({ err: connectionErrorFields(lastError) });
   });
   client.on('ready', () => {
-    if (errors > 0)
-      opts.logger?.info(
-        { down_ms: Date.now() - downSince, errors },
-        'error-memory redis connection restored',
-      );
-    errors = 0;
     lastError = undefined;
   });
   const connecting = client.connect().then(
