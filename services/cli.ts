@@ -4,7 +4,7 @@ import { hasEmbeddedDatabase, openPgliteDb } from '../db/embedded.js';
 import { migrate, newerSchemaWarning, unknownMigrations } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
-import { loadConfig, ConfigError } from './config.js';
+import { loadConfig, ConfigError, pgConnectionOptions } from './config.js';
 import type { Config } from './config.js';
 import { AppError } from './errors.js';
 import { defaultExtensions } from './extensions.js';
@@ -25,12 +25,7 @@ async function withDb<T>(
   const config = loadConfig(process.env);
   // Embedded mode: open the data dir directly; it fails with a clear message while "mnemos serve" holds it.
   const db = config.databaseUrl
-    ? makePgDb({
-        connectionString: config.databaseUrl,
-        max: 2,
-        idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
-        transactionPooler: config.pgTransactionPooler,
-      })
+    ? makePgDb({ ...pgConnectionOptions(config, config.databaseUrl), max: 2 })
     : await openPgliteDb(config.dataDir);
   try {
     if (!opts.install) await refuseWithoutSchema(db, config);

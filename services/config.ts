@@ -424,6 +424,19 @@ function processTimeZone(): string {
   return zone;
 }
 
+/**
+ * What every Postgres connection of the deployment honours, the service's and the CLI's alike
+ * (db/pool.ts makePgDb options): the database, Postgres's idle-in-transaction bound, and whether a
+ * transaction pooler stands between (then nothing may be SET on a connection).
+ */
+export function pgConnectionOptions(config: Config, connectionString: string) {
+  return {
+    connectionString,
+    idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
+    transactionPooler: config.pgTransactionPooler,
+  };
+}
+
 export function loadConfig(env: Record<string, string | undefined>): Config {
   // Empty strings count as unset, as in most twelve-factor tooling (compose passes `VAR=` through).
   const present = Object.fromEntries(

@@ -7,6 +7,7 @@ import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { insertUsage } from '../db/queries/usage.js';
 import { makeQueues } from '../workers/queues.js';
+import { pgConnectionOptions } from './config.js';
 import type { Config } from './config.js';
 import type { CoreDeps } from './deps.js';
 import { makeLlmClient } from './llm/llm-client.js';
@@ -28,11 +29,9 @@ export async function openDeps(
     opts.db ??
     (config.databaseUrl
       ? makePgDb({
-          connectionString: config.databaseUrl,
+          ...pgConnectionOptions(config, config.databaseUrl),
           logger,
           max: opts.poolSize ?? config.pgPoolSize,
-          idleInTransactionTimeoutMs: config.pgIdleInTransactionTimeoutMs,
-          transactionPooler: config.pgTransactionPooler,
           searchTimeoutMs: config.searchTimeoutMs,
           requestTimeoutMs: config.pgRequestTimeoutMs,
         })
