@@ -1,5 +1,6 @@
 import type { Socket } from 'node:net';
 import pg from 'pg';
+import { outageLog } from '../services/logger.js';
 import type { Logger } from '../services/logger.js';
 
 /**
@@ -149,6 +150,12 @@ export function makePgDb(opts: {
 }): Db {
   const warn = (what: string) => (err: Error) =>
     opts.logger?.warn({ err: { message: err.message } }, `could not set ${what}`);
+  // After statements failed for want of Postgres (a restart, a failover), one line when a new
+  // connection goes through: the 503 and job-failure lines alone never say that it is over.
+  const outage = outageLog(opts.logger, 'postgres connection restored');
+  const failed = (err: unknown) => {
+    if (isPgUnavailable(err) && !isPoolWaitTimeout(err)) outage.failed();
+  };
   const newPool = (max: number, genericPlans: boolean, statementTimeoutMs = 0) => {
     const p = new pg.Pool({
       connectionString: opts.connectionString,
@@ -198,9 +205,11 @@ export function makePgDb(opts: {
       },
     });
     // An idle client losing its connection (Postgres restart) must not crash the process.
-    p.on('error', (err) =>
-      opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error'),
-    );
+    p.on('error', (err) => {
+      outage.failed();
+      opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error');
+    });
+    p.on('connect', () => outage.restored());
     return p;
   };
   const max = opts.max ?? 10;
@@ -247,7 +256,7 @@ export function makePgDb(opts: {
         const statement = (client: pg.PoolClient) =>
           client.query({ name: o?.name, text, values: params as unknown[] });
         if (opts.transactionPooler && o?.search) {
-          return inTransaction(searchPool(), boundOf(forRequest, o), searchSettings, (run) =>
+          return inTransaction(searchPool(), boundOf(forRequest, o), searchSettings, failed, (run) =>
             run(statement),
           ) as never;
         }
@@ -256,12 +265,13 @@ export function makePgDb(opts: {
           boundOf(forRequest, o),
           (ask) => ask(statement),
           (err) => err instanceof pg.DatabaseError && err.severity === 'ERROR',
+          failed,
         ) as never;
       },
       transaction: (fn) =>
         // Read committed whatever the database's default: behind a transaction pooler no SET on
         // the connection says so.
-        inTransaction(pool, boundOf(forRequest), 'BEGIN ISOLATION LEVEL READ COMMITTED', (run) =>
+        inTransaction(pool, boundOf(forRequest), 'BEGIN ISOLATION LEVEL READ COMMITTED', failed, (run) =>
           fn({
             binaryParams: true,
             query: (text, params) => run((client) => client.query(text, params as unknown[])) as never,
@@ -283,6 +293,7 @@ function inTransaction<T>(
   p: pg.Pool,
   boundMs: number,
   begin: string,
+  failed: (err: unknown) => void,
   fn: (run: <R>(statement: (client: pg.PoolClient) => Promise<R>) => Promise<R>) => Promise<T>,
 ): Promise<T> {
   // After a ROLLBACK that went through, the connection is clean whatever fn threw.
@@ -304,6 +315,7 @@ function inTransaction<T>(
       }
     },
     () => rolledBack,
+    failed,
   );
 }
 
@@ -322,14 +334,22 @@ function inTransaction<T>(
  *   any error; a search retried without its semantic list while the recent index has another
  *   dimension then cost a new connection, its settings and its prepared statements each time:
  *   8–10 ms instead of 2 (a probe on the search bench's corpus).
+ * - Every error, of the connect or of `fn`, is reported to `failed` (the outage log).
  */
 async function checkedOut<T>(
   p: pg.Pool,
   boundMs: number,
   fn: (ask: <R>(statement: (client: pg.PoolClient) => Promise<R>) => Promise<R>) => Promise<T>,
   reusable: (err: unknown) => boolean,
+  failed: (err: unknown) => void,
 ): Promise<T> {
-  const client = await p.connect();
+  let client: pg.PoolClient;
+  try {
+    client = await p.connect();
+  } catch (err) {
+    failed(err);
+    throw err;
+  }
   let broken: Error | undefined;
   const onError = (err: Error) => {
     broken ??= err;
@@ -338,6 +358,7 @@ async function checkedOut<T>(
   try {
     return await fn((statement) => answerWithin(client, statement(client), boundMs, onError));
   } catch (err) {
+    failed(err);
     if (!reusable(err)) broken ??= err instanceof Error ? err : new Error(String(err));
     throw err;
   } finally {

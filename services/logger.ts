@@ -67,6 +67,10 @@ export function throttledKinds(
 /**
  * throttledWarn at any level: `write` logs the line (`(obj, msg) => logger.error(obj, msg)`).
  * The line that is written is the first of its window, with its own fields (a request's id).
+ * Events left out are not lost from the count when the flood stops: at the end of a window that
+ * left some out and wrote none, the last of them is written (its own fields, `suppressed` the
+ * others), so that every event is a line or counted in one. Without it, a flood that ended
+ * 4 s into a window showed its last line as the flood's end.
  */
 export function throttledLog(
   write: ((obj: object, msg: string) => void) | undefined,
@@ -75,15 +79,67 @@ export function throttledLog(
 ): (fields: object) => void {
   let last = 0;
   let suppressed = 0;
+  let lastLeftOut: object = {};
+  let timer: NodeJS.Timeout | undefined;
+  const emit = (fields: object, leftOut: number) => {
+    write?.({ ...fields, suppressed: leftOut }, msg);
+    last = monotonicNow();
+    suppressed = 0;
+  };
   return (fields) => {
     // Monotonic: a wall clock stepping back an hour would have silenced the line for that hour.
     const now = monotonicNow();
     if (now - last < everyMs) {
       suppressed++;
+      lastLeftOut = fields;
+      // Unref'd: a pending count never keeps a process alive.
+      timer ??= setTimeout(
+        () => {
+          timer = undefined;
+          if (suppressed > 0) emit(lastLeftOut, suppressed - 1);
+        },
+        Math.max(0, last + everyMs - now),
+      ).unref();
       return;
     }
-    write?.({ ...fields, suppressed }, msg);
-    last = now;
-    suppressed = 0;
+    if (timer) clearTimeout(timer);
+    timer = undefined;
+    emit(fields, suppressed);
   };
+}
+
+/**
+ * Once connection errors were reported (each by `failed()`), one line `msg` when a connection
+ * works again (`restored()`), saying how long it was down and how many errors it had: the
+ * throttled error lines alone never say that the outage ended.
+ */
+export function outageLog(
+  logger: Pick<Logger, 'info'> | undefined,
+  msg: string,
+  fields: object = {},
+): { failed(): void; restored(): void } {
+  let since = 0;
+  let errors = 0;
+  return {
+    failed() {
+      if (errors++ === 0) since = monotonicNow();
+    },
+    restored() {
+      if (errors === 0) return;
+      logger?.info({ ...fields, down_ms: Math.round(monotonicNow() - since), errors }, msg);
+      errors = 0;
+    },
+  };
+}
+
+/** outageLog restored by a client's `ready` event: for ioredis and node-redis clients alike. */
+export function watchOutage(
+  client: { on(event: 'ready', listener: () => void): unknown },
+  logger: Pick<Logger, 'info'> | undefined,
+  msg: string,
+  fields: object = {},
+): { failed(): void } {
+  const outage = outageLog(logger, msg, fields);
+  client.on('ready', () => outage.restored());
+  return outage;
 }

@@ -1,6 +1,5 @@
 import { Redis } from 'ioredis';
-import { throttledWarn } from './logger.js';
-import { monotonicNow } from './time.js';
+import { throttledWarn, watchOutage } from './logger.js';
 import type { Logger } from './logger.js';
 
 export type { Redis };
@@ -38,31 +37,6 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
     warnError({ err: { message: err.message }, role });
   });
   return redis;
-}
-
-/**
- * Once connection errors were logged (each reported by `failed()`), one line `msg` when the
- * client is ready again, saying how long it was down and how many errors it had: the throttled
- * error lines alone never say that the outage ended. For ioredis and node-redis clients alike.
- */
-export function watchOutage(
-  client: { on(event: 'ready', listener: () => void): unknown },
-  logger: Pick<Logger, 'info'> | undefined,
-  msg: string,
-  fields: object = {},
-): { failed(): void } {
-  let since = 0;
-  let errors = 0;
-  client.on('ready', () => {
-    if (errors === 0) return;
-    logger?.info({ ...fields, down_ms: Math.round(monotonicNow() - since), errors }, msg);
-    errors = 0;
-  });
-  return {
-    failed() {
-      if (errors++ === 0) since = monotonicNow();
-    },
-  };
 }
 
 export const STALE_CHECK_EVERY_MS = 5000;

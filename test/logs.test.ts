@@ -4,12 +4,14 @@ import { describe, test } from 'node:test';
 import express from 'express';
 import { Redis } from 'ioredis';
 import { pino } from 'pino';
+import { makePgDb } from '../db/pool.js';
 import { AppError } from '../services/errors.js';
 import { openErrorMemory } from '../services/error-memory/error-store.js';
 import { makeErrorHandler } from '../services/http-errors.js';
 import { drainSession } from '../workers/ingest.js';
 import { startWorkers } from '../workers/main.js';
 import { deleteRedisPrefix, eventually, startTestService, testPrefix } from './support/harness.js';
+import { startPrivatePostgres } from './support/private-postgres.js';
 import { startPrivateRedis } from './support/private-redis.js';
 
 type Line = Record<string, unknown>;
@@ -67,19 +69,19 @@ void describe('request log lines', () => {
       assert.deepEqual(new Set(more.map((r) => r.status)), new Set([503]));
       assert.equal(refusals().length, 1, 'one line for 51 requests');
 
-      // Past the 5 s: the next request's line counts those left out.
-      const second = await eventually(
-        async () => {
-          await t.api.post(`/v1/sessions/${sid}/messages`, message, { 'x-request-id': 'later' });
-          return refusals()[1];
-        },
-        10_000,
-        'a second line',
-      );
-      assert.equal(second.reqId, 'later');
-      assert.ok(Number(second.suppressed) >= 50, JSON.stringify(second));
-      assert.ok(Number(second.time) - Number(line.time) >= 5000);
-      assert.equal(refusals().length, 2);
+      // The flood stops. At the end of the 5 s, the last request left out is logged, counting
+      // the 49 others: every refused request is a line or counted in one.
+      const second = await eventually(async () => refusals()[1], 10_000, 'a second line');
+      assert.match(String(second.reqId), /^flood-\d+$/);
+      assert.equal(second.suppressed, 49, JSON.stringify(second));
+      assert.ok(Number(second.time) - Number(line.time) >= 4900, JSON.stringify([line, second]));
+
+      // A request after that window is logged at once, with nothing left out before it.
+      await new Promise((r) => setTimeout(r, 5100 - (Date.now() - Number(second.time))));
+      await t.api.post(`/v1/sessions/${sid}/messages`, message, { 'x-request-id': 'later' });
+      const third = await eventually(async () => refusals()[2], 2000, 'a third line');
+      assert.deepEqual([third.reqId, third.suppressed], ['later', 0]);
+      assert.equal(refusals().length, 3);
 
       // Redis is back: one line says so, with how long it was down.
       await redis.start();
@@ -324,6 +326,38 @@ void describe('job and worker log lines', () => {
       if (down) await redis.start();
       await store.close();
       await redis.stop();
+    }
+  });
+
+  void test('the end of a Postgres outage is logged once, with how long it lasted and how many statements failed', async () => {
+    // Setup: a pool on a Postgres of its own, used once: no line at a first connect.
+    const server = await startPrivatePostgres();
+    const { lines, logger } = capturedLogger();
+    const db = makePgDb({ connectionString: server.adminUrl, max: 2, logger });
+    const restoredLines = () => lines.filter((l) => l.msg === 'postgres connection restored');
+    let down = false;
+    try {
+      assert.equal((await db.query<{ n: number }>('SELECT 1 AS n')).rows[0]!.n, 1);
+      assert.deepEqual(restoredLines(), []);
+
+      // Action: Postgres stops (its sessions are terminated); three statements fail; it comes back.
+      await server.stop();
+      down = true;
+      for (let i = 0; i < 3; i++) await assert.rejects(db.query('SELECT 1'));
+      await server.start();
+      down = false;
+      await db.query('SELECT 1');
+      await db.query('SELECT 1');
+
+      // Assert: one line, at info, counting the failures (and the idle connection it lost).
+      const restored = await eventually(async () => restoredLines()[0], 5000, 'the restored line');
+      assert.equal(restored.level, 30);
+      assert.ok(Number(restored.errors) >= 3 && Number(restored.down_ms) > 0, JSON.stringify(restored));
+      assert.equal(restoredLines().length, 1);
+    } finally {
+      if (down) await server.start();
+      await db.close();
+      await server.destroy();
     }
   });
 });

@@ -3,8 +3,7 @@ import { createRequire } from 'node:module';
 import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
 import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
-import { errorMessage, throttledWarn } from '../logger.js';
-import { watchOutage } from '../redis.js';
+import { errorMessage, throttledWarn, watchOutage } from '../logger.js';
 import type { Logger } from '../logger.js';
 import { KEYWORD_SEPARATOR, classifyError, normaliseKeywords, normaliseSymptom } from './normalise.js';
 import {
