@@ -688,6 +688,10 @@ void describe('context with a decision model', () => {
     assert.deepEqual(body.response_format, { type: 'json_object' });
     assert.match(body.messages[1]!.content, /set up the CI cache with pnpm/);
     assert.match(body.messages[0]!.content, /language, format, style or workflow/);
+    // Every entry is JSON on its own line: a decision's line breaks cannot open sections.
+    const entries = body.messages[1]!.content.split('\n').filter((l) => /^\[\d+\] /.test(l));
+    for (const e of entries) JSON.parse(e.replace(/^\[\d+\] /, ''));
+    assert.equal(entries.length, SUMMARY.key_decisions.length + SUMMARY.past_discussions.length);
 
     const usage = await svc.deps.db.query<{ calls: number }>(
       `SELECT sum(calls)::int AS calls FROM llm_usage WHERE tenant_id = $1 AND session_id = $2 AND purpose = 'relevance'`,

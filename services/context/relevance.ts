@@ -52,7 +52,8 @@ Rules:
 
 function userPrompt(parts: SummaryParts, input: string): string {
   const lines: string[] = ['key_decisions:'];
-  parts.keyDecisions.forEach((e, i) => lines.push(`[${i}] ${typeof e === 'string' ? e : JSON.stringify(e)}`));
+  // As JSON, like the other entries: a decision's raw newlines wrote sections of their own.
+  parts.keyDecisions.forEach((e, i) => lines.push(`[${i}] ${JSON.stringify(e)}`));
   if (parts.keyDecisions.length === 0) lines.push('(none)');
   lines.push('', 'past_discussions:');
   parts.pastDiscussions.forEach((e, i) => lines.push(`[${i}] ${JSON.stringify(e)}`));

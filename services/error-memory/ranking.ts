@@ -1,3 +1,4 @@
+import { oneLine } from '../text/one-line.js';
 import { classifyError, significantTerms } from './normalise.js';
 import type { ErrorClass, ErrorRecord, Outcome, StoredError } from './types.js';
 import {
@@ -242,7 +243,7 @@ export const RELATED_MAX_RECORDS = 4;
 export const RELATED_MAX_CHARS = 1500;
 
 function clip(text: string, max: number): string {
-  const flat = text.replace(/\s+/g, ' ').trim();
+  const flat = oneLine(text);
   const chars = Array.from(flat);
   return chars.length <= max ? flat : `${chars.slice(0, max - 1).join('')}…`;
 }

@@ -4,6 +4,7 @@ import type { CoreDeps } from '../deps.js';
 import { LlmError } from '../llm/llm-client.js';
 import { noisePrompt, supersedePrompt } from './prompts.js';
 import { codePoints, takeCodePoints } from '../text/code-points.js';
+import { oneLine } from '../text/one-line.js';
 import { formatMessageTime } from './render.js';
 import type { SourceMessage } from './render.js';
 import { extractJsonObject, summaryEntries } from './summary-shape.js';
@@ -62,7 +63,7 @@ export function renderConversation(
       .filter(Boolean)
       .join(' ');
     const more = m.contentChars > codePoints(m.content) ? '…' : '';
-    return `${m.role}: ${clip(body.replace(/\s+/g, ' ').trim(), cap(m.role))}${more}`;
+    return `${m.role}: ${clip(oneLine(body), cap(m.role))}${more}`;
   });
   return `[${c.id}] ${when}\n${lines.join('\n')}`;
 }
@@ -109,12 +110,14 @@ const supersedeAnswer = z.object({
 });
 
 function entryText(e: unknown): string {
-  if (typeof e === 'string') return clip(e, DECISION_ENTRY_CHARS);
+  // One line each: a stored entry holding newlines wrote its own "Past discussions:" and
+  // "New conversations:" sections into the prompt.
+  if (typeof e === 'string') return clip(oneLine(e), DECISION_ENTRY_CHARS);
   if (e !== null && typeof e === 'object') {
     const r = e as Record<string, unknown>;
     const s = (k: string) => (typeof r[k] === 'string' ? (r[k] as string) : '');
     const text = `${s('topic')}: ${s('description')} (direction: ${s('direction')}; last discussed ${s('last_discussed')})`;
-    return clip(text, DECISION_ENTRY_CHARS);
+    return clip(oneLine(text), DECISION_ENTRY_CHARS);
   }
   return clip(JSON.stringify(e) ?? '', DECISION_ENTRY_CHARS);
 }

@@ -66,7 +66,7 @@ export function summaryPrompt(a: {
       : JSON.stringify(a.previous);
   const system = `${SUMMARY_RULES}\n7. Language: ${languageRule(a.replyLang)} The markers "Do: " and "Don't: " always stay in English.\n\nPrevious summary (JSON):\n${previous}`;
   const user =
-    `New messages (${a.messageCount}, oldest first; each headed by its time in ${a.timeZone} and its role):\n\n` +
+    `New messages (${a.messageCount}, oldest first; each headed by its time in ${a.timeZone} and its role, its text indented below):\n\n` +
     `${a.transcript}\n\n` +
     'Return the updated summary JSON.';
   return [

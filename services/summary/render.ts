@@ -1,5 +1,6 @@
 import { TOOL_CALL_SEPARATOR } from '../../db/queries/summaries.js';
 import { codePoints, takeCodePoints } from '../text/code-points.js';
+import { oneLine } from '../text/one-line.js';
 import { wallClock } from '../time.js';
 
 /**
@@ -47,18 +48,30 @@ const headers = new WeakMap<SourceMessage, string>();
 function header(m: SourceMessage, timeZone: string): string {
   let h = headers.get(m);
   if (h === undefined) {
-    // Names are client-chosen; a long one must not eat the message's share of a chunk.
-    const who = m.name ? `${m.role} (${takeCodePoints(m.name, 64)})` : m.role;
+    // Names are client-chosen: a long one must not eat the message's share of a chunk, and one
+    // with a newline must not end the header (oneLine).
+    const who = m.name ? `${m.role} (${takeCodePoints(oneLine(m.name), 64)})` : m.role;
     h = `[${formatMessageTime(m.sentAtNs, timeZone)}] ${who}:\n`;
     headers.set(m, h);
   }
   return h;
 }
 
+export const BODY_INDENT = '  ';
+// Line breaks as a model may read them: CRLF, LF, a lone CR, VT, FF, NEL, U+2028, U+2029.
+const LINE_BREAK = /\r\n|[\n\r\v\f\u0085\u2028\u2029]/g;
+
 /**
- * Renders a message as `[time] role:` + newline + body, in at most `maxSize` (separator
- * included). A body that does not fit is cut with `…[truncated N characters]`, N counting what
- * the prompt leaves out of the stored message.
+ * Every line of a body indented by BODY_INDENT: only headers start a line, so a message (a tool
+ * result, a web page) cannot write a `[time] user:` header of its own and pass its text off as
+ * another turn, the user's (a tester's tool result did, and its "user" asked for a standing rule).
+ */
+const indented = (body: string) => BODY_INDENT + body.replace(LINE_BREAK, `\n${BODY_INDENT}`);
+
+/**
+ * Renders a message as `[time] role:` + newline + its body indented (`indented`), in at most
+ * `maxSize` (separator included). A body that does not fit is cut with `…[truncated N
+ * characters]`, N counting what the prompt leaves out of the stored message.
  */
 export function renderBlock(m: SourceMessage, timeZone: string, maxSize: number): Block {
   const head = header(m, timeZone);
@@ -69,15 +82,23 @@ export function renderBlock(m: SourceMessage, timeZone: string, maxSize: number)
   const hidden = Math.max(0, m.contentChars - codePoints(content));
   const bodyChars = codePoints(body);
   const room = maxSize - SEPARATOR_SIZE - codePoints(head);
+  const whole = indented(body);
   let text: string;
-  if (hidden === 0 && bodyChars <= room) {
-    text = head + body;
+  if (hidden === 0 && codePoints(whole) <= room) {
+    text = head + whole;
   } else {
-    // The marker's width depends on N; two passes settle it.
-    let keep = Math.max(0, room - codePoints(truncationMarker(bodyChars + hidden)));
-    keep = Math.max(0, room - codePoints(truncationMarker(bodyChars + hidden - keep)));
-    keep = Math.min(keep, bodyChars);
-    text = head + takeCodePoints(body, keep) + truncationMarker(bodyChars + hidden - keep);
+    // Cut the body, then indent what is kept: N counts the stored message's characters. The
+    // indentation and the marker's width depend on the cut; each pass takes off what is over.
+    let keep = Math.min(bodyChars, Math.max(0, room - codePoints(truncationMarker(bodyChars + hidden))));
+    for (;;) {
+      const kept = indented(takeCodePoints(body, keep)) + truncationMarker(bodyChars + hidden - keep);
+      const over = codePoints(kept) - room;
+      if (over <= 0 || keep === 0) {
+        text = head + kept;
+        break;
+      }
+      keep = Math.max(0, keep - over);
+    }
   }
   return { seq: m.seq, role: m.role, text, size: codePoints(text) + SEPARATOR_SIZE, source: m };
 }

@@ -22,13 +22,15 @@ const text = z
   .max(MAX_FIELD_CHARS)
   .refine((s) => !hasBadChars(s), BAD_CHARS_MESSAGE);
 
-// `perspectives` is one string in the shape; a list of viewpoints is accepted and joined.
+// `perspectives` is one string in the shape; a list of viewpoints is accepted and joined, and the
+// joined string has the bound of every field (16 parts of 4,000 made one of 64,030).
 const perspectives = z.union([
   text,
   z
     .array(text)
     .max(16)
-    .transform((a) => a.join('; ')),
+    .transform((a) => a.join('; '))
+    .pipe(text),
 ]);
 
 export const summarySchema = z.object({
@@ -78,18 +80,30 @@ export const emptySummary = (): Summary => ({
  * its drafts were taken for the answer (`Draft: {…"Do: use MySQL"…} Wait, the user said
  * PostgreSQL`). DeepSeek-R1's template opens `<think>` in the prompt, so the answer often holds
  * only the closing tag. An answer that starts as JSON has no thinking, whatever tags its strings
- * quote; otherwise the answer starts after the last closing tag that JSON follows (thinking may
- * mention `</think>` itself), or after the last closing tag. An opening tag never closed is
- * thinking cut off: no answer.
+ * quote. Otherwise the answer is the first JSON object after the start or after a closing tag
+ * (the earliest such cut of the first MAX_THINKING_CUTS) that holds every closing tag after the
+ * cut in its strings: thinking may mention `</think>` itself, and an answer in prose may quote
+ * it (`{"description":"R1 still writes </think> first"}` once failed every time). Failing that,
+ * the answer starts after the last closing tag that JSON follows, or after the last closing tag.
+ * An opening tag never closed is thinking cut off: no answer.
  */
 const CLOSING_TAG = /<\/(?:think|thinking|reasoning)>/gi;
+const MAX_THINKING_CUTS = 8;
 
 function withoutThinking(raw: string): string {
   const text = raw.trim();
   if (text.startsWith('{') || text.startsWith('```')) return text;
-  const ends = [...text.matchAll(CLOSING_TAG)].map((m) => m.index + m[0].length);
-  if (ends.length === 0) return /^<(?:think|thinking|reasoning)>/i.test(text) ? '' : text;
-  const answers = ends.map((end) => text.slice(end).trim());
+  const tags = [...text.matchAll(CLOSING_TAG)].map((m) => ({ at: m.index, end: m.index + m[0].length }));
+  if (tags.length === 0) return /^<(?:think|thinking|reasoning)>/i.test(text) ? '' : text;
+  const cuts = [0, ...tags.map((t) => t.end)].slice(0, MAX_THINKING_CUTS);
+  for (const [i, cut] of cuts.entries()) {
+    const rest = text.slice(cut);
+    const span = firstObjectSpan(rest);
+    if (span && tags.slice(i).every((t) => t.at - cut > span.start && t.end - cut < span.end)) {
+      return rest.slice(span.start, span.end);
+    }
+  }
+  const answers = tags.map((t) => text.slice(t.end).trim());
   return answers.findLast((a) => a.startsWith('{') || a.startsWith('```')) ?? answers[answers.length - 1]!;
 }
 
@@ -118,6 +132,12 @@ export function extractJsonObject(raw: string): unknown {
 const MAX_OBJECT_STARTS = 32;
 
 function firstBalancedObject(s: string): string | null {
+  const span = firstObjectSpan(s);
+  return span && s.slice(span.start, span.end);
+}
+
+/** Where the first balanced `{…}` of `s` that parses as JSON is (`end` exclusive). */
+function firstObjectSpan(s: string): { start: number; end: number } | null {
   let tries = 0;
   for (
     let start = s.indexOf('{');
@@ -140,10 +160,9 @@ function firstBalancedObject(s: string): string | null {
       else if (c === '}') {
         depth--;
         if (depth === 0) {
-          const candidate = s.slice(start, i + 1);
           try {
-            JSON.parse(candidate);
-            return candidate;
+            JSON.parse(s.slice(start, i + 1));
+            return { start, end: i + 1 };
           } catch {
             break; // balanced but not JSON: try the next '{'
           }

@@ -1,6 +1,7 @@
 import { pageMessagesWithin } from '../../db/queries/messages.js';
 import { wallClock } from '../time.js';
 import { headAndTailUnits } from '../text/fts-text.js';
+import { oneLine } from '../text/one-line.js';
 import { getSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError } from '../errors.js';
@@ -79,8 +80,9 @@ export function formatMessage(m: StoredMessage, timeZone: string): string {
       .join('; ');
     text = text ? `${text} [calls: ${calls}]` : `[calls: ${calls}]`;
   }
-  const who = m.name ? `${m.role}:${m.name}` : m.role;
-  return `[${when} · ${who} · #${m.seq}] ${clip(text.replace(/\s+/g, ' ').trim())}`;
+  // The name too: one with a newline wrote lines that looked like other messages.
+  const who = m.name ? `${m.role}:${oneLine(m.name)}` : m.role;
+  return `[${when} · ${who} · #${m.seq}] ${clip(oneLine(text))}`;
 }
 
 /** Joins blocks until the output budget is spent, then says how many were left out. */
@@ -135,13 +137,17 @@ function formatHit(h: DetailedHit, timeZone: string): string {
   return lines.map((m) => `${m.seq === h.seq ? '> ' : '  '}${formatMessage(m, timeZone)}`).join('\n');
 }
 
+/**
+ * A record as labelled lines, each field on its own line (oneLine): a symptom holding newlines
+ * wrote a second, forged record (`outcome: resolved · seen 412×`) into the answer.
+ */
 function formatRecord(r: ErrorRecord): string {
   return [
-    `id: ${r.id} · tool: ${r.tool_name} · outcome: ${r.outcome} · seen ${r.hits}× · last ${r.last_hit_at}`,
-    `symptom: ${clip(r.symptom, 600)}`,
-    r.cause ? `cause: ${clip(r.cause, 600)}` : null,
-    `action: ${clip(r.action, 800)}`,
-    r.keywords.length ? `keywords: ${r.keywords.join(', ')}` : null,
+    `id: ${r.id} · tool: ${oneLine(r.tool_name)} · outcome: ${r.outcome} · seen ${r.hits}× · last ${r.last_hit_at}`,
+    `symptom: ${clip(oneLine(r.symptom), 600)}`,
+    r.cause ? `cause: ${clip(oneLine(r.cause), 600)}` : null,
+    `action: ${clip(oneLine(r.action), 800)}`,
+    r.keywords.length ? `keywords: ${r.keywords.map(oneLine).join(', ')}` : null,
   ]
     .filter(Boolean)
     .join('\n');
