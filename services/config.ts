@@ -12,7 +12,7 @@ const int = (min: number, max: number, hint: string) =>
     .trim()
     .regex(/^-?\d+$/, `must be a whole number (${hint})`)
     .transform(Number)
-    .pipe(z.number().int().min(min, `must be at least ${min} (${hint})`).max(max, `must be at most ${max}`));
+    .pipe(z.number().min(min, `must be at least ${min} (${hint})`).max(max, `must be at most ${max}`).int());
 
 const optionalText = z
   .string()

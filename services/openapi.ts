@@ -88,7 +88,10 @@ export function buildOpenApi(mounts: Mounted[], version: string): Record<string,
         in: 'path',
         required: true,
         // A session id is the client's: its rule is part of the contract.
-        schema: x[1] === 'sid' ? { type: 'string', pattern: SESSION_ID_RE.source } : { type: 'string' },
+        schema:
+          x[1] === 'sid'
+            ? { type: 'string', pattern: SESSION_ID_RE.source, not: { enum: ['.', '..'] } }
+            : { type: 'string' },
       })),
       responses: {
         ...Object.fromEntries(

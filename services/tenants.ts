@@ -129,7 +129,10 @@ export async function createKey(
   tenantIdOrName: string,
   name = '',
 ): Promise<{ key_id: string; tenant_id: string; api_key: string }> {
-  // Key names are free text, but printable: the same rule as tenant names.
+  // Key names are free text, but printable: the same rule as tenant names. None is '' (no name);
+  // a blank one, or one with spaces around it, would list like another or like none.
+  if (name !== '' && name.trim() === '') throw badName('must not be blank (leave it out for no name)');
+  if (name !== name.trim()) throw badName('must not start or end with spaces');
   if (unprintable(name)) throw badName(UNPRINTABLE);
   if (codePoints(name) > MAX_NAME_CHARS) throw badName(`must be at most ${MAX_NAME_CHARS} characters`);
   const tenant = await findTenant(db, tenantIdOrName);

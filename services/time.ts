@@ -17,6 +17,10 @@ const NAIVE = /^(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$/;
 const UNIX_NS = /^\d{1,19}$/;
 // 1970 .. 2262 (int64 ns range); anything else is a client bug.
 const MAX_NS = 9_223_372_036_854_775_807n;
+// Before this year no offset reaches 1970. It is checked before Date.UTC, which reads a year of
+// 0–99 as 1900–1999: `0070-01-01T00:00:00Z` was stored as 1970, `0099-06-15` as 1999.
+const FIRST_YEAR = 1969;
+const BEFORE_1970 = 'dates before 1970 are not supported';
 
 function validParts(y: number, mo: number, d: number, h: number, mi: number, s: number): boolean {
   if (mo < 1 || mo > 12 || d < 1 || h > 23 || mi > 59 || s > 59) return false;
@@ -122,6 +126,7 @@ export function parseSentAt(value: string, zone: string): bigint | string {
       number,
       number,
     ];
+    if (y < FIRST_YEAR) return BEFORE_1970;
     if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
     const frac = (m[7] ?? '.').slice(1, 10).padEnd(9, '0');
     const tz = m[8]!;
@@ -134,7 +139,7 @@ export function parseSentAt(value: string, zone: string): bigint | string {
       offsetMin = sign * (oh * 60 + om);
     }
     const ms = Date.UTC(y, mo - 1, d, h, mi, s) - offsetMin * 60_000;
-    if (ms < 0) return 'dates before 1970 are not supported';
+    if (ms < 0) return BEFORE_1970;
     return inRange(BigInt(ms) * 1_000_000n + BigInt(frac));
   }
   m = NAIVE.exec(v);
@@ -147,9 +152,10 @@ export function parseSentAt(value: string, zone: string): bigint | string {
       number,
       number,
     ];
+    if (y < FIRST_YEAR) return BEFORE_1970;
     if (!validParts(y, mo, d, h, mi, s)) return 'not a valid date/time';
     const ms = zonedToUtcMs(zone, y, mo, d, h, mi, s);
-    if (ms < 0) return 'dates before 1970 are not supported';
+    if (ms < 0) return BEFORE_1970;
     return inRange(BigInt(ms) * 1_000_000n);
   }
   return 'must be RFC 3339 (2026-01-02T03:04:05Z), unix nanoseconds as a decimal string, or "YYYY-MM-DD HH:MM:SS"';

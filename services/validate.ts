@@ -78,7 +78,7 @@ export const limitParam = z
   .meta({ description: 'an integer from 1 to 500 (default 100; empty = the default)' })
   // Leading zeros are a number like any other (`00500` is 500); the pipe bounds the value.
   .transform((v) => (v === '' ? undefined : Number(v)))
-  .pipe(z.number().int().min(1, 'must be at least 1').max(500, 'must be at most 500').optional());
+  .pipe(z.number().min(1, 'must be at least 1').max(500, 'must be at most 500').int().optional());
 
 /** The query of a route that takes no parameters: an unknown one is a 400, not silently ignored. */
 export const noQuery = z.object({}).strict();

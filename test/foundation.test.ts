@@ -514,6 +514,12 @@ void describe('tenants, keys and the admin API', () => {
     const hidden = await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name: 'ci\u202e' });
     assert.equal(hidden.status, 400);
     assert.match(hidden.body.error.message, /direction overrides/);
+    // A blank key name, or one with spaces around it, lists like another or like none.
+    for (const name of ['  ', ' ci', 'ci ']) {
+      const r = await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name });
+      assert.equal(r.status, 400, JSON.stringify(name));
+      assert.match(r.body.error.message, /^name: must not (be blank|start or end with spaces)/);
+    }
     // A JSON null is not an object (no body at all is): no key is made from it.
     const nullBody = await admin().raw(`/v1/admin/tenants/${made[0]}/keys`, {
       method: 'POST',
@@ -958,10 +964,16 @@ void describe('tenants, keys and the admin API', () => {
     const posted = doc.paths['/v1/sessions/{sid}/messages'].post;
     const messagesSchema = posted.requestBody.content['application/json'].schema.properties.messages;
     assert.deepEqual([messagesSchema.minItems, messagesSchema.maxItems], [1, 1000]);
-    assert.equal(
-      posted.parameters.find((p: { name: string }) => p.name === 'sid').schema.pattern,
-      '^[A-Za-z0-9._:@-]{1,256}$',
-    );
+    assert.deepEqual(posted.parameters.find((p: { name: string }) => p.name === 'sid').schema, {
+      type: 'string',
+      pattern: '^[A-Za-z0-9._:@-]{1,256}$',
+      not: { enum: ['.', '..'] },
+    });
+    // What the server refuses, the schema says: an empty import, unknown keys; content's bound.
+    const imported =
+      doc.paths['/v1/sessions/{sid}/import'].post.requestBody.content['application/json'].schema;
+    assert.deepEqual([imported.properties.messages.minItems, imported.additionalProperties], [1, false]);
+    assert.match(messagesSchema.items.properties.content.description, /at most 1 MiB of UTF-8/);
     // Every success that has a body documents it: a JSON schema (which `npm test` holds every
     // answer to, services/response-check.ts) or the media type of a text answer.
     const media = (path: string, method: string, code: string) =>

@@ -202,6 +202,19 @@ void describe('ingestion', () => {
       // accepted message that no drain can store (it would hold the session's later ones back).
       [{ messages: [user('x', { sent_at: '2262-04-12T00:00:00Z' })] }, 400, 'validation_failed', /2262/],
       [{ messages: [user('x', { sent_at: '9999-12-31T23:59:59Z' })] }, 400, 'validation_failed', /sent_at/],
+      // Years 0–99: Date.UTC reads them as 1900–1999, and 0070 was stored as 1970.
+      [
+        { messages: [user('x', { sent_at: '0070-01-01T00:00:00Z' })] },
+        400,
+        'validation_failed',
+        /before 1970/,
+      ],
+      [
+        { messages: [user('x', { sent_at: '0099-06-15 12:00:00' })] },
+        400,
+        'validation_failed',
+        /before 1970/,
+      ],
       [
         { messages: [user('x', { sent_at: '2262-04-11T23:47:16-00:01' })] },
         400,
@@ -503,6 +516,14 @@ void describe('ingestion', () => {
       const r = await t.api.get(`/v1/sessions/p/messages?${q}`);
       assert.equal(r.status, 400, q);
     }
+    // The message names the real bound, not a number type's.
+    const huge = await t.api.get('/v1/sessions/p/messages?limit=99999999999999999999999');
+    assert.equal(huge.body.error.message, 'limit: must be at most 500');
+    const longSeq = await t.api.get('/v1/sessions/p/messages?after_seq=1000000000000000');
+    assert.match(longSeq.body.error.message, /^after_seq: .*at most 15 digits/);
+    const context = await t.api.post('/v1/sessions/p/context', { max_messages: 1e308 });
+    assert.equal(context.status, 400);
+    assert.match(context.body.error.message, /max_messages: .*1000/);
     // README's `?after_seq=&before_seq=&limit=&order=` as written: empty is the default.
     const asWritten = await t.api.get('/v1/sessions/p/messages?after_seq=&before_seq=&limit=&order=');
     assert.equal(asWritten.status, 200, asWritten.text);

@@ -70,7 +70,13 @@ export const messageSchema = z
     {
       id: z.string().min(1).max(128).optional(),
       role: z.enum(['user', 'assistant', 'system', 'developer', 'tool']),
-      content: z.union([z.string(), z.null(), z.array(part).min(1)]).optional(),
+      content: z
+        .union([z.string(), z.null(), z.array(part).min(1)])
+        .optional()
+        .meta({
+          description:
+            'text, or content parts; at most 1 MiB of UTF-8 (parts: their JSON); null only on an assistant message with tool_calls',
+        }),
       name: z.string().min(1).max(256).optional(),
       tool_call_id: z.string().min(1).max(256).optional(),
       tool_calls: z.array(toolCall).min(1).max(128).optional(),

@@ -17,7 +17,7 @@ export const contextBody = z
       .string()
       .refine((s) => !hasBadChars(s), 'NUL characters and lone surrogates are not allowed')
       .optional(),
-    max_messages: z.number().int().min(1).max(1000).optional(),
+    max_messages: z.number().min(1).max(1000).int().optional(),
     min_seq: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
   })
   .strict();

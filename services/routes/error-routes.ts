@@ -50,7 +50,7 @@ export const errorSearchBody = z
   .object({
     tool_name: toolName.optional(),
     query: text(4000),
-    limit: z.number().int().min(1).max(16).default(4),
+    limit: z.number().min(1).max(16).int().default(4),
   })
   .strict();
 

@@ -184,7 +184,7 @@ export const lifecycleRoutesMeta: Record<string, RouteMeta> = {
   'POST /:sid/import': {
     summary:
       'Import past messages (JSON Lines with an optional summary line, or {"messages":[...]}) into an empty session, archived in sent_at order; 201 once durable (202 with ?wait=false or on timeout)',
-    body: z.object({ messages: z.array(messageSchema) }),
+    body: z.object({ messages: z.array(messageSchema).min(1) }).strict(),
     bodyTypes: ['application/json', 'application/x-ndjson', 'application/jsonl'],
     query: importQuery,
     responses: { 201: importAnswer, 202: importAnswer },

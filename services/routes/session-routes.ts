@@ -32,7 +32,7 @@ const WAIT_TIMEOUT_MS = 10_000;
 // typed as it reads.
 const seqParam = z
   .string()
-  .regex(/^(\d{1,15})?$/, 'must be a non-negative integer')
+  .regex(/^(\d{1,15})?$/, 'must be a non-negative integer of at most 15 digits')
   .transform((v) => (v === '' ? undefined : Number(v)));
 const postQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
 const pageQuery = z

@@ -52,7 +52,7 @@ export const searchBodySchema = z
       // For the OpenAPI document: refinements do not show there, and JSON Schema counts code points.
       .meta({ minLength: 1, maxLength: MAX_QUERY_CHARS }),
     match: z.enum(['keyword', 'semantic', 'hybrid']).default('hybrid'),
-    limit: z.number().int().min(1).max(MAX_LIMIT).default(8),
+    limit: z.number().min(1).max(MAX_LIMIT).int().default(8),
     time_range: z.enum(['1d', '7d', '1m', '1y', 'all']).default('all'),
     exclude_window: z.boolean().default(false),
     // The first seq of the agent's context window (`window.from_seq` of its context answer), for
