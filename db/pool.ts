@@ -1,6 +1,6 @@
 import type { Socket } from 'node:net';
 import pg from 'pg';
-import { outageLog } from '../services/logger.js';
+import { outageLog, throttledWarn } from '../services/logger.js';
 import type { Logger } from '../services/logger.js';
 
 /**
@@ -153,6 +153,9 @@ export function makePgDb(opts: {
   // After statements failed for want of Postgres (a restart, a failover), one line when a new
   // connection goes through: the 503 and job-failure lines alone never say that it is over.
   const outage = outageLog(opts.logger, 'postgres connection restored');
+  // One line per 5 s: Postgres ending idle sessions (idle_session_timeout, a restart) closes
+  // every idle connection of every pool, each an error (56 lines in 40 s in a tester's run).
+  const warnIdleError = throttledWarn(opts.logger, 'postgres idle client error');
   const failed = (err: unknown) => {
     if (isPgUnavailable(err) && !isPoolWaitTimeout(err)) outage.failed();
   };
@@ -206,8 +209,9 @@ export function makePgDb(opts: {
     });
     // An idle client losing its connection (Postgres restart) must not crash the process.
     p.on('error', (err) => {
-      outage.failed();
-      opts.logger?.warn({ err: { message: err.message } }, 'postgres idle client error');
+      // Postgres ending an idle session on purpose (idle_session_timeout, 57P05) is no outage.
+      if (pgCode(err) !== '57P05') failed(err);
+      warnIdleError({ err: { message: err.message } });
     });
     p.on('connect', () => outage.restored());
     return p;
@@ -458,6 +462,10 @@ export function isPgUnavailable(err: unknown): boolean {
     code === 'ECONNRESET' ||
     code === 'ETIMEDOUT' ||
     code === 'EPIPE' ||
+    // Out of file descriptors (the process's `ulimit -n`, or the system's): no connection can be
+    // opened now. A 503 to retry, not a 500.
+    code === 'EMFILE' ||
+    code === 'ENFILE' ||
     isPoolWaitTimeout(err) ||
     /Connection terminated|Client has encountered a connection error/.test(msg)
   );

@@ -1,5 +1,6 @@
 import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
+import { createRequire } from 'node:module';
 import querystring from 'node:querystring';
 import { createBullBoard } from '@bull-board/api';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
@@ -202,6 +203,23 @@ const continueAfterAuth: RequestHandler = (req, res, next) => {
     res.writeContinue();
   next();
 };
+
+/**
+ * body-parser and raw-body look the body's charset up in iconv-lite, which reads its tables from
+ * disk on first use: a process whose first JSON body came while it had no file descriptor free
+ * (EMFILE, at its `ulimit -n` under load) answered every JSON request with 415 "unsupported
+ * charset UTF-8", a refusal the client library does not retry. They are read here, at start, from
+ * the iconv-lite those packages resolve.
+ */
+function loadCharsetTables(): void {
+  const bodyParser = createRequire(createRequire(import.meta.url).resolve('express')).resolve('body-parser');
+  const rawBody = createRequire(bodyParser).resolve('raw-body');
+  for (const from of [bodyParser, rawBody]) {
+    const iconv = createRequire(from)('iconv-lite') as { getDecoder(encoding: string): unknown };
+    for (const charset of ['utf-8', 'us-ascii']) iconv.getDecoder(charset);
+  }
+}
+loadCharsetTables();
 
 /**
  * Reads a JSON body. body-parser would turn bytes that are not UTF-8 into U+FFFD and store the

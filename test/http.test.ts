@@ -1,10 +1,14 @@
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { once } from 'node:events';
+import { readdirSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { brotliCompressSync, createGzip, deflateSync, gzipSync } from 'node:zlib';
 import pg from 'pg';
+import { makePgDb } from '../db/pool.js';
 import { defaultExtensions } from '../services/extensions.js';
 import { makeLogger } from '../services/logger.js';
 import { startService } from '../services/main.js';
@@ -16,6 +20,7 @@ import {
   deleteRedisPrefix,
   dropTestDatabase,
   eventually,
+  spawnService,
   testConfig,
   testPrefix,
 } from './support/harness.js';
@@ -466,5 +471,71 @@ void describe('export under load and faults', () => {
     const after = await t.api.get(`/v1/sessions/${s}/export`);
     assert.equal(after.status, 200);
     assert.equal(after.text.trim().split('\n').length, 1);
+  });
+});
+
+void describe('out of file descriptors', () => {
+  void test("a process's first JSON body read while it has no file descriptor left is not refused as a bad charset", async () => {
+    // Setup: an API in a process of its own, one keep-alive connection, warmed by a GET (its key
+    // cached, its Postgres and Redis connections open); no JSON body has been read yet.
+    const url = await createTestDatabase();
+    const ownPrefix = testPrefix();
+    const child = await spawnService('api', { DATABASE_URL: url, MNEMOS_PREFIX: ownPrefix });
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    let soft = '';
+    try {
+      // The tenant is made in the database: an admin call would read a JSON body first.
+      const db = makePgDb({ connectionString: url, max: 1 });
+      const key = (await createTenant(db, 'fd').finally(() => db.close())).api_key;
+      const request = (method: string, path: string, body?: unknown) =>
+        new Promise<{ status: number; body: string; retryAfter?: string }>((resolve, reject) => {
+          const req = http.request(
+            `${child.url}${path}`,
+            {
+              method,
+              agent,
+              headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+            },
+            (res) => {
+              let text = '';
+              res.on('data', (d: Buffer) => (text += d.toString()));
+              res.on('end', () =>
+                resolve({ status: res.statusCode!, body: text, retryAfter: res.headers['retry-after'] }),
+              );
+            },
+          );
+          req.on('error', reject);
+          req.end(body === undefined ? undefined : JSON.stringify(body));
+        });
+      assert.equal((await request('GET', '/v1/sessions')).status, 200);
+
+      // Action: the process may open no more files (as at its `ulimit -n`), then reads its
+      // first JSON body on the open connection.
+      // A new descriptor takes the lowest free number, which must be under the limit.
+      const used = new Set(readdirSync(`/proc/${child.pid}/fd`).map(Number));
+      let lowestFree = 0;
+      while (used.has(lowestFree)) lowestFree++;
+      soft = execFileSync('prlimit', [`--pid=${child.pid}`, '--nofile', '--noheadings', '--output=SOFT'])
+        .toString()
+        .trim();
+      execFileSync('prlimit', [`--pid=${child.pid}`, `--nofile=${lowestFree}:`]);
+      const posted = await request('POST', '/v1/sessions/s/messages', {
+        messages: [{ role: 'user', content: 'hello' }],
+      });
+
+      // Assert: accepted (before, 415 "unsupported charset UTF-8": the charset tables load from
+      // disk on first use, and the client library does not retry a 415).
+      assert.equal(posted.status, 202, posted.body);
+      // A search needs a connection of the search pool, never opened: Postgres cannot be
+      // reached now, a 503 to retry (before, a 500 "internal").
+      const searched = await request('POST', '/v1/sessions/s/search', { query: 'hello' });
+      assert.deepEqual([searched.status, searched.retryAfter], [503, '2'], searched.body);
+    } finally {
+      if (soft) execFileSync('prlimit', [`--pid=${child.pid}`, `--nofile=${soft}:`]);
+      agent.destroy();
+      await child.stop();
+      await deleteRedisPrefix(ownPrefix);
+      await dropTestDatabase(url);
+    }
   });
 });

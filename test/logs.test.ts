@@ -333,11 +333,13 @@ void describe('job and worker log lines', () => {
     // Setup: a pool on a Postgres of its own, used once: no line at a first connect.
     const server = await startPrivatePostgres();
     const { lines, logger } = capturedLogger();
-    const db = makePgDb({ connectionString: server.adminUrl, max: 2, logger });
+    const db = makePgDb({ connectionString: server.adminUrl, max: 4, logger });
     const restoredLines = () => lines.filter((l) => l.msg === 'postgres connection restored');
     let down = false;
     try {
       assert.equal((await db.query<{ n: number }>('SELECT 1 AS n')).rows[0]!.n, 1);
+      // Four connections open, idle when Postgres goes.
+      await Promise.all(Array.from({ length: 4 }, () => db.query('SELECT pg_sleep(0.2)')));
       assert.deepEqual(restoredLines(), []);
 
       // Action: Postgres stops (its sessions are terminated); three statements fail; it comes back.
@@ -354,6 +356,15 @@ void describe('job and worker log lines', () => {
       assert.equal(restored.level, 30);
       assert.ok(Number(restored.errors) >= 3 && Number(restored.down_ms) > 0, JSON.stringify(restored));
       assert.equal(restoredLines().length, 1);
+      // The four idle connections lost: one line, then at the end of its 5 s one counting the
+      // rest (throttled), not a line each.
+      const idleLines = () => lines.filter((l) => l.msg === 'postgres idle client error');
+      const idle = await eventually(async () => idleLines().length === 2 && idleLines(), 8000, 'two lines');
+      assert.equal(
+        idle.reduce((n, l) => n + 1 + Number(l.suppressed), 0),
+        4,
+        JSON.stringify(idle),
+      );
     } finally {
       if (down) await server.start();
       await db.close();

@@ -524,6 +524,7 @@ void describe('Postgres states that are not an outage', () => {
       );
     return {
       own,
+      url,
       name,
       admin,
       lines,
@@ -576,6 +577,15 @@ void describe('Postgres states that are not an outage', () => {
       assert.equal(posted.status, 503, posted.text);
       assert.equal(posted.body.error.code, 'read_only');
       assert.ok(s.lines.some((l) => l.route === '/v1/sessions/:sid/messages' && l.pg_code === '25006'));
+      // A process started now (a restart or a deploy during the failover) starts and serves
+      // reads: with nothing to migrate, its start writes nothing (it stopped at CREATE TABLE).
+      const second = await startTestService({ mode: 'api', databaseUrl: s.url });
+      try {
+        assert.equal((await api(second.base, t.apiKey).get('/v1/sessions/s1')).status, 404);
+      } finally {
+        await second.stop();
+        await deleteRedisPrefix(second.config.prefix);
+      }
 
       // Writable again: ready again.
       await s.admin.query(`ALTER DATABASE "${s.name}" RESET default_transaction_read_only`);
