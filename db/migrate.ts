@@ -34,21 +34,12 @@ export async function migrate(db: Db, migrations?: Migration[]): Promise<string[
     // Read first, without writing: on a database that is read-only (a standby after a failover,
     // `default_transaction_read_only`), CREATE TABLE IF NOT EXISTS is a write, and a process with
     // nothing to migrate could not start to serve the reads that still work there.
-    if (await nothingPending(db, all)) return [];
+    // (pendingMigrations reads the ledger; without one, it lists every migration.)
+    if ((await pendingMigrations(db, all)).length === 0) return [];
     return await applyPending(db, all);
   } catch (err) {
     throw explainConnectError(err);
   }
-}
-
-async function nothingPending(db: Db, all: Migration[]): Promise<boolean> {
-  const r = await db.query<{ ledger: boolean }>(
-    `SELECT to_regclass('schema_migrations') IS NOT NULL AS ledger`,
-  );
-  if (!r.rows[0]!.ledger) return false;
-  const done = await db.query<{ version: number }>('SELECT version FROM schema_migrations');
-  const applied = new Set(done.rows.map((x) => x.version));
-  return all.every((m) => applied.has(m.version));
 }
 
 /** The first statement of every process: a connection that cannot be made names the setting to look at. */
