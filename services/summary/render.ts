@@ -57,7 +57,7 @@ function header(m: SourceMessage, timeZone: string): string {
   return h;
 }
 
-export const BODY_INDENT = '  ';
+const BODY_INDENT = '  ';
 // Line breaks as a model may read them: CRLF, LF, a lone CR, VT, FF, NEL, U+2028, U+2029.
 const LINE_BREAK = /\r\n|[\n\r\v\f\u0085\u2028\u2029]/g;
 
