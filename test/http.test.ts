@@ -38,9 +38,9 @@ const serverSockets = new Map<number, net.Socket>();
 
 const sid = (what: string) => `${what}-${randomBytes(3).toString('hex')}`;
 
-async function newTenant(): Promise<{ key: string; api: Api }> {
+async function newTenant(): Promise<{ key: string; tenantId: string; api: Api }> {
   const t = await createTenant(svc.deps.db, `http-${randomBytes(4).toString('hex')}`);
-  return { key: t.api_key, api: api(svc.url!, t.api_key) };
+  return { key: t.api_key, tenantId: t.tenant_id, api: api(svc.url!, t.api_key) };
 }
 
 before(async () => {
@@ -471,6 +471,61 @@ void describe('export under load and faults', () => {
     const after = await t.api.get(`/v1/sessions/${s}/export`);
     assert.equal(after.status, 200);
     assert.equal(after.text.trim().split('\n').length, 1);
+  });
+
+  void test('a reset that lands while the first page is read answers 409 session_changed, not a 500', async () => {
+    const t = await newTenant();
+    const s = sid('raced');
+    const r0 = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
+      messages: [{ role: 'user', content: 'hello' }],
+    });
+    assert.equal(r0.status, 201);
+    const locker = new pg.Client({ connectionString: dbUrl });
+    await locker.connect();
+    try {
+      // The worker embeds the message after archiving it: that transaction would wait on the lock
+      // below while holding the session row the reset updates.
+      await eventually(
+        async () =>
+          (
+            await locker.query('SELECT 1 FROM message_vectors WHERE tenant_id = $1 AND session_id = $2', [
+              t.tenantId,
+              s,
+            ])
+          ).rowCount === 1,
+        10000,
+        'the message embedded',
+      );
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
+      // The export has read the session (its generation) and waits on its first page.
+      const exported = t.api.get(`/v1/sessions/${s}/export`);
+      await eventually(
+        async () =>
+          Number(
+            (
+              await locker.query(
+                `SELECT count(*) AS n FROM pg_locks WHERE relation = 'messages'::regclass AND NOT granted`,
+              )
+            ).rows[0].n,
+          ) >= 1,
+        5000,
+        'the export waiting on the lock',
+      );
+      // What a reset does to the row the export checks after its page, committed as the lock goes.
+      const bumped = await locker.query(
+        'UPDATE sessions SET generation = generation + 1 WHERE tenant_id = $1 AND id = $2',
+        [t.tenantId, s],
+      );
+      assert.equal(bumped.rowCount, 1);
+      await locker.query('COMMIT');
+      const r = await exported;
+      assert.equal(r.status, 409, r.text);
+      assert.equal(r.body.error.code, 'session_changed');
+    } finally {
+      await locker.query('ROLLBACK').catch(() => undefined);
+      await locker.end();
+    }
   });
 });
 

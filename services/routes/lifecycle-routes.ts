@@ -5,7 +5,7 @@ import { z } from 'zod';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound } from '../errors.js';
 import { recheckKey } from '../auth.js';
-import { openSessionExport } from '../lifecycle/export-session.js';
+import { openSessionExport, SessionChangedError } from '../lifecycle/export-session.js';
 import { MAX_BODY_BYTES } from '../app.js';
 import {
   MAX_IMPORT_BYTES,
@@ -261,8 +261,16 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     if (!lines) throw notFound('session');
     // The first page is read before the status line: its failure (Postgres down, a lock held
     // past PG_REQUEST_TIMEOUT_MS) is answered like any other error, where cutting the connection
-    // left the client an empty reply.
-    let next = await lines.next();
+    // left the client an empty reply. A reset or delete that lands while that page is read is
+    // the client's to retry, not a fault of the service.
+    let next = await lines.next().catch((err: unknown) => {
+      if (!(err instanceof SessionChangedError)) throw err;
+      throw new AppError(
+        409,
+        'session_changed',
+        'the session was reset or deleted while its export began: export it again',
+      );
+    });
     res.status(200);
     res.setHeader('content-type', 'application/x-ndjson; charset=utf-8');
     res.setHeader('content-disposition', `attachment; filename="${sid}.jsonl"`);
