@@ -804,10 +804,30 @@ void describe('summarize job', () => {
     assert.equal((await other.api.post(`/v1/sessions/${s}/summarize`)).status, 404);
     const job = await api.post(`/v1/sessions/${s}/summarize`);
     assert.equal(job.status, 202);
-    assert.match(job.body.job_id, /^summary\.\d+$/);
+    assert.match(job.body.job_id, /^summary\.[0-9a-f-]{36}$/);
     assert.equal((await other.api.get(`/v1/jobs/${job.body.job_id as string}`)).status, 404);
     assert.equal((await api.get(`/v1/jobs/${job.body.job_id as string}`)).status, 200);
     assert.equal((await api.get(`/v1/sessions/${sid('never')}/summary`)).status, 404);
+  });
+
+  void test("a job id is never handed out twice, even when Redis's job counter goes back (a restored snapshot)", async () => {
+    fake.onChat(echoSummary);
+    const counter = `${svc.config.prefix}:summary:id`;
+    const before = await svc.deps.redis.get(counter);
+    const first = sid('rewind-a');
+    await archive(first, [user('[T:rw1] q')]);
+    const a = (await summarize(first)).job_id as string;
+    // Redis comes back from a snapshot taken before that run: its job and its count are gone.
+    await (await svc.deps.queues.summary.getJob(a.slice('summary.'.length)))!.remove();
+    if (before === null) await svc.deps.redis.del(counter);
+    else await svc.deps.redis.set(counter, before);
+    const second = sid('rewind-b');
+    await archive(second, [user('[T:rw2] q')]);
+    const b = (await summarize(second)).job_id as string;
+    assert.notEqual(b, a);
+    // The first client's id does not show the second session's run.
+    assert.equal((await api.get(`/v1/jobs/${a}`)).status, 404);
+    assert.equal((await api.get(`/v1/jobs/${b}`)).body.result.outcome, 'summarized');
   });
 });
 

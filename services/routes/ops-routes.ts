@@ -95,7 +95,7 @@ export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
 
 export const jobRoutesMeta: Record<string, RouteMeta> = {
   'GET /:id': {
-    summary: "State of one of the tenant's jobs (id as returned, e.g. summary.42)",
+    summary: "State of one of the tenant's jobs (id as returned, e.g. summary.<uuid>)",
     responses: { 200: jobAnswer },
   },
 };

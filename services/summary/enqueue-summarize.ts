@@ -45,6 +45,11 @@ function job(
   const opts: JobsOptions = {
     deduplication: { id: summaryDedupId(tenantId, sessionId) },
     priority,
+    // A request's job is named by the request, not by BullMQ's counter: a Redis restored from a
+    // snapshot (or a replica promoted behind its primary) counts from an older value and handed
+    // out ids clients already held, so polling `GET /v1/jobs/summary.<id>` showed another
+    // session's run. The sweep's jobs are never shown to a client.
+    ...(requestId ? { jobId: requestId } : {}),
   };
   return { name: 'summarize', data, opts };
 }
