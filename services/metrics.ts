@@ -46,6 +46,11 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       help: 'Drains rolled back because the inbox no longer held what they read (Redis came back behind them)',
       registers: [registry],
     }),
+    redisBehind: new Counter({
+      name: 'mnemos_redis_behind_total',
+      help: "Accepts that found a session's Redis counter behind its archive: Redis lost acknowledged writes (a snapshot restore, a lagging replica promoted)",
+      registers: [registry],
+    }),
     jobDuration: new Histogram({
       name: 'mnemos_job_duration_seconds',
       help: 'Job processing time by queue',

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { afterEach, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
+import { pino } from 'pino';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import { confirmArchived } from '../services/messages/accept-messages.js';
@@ -1189,6 +1190,55 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(w.status, 201);
     assert.equal((await t.api.get('/v1/sessions/d')).status, 404);
     assert.equal(await h.inboxLength(t.tenantId, 'd'), 0);
+  });
+
+  void test('Redis restored from a snapshot that held the session armed: a new message is drained at once, and the operator is told', async () => {
+    const lines: Array<{ msg: string; sessionId?: string }> = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    // No stall check and no sweeper within the test: what recovers the session is the accept.
+    const slow = { lockDurationMs: 600_000, stalledIntervalMs: 600_000, ingestSweepAfterMs: 600_000 };
+    const svc = await startTestService({ worker: slow, logger });
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+    });
+    const t = await svc.newTenant();
+    const post = (s: string, id: string) =>
+      t.api.post(`/v1/sessions/${s}/messages?wait=true`, { messages: [user(id, { id })] });
+    for (const s of ['armed', 'counter']) {
+      assert.equal((await post(s, `${s}-1`)).status, 201);
+      assert.equal((await post(s, `${s}-2`)).status, 201);
+    }
+    // The snapshot was taken while the drain of message 2 ran: armed, its flush job active (gone
+    // with the worker that held it), message 2 not yet archived as far as Redis knows.
+    await svc.deps.redis.hset(
+      inboxKeys(svc.config.prefix, t.tenantId, 'armed').sess,
+      'armed',
+      '1',
+      'archived',
+      1,
+    );
+    // Taken before message 2 was even accepted: the counter is behind too.
+    await svc.deps.redis.hset(
+      inboxKeys(svc.config.prefix, t.tenantId, 'counter').sess,
+      'armed',
+      '1',
+      'archived',
+      1,
+      'seq',
+      1,
+    );
+    for (const s of ['armed', 'counter']) {
+      const r = await post(s, `${s}-3`);
+      assert.equal(r.status, 201, r.text);
+      assert.deepEqual(r.body.messages, [{ id: `${s}-3`, seq: 3 }]);
+    }
+    const behind = lines.filter((l) => l.msg.startsWith('redis state is behind the archive'));
+    assert.deepEqual(
+      behind.map((l) => l.sessionId),
+      ['counter'],
+    );
+    assert.match(await svc.deps.metrics.registry.metrics(), /^mnemos_redis_behind_total 1$/m);
   });
 
   void test('a flush request lost between accept and enqueue is recovered by the ingest sweeper', async () => {

@@ -6,6 +6,7 @@ import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { syncRedisGeneration } from '../lifecycle/session-lifecycle.js';
 import { enqueueFlush } from '../fair-priority.js';
+import { throttledWarn } from '../logger.js';
 import { acceptIntoInbox, defineInboxScripts, inboxKeys, seedInbox } from './inbox.js';
 import type { AcceptedMessage } from './message-input.js';
 
@@ -20,6 +21,27 @@ export interface Accepted {
   outcome: AcceptOutcome;
   /** Every message was found in the archive already (a re-post of archived ids): durable now. */
   archived: boolean;
+}
+
+const behindLogs = new WeakMap<CoreDeps['logger'], (fields: object) => void>();
+
+/**
+ * A session whose Redis counter was behind its archive: Redis lost writes it had acknowledged
+ * (restored from a snapshot, a lagging replica promoted, an AOF's last second). The accept is safe
+ * (seqs start after the archive's highest); the operator should know what else went back with it
+ * (README "Durability semantics").
+ */
+function redisBehind(deps: CoreDeps, tenantId: string, sessionId: string): void {
+  deps.metrics.redisBehind.inc();
+  let warn = behindLogs.get(deps.logger);
+  if (!warn) {
+    warn = throttledWarn(
+      deps.logger,
+      "redis state is behind the archive (restored or failed over?): seqs continue after the archive's highest",
+    );
+    behindLogs.set(deps.logger, warn);
+  }
+  warn({ tenantId, sessionId });
 }
 
 function conflict(indexes: number[], messages: AcceptedMessage[]): AppError {
@@ -115,7 +137,12 @@ export async function acceptMessages(
       // run but lost its answer (and with it the flush it would have asked for: the session is
       // armed, so this accept asks for none). One flush per session at a time for such retries,
       // so that a retry storm does not queue one per retry.
-      const retried = outcome.wake === null && outcome.results.some((r) => r.duplicate);
+      // A Redis state behind the archive (restored from a snapshot, a lagging replica promoted)
+      // can hold the session armed for a flush job that no worker runs any more: one flush per
+      // session at a time for it too, as for retries.
+      const retried =
+        outcome.wake === null && (outcome.behind !== 'no' || outcome.results.some((r) => r.duplicate));
+      if (outcome.behind === 'counter') redisBehind(deps, tenantId, sessionId);
       if (outcome.wake !== null || retried) {
         try {
           await enqueueFlush(

@@ -64,6 +64,10 @@ const IDS_PRUNE_MS = 3600 * 1000;
 // A request that arms the session (its flush job is to be added) counts one more flush of its
 // tenant in KEYS[5], the tenant's decaying count (services/fair-priority.ts): the answer's second
 // field is the flush job's priority (0 = no flush to add).
+// Its fifth says whether this state is behind the archive (1: its archived mark, 2: its counter
+// too): a Redis restored from a snapshot that holds the session armed, with the flush job active
+// and no worker on it, asked for no flush, and new messages waited up to 90 s for BullMQ's stall
+// check or the ingest sweeper.
 // ARGV: now_ms, armed member, ids ttl, archive's highest seq, Postgres generation (0 = unknown),
 // then 6 per message: id, cid (0/1), fp, given sent ns ('' when the client gave none), stored
 // sent ns, payload json.
@@ -73,7 +77,10 @@ local gen = redis.call('HGET', KEYS[1], 'gen')
 if tonumber(gen) < tonumber(ARGV[5]) then return {'STALE'} end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local floor = tonumber(ARGV[4])
+local behind = 0
+if floor > tonumber(redis.call('HGET', KEYS[1], 'archived') or '0') then behind = 1 end
 if floor > seq then
+  behind = 2
   seq = floor
   redis.call('HSET', KEYS[1], 'seq', seq)
 end
@@ -98,7 +105,7 @@ for i = 0, n - 1 do
   end
 end
 if #conflicts > 1 then return conflicts end
-local out = {'OK', 0, gen, 0}
+local out = {'OK', 0, gen, 0, behind}
 local added = 0
 for i = 0, n - 1 do
   local b = 6 + i * 6
@@ -304,8 +311,18 @@ export type AcceptResult =
       generation: number;
       /** The first messages since the session was deleted: its row is to be revived. */
       revive: boolean;
+      /**
+       * The archive holds a drain this Redis state never saw finish: `drain` (its archived mark
+       * is behind), or `counter` (its seq counter was too: Redis lost its last writes, as a
+       * snapshot restore or a lagging replica's promotion does). `drain` is also, for the few
+       * milliseconds between a drain's commit and its finish script, the normal case.
+       */
+      behind: Behind;
       results: Array<{ seq: number; duplicate: boolean }>;
     };
+
+export type Behind = 'no' | 'drain' | 'counter';
+const BEHIND: Behind[] = ['no', 'drain', 'counter'];
 
 type Script = { name: string; body: string };
 const scripts = {
@@ -353,13 +370,14 @@ export async function acceptIntoInbox(
   if (r[0] === 'STALE') return { kind: 'stale' };
   if (r[0] === 'CONFLICT') return { kind: 'conflict', indexes: r.slice(1).map(Number) };
   const results: Array<{ seq: number; duplicate: boolean }> = [];
-  for (let i = 4; i < r.length; i += 2)
+  for (let i = 5; i < r.length; i += 2)
     results.push({ seq: Number(r[i]), duplicate: Number(r[i + 1]) === 1 });
   return {
     kind: 'ok',
     wake: Number(r[1]) > 0 ? Number(r[1]) : null,
     generation: Number(r[2]),
     revive: Number(r[3]) === 1,
+    behind: BEHIND[Number(r[4])] ?? 'no',
     results,
   };
 }
