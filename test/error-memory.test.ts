@@ -288,6 +288,29 @@ void describe('TTL', () => {
     }
   });
 
+  void test("the sweep erases the records of a tenant the database no longer has (brought back by a Redis restore), and keeps the others'", async () => {
+    const gone = newTenant();
+    const kept = newTenant();
+    const input = {
+      tool_name: 'psql',
+      symptom: 'FATAL: role "x" does not exist',
+      action: 'createuser x',
+      outcome: 'resolved' as const,
+    };
+    const a = await errors.write(gone, input);
+    const b = await errors.write(kept, input);
+    await errors.sweepExpired(async (ids) => new Set(ids.filter((id) => id !== gone)));
+    assert.deepEqual(await errors.lookup(gone, { tool_name: 'psql', error: 'role does not exist' }), {
+      related_errors: 'NONE',
+      records: [],
+    });
+    assert.equal(await errors.get(gone, a.id), null);
+    assert.deepEqual(await scanKeys(`${PREFIX}:err:${gone}:*`), []);
+    assert.equal(await redis.sismember(`${PREFIX}:err:tenants`, gone), 0);
+    assert.equal((await errors.get(kept, b.id))?.id, b.id);
+    assert.equal(await redis.sismember(`${PREFIX}:err:tenants`, kept), 1);
+  });
+
   void test('an expired record is gone from get, search, lookup, list and every index key', async () => {
     const shortLived = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 1 / 86_400 });
     extraStores.push(shortLived);

@@ -60,6 +60,12 @@ export async function findTenant(q: Queryable, idOrName: string): Promise<Tenant
   return r.rows[0] ?? null;
 }
 
+/** Which of these tenant ids have a tenants row (one under erasure too). */
+export async function existingTenants(q: Queryable, ids: string[]): Promise<Set<string>> {
+  const r = await q.query<{ id: string }>('SELECT id FROM tenants WHERE id = ANY($1::text[])', [ids]);
+  return new Set(r.rows.map((row) => row.id));
+}
+
 export async function deleteTenantRow(q: Queryable, id: string): Promise<boolean> {
   const r = await q.query('DELETE FROM tenants WHERE id = $1', [id]);
   return (r.rowCount ?? 0) > 0;

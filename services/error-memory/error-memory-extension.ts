@@ -20,6 +20,7 @@ import {
 import { openErrorMemory } from './error-store.js';
 import type { ErrorMemory } from './types.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
+import { existingTenants } from '../../db/queries/tenants.js';
 
 const meta: Record<string, RouteMeta> = {
   'POST /': {
@@ -89,7 +90,7 @@ export const errorMemoryExtension: ExtensionFactory = async (deps): Promise<Exte
   return {
     name: 'error-memory',
     routes: [{ prefix: '/v1/errors', router: makeErrorRoutes({ errors }), meta }],
-    maintenance: { 'error-sweep': () => errors.sweepExpired() },
+    maintenance: { 'error-sweep': () => errors.sweepExpired((ids) => existingTenants(deps.db, ids)) },
     async schedule() {
       await scheduleMaintenance(deps.queues, 'error-sweep', SWEEP_EVERY_MS);
     },

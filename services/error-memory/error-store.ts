@@ -624,6 +624,18 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     await client.set(k.version, LAYOUT_VERSION);
   }
 
+  async function purgeTenant(tenantId: string, progress: () => void): Promise<number> {
+    const k = keys(tenantId);
+    let deleted = await purge(tenantId, {}, progress);
+    // Sweep up what no index knows of (a record whose writer died before indexing it).
+    for await (const key of client.scanIterator({ MATCH: `${k.base}:*`, COUNT: 1000 })) {
+      if (await client.unlink(key)) if (key.startsWith(`${k.base}:rec:`)) deleted++;
+      progress();
+    }
+    await client.sRem(tenantsKey, tenantId);
+    return deleted;
+  }
+
   async function sweepTenant(tenantId: string): Promise<number> {
     const k = keys(tenantId);
     await upgradeLayout(tenantId, k);
@@ -688,24 +700,15 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
 
     purge: (tenantId, input) => guard((progress) => purge(tenantId, input, progress), 'progress'),
 
-    purgeTenant: (tenantId) =>
-      guard(async (progress) => {
-        const k = keys(tenantId);
-        let deleted = await purge(tenantId, {}, progress);
-        // Sweep up what no index knows of (a record whose writer died before indexing it).
-        for await (const key of client.scanIterator({ MATCH: `${k.base}:*`, COUNT: 1000 })) {
-          if (await client.unlink(key)) if (key.startsWith(`${k.base}:rec:`)) deleted++;
-          progress();
-        }
-        await client.sRem(tenantsKey, tenantId);
-        return deleted;
-      }, 'progress'),
+    purgeTenant: (tenantId) => guard((progress) => purgeTenant(tenantId, progress), 'progress'),
 
-    sweepExpired: () =>
+    sweepExpired: (existing) =>
       guard(async () => {
         let cleaned = 0;
-        for (const tenantId of await client.sMembers(tenantsKey)) {
-          if (TENANT_RE.test(tenantId)) cleaned += await sweepTenant(tenantId);
+        const tenants = (await client.sMembers(tenantsKey)).filter((t) => TENANT_RE.test(t));
+        const kept = existing ? await existing(tenants) : new Set(tenants);
+        for (const tenantId of tenants) {
+          cleaned += kept.has(tenantId) ? await sweepTenant(tenantId) : await purgeTenant(tenantId, () => {});
         }
         return cleaned;
       }, 'none'),

@@ -69,8 +69,13 @@ export type ErrorMemory = {
   purge(tenantId: string, input: { tool_name?: string | undefined }): Promise<number>;
   /** Erases every error-memory key of the tenant (tenant deletion); returns records deleted. */
   purgeTenant(tenantId: string): Promise<number>;
-  /** Drops index entries of expired or deleted records; returns how many records were cleaned. */
-  sweepExpired(): Promise<number>;
+  /**
+   * Drops index entries of expired or deleted records; returns how many records were cleaned.
+   * With `existing` (which of these tenant ids the database still has), the records of the other
+   * tenants are erased as purgeTenant does: an erased tenant's records that a Redis restored from
+   * an older snapshot brought back would otherwise stay until their TTL.
+   */
+  sweepExpired(existing?: (tenantIds: string[]) => Promise<Set<string>>): Promise<number>;
   ping(): Promise<boolean>;
   close(): Promise<void>;
 };
