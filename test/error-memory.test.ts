@@ -12,7 +12,9 @@ import type { ErrorMemory, ErrorRecord } from '../services/error-memory/types.js
 import { makeErrorHandler, notFoundHandler } from '../services/http-errors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { makeLogger } from '../services/logger.js';
+import type { AppError } from '../services/errors.js';
 import { makeErrorRoutes } from '../services/routes/error-routes.js';
+import { startTcpProxy } from './support/tcp-proxy.js';
 
 const REDIS_URL = 'redis://127.0.0.1:6379';
 const PREFIX = `mnemos-test-${randomBytes(6).toString('hex')}`;
@@ -309,6 +311,52 @@ void describe('TTL', () => {
     assert.equal(await redis.sismember(`${PREFIX}:err:tenants`, gone), 0);
     assert.equal((await errors.get(kept, b.id))?.id, b.id);
     assert.equal(await redis.sismember(`${PREFIX}:err:tenants`, kept), 1);
+  });
+
+  void test('a connection gone silent (a partition, a proxy that keeps acknowledging) is replaced, and close does not wait on it', async () => {
+    const proxy = await startTcpProxy(Number(new URL(REDIS_URL).port || 6379));
+    const store = await openErrorMemory({
+      redisUrl: `redis://127.0.0.1:${proxy.port}`,
+      prefix: PREFIX,
+      ttlDays: 1,
+      opTimeoutMs: 1000,
+    });
+    try {
+      const tenant = newTenant();
+      const input = {
+        tool_name: 'npm',
+        symptom: 'ERESOLVE unable to resolve dependency tree',
+        action: 'x',
+        outcome: 'resolved' as const,
+      };
+      await store.write(tenant, input);
+      proxy.hole();
+      await assert.rejects(store.write(tenant, input), (err: AppError) => err.status === 503);
+      // New connections pass again; the silent one stays silent until the client replaces it.
+      proxy.heal();
+      await waitFor(
+        'a write through a new connection',
+        async () =>
+          await store.write(tenant, input).then(
+            () => true,
+            () => false,
+          ),
+        20_000,
+      );
+      assert.equal((await store.search(tenant, { query: 'ERESOLVE', limit: 4 })).length, 1);
+      proxy.hole();
+      // Before, QUIT waited for an answer that never came, and shutdown waited out its deadline.
+      const closed = await Promise.race([
+        store.close().then(() => 'closed'),
+        new Promise((r) => setTimeout(() => r('still waiting'), 8000)),
+      ]);
+      assert.equal(closed, 'closed');
+    } finally {
+      proxy.heal();
+      proxy.reset();
+      await store.close().catch(() => undefined);
+      await proxy.close();
+    }
   });
 
   void test('an expired record is gone from get, search, lookup, list and every index key', async () => {

@@ -4,6 +4,7 @@ import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
 import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
 import { errorMessage, throttledWarn, watchOutage } from '../logger.js';
+import { STALE_CHECK_EVERY_MS } from '../redis.js';
 import type { Logger } from '../logger.js';
 import { KEYWORD_SEPARATOR, classifyError, normaliseKeywords, normaliseSymptom } from './normalise.js';
 import {
@@ -76,6 +77,47 @@ function loadCreateClient(): CreateClient {
   return (createRequire(omEntry)('redis') as { createClient: CreateClient }).createClient;
 }
 
+const CLOSE_WAIT_MS = 2000;
+
+/**
+ * A connection that dies without a reset (a partition, a proxy or NAT that keeps acknowledging)
+ * stays "ready" in node-redis: every error-memory call timed out as a 503 for as long as the
+ * process ran, while the API's own connections (services/redis.ts) had reconnected. A PING every
+ * STALE_CHECK_EVERY_MS on a ready connection that gets no answer within `answerMs` closes the
+ * socket and connects again. A ping answered with an error (a busy or loading Redis) is an answer.
+ * Returns the function that stops the watch.
+ */
+function watchSilentClient(
+  client: ReturnType<CreateClient>,
+  answerMs: number,
+  onSilent: () => void,
+): () => void {
+  let pinging = false;
+  let stopped = false;
+  const timer = setInterval(() => {
+    if (pinging || stopped || !client.isReady) return;
+    pinging = true;
+    let late: NodeJS.Timeout | undefined;
+    const silent = new Promise<'silent'>((r) => (late = setTimeout(() => r('silent'), answerMs)));
+    void Promise.race([client.ping().catch(() => 'answered'), silent])
+      .then(async (r) => {
+        if (r !== 'silent' || stopped || !client.isReady) return;
+        onSilent();
+        await client.disconnect().catch(() => undefined);
+        if (!stopped) await client.connect().catch(() => undefined);
+      })
+      .finally(() => {
+        clearTimeout(late);
+        pinging = false;
+      });
+  }, STALE_CHECK_EVERY_MS);
+  timer.unref();
+  return () => {
+    stopped = true;
+    clearInterval(timer);
+  };
+}
+
 /** What a log line says of a connection error: its message and code, no stack and no other fields. */
 const connectionErrorFields = (err: Error) => {
   const code = (err as { code?: unknown }).code;
@@ -114,6 +156,10 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   });
   client.on('ready', () => {
     lastError = undefined;
+  });
+  const stopWatch = watchSilentClient(client, opTimeoutMs, () => {
+    opts.logger?.warn('error-memory redis connection gave no answer to a ping: reconnecting');
+    outage.failed();
   });
   const connecting = client.connect().then(
     () => true,
@@ -722,9 +768,20 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     },
 
     close: async () => {
+      stopWatch();
       if (!client.isOpen) return;
-      if (client.isReady) await client.quit();
-      else await client.disconnect();
+      // QUIT waits for its answer: on a connection gone silent, for ever (shutdown then waited
+      // out its whole deadline and exited 1).
+      if (client.isReady) {
+        let timer: NodeJS.Timeout | undefined;
+        const quit = client.quit().then(() => true);
+        const late = new Promise<false>((r) => (timer = setTimeout(() => r(false), CLOSE_WAIT_MS)));
+        const done = await Promise.race([quit, late]).catch(() => false);
+        clearTimeout(timer);
+        if (done) return;
+        quit.catch(() => undefined);
+      }
+      if (client.isOpen) await client.disconnect().catch(() => undefined);
     },
   };
 }
