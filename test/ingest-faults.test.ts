@@ -647,6 +647,40 @@ void describe('ingestion under faults and many processes', () => {
     await eventually(async () => ((await post()).status === 202 ? true : null), 30_000, 'a 202 again');
   });
 
+  void test('Redis stalled past the command timeout: the 503 says the messages may be stored, and they are', async () => {
+    const { redis, svc } = await onPrivateRedis();
+    const t = await svc.newTenant();
+    assert.equal(
+      (await t.api.post('/v1/sessions/s/messages?wait=true', { messages: [user('one')] })).status,
+      201,
+    );
+    redis.pause();
+    let r: Res;
+    try {
+      r = await t.api.post('/v1/sessions/s/messages', { messages: [user('two')] });
+    } finally {
+      redis.resume();
+    }
+    assert.equal(r.status, 503, r.text);
+    assert.equal(r.body.error.code, 'unavailable');
+    assert.ok(r.headers.get('retry-after'));
+    // Before, a plain "redis is unavailable": a client without ids retried and stored it twice.
+    assert.deepEqual(r.body.error.details, { dependency: 'redis', maybe_stored: true });
+    // Redis ran the accept it had queued once it went on.
+    const rows = await eventually(
+      async () => {
+        const m = await allMessages(t.api, 's');
+        return m.length === 2 ? m : null;
+      },
+      30_000,
+      'the stalled accept archived',
+    );
+    assert.deepEqual(
+      rows.map((m) => m.content),
+      ['one', 'two'],
+    );
+  });
+
   void test('Redis stopped: writes get 503 with retry-after and nothing is half-written', async () => {
     const { redis, svc } = await onPrivateRedis();
     const t = await svc.newTenant();

@@ -44,6 +44,28 @@ function redisBehind(deps: CoreDeps, tenantId: string, sessionId: string): void 
   warn({ tenantId, sessionId });
 }
 
+/**
+ * The accept was sent and no answer came: Redis may run it still (it was stalled, and runs what it
+ * had queued when it resumes) or have run it already (the answer lay unread in a process that was
+ * paused past the 5 s command timeout, or the connection broke on its way back). A tester saw 47
+ * such 503s, all of whose messages were stored: a client that posts without ids and retries, as a
+ * 503 invites, stores them twice. The answer says so; with ids the retry finds their seqs.
+ */
+function maybeStored(err: unknown): unknown {
+  const msg = err instanceof Error ? err.message : '';
+  if (!/Command timed out|Connection is closed/.test(msg)) return err;
+  return Object.assign(
+    new AppError(
+      503,
+      'unavailable',
+      'redis did not answer the accept: the messages may be stored. Post them again with the same ids to find out (a re-post without ids may store them twice)',
+      { dependency: 'redis', maybe_stored: true },
+      { 'retry-after': '2' },
+    ),
+    { cause: err },
+  );
+}
+
 function conflict(indexes: number[], messages: AcceptedMessage[]): AppError {
   return new AppError(
     409,
@@ -96,7 +118,11 @@ export async function acceptMessages(
       const batch = pending.map((i) => messages[i]!);
       const given = batch.map((m) => (m.sent_at_given ? m.sent_at_ns : null));
       const accept = () =>
-        acceptIntoInbox(deps.redis, keys, batch, given, state.archivedTop, state.settledGeneration);
+        acceptIntoInbox(deps.redis, keys, batch, given, state.archivedTop, state.settledGeneration).catch(
+          (err: unknown) => {
+            throw maybeStored(err);
+          },
+        );
       let outcome = await accept();
       for (let attempt = 0; (outcome.kind === 'seed' || outcome.kind === 'stale') && attempt < 3; attempt++) {
         if (outcome.kind === 'seed') await seedSession(deps, tenantId, sessionId);

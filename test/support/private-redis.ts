@@ -24,6 +24,9 @@ export interface PrivateRedis {
   /** Starts it again on the same port (empty unless AOF was on). */
   start(): Promise<void>;
   stop(): Promise<void>;
+  /** SIGSTOP / SIGCONT: a Redis that stalls (a long fork, a frozen VM) and then goes on. */
+  pause(): void;
+  resume(): void;
 }
 
 /** A Redis of the test's own, for tests that must stop or flush Redis (never the shared one). */
@@ -62,5 +65,16 @@ export async function startPrivateRedis(opts: { aof?: boolean; dir?: string } = 
     });
   };
   await start();
-  return { url, port, kill, start, stop: kill };
+  const signal = (sig: NodeJS.Signals) => {
+    if (child && child.exitCode === null && child.signalCode === null) child.kill(sig);
+  };
+  return {
+    url,
+    port,
+    kill,
+    start,
+    stop: kill,
+    pause: () => signal('SIGSTOP'),
+    resume: () => signal('SIGCONT'),
+  };
 }
