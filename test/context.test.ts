@@ -353,6 +353,31 @@ void describe('context without a decision model', () => {
     assert.equal(all.body.window.from_seq, acks[3]!.seq);
   });
 
+  void test('a compaction cutoff on a user message keeps that message as the first of the window', async () => {
+    const s = sid('cutuser');
+    const acks = await archive(t.api, s, [
+      user('old question'),
+      assistant('old answer'),
+      user('new question'),
+      assistant('new answer'),
+    ]);
+    // Compaction keeps the messages from start_seq on: the cutoff message itself is hot history.
+    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+      t.tenantId,
+      s,
+      acks[2]!.seq,
+    ]);
+
+    const r = await context(t.api, s, { max_messages: 100 });
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.messages, [
+      { role: 'user', content: 'new question' },
+      { role: 'assistant', content: 'new answer' },
+    ]);
+    assert.deepEqual(r.body.window, { from_seq: acks[2]!.seq, to_seq: acks[3]!.seq });
+  });
+
   void test('an input larger than 1 MiB is a 413', async () => {
     const s = sid('big');
     await archive(t.api, s, [user('x')]);
@@ -586,6 +611,31 @@ void describe('context without a decision model', () => {
       assert.equal(r.body.error.code, 'not_found');
       assert.doesNotMatch(r.text, /secret plan/);
     }
+  });
+
+  void test('two tenants writing to the same session id each get only their own messages', async () => {
+    const s = sid('shared');
+    const other = await svc.newTenant();
+    // Interleaved, so both sessions hold the same seqs and neither is a prefix of the other.
+    await archive(t.api, s, [user('mine 1')]);
+    await archive(other.api, s, [user('theirs 1'), assistant('theirs 2')]);
+    await archive(t.api, s, [assistant('mine 2')]);
+
+    const mine = await context(t.api, s, { max_messages: 100 });
+    const theirs = await context(other.api, s, { max_messages: 100 });
+
+    assert.equal(mine.status, 200);
+    assert.deepEqual(mine.body.messages, [
+      { role: 'user', content: 'mine 1' },
+      { role: 'assistant', content: 'mine 2' },
+    ]);
+    assert.deepEqual(mine.body.window, { from_seq: 1, to_seq: 2 });
+    assert.equal(theirs.status, 200);
+    assert.deepEqual(theirs.body.messages, [
+      { role: 'user', content: 'theirs 1' },
+      { role: 'assistant', content: 'theirs 2' },
+    ]);
+    assert.deepEqual(theirs.body.window, { from_seq: 1, to_seq: 2 });
   });
 
   void test('bad input is a 400 naming the field', async () => {
