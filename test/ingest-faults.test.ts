@@ -418,6 +418,55 @@ void describe('ingestion under faults and many processes', () => {
     );
   });
 
+  void test('a drain that stalls past the idle-transaction timeout while another drains its messages: no alarm of Redis going back', async () => {
+    const prefix = testPrefix();
+    const svc = await startTestService({
+      mode: 'api',
+      prefix,
+      env: { PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: '1000' },
+    });
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(prefix);
+    });
+    const t = await svc.newTenant();
+    assert.equal(
+      (await t.api.post('/v1/sessions/s/messages', { messages: ['a1', 'a2'].map((id) => user(id, { id })) }))
+        .status,
+      202,
+    );
+    const real = svc.deps.redis as unknown as Record<string, (...a: unknown[]) => Promise<unknown>>;
+    const stalling = new Proxy(svc.deps.redis, {
+      get(target, prop, receiver) {
+        if (prop === 'mnemosCheck') {
+          // Drain A has read a1-a2 and written them in its transaction, then stalls before its
+          // check: Postgres ends its idle transaction, and drain B archives and trims a1-a2.
+          return async (...args: unknown[]) => {
+            if (!drainB) drainB = drainSession(svc.deps, t.tenantId, 's');
+            await drainB;
+            return real.mnemosCheck!(...args);
+          };
+        }
+        const v = Reflect.get(target, prop, receiver) as unknown;
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
+    let drainB: Promise<unknown> | undefined;
+    const movedBefore = (await svc.deps.metrics.ingestInboxMoved.get()).values[0]?.value ?? 0;
+    const drainA = await drainSession({ ...svc.deps, redis: stalling }, t.tenantId, 's').catch(
+      (err: Error) => err,
+    );
+    assert.ok(drainB, 'drain A reached its check');
+    assert.equal(((await drainB) as { archived: number }).archived, 2);
+    // Drain A ends either way (its connection was closed under it, or it read the inbox again).
+    assert.ok(drainA instanceof Error || drainA.archived === 0, JSON.stringify(drainA));
+    assert.equal((await svc.deps.metrics.ingestInboxMoved.get()).values[0]?.value ?? 0, movedBefore);
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.id}`),
+      ['1:a1', '2:a2'],
+    );
+  });
+
   void test('Redis back from before a reset or delete: re-posted ids of the cleared history are new messages', async () => {
     const { redis, prefix, svc } = await onPrivateRedis();
     const t = await svc.newTenant();
