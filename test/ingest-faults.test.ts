@@ -416,6 +416,8 @@ void describe('ingestion under faults and many processes', () => {
       (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.id}`),
       [...as.map((id, i) => `${i + 1}:${id}`), '91:b1', '92:b2'],
     );
+    // The session counts what it archived: the 90 replays drain B read are not counted again.
+    assert.equal((await t.api.get('/v1/sessions/s')).body.message_count, 92);
   });
 
   void test('a drain that stalls past the idle-transaction timeout while another drains its messages: no alarm of Redis going back', async () => {
@@ -1245,6 +1247,32 @@ void describe('ingestion under faults and many processes', () => {
         [2, 'n'],
       ],
     );
+  });
+
+  void test('an id accepted twice because Redis lost its idempotency entry is archived once, and the session keeps draining', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    const post = (body: unknown) => t.api.post('/v1/sessions/twice/messages', body);
+    const first = await post({ messages: [user('x', { id: 'X' })] });
+    assert.deepEqual(first.body.messages, [{ id: 'X', seq: 1 }]);
+    // The session's client-id hash goes (evicted, or lost with Redis's last second) before any
+    // drain: nothing in Redis or Postgres knows X, so its retry is taken as a new message.
+    await h.api.deps.redis.del(inboxKeys(h.api.config.prefix, t.tenantId, 'twice').ids);
+    const retry = await post({ messages: [user('x', { id: 'X' })] });
+    assert.equal(retry.status, 202, retry.text);
+    assert.equal(retry.body.accepted, 1);
+    await h.startWorker();
+    // One drain reads both copies: the second is a duplicate of the archived id, skipped, and
+    // does not fail the drain (which would hold back every later message of the session).
+    const later = await t.api.post('/v1/sessions/twice/messages?wait=true', {
+      messages: [user('later', { id: 'L' })],
+    });
+    assert.equal(later.status, 201, later.text);
+    assert.deepEqual(
+      (await allMessages(t.api, 'twice')).map((m) => `${m.seq}:${m.id}`),
+      ['1:X', '3:L'],
+    );
+    assert.equal((await t.api.get('/v1/sessions/twice')).body.message_count, 2);
   });
 
   void test('a deleted session posted to again is visible at once, before its first drain', async () => {

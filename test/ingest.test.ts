@@ -387,10 +387,36 @@ void describe('ingestion', () => {
       messages: [user('t', { id: 't1', sent_at: '2026-01-01T00:00:01Z' })],
     });
     assert.equal(otherTime.status, 409);
+    // So are an assistant's tool calls (their arguments) and the call a tool message answers: a
+    // retry that changed them is another message, not a duplicate to answer with the old seq.
+    const call = (args: string) => ({
+      id: 'c1',
+      role: 'assistant',
+      content: null,
+      tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'ls', arguments: args } }],
+    });
+    const answer = (callId: string) => ({ id: 'r1', role: 'tool', content: 'bin etc', tool_call_id: callId });
+    const tools = await t.api.post('/v1/sessions/idem/messages?wait=true', {
+      messages: [call('{"path":"/"}'), answer('call_1')],
+    });
+    assert.equal(tools.status, 201);
+    const toolsAgain = await t.api.post('/v1/sessions/idem/messages', {
+      messages: [call('{"path":"/"}'), answer('call_1')],
+    });
+    assert.equal(toolsAgain.body.accepted, 0);
+    assert.deepEqual(toolsAgain.body.messages, tools.body.messages);
+    for (const changed of [call('{"path":"/etc"}'), answer('call_2')]) {
+      const r = await t.api.post('/v1/sessions/idem/messages', {
+        messages: [user('new', { id: 'x9' }), changed],
+      });
+      assert.equal(r.status, 409, JSON.stringify(changed));
+      assert.equal(r.body.error.code, 'id_conflict');
+      assert.match(r.body.error.message, /messages\[1\]\.id/);
+    }
     const rows = await archived(t.api, 'idem');
     assert.deepEqual(
       rows.map((m) => m.id),
-      ['x1', 'x2', 'x3', 't1'],
+      ['x1', 'x2', 'x3', 't1', 'c1', 'r1'],
       'conflicting batches stored nothing (x9 absent)',
     );
   });
@@ -797,6 +823,29 @@ void describe('ingestion', () => {
       assert.equal(r.rows[0]!.hit_cjk, true, 'CJK is indexed as bigrams');
       assert.equal(r.rows[0]!.plain, false, 'the CJK part is not English text');
       assert.equal(r.rows[1]!.plain, true, 'plain English: exactly its English tsvector');
+    } finally {
+      await db.close();
+    }
+  });
+
+  void test("a session's hot_bytes is the sum of its archived messages' sizes, drain after drain", async () => {
+    const t = await svc.newTenant();
+    const post = (messages: unknown[]) => t.api.post('/v1/sessions/hot/messages?wait=true', { messages });
+    // Each ?wait=true returns once its own drain committed: three drains, each adding its bytes.
+    assert.equal((await post([user('first drain'), user('also the first')])).status, 201);
+    assert.equal((await post([user('second drain, a longer message than the others')])).status, 201);
+    assert.equal((await post([{ role: 'assistant', content: 'third' }])).status, 201);
+    const db = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    try {
+      const r = await db.query<{ n: number; sum: string }>(
+        `SELECT count(*)::int AS n, sum(bytes)::text AS sum FROM messages
+         WHERE tenant_id = $1 AND session_id = 'hot'`,
+        [t.tenantId],
+      );
+      assert.equal(r.rows[0]!.n, 4);
+      const s = await t.api.get('/v1/sessions/hot');
+      assert.equal(s.body.message_count, 4);
+      assert.equal(s.body.hot_bytes, Number(r.rows[0]!.sum));
     } finally {
       await db.close();
     }

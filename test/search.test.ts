@@ -1114,22 +1114,50 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     }
   });
 
+  void test('exclude_window leaves out the first message of the window too, however the window is given', async () => {
+    const s = sid('window-edge');
+    // Every target holds the word, the fillers do not: with MAX_HISTORY_MESSAGES=4 the window is the
+    // last target and its three fillers, so the first message of the window is a real match and
+    // only the window's bound keeps it out.
+    const [first, second, last] = await archiveSpaced(api, s, [
+      user('quince jam one'),
+      assistant('quince jam two'),
+      user('quince jam three'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    for (const match of ['keyword', 'semantic', 'hybrid']) {
+      const q = (body: Record<string, unknown>) =>
+        hitSeqs(api, s, { query: 'quince jam', match, limit: 32, ...body }).then(sorted);
+      assert.deepEqual(await q({}), [first, second, last], match);
+      assert.deepEqual(await q({ exclude_window: true }), [first, second], `${match}: default window`);
+      // An agent whose context starts elsewhere names the window's first seq itself.
+      assert.deepEqual(
+        await q({ exclude_window: true, window_from_seq: second }),
+        [first],
+        `${match}: window_from_seq`,
+      );
+    }
+  });
+
   void test('time_range filters on sent_at relative to now', async () => {
     const s = sid('time');
-    const old = new Date(Date.now() - 40 * 86_400_000).toISOString();
-    const [oldSeq, newSeq] = await archiveSpaced(api, s, [
-      user('kiwi harvest report', { sent_at: old }),
+    // One message inside each range but not the one below it: 1d, 7d, 1m (30 days), 1y (365 days).
+    const daysAgo = (days: number) => new Date(Date.now() - days * 86_400_000).toISOString();
+    const [d200, d20, d3, now] = await archiveSpaced(api, s, [
+      user('kiwi harvest report', { sent_at: daysAgo(200) }),
+      user('kiwi harvest review', { sent_at: daysAgo(20) }),
+      user('kiwi harvest notes', { sent_at: daysAgo(3) }),
       user('kiwi harvest update'),
     ]);
     await ensureVectors(svc, tenantId, s);
     for (const match of ['keyword', 'semantic', 'hybrid']) {
       const q = (time_range: string) =>
         hitSeqs(api, s, { query: 'kiwi harvest', match, time_range }).then(sorted);
-      assert.deepEqual(await q('1d'), [newSeq], match);
-      assert.deepEqual(await q('7d'), [newSeq], match);
-      assert.deepEqual(await q('1m'), [newSeq], match);
-      assert.deepEqual(await q('1y'), [oldSeq, newSeq], match);
-      assert.deepEqual(await q('all'), [oldSeq, newSeq], match);
+      assert.deepEqual(await q('1d'), [now], `${match} 1d`);
+      assert.deepEqual(await q('7d'), [d3, now], `${match} 7d`);
+      assert.deepEqual(await q('1m'), [d20, d3, now], `${match} 1m`);
+      assert.deepEqual(await q('1y'), [d200, d20, d3, now], `${match} 1y`);
+      assert.deepEqual(await q('all'), [d200, d20, d3, now], `${match} all`);
     }
   });
 

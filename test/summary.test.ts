@@ -165,6 +165,31 @@ void describe('summary shape', () => {
     const curly = parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: ['Don’t: use emoji'] }));
     assert.deepEqual(curly.ok ? curly.value.key_decisions : null, ["Don't: use emoji"]);
   });
+
+  void test('a decision is refused unless "Do: " or "Don\'t: " opens it and a rule follows', () => {
+    const base = JSON.parse(validSummary([])) as Record<string, unknown>;
+    const decisions = (d: string) => parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: [d] }));
+    // Near misses of the marker ("Done: x" is no rule, "Do use tabs" drops the colon): an answer
+    // with them is a failed chunk, not decisions the agent would read as Do and Don't rules.
+    for (const d of [
+      'Do use tabs',
+      "Don't use tabs",
+      'Done: x',
+      'Dog: x',
+      'Do:',
+      "Don't:",
+      'Do:use tabs',
+      'Do:   ',
+    ]) {
+      const r = decisions(d);
+      assert.equal(r.ok, false, JSON.stringify(d));
+      assert.match(r.ok ? '' : r.error, /key_decisions\[0\]/, JSON.stringify(d));
+    }
+    for (const d of ['Do: use tabs', "Don't: use emoji"]) {
+      const r = decisions(d);
+      assert.deepEqual(r.ok ? r.value.key_decisions : r.error, [d]);
+    }
+  });
 });
 
 void describe('summarize job', () => {
