@@ -215,6 +215,11 @@ async function keysNaming(tenant: string, id: string): Promise<string[]> {
   return hits;
 }
 
+// Every assert.ok here gives its message. Without one, Node 20 quotes the source at the call's
+// position in the code tsx compiled (whitespace minified: line 1, a column in the thousands) and
+// looks for it in this file by re-parsing it over and over: for a dedupe-key check below that
+// took minutes of CPU that block the event loop, so no test timeout fired and the failing check
+// looked like a hung file.
 const near = (actual: number, expected: number, slack = 60_000) =>
   assert.ok(Math.abs(actual - expected) < slack, `${actual} is not within ${slack} ms of ${expected}`);
 
@@ -247,7 +252,7 @@ void describe('TTL', () => {
 
     near(await redis.pttl(recKey(tenant, res.body.id)), TTL_MS);
     const [dedupeKey, ...more] = await scanKeys(`${PREFIX}:err:${tenant}:dedupe:*`);
-    assert.ok(dedupeKey);
+    assert.ok(dedupeKey, 'the record has a dedupe key under its tenant');
     assert.equal(more.length, 0);
     assert.equal(await redis.get(dedupeKey), res.body.id);
     near(await redis.pttl(dedupeKey), TTL_MS);
@@ -261,7 +266,7 @@ void describe('TTL', () => {
     });
     const key = recKey(tenant, body.id);
     const [dedupeKey] = await scanKeys(`${PREFIX}:err:${tenant}:dedupe:*`);
-    assert.ok(dedupeKey);
+    assert.ok(dedupeKey, 'the record has a dedupe key under its tenant');
     const lower = async () => {
       await redis.pexpire(key, 60_000);
       await redis.pexpire(dedupeKey, 60_000);
@@ -392,7 +397,7 @@ void describe('TTL', () => {
       assert.equal((await call(tenant, 'GET', `/${id}`)).status, 404);
     };
     await reads(lazy, b.id);
-    assert.ok((await shortLived.sweepExpired()) >= 2);
+    assert.ok((await shortLived.sweepExpired()) >= 2, 'the sweep counts both expired records');
     await reads(swept, a.id);
 
     assert.deepEqual(await keysNaming(swept, a.id), []);
@@ -898,7 +903,7 @@ void describe('search and lookup', () => {
     const t = newTenant();
     const words = Array.from({ length: 600 }, (_, i) => `${word(i + 26 * 27)}`);
     const symptom = words.join(' ');
-    assert.ok(symptom.length > 3000 && symptom.length <= 4000);
+    assert.ok(symptom.length > 3000 && symptom.length <= 4000, `a symptom of ${symptom.length} characters`);
     const { body } = await write(t, {
       tool_name: 'node',
       symptom,
@@ -937,6 +942,7 @@ void describe('search and lookup', () => {
       !indexTerms({ ...rec, created_ms: 0, last_hit_ms: 0, error_class: 'other', embedding: null }).includes(
         '12',
       ),
+      'the worker number is no term',
     );
     const lookup = await call(t, 'POST', '/lookup', {
       tool_name: 'node',
@@ -1001,7 +1007,7 @@ void test('a record indexed before per-tool term keys existed is still found by 
   assert.equal(written.status, 201);
   // What an older version wrote: only the tenant-wide term keys, and no layout mark.
   const perTool = await scanKeys(`${PREFIX}:err:${tenant}:tterm:*`);
-  assert.ok(perTool.length > 0);
+  assert.ok(perTool.length > 0, 'the record was written under per-tool term keys');
   assert.equal(await redis.del(...perTool, `${PREFIX}:err:${tenant}:v`), perTool.length + 1);
   const lookup = async (tool: string) =>
     (await call(tenant, 'POST', '/lookup', { tool_name: tool, error: 'ImagePullBackOff again' })).body;
@@ -1227,7 +1233,7 @@ void describe('bounded work on hostile text', () => {
       relevance(r, buildQuery(text, undefined, undefined)) !== null;
     const words = Array.from({ length: 600 }, (_, i) => word(i + 26 * 27));
     const text = words.join(' ');
-    assert.ok(text.length <= 4000);
+    assert.ok(text.length <= 4000, `a text of ${text.length} characters`);
 
     const longSymptom = rec({ symptom: text });
     assert.deepEqual(
@@ -1304,7 +1310,7 @@ void describe('listing', () => {
     do {
       const res: Reply = await call(tenant, 'GET', `?limit=2${cursor ? `&cursor=${cursor}` : ''}`);
       assert.equal(res.status, 200);
-      assert.ok(res.body.records.length <= 2);
+      assert.ok(res.body.records.length <= 2, `a page of ${res.body.records.length} records`);
       seen.push(...res.body.records.map((r: ErrorRecord) => r.id));
       cursor = res.body.next;
       pages++;
@@ -1367,6 +1373,34 @@ void describe('tenant isolation', () => {
     );
   });
 
+  void test('the same error written by two tenants is a record of each, and each merges its repeats into its own', async () => {
+    // Dedupe is per tenant: a write must neither merge into another tenant's record nor take its
+    // dedupe key over (that tenant's next repeat would then start a second record).
+    const a = newTenant();
+    const b = newTenant();
+    const error = { tool_name: 'terraform', symptom: 'Error acquiring the state lock' };
+    const firstA = await write(a, { ...error, action: 'wait for the other apply' });
+    const firstB = await write(b, { ...error, action: 'terraform force-unlock' });
+    assert.deepEqual([firstA.status, firstA.body.deduplicated], [201, false]);
+    assert.deepEqual([firstB.status, firstB.body.deduplicated], [201, false]);
+    assert.notEqual(firstB.body.id, firstA.body.id);
+
+    const againA = await write(a, { ...error, action: 'wait for the other apply' });
+    const againB = await write(b, { ...error, action: 'terraform force-unlock' });
+    assert.deepEqual([againA.status, againA.body], [200, { id: firstA.body.id, deduplicated: true }]);
+    assert.deepEqual([againB.status, againB.body], [200, { id: firstB.body.id, deduplicated: true }]);
+    for (const [tenant, id, action] of [
+      [a, firstA.body.id, 'wait for the other apply'],
+      [b, firstB.body.id, 'terraform force-unlock'],
+    ]) {
+      const { body } = await call(tenant, 'GET', '');
+      assert.deepEqual(
+        body.records.map((r: ErrorRecord) => [r.id, r.action, r.hits]),
+        [[id, action, 2]],
+      );
+    }
+  });
+
   void test('deleting an id that does not exist answers 404 and leaves nothing behind', async () => {
     // A tenant without records: no key of it may appear, however many ids are tried.
     const empty = newTenant();
@@ -1409,7 +1443,10 @@ void describe('tenant isolation', () => {
     const merged = await write(t, { tool_name: 'curl', symptom: 'uniqueprivterm exploded while fetching' });
     assert.equal(merged.body.id, body.id, 'a duplicate merged into it (hits 2)');
     const privWords = /uniqueprivterm|causepriv|actionpriv|keywordpriv|exploded/;
-    assert.ok((await scanKeys(`${PREFIX}:err:${t}:*`)).some((k) => privWords.test(k)));
+    assert.ok(
+      (await scanKeys(`${PREFIX}:err:${t}:*`)).some((k) => privWords.test(k)),
+      'its words name index keys before the delete',
+    );
 
     // Action
     assert.equal((await call(t, 'DELETE', `/${body.id}`)).status, 204);
@@ -1639,7 +1676,7 @@ void describe('outages', () => {
       const swept = newTenant();
       await crash(swept, beforeExpiry, { tool_name: 'bash', symptom: 'orphan test error' });
       const healed = await crash(swept, /:ikeys/, { tool_name: 'bash', symptom: 'unindexed test error' });
-      assert.ok((await redis.pttl(healed)) > 0);
+      assert.ok((await redis.pttl(healed)) > 0, 'the healed record has its expiry');
       assert.deepEqual((await call(swept, 'GET', '')).body.records, [], 'in no index yet');
       await errors.sweepExpired();
       assert.deepEqual(await recs(swept), [healed]);

@@ -377,9 +377,16 @@ void describe('tenants, keys and the admin API', () => {
     const listed = await admin().get('/v1/admin/tenants');
     assert.ok(listed.body.tenants.some((t: { name: string }) => t.name === 'acme'));
 
-    // Revocation takes effect on the next request.
+    // Revocation takes effect on the next request, also for a key in use: its verification is
+    // cached (KEY_CACHE_MS), and a revocation in this process drops that cache at once.
+    const secondApi = api(svc.base, second.body.api_key);
+    assert.equal((await secondApi.get('/v1/sessions')).status, 200);
     assert.equal((await admin().del(`/v1/admin/keys/${second.body.key_id}`)).status, 204);
-    assert.equal((await api(svc.base, second.body.api_key).get('/v1/sessions')).status, 401);
+    assert.equal(
+      (await secondApi.get('/v1/sessions')).status,
+      401,
+      'a revoked key in use is refused at once',
+    );
     assert.equal((await tenantApi.get('/v1/sessions')).status, 200, 'other keys keep working');
     assert.equal((await admin().del(`/v1/admin/keys/${second.body.key_id}`)).status, 404);
   });

@@ -15,7 +15,7 @@ import type { Queue } from 'bullmq';
 import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
 import { lifecycleExtension } from '../services/lifecycle/lifecycle-extension.js';
-import { sessionsBehindInRedis } from '../db/queries/lifecycle.js';
+import { deleteSessionMessages, markSessionCleared, sessionsBehindInRedis } from '../db/queries/lifecycle.js';
 import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
 import {
   EXPORT_PAGE_BYTES,
@@ -602,6 +602,52 @@ void describe('delete', () => {
     assert.deepEqual(
       (await listed(t.api, s))!.map((m) => m.content),
       ['accepted meanwhile 1', 'accepted meanwhile 2', 'after reconcile'],
+    );
+  });
+
+  void test('messages a reset cleared that still wait in the inbox when its Redis step never ran are dropped and counted, not archived', async () => {
+    const t = await svc.newTenant();
+    const s = sid('cut');
+    await archive(t.api, s, [user('archived before the reset')]);
+    const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
+    const before = await dropped();
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    try {
+      const r = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('cleared a'), user('cleared b')],
+      });
+      assert.equal(r.status, 202);
+      assert.deepEqual(
+        r.body.messages.map((m: { seq: number }) => m.seq),
+        [2, 3],
+      );
+      // The reset's transaction committed (its cut is everything handed out: seq 3), then the
+      // process died before its Redis step: the inbox still holds seqs 2 and 3 under generation 1.
+      await deleteSessionMessages(svc.deps.db, t.tenantId, s);
+      await markSessionCleared(svc.deps.db, {
+        tenantId: t.tenantId,
+        sessionId: s,
+        generation: 2,
+        deleted: false,
+        clearedThroughSeq: 3,
+      });
+    } finally {
+      await ingest.resume();
+    }
+    await settled(t.tenantId, s);
+    // The drain tells the cleared history (an older generation, at or below the cut) from
+    // messages accepted since: these were cleared, so they are not archived, and they are counted
+    // as dropped, so that accepted = archived + dropped still holds.
+    assert.deepEqual(await listed(t.api, s), []);
+    assert.equal((await dropped()) - before, 2);
+    // The reconciler finishes the reset without counting them again, and seq goes on past them.
+    await reconcileGenerations(svc.deps, lifecycle);
+    assert.equal((await dropped()) - before, 2);
+    assert.deepEqual(await archive(t.api, s, [user('after')]), [4]);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
+      [[4, 'after']],
     );
   });
 });
