@@ -354,7 +354,10 @@ void describe('agenvoy import', () => {
       by['badsum-10']!.notes.join(' '),
       /summary\.json is not valid JSON at line 1, column 2 \(.+\): summary skipped/,
     );
-    assert.ok(report.sessions.every((s) => !s.notes.some((n) => n.includes('WARNING'))));
+    assert.ok(
+      report.sessions.every((s) => !s.notes.some((n) => n.includes('WARNING'))),
+      "report.sessions.every((s) => !s.notes.some((n) => n.includes('WARNING')))",
+    );
     assert.match(
       by['oddtime-11']!.notes.join(' '),
       /1 time header\(s\) could not be read \("2025-13-45 25:61:61"\)/,
@@ -419,7 +422,10 @@ void describe('agenvoy import', () => {
       [1, 2, 3, 4, 5, 6, 7, 8],
     );
     const times = compacted.map((m) => BigInt(m.sent_at_ns));
-    assert.ok(times.every((ns, i) => i === 0 || ns > times[i - 1]!));
+    assert.ok(
+      times.every((ns, i) => i === 0 || ns > times[i - 1]!),
+      'times.every((ns, i) => i === 0 || ns > times[i - 1]!)',
+    );
     assert.equal((await t.api.get('/v1/sessions/compacted-4/summary')).body.cursor_seq, 4);
     assert.equal((await t.api.get('/v1/sessions/empty-6')).status, 404);
 
@@ -440,7 +446,10 @@ void describe('agenvoy import', () => {
 
     // Re-running skips sessions that already hold messages, or (holding none) a summary.
     const again = await importAgenvoySessions(svc.deps, t.tenantId, fx.sessions, { timeZone: TZ });
-    assert.ok(again.sessions.filter((s) => s.session_id !== 'empty-6').every((s) => s.status === 'skipped'));
+    assert.ok(
+      again.sessions.filter((s) => s.session_id !== 'empty-6').every((s) => s.status === 'skipped'),
+      "again.sessions.filter((s) => s.session_id !== 'empty-6').every((s) => s.status === 'skipped')",
+    );
     assert.equal((await listed(t.api, 'compacted-4')).length, 8);
     assert.equal((await listed(t.api, 'subsec-7')).length, 5);
     assert.equal((await t.api.get('/v1/sessions/sumonly-8/summary')).body.version, restored.version);
@@ -775,7 +784,10 @@ void describe('agenvoy import', () => {
     const notes = by['rows-16']!.notes;
     assert.equal(notes.filter((n) => n.startsWith('skipped ')).length, 10);
     assert.ok(notes.includes('skipped history.db row 1: content is not text (a BLOB)'), notes.join('\n'));
-    assert.ok(notes.some((n) => /^skipped history\.db row 2: role "function" is none of/.test(n)));
+    assert.ok(
+      notes.some((n) => /^skipped history\.db row 2: role "function" is none of/.test(n)),
+      'notes.some((n) => /^skipped history\\.db row 2: role "function" is none of/.test(n))',
+    );
     assert.ok(notes.includes('… and 2 more skipped (12 in all)'), notes.join('\n'));
     assert.match(
       notes.join('\n'),

@@ -152,7 +152,7 @@ void describe('client: messages', () => {
     assert.equal(info.message_count, 7);
     // Always sent (required in /openapi.json): typed so (this did not compile when it was optional).
     const createdAt: string = info.created_at;
-    assert.ok(!Number.isNaN(Date.parse(createdAt)));
+    assert.ok(!Number.isNaN(Date.parse(createdAt)), '!Number.isNaN(Date.parse(createdAt))');
   });
 
   void test('an empty id is refused by the server, not replaced by a made-up one', async () => {
@@ -336,7 +336,7 @@ void describe('client: retries', () => {
     // retry-after: 1 → 1 s plus at most 10 % jitter, each time.
     for (const r of retries) assert.ok(r.delayMs >= 1000 && r.delayMs <= 1100, `delay ${r.delayMs}`);
     assert.ok(calls[1]!.at - calls[0]!.at >= 990, 'second attempt came after retry-after');
-    assert.ok(Date.now() - started >= 1990);
+    assert.ok(Date.now() - started >= 1990, 'Date.now() - started >= 1990');
     assert.equal((await mnemos.listMessages(s)).messages.length, 1);
   });
 
@@ -355,8 +355,11 @@ void describe('client: retries', () => {
     assert.equal(calls.length, 2);
     assert.equal(hits.length, 1);
     assert.equal(retries[0]?.status, 429);
-    assert.ok(retries[0]!.delayMs >= 1000 && retries[0]!.delayMs <= 1100);
-    assert.ok(calls[1]!.at - calls[0]!.at >= 990);
+    assert.ok(
+      retries[0]!.delayMs >= 1000 && retries[0]!.delayMs <= 1100,
+      'retries[0]!.delayMs >= 1000 && retries[0]!.delayMs <= 1100',
+    );
+    assert.ok(calls[1]!.at - calls[0]!.at >= 990, 'calls[1]!.at - calls[0]!.at >= 990');
   });
 
   void test('gives up after `retries` and reports the last answer', async () => {
@@ -462,7 +465,7 @@ void describe('client: signals, streams, retry-after and ids', () => {
 
     // Assert: nothing of the finished calls hangs on the signal (AbortSignal.any kept every attempt
     // reachable from it: 1.6 M calls grew the heap by 93 MB), and aborting it reaches none of them.
-    assert.ok(attemptSignals.length > 20_000);
+    assert.ok(attemptSignals.length > 20_000, 'attemptSignals.length > 20_000');
     assert.equal(getEventListeners(signal, 'abort').length, 0);
     shutdown.abort(new Error('shutting down'));
     assert.equal(attemptSignals.filter((s) => s.aborted).length, 0);
@@ -648,7 +651,7 @@ void describe('client: signals, streams, retry-after and ids', () => {
       );
       assert.equal(err.code, 'timeout');
       assert.deepEqual(seen, [1]);
-      assert.ok(Date.now() - started >= 200);
+      assert.ok(Date.now() - started >= 200, 'Date.now() - started >= 200');
 
       // The limit runs while a read waits for bytes, not while the caller holds a line.
       const all: number[] = [];
@@ -791,7 +794,7 @@ void describe('client: error memory and tools', () => {
     assert.equal((await mnemos.getError(created.id)).symptom, 'connection refused on port 5432');
     const listed = [];
     for await (const r of mnemos.iterateErrors({ pageSize: 1 })) listed.push(r.id);
-    assert.ok(listed.includes(created.id));
+    assert.ok(listed.includes(created.id), 'listed.includes(created.id)');
 
     assert.equal(await mnemos.deleteError(created.id), true);
     assert.equal(await mnemos.deleteError(created.id), false);
@@ -841,7 +844,7 @@ void describe('client: error memory and tools', () => {
         outcome: 'resolved',
       }),
     );
-    assert.ok(wrote.length > 0);
+    assert.ok(wrote.length > 0, 'wrote.length > 0');
     const records = await mnemos.searchErrors({ query: 'eslint crashed', toolName: tool });
     assert.equal(records[0]?.action, 'pin eslint 9');
     assert.match(await mnemos.runTool(s, 'error_history', '{not json'), /not valid JSON/);
@@ -969,7 +972,10 @@ void describe('client: lifecycle and admin', () => {
     const admin = createMnemosAdmin({ baseUrl: svc.base, adminToken: ADMIN_TOKEN });
     const name = `client-${randomBytes(4).toString('hex')}`;
     const tenant = await admin.createTenant(name);
-    assert.ok((await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id && x.name === name));
+    assert.ok(
+      (await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id && x.name === name),
+      '(await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id && x.name === name)',
+    );
     assert.equal((await rejects(admin.createTenant(name))).status, 409);
 
     const key = await admin.createKey(tenant.tenant_id, { name: 'second' });
@@ -996,7 +1002,10 @@ void describe('client: lifecycle and admin', () => {
     const tenant = await admin.createTenant(`gone-${randomBytes(4).toString('hex')}`);
     const deleted = await admin.deleteTenant(tenant.tenant_id);
     assert.equal(deleted, true);
-    assert.ok(!(await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id));
+    assert.ok(
+      !(await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id),
+      '!(await admin.listTenants()).some((x) => x.tenant_id === tenant.tenant_id)',
+    );
     assert.equal(await admin.deleteTenant(tenant.tenant_id), false);
   });
 
@@ -1044,7 +1053,7 @@ void describe('client: summaries with an LLM', () => {
 
     const done = await client.summarize(s, { wait: true });
     assert.equal(done.done, true);
-    assert.ok(done.done && done.version >= 1);
+    assert.ok(done.done && done.version >= 1, 'done.done && done.version >= 1');
     assert.deepEqual(done.done && done.summary, summary);
     const view = await client.getSummary(s);
     assert.deepEqual(view.summary, summary);
@@ -1052,13 +1061,16 @@ void describe('client: summaries with an LLM', () => {
     const job = await client.job(done.job_id);
     assert.equal(job.state, 'completed');
     const usage = await client.usage({ sessionId: s });
-    assert.ok(usage.rows.some((r) => r.purpose === 'summary' && r.calls >= 1));
+    assert.ok(
+      usage.rows.some((r) => r.purpose === 'summary' && r.calls >= 1),
+      "usage.rows.some((r) => r.purpose === 'summary' && r.calls >= 1)",
+    );
 
     // The export's summary line has every field (this did not compile when they were optional).
     const exported = [];
     for await (const line of client.exportSession(s)) exported.push(line);
     const last = exported.at(-1);
-    assert.ok(last?.type === 'summary');
+    assert.ok(last?.type === 'summary', "last?.type === 'summary'");
     const meta: { version: number; cursor_seq: number | null; status: string; updated_at: string } = last;
     assert.deepEqual(
       [meta.version, meta.cursor_seq, meta.status, typeof meta.updated_at],
@@ -1133,7 +1145,7 @@ void describe('examples/agent-loop.ts', () => {
     assert.equal(turn.answer, 'We chose pgvector with exact per-session k-NN.');
     assert.equal(turn.toolCalls, 1);
     const [first, second] = fake.chatRequests().map((r) => r.body as { messages: any[]; tools: any[] });
-    assert.ok(first && second);
+    assert.ok(first && second, 'first && second');
     assert.deepEqual(first.tools.map((t: any) => t.function.name).sort(), [
       'chat_history',
       'error_history',
@@ -1261,7 +1273,7 @@ void describe('docs/grafana/mnemos.json', () => {
     });
 
   void test('every panel queries known mnemos metrics through the DS_PROMETHEUS variable', () => {
-    assert.ok(dashboard.schemaVersion >= 36);
+    assert.ok(dashboard.schemaVersion >= 36, 'dashboard.schemaVersion >= 36');
     assert.deepEqual(
       dashboard.templating.list.find((v) => v.name === 'DS_PROMETHEUS'),
       {
@@ -1270,7 +1282,7 @@ void describe('docs/grafana/mnemos.json', () => {
         query: 'prometheus',
       },
     );
-    assert.ok(panels.length >= 20);
+    assert.ok(panels.length >= 20, 'panels.length >= 20');
     for (const p of panels) {
       assert.equal(p.datasource?.uid, '${DS_PROMETHEUS}', p.title);
       assert.ok(p.targets && p.targets.length > 0, `${p.title} has no query`);

@@ -102,7 +102,7 @@ void describe("clocks: shared time is the database's, deadlines are monotonic", 
       undo();
     }
 
-    assert.ok(outcome.deleted >= 1);
+    assert.ok(outcome.deleted >= 1, 'outcome.deleted >= 1');
     assert.equal((await t.api.get(`/v1/sessions/${idle}`)).status, 404, 'idle by Postgres time: reaped');
     assert.equal((await t.api.get(`/v1/sessions/${recent}`)).status, 200, 'posted a moment ago: kept');
     assert.equal((await t.api.get(`/v1/sessions/${recent}/messages`)).body.messages.length, 1);

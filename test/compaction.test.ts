@@ -97,7 +97,7 @@ void describe('compaction', () => {
     assert.ok(total > MAX, `total ${total}`);
     assert.ok(suffix(u2) > BUDGET, `suffix(u2) ${suffix(u2)}`);
     assert.ok(suffix(call) <= BUDGET, `suffix(call) ${suffix(call)}`);
-    assert.ok(suffix(u3) <= BUDGET);
+    assert.ok(suffix(u3) <= BUDGET, 'suffix(u3) <= BUDGET');
 
     // Assert: the cutoff moved to turn three, visible through the API.
     const session = await eventually(async () => {
@@ -134,7 +134,7 @@ void describe('compaction', () => {
     const s = await t.api.get('/v1/sessions/few');
     assert.equal(s.body.start_seq, 0);
     assert.equal(s.body.start_at, null);
-    assert.ok(s.body.hot_bytes > MAX);
+    assert.ok(s.body.hot_bytes > MAX, 's.body.hot_bytes > MAX');
   });
 
   void test('a giant message with no cut point: nothing moves, no re-trigger per ingest, a new user turn unblocks', async () => {

@@ -225,7 +225,10 @@ void describe('context without a decision model', () => {
     );
     assert.equal(m[4]!.role, 'user');
     const content = m[4]!.content as string;
-    assert.ok(content.startsWith(`${TURN_CONTEXT_HEADER}\n`));
+    assert.ok(
+      content.startsWith(`${TURN_CONTEXT_HEADER}\n`),
+      'content.startsWith(`${TURN_CONTEXT_HEADER}\\n`)',
+    );
     assert.deepEqual(JSON.parse(content.slice(TURN_CONTEXT_HEADER.length + 1)), SUMMARY);
     assert.deepEqual(m[5], { role: 'user', content: 'what did we discuss before?' });
     assert.deepEqual(r.body.summary, SUMMARY);
@@ -245,7 +248,7 @@ void describe('context without a decision model', () => {
 
     assert.equal(r.status, 200);
     assert.equal(r.body.messages.length, 1);
-    assert.ok(turnContextOf(r.body.messages));
+    assert.ok(turnContextOf(r.body.messages), 'turnContextOf(r.body.messages)');
     assert.deepEqual(r.body.window, { from_seq: null, to_seq: null });
   });
 
@@ -574,7 +577,7 @@ void describe('context without a decision model', () => {
       ['deploy to staging'],
     );
     assert.deepEqual(m.at(-1), { role: 'user', content: 'deploy to staging' });
-    assert.ok(turnContextOf(m) === m.at(-2));
+    assert.ok(turnContextOf(m) === m.at(-2), 'turnContextOf(m) === m.at(-2)');
     assert.deepEqual(
       m.slice(0, 2).map((x) => x.content),
       ['question 0', 'answer 1'],
@@ -723,7 +726,7 @@ void describe('context with a decision model', () => {
     };
     assert.deepEqual(r.body.summary, expected);
     const tc = turnContextOf(r.body.messages);
-    assert.ok(tc);
+    assert.ok(tc, 'tc');
     assert.deepEqual(JSON.parse((tc.content as string).slice(TURN_CONTEXT_HEADER.length + 1)), expected);
     assert.deepEqual(r.body.messages.at(-1), { role: 'user', content: 'set up the CI cache with pnpm' });
 
@@ -795,7 +798,7 @@ void describe('context with a decision model', () => {
     assert.equal(r.status, 200);
     assert.equal(r.body.relevance, 'all');
     assert.deepEqual(r.body.summary, SUMMARY);
-    assert.ok(turnContextOf(r.body.messages));
+    assert.ok(turnContextOf(r.body.messages), 'turnContextOf(r.body.messages)');
   });
 
   void test('a Redis that stops answering does not hold the turn past RELEVANCE_TIMEOUT_MS (its cache is read within it)', async () => {

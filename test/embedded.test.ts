@@ -304,7 +304,10 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
       messages: [{ id: 'm4', role: 'user', content: 'after restart' }],
     });
     assert.equal(more.status, 201, more.text);
-    assert.ok(more.body.messages[0].seq > Math.max(...list.body.messages.map((m: { seq: number }) => m.seq)));
+    assert.ok(
+      more.body.messages[0].seq > Math.max(...list.body.messages.map((m: { seq: number }) => m.seq)),
+      'more.body.messages[0].seq > Math.max(...list.body.messages.map((m: { seq: number }) => m.seq))',
+    );
     // No second "default" tenant on restart.
     const tenants = await api(base, ADMIN_TOKEN).get('/v1/admin/tenants');
     assert.equal(tenants.body.tenants.filter((x: { name: string }) => x.name === 'default').length, 1);
@@ -377,7 +380,7 @@ void describe('an embedded data directory across starts', () => {
       first.body.tenants.map((t: { name: string }) => t.name),
       ['default'],
     );
-    assert.ok(existsSync(keyFile));
+    assert.ok(existsSync(keyFile), 'existsSync(keyFile)');
     assert.equal((await admin.del(`/v1/admin/tenants/${first.body.tenants[0].tenant_id}`)).status, 204);
     assert.equal(await stop(), 0);
     await rm(keyFile);
@@ -452,9 +455,9 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     const row = r.rows[0]!;
     assert.equal(row.a, '9007199254740993');
     assert.deepEqual(row.arr, ['1', '2']);
-    assert.ok(Buffer.isBuffer(row.b));
+    assert.ok(Buffer.isBuffer(row.b), 'Buffer.isBuffer(row.b)');
     assert.deepEqual([...(row.b as Buffer)], [1, 2, 255]);
-    assert.ok(row.c instanceof Date);
+    assert.ok(row.c instanceof Date, 'row.c instanceof Date');
     assert.equal((row.c as Date).toISOString(), '2024-01-02T03:04:05.000Z');
     assert.deepEqual(row.j, { k: [1] });
     assert.equal(row.n, 3);
@@ -571,7 +574,7 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     const dead = spawnSync(process.execPath, ['-e', '0']).pid!;
     await writeFile(lock, JSON.stringify({ pid: process.ppid, host: hostname() }));
     await assert.rejects(openPgliteDb(dir), (err: unknown) => {
-      assert.ok(err instanceof EmbeddedLockedError);
+      assert.ok(err instanceof EmbeddedLockedError, 'err instanceof EmbeddedLockedError');
       assert.match(err.message, new RegExp(`in use by process ${process.ppid}`));
       return true;
     });

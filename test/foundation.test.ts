@@ -40,7 +40,7 @@ void describe('configuration', () => {
     } catch (e) {
       err = e;
     }
-    assert.ok(err instanceof ConfigError);
+    assert.ok(err instanceof ConfigError, 'err instanceof ConfigError');
     const text = err.message;
     for (const name of [
       'PORT',
@@ -375,7 +375,10 @@ void describe('tenants, keys and the admin API', () => {
       'no secret in listings',
     );
     const listed = await admin().get('/v1/admin/tenants');
-    assert.ok(listed.body.tenants.some((t: { name: string }) => t.name === 'acme'));
+    assert.ok(
+      listed.body.tenants.some((t: { name: string }) => t.name === 'acme'),
+      "listed.body.tenants.some((t: { name: string }) => t.name === 'acme')",
+    );
 
     // Revocation takes effect on the next request, also for a key in use: its verification is
     // cached (KEY_CACHE_MS), and a revocation in this process drops that cache at once.
@@ -431,7 +434,7 @@ void describe('tenants, keys and the admin API', () => {
     // By name, as the key routes and the CLI take it: then the id is gone too.
     assert.equal((await admin().del('/v1/admin/tenants/query-probe')).status, 204);
     assert.equal((await admin().del(`/v1/admin/tenants/${t.body.tenant_id}`)).status, 404);
-    assert.ok(!(await listed()).includes('query-probe'));
+    assert.ok(!(await listed()).includes('query-probe'), "!(await listed()).includes('query-probe')");
   });
 
   void test('admin lists page with cursor and limit, oldest first; names are never blank or id-shaped', async () => {
@@ -446,7 +449,7 @@ void describe('tenants, keys and the admin API', () => {
     for (let pages = 0; pages < 100; pages++) {
       const r: Res = await admin().get(`/v1/admin/tenants?limit=2${cursor ? `&cursor=${cursor}` : ''}`);
       assert.equal(r.status, 200);
-      assert.ok(r.body.tenants.length <= 2);
+      assert.ok(r.body.tenants.length <= 2, 'r.body.tenants.length <= 2');
       seen.push(...r.body.tenants.map((t: { tenant_id: string }) => t.tenant_id));
       cursor = r.body.next;
       if (!cursor) break;
@@ -627,7 +630,10 @@ void describe('tenants, keys and the admin API', () => {
     // `details` is part of the shape even when there is nothing to add.
     assert.deepEqual(Object.keys(unknown.body.error), ['code', 'message', 'details']);
     assert.equal(unknown.body.error.details, null);
-    assert.ok(bad.body.error.details === null && text.body.error.details === null);
+    assert.ok(
+      bad.body.error.details === null && text.body.error.details === null,
+      'bad.body.error.details === null && text.body.error.details === null',
+    );
     // What Node refuses before any route runs has the same shape.
     const headers = await t.api.raw('/v1/sessions', {
       headers: { authorization: `Bearer ${'x'.repeat(20_000)}` },
@@ -1021,7 +1027,7 @@ void describe('tenants, keys and the admin API', () => {
         assert.ok(!noRoute, `${method.toUpperCase()} ${path} is documented but has no route`);
       }
     }
-    assert.ok(listRoutes([]).length === 0);
+    assert.ok(listRoutes([]).length === 0, 'listRoutes([]).length === 0');
   });
 });
 
@@ -1115,7 +1121,7 @@ void describe('readiness', () => {
       });
       assert.equal(write.status, 503);
       assert.equal(write.body.error.code, 'unavailable');
-      assert.ok(Number(write.headers.get('retry-after')) > 0);
+      assert.ok(Number(write.headers.get('retry-after')) > 0, "Number(write.headers.get('retry-after')) > 0");
 
       await redis.start();
       await eventually(
@@ -1153,7 +1159,7 @@ void describe('dependency errors', () => {
     const { asDependencyError, AppError } = await import('../services/errors.js');
     const { MaxRetriesPerRequestError } = await import('ioredis/built/errors/index.js');
     const mapped = asDependencyError(new MaxRetriesPerRequestError(20));
-    assert.ok(mapped instanceof AppError);
+    assert.ok(mapped instanceof AppError, 'mapped instanceof AppError');
     assert.equal(mapped.status, 503);
     assert.equal(mapped.headers?.['retry-after'], '2');
     const other = new Error('something else');
@@ -1167,7 +1173,7 @@ void describe('dependency errors', () => {
       assert.ok(mapped instanceof AppError, `${String(err)} stays a 500`);
       assert.equal(mapped.status, 503);
       assert.deepEqual(mapped.details, { dependency });
-      assert.ok(mapped.headers?.['retry-after']);
+      assert.ok(mapped.headers?.['retry-after'], "mapped.headers?.['retry-after']");
     };
     // Real errors from a real Postgres: a read-only database (a standby after a failover) and a
     // statement timeout set on the role or database.

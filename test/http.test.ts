@@ -418,7 +418,7 @@ void describe('JSON Lines import encodings', () => {
     gzip.end();
     await once(gzip, 'end');
     const bomb = Buffer.concat(parts);
-    assert.ok(bomb.length < 1_000_000);
+    assert.ok(bomb.length < 1_000_000, 'bomb.length < 1_000_000');
     const s = sid('bomb');
     const r = await importWith(t.api, s, bomb, 'gzip');
     assert.equal(r.status, 413, r.text);
@@ -461,7 +461,7 @@ void describe('export under load and faults', () => {
       for (const h of await Promise.all(held)) {
         assert.equal(h.status, 503, h.text);
         assert.equal(h.body.error.code, 'unavailable', h.text);
-        assert.ok(h.headers.get('retry-after'));
+        assert.ok(h.headers.get('retry-after'), "h.headers.get('retry-after')");
         assert.match(h.headers.get('content-type') ?? '', /^application\/json/);
       }
     } finally {

@@ -186,9 +186,9 @@ void describe('ingestion under faults and many processes', () => {
     stop = true;
     await reader;
 
-    assert.ok(killed);
+    assert.ok(killed, 'killed');
     assert.deepEqual(violations.slice(0, 5), []);
-    assert.ok(maxSeen > 0);
+    assert.ok(maxSeen > 0, 'maxSeen > 0');
     assert.equal(rows.length, total, 'archived exactly once');
     assert.equal(new Set(rows.map((r) => r.id)).size, total);
     assert.deepEqual(
@@ -650,7 +650,7 @@ void describe('ingestion under faults and many processes', () => {
     const r = await waiting;
     assert.equal(r.status, 503, JSON.stringify(r.body));
     assert.equal(r.body.error.details.lost, true);
-    assert.ok(r.headers.get('retry-after'));
+    assert.ok(r.headers.get('retry-after'), "r.headers.get('retry-after')");
     // Posting them again (same ids) stores them, now durable.
     const again = await t.api.post('/v1/sessions/s/messages?wait=true', {
       messages: [user('lost 0', { id: 'l0' }), user('lost 1', { id: 'l1' })],
@@ -693,7 +693,7 @@ void describe('ingestion under faults and many processes', () => {
     proxy.heal();
     const during = await post();
     assert.equal(during.status, 503, JSON.stringify(during.body));
-    assert.ok(during.headers.get('retry-after'));
+    assert.ok(during.headers.get('retry-after'), "during.headers.get('retry-after')");
     // Before, every request answered 503 until the process restarted: ioredis kept the connection.
     await eventually(async () => ((await post()).status === 202 ? true : null), 30_000, 'a 202 again');
   });
@@ -714,7 +714,7 @@ void describe('ingestion under faults and many processes', () => {
     }
     assert.equal(r.status, 503, r.text);
     assert.equal(r.body.error.code, 'unavailable');
-    assert.ok(r.headers.get('retry-after'));
+    assert.ok(r.headers.get('retry-after'), "r.headers.get('retry-after')");
     // Before, a plain "redis is unavailable": a client without ids retried and stored it twice.
     assert.deepEqual(r.body.error.details, { dependency: 'redis', maybe_stored: true });
     // Redis ran the accept it had queued once it went on.
@@ -741,7 +741,7 @@ void describe('ingestion under faults and many processes', () => {
       const r = await t.api.post('/v1/sessions/s/messages', { messages: [user('lost?', { id: `x${i}` })] });
       assert.equal(r.status, 503);
       assert.equal(r.body.error.code, 'unavailable');
-      assert.ok(r.headers.get('retry-after'));
+      assert.ok(r.headers.get('retry-after'), "r.headers.get('retry-after')");
     }
     // Reads that need only Postgres keep working.
     assert.equal((await t.api.get('/v1/sessions/s/messages')).status, 200);
@@ -801,7 +801,7 @@ void describe('ingestion under faults and many processes', () => {
     const down = await admin.del(`/v1/admin/tenants/${t.tenantId}`);
     assert.equal(down.status, 503, down.text);
     assert.equal(down.body.error.code, 'unavailable');
-    assert.ok(down.headers.get('retry-after'));
+    assert.ok(down.headers.get('retry-after'), "down.headers.get('retry-after')");
     await redis.start();
     await eventually(
       async () => (await admin.del(`/v1/admin/tenants/${t.tenantId}`)).status === 204,
@@ -960,7 +960,7 @@ void describe('ingestion under faults and many processes', () => {
     for (const r of answers) {
       assert.equal(r.status, 503, r.text);
       assert.equal(r.body.error.code, 'unavailable');
-      assert.ok(r.headers.get('retry-after'));
+      assert.ok(r.headers.get('retry-after'), "r.headers.get('retry-after')");
       // 2 s for a statement on a connection that went silent, 5 s for a new connection's start.
       assert.ok(r.ms < 12_000, `answered in ${r.ms} ms`);
     }
@@ -1167,7 +1167,10 @@ void describe('ingestion under faults and many processes', () => {
       [1, 2],
     );
     // The state carries the idle expiry; it runs out with the two still waiting for a worker.
-    assert.ok((await h.api.deps.redis.ttl(keys.sess)) > 6 * 86_400);
+    assert.ok(
+      (await h.api.deps.redis.ttl(keys.sess)) > 6 * 86_400,
+      '(await h.api.deps.redis.ttl(keys.sess)) > 6 * 86_400',
+    );
     await h.api.deps.redis.del(keys.sess);
     const next = await t.api.post('/v1/sessions/x/messages', { messages: [user('c')] });
     assert.equal(next.status, 202);

@@ -65,7 +65,7 @@ void describe('ingestion', () => {
     );
     const s = await t.api.get('/v1/sessions/chat-1');
     assert.equal(s.body.message_count, 4);
-    assert.ok(s.body.hot_bytes > 0);
+    assert.ok(s.body.hot_bytes > 0, 's.body.hot_bytes > 0');
     assert.equal(s.body.pending_jobs, 0);
     assert.equal(s.body.summary, null);
   });
@@ -814,7 +814,7 @@ void describe('ingestion', () => {
         [t.tenantId],
       );
       assert.equal(r.rows.length, 3);
-      assert.ok(r.rows[0]!.bytes > 40);
+      assert.ok(r.rows[0]!.bytes > 40, 'r.rows[0]!.bytes > 40');
       assert.deepEqual(
         r.rows.map((x) => x.hit_en),
         [true, true, true],

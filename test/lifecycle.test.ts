@@ -377,7 +377,10 @@ void describe('delete', () => {
     assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 404);
     assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 404);
     const listedSessions = await t.api.get('/v1/sessions');
-    assert.ok(!listedSessions.body.sessions.some((x: { id: string }) => x.id === s));
+    assert.ok(
+      !listedSessions.body.sessions.some((x: { id: string }) => x.id === s),
+      '!listedSessions.body.sessions.some((x: { id: string }) => x.id === s)',
+    );
 
     // Postgres: nothing in any session table but a content-free tombstone and the usage counts.
     const rows = await sessionRows(t.tenantId, s);
@@ -386,7 +389,7 @@ void describe('delete', () => {
       'SELECT generation, message_count, hot_bytes, deleted_at, last_message_at, next_seq FROM sessions WHERE tenant_id = $1 AND id = $2',
       [t.tenantId, s],
     );
-    assert.ok(tomb.deleted_at instanceof Date);
+    assert.ok(tomb.deleted_at instanceof Date, 'tomb.deleted_at instanceof Date');
     assert.equal(tomb.generation, 2);
     assert.equal(tomb.message_count, 0);
     assert.equal(tomb.hot_bytes, '0');
@@ -420,7 +423,7 @@ void describe('delete', () => {
 
     // Writing again starts a new session after the old seqs (seq is never reused), created now.
     const again = await archive(t.api, s, [user('new life')]);
-    assert.ok(again[0]! > Math.max(...seqs));
+    assert.ok(again[0]! > Math.max(...seqs), 'again[0]! > Math.max(...seqs)');
     // The live session's state expires a week after its last accept (not for good: an idle
     // session's state is seeded again from Postgres and its inbox at its next accept).
     const live = await redis.ttl(keys.sess);
@@ -478,7 +481,10 @@ void describe('delete', () => {
           }),
         ),
       );
-      assert.ok(posts.every((p) => p.status === 202));
+      assert.ok(
+        posts.every((p) => p.status === 202),
+        'posts.every((p) => p.status === 202)',
+      );
       const oldMax = Math.max(...posts.flatMap((p) => p.body.messages.map((m: { seq: number }) => m.seq)));
       const del = await t.api.del(`/v1/sessions/${s}`);
       assert.equal(del.status, 204);
@@ -518,7 +524,7 @@ void describe('delete', () => {
     assert.deepEqual(behind, { generation: 2, redis_generation: 1 });
 
     const r = await reconcileGenerations(svc.deps, lifecycle);
-    assert.ok(r.reconciled >= 1);
+    assert.ok(r.reconciled >= 1, 'r.reconciled >= 1');
     assert.equal(await redis.hget(inboxKeys(svc.config.prefix, t.tenantId, s).sess, 'gen'), '2');
     const [caught] = await q('SELECT redis_generation FROM sessions WHERE tenant_id = $1 AND id = $2', [
       t.tenantId,
@@ -598,7 +604,7 @@ void describe('delete', () => {
     );
     await reconcileGenerations(svc.deps, lifecycle);
     const later = await archive(t.api, s, [user('after reconcile')]);
-    assert.ok(later[0]! > seqs[1]!);
+    assert.ok(later[0]! > seqs[1]!, 'later[0]! > seqs[1]!');
     assert.deepEqual(
       (await listed(t.api, s))!.map((m) => m.content),
       ['accepted meanwhile 1', 'accepted meanwhile 2', 'after reconcile'],
@@ -1025,7 +1031,10 @@ void describe('export and import', () => {
       out.map((m) => m.seq),
       Array.from({ length: 20 }, (_, i) => i + 1),
     );
-    assert.ok(out.every((m, i) => m.content === body(i)));
+    assert.ok(
+      out.every((m, i) => m.content === body(i)),
+      'out.every((m, i) => m.content === body(i))',
+    );
 
     // The statements the export sends: each page of messages holds about EXPORT_PAGE_BYTES.
     const pages: number[] = [];
@@ -1112,7 +1121,7 @@ void describe('temp reaper', () => {
     }
 
     const first = await reapTempSessions(svc.deps, lifecycle, { now: new Date(Date.now() + 10 * 60_000) });
-    assert.ok(first.deleted >= 1);
+    assert.ok(first.deleted >= 1, 'first.deleted >= 1');
     assert.equal((await t.api.get(`/v1/sessions/${idle}`)).status, 404);
     assert.equal((await t.api.get(`/v1/sessions/${ahead}`)).status, 404);
     assert.equal((await t.api.get(`/v1/sessions/${active}`)).status, 200);
@@ -1211,8 +1220,8 @@ void describe('tenant erasure', () => {
     });
     const indexExists = async (name: string) =>
       (await q('SELECT 1 FROM pg_indexes WHERE indexname = $1', [name])).length > 0;
-    assert.ok(await indexExists(victimIndex));
-    assert.ok(await indexExists(victimFts));
+    assert.ok(await indexExists(victimIndex), 'await indexExists(victimIndex)');
+    assert.ok(await indexExists(victimFts), 'await indexExists(victimFts)');
 
     const r = await admin.del(`/v1/admin/tenants/${victim.tenantId}`);
     assert.equal(r.status, 204, r.text);
@@ -1254,7 +1263,10 @@ void describe('tenant erasure', () => {
       (await listed(bystander.api, tricky))!.map((m) => m.content),
       ['bystander data'],
     );
-    assert.ok((await sessionKeys(bystander.tenantId, tricky)).length > 0);
+    assert.ok(
+      (await sessionKeys(bystander.tenantId, tricky)).length > 0,
+      '(await sessionKeys(bystander.tenantId, tricky)).length > 0',
+    );
     assert.equal((await bystander.api.post(`/v1/sessions/${tricky}/reset`)).status, 200);
   });
 

@@ -75,7 +75,10 @@ void describe('llm client: chat', () => {
       outputTokens: 3,
       finishReason: 'stop',
     });
-    assert.ok(usages[0]?.startedAt instanceof Date && usages[0].startedAt.getTime() <= Date.now());
+    assert.ok(
+      usages[0]?.startedAt instanceof Date && usages[0].startedAt.getTime() <= Date.now(),
+      'usages[0]?.startedAt instanceof Date && usages[0].startedAt.getTime() <= Date.now()',
+    );
     assert.deepEqual(
       usages.map(({ startedAt: _, ...u }) => u),
       [
@@ -213,9 +216,9 @@ void describe('llm client: chat', () => {
     const started = Date.now();
     await client({ maxDelayMs: 5000 }).chat(chatReq());
     const [first, second] = fake.chatRequests();
-    assert.ok(first && second);
+    assert.ok(first && second, 'first && second');
     assert.ok(second.at - first.at >= 280, `retried after ${second.at - first.at}ms`);
-    assert.ok(Date.now() - started < 2000);
+    assert.ok(Date.now() - started < 2000, 'Date.now() - started < 2000');
   });
 
   void test('retry-after is capped at maxDelayMs and exposed on the final error', async () => {
@@ -230,7 +233,7 @@ void describe('llm client: chat', () => {
       assert.equal(err.status, 429);
       assert.equal(err.retryAfterMs, 40);
     });
-    assert.ok(Date.now() - started < 1000);
+    assert.ok(Date.now() - started < 1000, 'Date.now() - started < 1000');
     assert.equal(fake.chatRequests().length, 2);
   });
 
@@ -360,7 +363,7 @@ void describe('llm client: chat', () => {
       assert.equal(err.retryable, false);
     });
     // Well before the 5 s the endpoint asked for.
-    assert.ok(Date.now() - started < 4000);
+    assert.ok(Date.now() - started < 4000, 'Date.now() - started < 4000');
     assert.equal(fake.chatRequests().length, 1);
   });
 
@@ -763,14 +766,17 @@ void describe('llm client: embed', () => {
     for (const [i, v] of vectors.entries()) {
       assert.equal(v.length, 64);
       // The fake embeds with localEmbed, so order is checkable against it.
-      assert.ok(cosine(v, localEmbed(inputs[i] ?? '', 64)) > 0.9999);
+      assert.ok(
+        cosine(v, localEmbed(inputs[i] ?? '', 64)) > 0.9999,
+        "cosine(v, localEmbed(inputs[i] ?? '', 64)) > 0.9999",
+      );
     }
     const body = fake.embeddingRequests()[0]?.body as any;
     assert.equal(body.encoding_format, 'float');
     assert.equal(body.dimensions, 64);
     assert.deepEqual(body.input, inputs);
     assert.equal(usages[0]?.purpose, 'embedding');
-    assert.ok((usages[0]?.inputTokens ?? 0) > 0);
+    assert.ok((usages[0]?.inputTokens ?? 0) > 0, '(usages[0]?.inputTokens ?? 0) > 0');
     assert.equal(usages[0]?.outputTokens, 0);
   });
 
@@ -882,7 +888,10 @@ void describe('fake OpenAI server', () => {
     const asFloat = await post({ encoding_format: 'float' });
     const asBase64 = await post({ encoding_format: 'base64' });
     const asDefault = await post({});
-    assert.ok(Array.isArray(asFloat) && asFloat.length === 32);
+    assert.ok(
+      Array.isArray(asFloat) && asFloat.length === 32,
+      'Array.isArray(asFloat) && asFloat.length === 32',
+    );
     assert.equal(typeof asBase64, 'string');
     assert.equal(asDefault, asBase64);
     assert.deepEqual(decodeFloat32Base64(asBase64 as string), asFloat);
@@ -901,7 +910,7 @@ void describe('fake OpenAI server', () => {
     assert.equal(body.choices[0].finish_reason, 'stop');
 
     const models = (await (await fetch(`${fake.url}/models`)).json()) as any;
-    assert.ok(models.data.length > 0);
+    assert.ok(models.data.length > 0, 'models.data.length > 0');
 
     const missing = await fetch(`${fake.url}/nope`);
     assert.equal(missing.status, 404);
@@ -929,7 +938,7 @@ void describe('local embedder', () => {
     assert.deepEqual(a, b);
     assert.equal(a.length, 384);
     const norm = Math.sqrt(a.reduce((s, v) => s + v * v, 0));
-    assert.ok(Math.abs(norm - 1) < 1e-9);
+    assert.ok(Math.abs(norm - 1) < 1e-9, 'Math.abs(norm - 1) < 1e-9');
     assert.deepEqual(localEmbedMany(['The quick brown fox, 2024!'], 384), [a]);
     assert.equal(LOCAL_EMBEDDING_MODEL, 'local-hash');
   });
@@ -964,7 +973,10 @@ void describe('local embedder', () => {
     const sameStem = localEmbed('archive compaction', dims);
     const unrelated = localEmbed('banana smoothie recipe', dims);
     assert.ok(cosine(query, sameStem) > 0.6, `same stem ${cosine(query, sameStem)}`);
-    assert.ok(cosine(query, sameStem) > cosine(query, unrelated) + 0.4);
+    assert.ok(
+      cosine(query, sameStem) > cosine(query, unrelated) + 0.4,
+      'cosine(query, sameStem) > cosine(query, unrelated) + 0.4',
+    );
   });
 
   void test('CJK bigram overlap gives high similarity', () => {
@@ -1036,6 +1048,9 @@ void describe('local embedder', () => {
 
   void test('Latin words glued to CJK are still separate features', () => {
     const dims = 384;
-    assert.ok(cosine(localEmbed('API記憶', dims), localEmbed('api', dims)) > 0.5);
+    assert.ok(
+      cosine(localEmbed('API記憶', dims), localEmbed('api', dims)) > 0.5,
+      "cosine(localEmbed('API記憶', dims), localEmbed('api', dims)) > 0.5",
+    );
   });
 });

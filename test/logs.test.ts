@@ -177,7 +177,10 @@ void describe('request log lines', () => {
       assert.deepEqual(new Set(booms), new Set([500]));
       const refused = lines.find((l) => l.msg === REDIS_DOWN && l.route === '/:sid/messages');
       assert.equal(refused?.redis_error, "READONLY You can't write against a read only replica.");
-      assert.ok(!JSON.stringify(lines).includes('private message text'));
+      assert.ok(
+        !JSON.stringify(lines).includes('private message text'),
+        "!JSON.stringify(lines).includes('private message text')",
+      );
       const bareLine = lines.find((l) => l.msg === REDIS_DOWN && l.route === '/:sid/bare');
       assert.ok(bareLine && !('redis_error' in bareLine), 'nothing to quote without a cause');
       // One line per kind of error and route, however many requests met it.
@@ -188,7 +191,10 @@ void describe('request log lines', () => {
           ['RangeError', '/:sid/other', 50],
         ],
       );
-      assert.ok(!JSON.stringify(lines).includes('bob@example.com'));
+      assert.ok(
+        !JSON.stringify(lines).includes('bob@example.com'),
+        "!JSON.stringify(lines).includes('bob@example.com')",
+      );
     } finally {
       server.close();
     }

@@ -269,14 +269,17 @@ void describe('operations', () => {
     assert.equal(limited.status, 429);
     assert.equal(limited.body.error.code, 'rate_limited');
     const retryAfter = Number(limited.headers.get('retry-after'));
-    assert.ok(retryAfter >= 1 && retryAfter <= 60);
+    assert.ok(retryAfter >= 1 && retryAfter <= 60, 'retryAfter >= 1 && retryAfter <= 60');
     assert.equal((await b.api.get('/v1/sessions')).status, 200, 'another key has its own budget');
     // A route of a capability module (mounted beside others on /v1/sessions) costs one request too.
     const search = await b.api.post('/v1/sessions/nope/search', { query: 'x' });
     assert.equal(search.headers.get('x-ratelimit-remaining'), '3');
     assert.equal((await api(svc.base).get('/healthz')).status, 200, 'ops endpoints are not limited');
     const text = await (await fetch(`${svc.base}/metrics`)).text();
-    assert.ok(metricValue(text, 'mnemos_rate_limited_total') >= 1);
+    assert.ok(
+      metricValue(text, 'mnemos_rate_limited_total') >= 1,
+      "metricValue(text, 'mnemos_rate_limited_total') >= 1",
+    );
   });
 
   void test('the budget is shared through Redis across processes, and a new minute restores it', async () => {
@@ -564,7 +567,7 @@ void describe('Postgres states that are not an outage', () => {
       assert.equal(write.status, 503);
       assert.equal(write.body.error.code, 'read_only');
       assert.match(write.body.error.message, /postgres refuses writes: the database is read-only/);
-      assert.ok(Number(write.headers.get('retry-after')) > 0);
+      assert.ok(Number(write.headers.get('retry-after')) > 0, "Number(write.headers.get('retry-after')) > 0");
       const logged = s.lines.find(
         (l) => l.route === '/v1/sessions/:sid' && l.method === 'DELETE' && l.code === 'read_only',
       );
@@ -576,7 +579,10 @@ void describe('Postgres states that are not an outage', () => {
       });
       assert.equal(posted.status, 503, posted.text);
       assert.equal(posted.body.error.code, 'read_only');
-      assert.ok(s.lines.some((l) => l.route === '/v1/sessions/:sid/messages' && l.pg_code === '25006'));
+      assert.ok(
+        s.lines.some((l) => l.route === '/v1/sessions/:sid/messages' && l.pg_code === '25006'),
+        "s.lines.some((l) => l.route === '/v1/sessions/:sid/messages' && l.pg_code === '25006')",
+      );
       // A process started now (a restart or a deploy during the failover) starts and serves
       // reads: with nothing to migrate, its start writes nothing (it stopped at CREATE TABLE).
       const second = await startTestService({ mode: 'api', databaseUrl: s.url });
@@ -618,7 +624,10 @@ void describe('Postgres states that are not an outage', () => {
       assert.deepEqual(new Set(statuses), new Set([503]), JSON.stringify(statuses));
       assert.equal(refused.status, 503);
       assert.match(refused.body.error.message, /no mnemos schema/);
-      assert.ok(Number(refused.headers.get('retry-after')) > 0);
+      assert.ok(
+        Number(refused.headers.get('retry-after')) > 0,
+        "Number(refused.headers.get('retry-after')) > 0",
+      );
       assert.match((await api(s.own.base).get('/readyz')).body.checks.migrations, /^pending: 001_init/);
       const logged = s.lines.find((l) => l.code === 'schema_not_migrated');
       assert.equal(logged?.pg_code, '42P01');

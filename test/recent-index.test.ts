@@ -148,10 +148,13 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
       sentLatin.length <= MAX_EMBED_CHARS && sentLatin.length > MAX_EMBED_CHARS * 0.8,
       `latin ${sentLatin.length}`,
     );
-    assert.ok(estimateTokens(sentLatin) <= MAX_EMBED_TOKENS);
+    assert.ok(estimateTokens(sentLatin) <= MAX_EMBED_TOKENS, 'estimateTokens(sentLatin) <= MAX_EMBED_TOKENS');
     // CJK text costs more tokens per character, so it is cut shorter.
     assert.ok(sentCjk.length < 5000 && estimateTokens(sentCjk) <= MAX_EMBED_TOKENS, `cjk ${sentCjk.length}`);
-    assert.ok(latin.startsWith(sentLatin) && cjk.startsWith(sentCjk));
+    assert.ok(
+      latin.startsWith(sentLatin) && cjk.startsWith(sentCjk),
+      'latin.startsWith(sentLatin) && cjk.startsWith(sentCjk)',
+    );
   });
 
   void test('prepareEmbedText passes short text unchanged and cuts long text at a code point', () => {
@@ -163,7 +166,10 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     const cut = prepareEmbedText(emoji)!;
     assert.equal(cut.length % 2, 0, 'no half surrogate pair at the end');
     assert.equal(Array.from(cut).length, Math.floor(MAX_EMBED_TOKENS / 1.5));
-    assert.ok(emoji.startsWith(cut) && estimateTokens(cut) <= MAX_EMBED_TOKENS);
+    assert.ok(
+      emoji.startsWith(cut) && estimateTokens(cut) <= MAX_EMBED_TOKENS,
+      'emoji.startsWith(cut) && estimateTokens(cut) <= MAX_EMBED_TOKENS',
+    );
   });
 
   void test('a message the embedder refuses alone is skipped and does not block the others', async () => {
@@ -607,7 +613,10 @@ void describe('recent index with the local embedder', () => {
     );
     await vectorsFor(svc, t.tenantId, 'shrinks', seqs);
     const name = annIndexName(t.tenantId, 'shrinks', 384);
-    assert.ok((await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 })).built.includes(name));
+    assert.ok(
+      (await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 })).built.includes(name),
+      '(await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 5 })).built.includes(name)',
+    );
     // As after a reset or a compaction.
     await svc.deps.db.query(
       'DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2 AND seq > $3',
@@ -887,7 +896,7 @@ void describe('the recent index yields to archiving during a burst', () => {
     const t = await svc.newTenant();
     const armed = `${svc.config.prefix}:armed`;
     const embedQueue = svc.deps.queues?.embed;
-    assert.ok(embedQueue);
+    assert.ok(embedQueue, 'embedQueue');
     // A session whose accepted messages have waited a second for their drain, kept that way:
     // younger than the ingest sweeper's threshold (2 s here), which would re-request its flush.
     const stuck = `${t.tenantId} stuck`;

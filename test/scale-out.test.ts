@@ -144,7 +144,8 @@ void describe('scale-out: 2 API + 3 worker processes, 50 sessions', () => {
         expected.get(s),
         `session ${s} in order, once`,
       );
-      for (let i = 1; i < got.length; i++) assert.ok(got[i]!.seq > got[i - 1]!.seq);
+      for (let i = 1; i < got.length; i++)
+        assert.ok(got[i]!.seq > got[i - 1]!.seq, 'got[i]!.seq > got[i - 1]!.seq');
     }
 
     // Every message summarised exactly once, across the three workers' sweeps.

@@ -95,7 +95,10 @@ async function search(api: Api, session: string, body: Record<string, unknown>):
         [...ctx].sort((a, b) => a - b),
         'context in seq order',
       );
-      assert.ok(['archive', 'recent', 'both'].includes(h.source));
+      assert.ok(
+        ['archive', 'recent', 'both'].includes(h.source),
+        "['archive', 'recent', 'both'].includes(h.source)",
+      );
       assert.equal(typeof h.score, 'number');
     }
   }
@@ -217,7 +220,10 @@ void describe('query parsing and ranking (pure)', () => {
       hyphens.map((l) => [l.kind, words(l).length]),
       [['english-phrase', MAX_LEAF_TOKENS]],
     );
-    assert.ok(hyphens[0]!.text.endsWith(`w${MAX_LEAF_TOKENS - 1}`));
+    assert.ok(
+      hyphens[0]!.text.endsWith(`w${MAX_LEAF_TOKENS - 1}`),
+      'hyphens[0]!.text.endsWith(`w${MAX_LEAF_TOKENS - 1}`)',
+    );
     const runs = ftsLeaves({ text: 'x記'.repeat(5_000), phrase: false });
     assert.equal(runs.length, MAX_LEAVES_PER_TERM);
     // Short terms are untouched.
@@ -379,7 +385,10 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.equal(r.status, 200);
     assert.deepEqual(sorted(r.body.hits.map((h) => h.seq)), [a, c]);
     // Full text found it; the literal "compacting" is nowhere, so the substring matcher did not.
-    assert.ok(r.body.hits.every((h) => h.source === 'archive'));
+    assert.ok(
+      r.body.hits.every((h) => h.source === 'archive'),
+      "r.body.hits.every((h) => h.source === 'archive')",
+    );
     assert.match(String(r.body.hits.find((h) => h.seq === a)?.content), /compaction/);
   });
 
@@ -491,7 +500,10 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     await moveCutoff(s, db! + 1);
     const kw = async (query: string) => {
       const r = await search(api, s, { query, match: 'keyword' });
-      assert.ok(r.body.hits.every((h) => h.source === 'archive'));
+      assert.ok(
+        r.body.hits.every((h) => h.source === 'archive'),
+        "r.body.hits.every((h) => h.source === 'archive')",
+      );
       return sorted(r.body.hits.map((h) => h.seq));
     };
     assert.deepEqual(await kw('東京'), [tokyo]);
@@ -547,7 +559,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
   void test('full text covers a long message whole, and a megabyte of distinct tokens up to where it fits', async () => {
     const s = sid('long');
     const long = `lorem ipsum ${'dolor sit amet consectetur '.repeat(3000)}zebrafinish`;
-    assert.ok(long.length > 70_000);
+    assert.ok(long.length > 70_000, 'long.length > 70_000');
     // 27,000 UUIDs: a hyphenated token is indexed whole and in parts, ~2 MB of lexemes, over
     // Postgres's 1 MB per tsvector: the first 65,536 characters are indexed (and it is archived).
     const uuids = Array.from({ length: 27_000 }, () => randomUUID()).join(' ');
@@ -559,7 +571,10 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     await moveCutoff(s, both! + 4);
     const kw = async (query: string) => {
       const r = await search(api, s, { query, match: 'keyword' });
-      assert.ok(r.body.hits.every((h) => h.source === 'archive'));
+      assert.ok(
+        r.body.hits.every((h) => h.source === 'archive'),
+        "r.body.hits.every((h) => h.source === 'archive')",
+      );
       return r.body.hits.map((h) => h.seq);
     };
     assert.deepEqual(await kw('zebrafinish'), [whole], 'a word after the first 65,536 characters');
@@ -731,7 +746,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       { role: 'assistant', content: null, tool_calls: [odd] },
       { role: 'tool', tool_call_id: 'call_2', content: 'done' },
     ]);
-    assert.ok(withOdd && after);
+    assert.ok(withOdd && after, 'withOdd && after');
     assert.deepEqual(await hitSeqs(api, s, { query: 'pelican', match: 'keyword' }), [withOdd]);
 
     // Values as the model wrote them: an id past 2^53, a decimal's trailing zero, both values of a
@@ -877,7 +892,10 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     // bonus (0.1) above the phrase's full-text rank (~0.09), and the one exact match was dropped.
     const phrase = await search(api, s, { query: '"step 3"', match: 'keyword', limit: 3 });
     assert.equal(phrase.body.hits[0]!.seq, step3);
-    assert.ok(phrase.body.hits[0]!.score > phrase.body.hits[1]!.score);
+    assert.ok(
+      phrase.body.hits[0]!.score > phrase.body.hits[1]!.score,
+      'phrase.body.hits[0]!.score > phrase.body.hits[1]!.score',
+    );
     assert.equal((await hitSeqs(api, s, { query: '"step 3"', match: 'keyword', limit: 1 }))[0], step3);
     assert.equal((await hitSeqs(api, s, { query: '"step 3"', match: 'hybrid', limit: 1 }))[0], step3);
     // Full text reads `2.0` as a token of its own; `2` finds it as a word, so `-2` leaves it out.
@@ -1197,7 +1215,12 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       hy.map((h) => h.seq),
       order.map(([seq]) => seq),
     );
-    hy.forEach((h) => assert.ok(Math.abs(h.score - expected.get(h.seq)!) < 1e-12));
+    hy.forEach((h) =>
+      assert.ok(
+        Math.abs(h.score - expected.get(h.seq)!) < 1e-12,
+        'Math.abs(h.score - expected.get(h.seq)!) < 1e-12',
+      ),
+    );
     // Found by the archive's full text and the recent vectors.
     assert.equal(hy.find((h) => h.seq === exact)?.source, 'both');
     assert.equal(hy.find((h) => h.seq === solar)?.source, 'recent');
@@ -1538,7 +1561,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.match(metrics, /mnemos_search_duration_seconds_count\{match="keyword"\} [1-9]/);
     assert.match(metrics, /mnemos_search_duration_seconds_count\{match="hybrid"\} [1-9]/);
     const doc = (await api.get('/openapi.json')).body;
-    assert.ok(doc.paths['/v1/sessions/{sid}/search']?.post);
+    assert.ok(doc.paths['/v1/sessions/{sid}/search']?.post, "doc.paths['/v1/sessions/{sid}/search']?.post");
   });
 });
 
@@ -1993,7 +2016,7 @@ void describe('search across compaction and with an LLM embedder', () => {
     await ensureVectors(svc, tenantId, s);
     const hot = targets.filter((q) => q >= cutoff);
     const cold = targets.filter((q) => q < cutoff);
-    assert.ok(hot.length > 0 && cold.length > 0);
+    assert.ok(hot.length > 0 && cold.length > 0, 'hot.length > 0 && cold.length > 0');
 
     r = await search(api, s, { query: 'compaction', match: 'keyword', limit: 32 });
     assert.deepEqual(sorted(r.body.hits.map((h) => h.seq)), targets);
@@ -2051,7 +2074,7 @@ void describe('search across compaction and with an LLM embedder', () => {
     assert.equal(sem.status, 200);
     assert.equal(sem.body.hits[0]?.seq, exact);
     // "red fox den" shares nothing with the query: no match, however near it ranks.
-    assert.ok(!sem.body.hits.some((h) => h.seq === other));
+    assert.ok(!sem.body.hits.some((h) => h.seq === other), '!sem.body.hits.some((h) => h.seq === other)');
     assert.ok(fake.embeddingRequests().length > before, 'the query went to the embeddings endpoint');
 
     const keyword = await hitSeqs(api, s, { query: 'whale', match: 'keyword' });

@@ -229,7 +229,10 @@ void describe('security hardening', () => {
     for (let i = 0; i < 10_001; i += 50) {
       const batch = Array.from({ length: Math.min(50, 10_001 - i) }, (_, j) => unknownKey(i + j));
       const answers = await Promise.all(batch.map((k) => keys.authenticate(k)));
-      assert.ok(answers.every((a) => a === null));
+      assert.ok(
+        answers.every((a) => a === null),
+        'answers.every((a) => a === null)',
+      );
     }
 
     // Assert: the valid key is still answered from the cache, and so is a repeated unknown one.

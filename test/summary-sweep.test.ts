@@ -102,7 +102,10 @@ void describe('summary sweep', () => {
       20_000,
       'two more sweeps',
     );
-    assert.ok(later.every((j) => (j.returnvalue as { candidates: number }).candidates === 0));
+    assert.ok(
+      later.every((j) => (j.returnvalue as { candidates: number }).candidates === 0),
+      'later.every((j) => (j.returnvalue as { candidates: number }).candidates === 0)',
+    );
     assert.equal(fake.chatRequests().length, calls, 'no LLM call for an unchanged session');
     assert.equal((await api.get(`/v1/sessions/${temp}/summary`)).status, 404);
     assert.ok(!fake.chatRequests().some((r) => userText(r.body).includes('[T:tmp')), 'temp- never sent');
@@ -154,7 +157,10 @@ void describe('summary sweep', () => {
       // The order a worker takes them in: the requests' jobs (the joined one moved up), then the
       // sweep's.
       assert.deepEqual(await takeOrder(queue, [t.tenantId]), [joined, own, backlog]);
-      assert.ok((await queue.getJobs(['prioritized'])).some((j) => j.id === ids[joined]));
+      assert.ok(
+        (await queue.getJobs(['prioritized'])).some((j) => j.id === ids[joined]),
+        "(await queue.getJobs(['prioritized'])).some((j) => j.id === ids[joined])",
+      );
     } finally {
       await queue.resume();
     }
@@ -305,7 +311,7 @@ void describe('two worker processes', () => {
     const late = sent.filter((x) => x.at > stopAt).length;
     // At most the chunk whose check passed just before the signal; before, all 18 or so left.
     assert.ok(late <= 1, `${late} chunks sent after the workers began to stop`);
-    assert.ok(sent.length < 20);
+    assert.ok(sent.length < 20, 'sent.length < 20');
     workers = [await startWorker()];
     await eventually(
       async () => (await api.get(`/v1/sessions/${s}/summary`)).body.cursor_seq === seqs[seqs.length - 1],

@@ -205,7 +205,7 @@ void describe('summarize job', () => {
     assert.equal(first.status, 'ok');
     assert.equal(first.summary.current_discussion.description, '[T:a1] [T:a2]');
     const [call] = summaryCalls();
-    assert.ok(call);
+    assert.ok(call, 'call');
     assert.match(systemOf(call), /Previous summary \(JSON\):\nnone yet/);
     assert.match(transcriptOf(call), /^\[2026-01-02 11:04:05 \+08:00\] user:\n {2}\[T:a1\]/);
     assert.equal((call.body as { response_format?: unknown }).response_format !== undefined, true);
@@ -403,11 +403,11 @@ void describe('summarize job', () => {
     await summarize(s);
     const [call] = summaryCalls();
     const text = transcriptOf(call!);
-    assert.ok(codePoints(text) <= BUDGET);
+    assert.ok(codePoints(text) <= BUDGET, 'codePoints(text) <= BUDGET');
     const m = /…\[truncated (\d+) characters\]$/.exec(text);
     assert.ok(m, 'marker at the end');
     const kept = text.slice(text.indexOf('\n') + 3, m.index);
-    assert.ok(content.startsWith(kept));
+    assert.ok(content.startsWith(kept), 'content.startsWith(kept)');
     assert.equal(codePoints(kept) + Number(m[1]), codePoints(content));
   });
 
@@ -570,7 +570,7 @@ void describe('summarize job', () => {
     const done = await summarize(s);
     assert.equal(done.outcome, 'summarized');
     assert.equal(done.failures, 0);
-    assert.ok(done.cursor_seq > more[0]!);
+    assert.ok(done.cursor_seq > more[0]!, 'done.cursor_seq > more[0]!');
     assert.deepEqual(tokensIn(transcriptOf(summaryCalls().at(-1)!)), ['[T:l4]']);
   });
 
@@ -640,7 +640,7 @@ void describe('summarize job', () => {
     for (let i = 0; i < 5; i++) last = await summarize(s);
     assert.equal(last.status, 'stalled');
     assert.equal(last.failures, 5);
-    assert.ok(Date.parse(last.next_attempt_at) > Date.now());
+    assert.ok(Date.parse(last.next_attempt_at) > Date.now(), 'Date.parse(last.next_attempt_at) > Date.now()');
 
     // No summary text yet: a 404 (SPEC), whose details keep the state.
     const got = await api.get(`/v1/sessions/${s}/summary`);
@@ -775,7 +775,7 @@ void describe('summarize job', () => {
     assert.equal(row.purpose, 'summary');
     assert.equal(row.model, svc.config.summaryModel);
     assert.equal(row.calls, 1);
-    assert.ok(row.input_tokens > 0 && row.output_tokens > 0);
+    assert.ok(row.input_tokens > 0 && row.output_tokens > 0, 'row.input_tokens > 0 && row.output_tokens > 0');
     assert.equal((await api.get('/v1/usage?window=1y')).status, 400);
     const all = await api.get('/v1/usage');
     assert.equal(all.body.window, '24h');
@@ -983,10 +983,10 @@ void describe('decision model', () => {
       userOf(sup!),
     );
     const system = systemOf(summaryCalls()[0]!);
-    assert.ok(!system.includes('indent with tabs'));
-    assert.ok(system.includes("Don't: use emoji"));
-    assert.ok(system.includes('GitHub Actions'));
-    assert.ok(!system.includes('tabs vs spaces'));
+    assert.ok(!system.includes('indent with tabs'), "!system.includes('indent with tabs')");
+    assert.ok(system.includes("Don't: use emoji"), 'system.includes("Don\'t: use emoji")');
+    assert.ok(system.includes('GitHub Actions'), "system.includes('GitHub Actions')");
+    assert.ok(!system.includes('tabs vs spaces'), "!system.includes('tabs vs spaces')");
     const usage = await api.get(`/v1/usage?session_id=${s}`);
     assert.deepEqual(
       usage.body.rows
@@ -1023,7 +1023,10 @@ void describe('decision model', () => {
     assert.equal(r.outcome, 'summarized');
     assert.equal(r.dropped, 0);
     assert.deepEqual(tokensIn(transcriptOf(summaryCalls()[0]!)), ['[T:g1]', '[T:g2]', '[T:g3]', '[T:g4]']);
-    assert.ok(systemOf(summaryCalls()[0]!).includes('Do: keep answers short'));
+    assert.ok(
+      systemOf(summaryCalls()[0]!).includes('Do: keep answers short'),
+      "systemOf(summaryCalls()[0]!).includes('Do: keep answers short')",
+    );
 
     fake.reset();
     await archive(s, [user('[T:g5] hi again')]);
@@ -1230,7 +1233,7 @@ void describe('usage retention', () => {
       if (run.finished) break;
     }
     assert.ok(runs.length > 1, 'took more than one run');
-    assert.ok(runs.reduce((x, y) => x + y, 0) >= 10);
+    assert.ok(runs.reduce((x, y) => x + y, 0) >= 10, 'runs.reduce((x, y) => x + y, 0) >= 10');
     assert.deepEqual(await ages(t.tenantId), [0]);
     // A finished pass starts the tenant's next one at its cutoff: nothing left to delete.
     assert.deepEqual(await pruneUsage(svc.deps, state, { batch: 2, maxBatches: 1000 }), {

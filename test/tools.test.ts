@@ -55,14 +55,21 @@ void describe('agent tools', () => {
     for (const t of tools) {
       assert.equal(t.type, 'function');
       assert.match(t.function.name, /^[a-zA-Z0-9_-]{1,64}$/);
-      assert.ok(t.function.description.length > 40 && t.function.description.length < 1024);
+      assert.ok(
+        t.function.description.length > 40 && t.function.description.length < 1024,
+        't.function.description.length > 40 && t.function.description.length < 1024',
+      );
       const p = t.function.parameters;
       assert.equal(p.type, 'object');
       assert.equal(p.additionalProperties, false);
       for (const [k, v] of Object.entries(p.properties as Record<string, any>)) {
         assert.ok(types.has(v.type), `${t.function.name}.${k} has a JSON Schema type`);
-        if (v.enum) assert.ok(Array.isArray(v.enum) && v.enum.every((e: unknown) => typeof e === 'string'));
-        if (v.type === 'array') assert.ok(v.items?.type);
+        if (v.enum)
+          assert.ok(
+            Array.isArray(v.enum) && v.enum.every((e: unknown) => typeof e === 'string'),
+            "Array.isArray(v.enum) && v.enum.every((e: unknown) => typeof e === 'string')",
+          );
+        if (v.type === 'array') assert.ok(v.items?.type, 'v.items?.type');
       }
       for (const req of p.required ?? []) assert.ok(req in p.properties, `${req} is a property`);
     }
@@ -476,12 +483,12 @@ void describe('agent tools', () => {
     assert.match(found, /action: started the cluster/);
     // A pasted trace longer than the REST body takes is cut, not refused.
     const trace = `psql: connection refused\n${'    at frame (file.js:1:1)\n'.repeat(200)}`;
-    assert.ok(trace.length > 4000);
+    assert.ok(trace.length > 4000, 'trace.length > 4000');
     const long = await call(a.api, 's2', 'error_history', { keyword: trace, tool_name: 'psql' });
     assert.match(long, new RegExp(`id: ${id}`));
     // A Python traceback ends with the error: the cut keeps the end too.
     const traceback = `Traceback (most recent call last):\n${'  File "app.py", line 1, in handler\n    run()\n'.repeat(120)}psql: connection refused`;
-    assert.ok(traceback.length > 4000);
+    assert.ok(traceback.length > 4000, 'traceback.length > 4000');
     const tail = await call(a.api, 's2', 'error_history', { keyword: traceback, tool_name: 'psql' });
     assert.match(tail, new RegExp(`id: ${id}`));
     // A blank tool name is "any tool", as models send it.
