@@ -4,6 +4,8 @@ import { QUEUE_NAMES } from '../workers/queues.js';
 import { oldestArmedAt } from './messages/inbox.js';
 
 const STATES = ['waiting', 'active', 'delayed', 'failed', 'prioritized'] as const;
+/** Active jobs read per queue per sample (the oldest first). */
+const ACTIVE_SAMPLE = 200;
 
 /**
  * Queue depth and the age of the oldest waiting job, sampled on a timer rather than per scrape
@@ -27,6 +29,14 @@ export async function sampleQueues(
       if (armedAt !== null) since = Math.min(since, armedAt);
     }
     deps.metrics.queueOldestAge.set({ queue: name }, Math.max(0, (now - since) / 1000));
+    // A drain whose statement waits on a connection that went silent (behind a proxy that keeps
+    // acknowledging) stays active for good, holding a worker slot, while nothing waits: the age
+    // above stayed 0 for a tester's five such jobs. Active jobs are at most the workers' slots.
+    let started = now;
+    for (const job of await q.getJobs(['active'], 0, ACTIVE_SAMPLE - 1, true)) {
+      started = Math.min(started, job.processedOn ?? job.timestamp);
+    }
+    deps.metrics.queueLongestActive.set({ queue: name }, Math.max(0, (now - started) / 1000));
   }
 }
 

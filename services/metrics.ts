@@ -76,6 +76,12 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       labelNames: ['queue'] as const,
       registers: [registry],
     }),
+    queueLongestActive: new Gauge({
+      name: 'mnemos_queue_longest_active_job_seconds',
+      help: 'How long the longest-running active job per queue has run, 0 when none (sampled): a job stuck on a dead connection',
+      labelNames: ['queue'] as const,
+      registers: [registry],
+    }),
     summaryLag: new Gauge({
       name: 'mnemos_summary_lag_seconds',
       help: 'Age of the oldest archived message not yet summarised (sampled every minute; 0 without an LLM)',

@@ -177,6 +177,45 @@ void describe('operations', () => {
     await eventually(async () => (await t.api.get('/v1/sessions/stuck')).body.message_count === 1, 20_000);
   });
 
+  void test('a drain stuck in Postgres shows as the ingest queue’s longest active job, though nothing waits', async () => {
+    const t = await svc.newTenant();
+    const locker = new pg.Client({ connectionString: svc.config.databaseUrl });
+    await locker.connect();
+    try {
+      await t.api.post('/v1/sessions/held/messages?wait=true', {
+        messages: [{ role: 'user', content: 'one' }],
+      });
+      // Its drain takes the session row first: held here, the drain's job stays active.
+      await locker.query('BEGIN');
+      await locker.query('SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE', [
+        t.tenantId,
+        'held',
+      ]);
+      assert.equal(
+        (await t.api.post('/v1/sessions/held/messages', { messages: [{ role: 'user', content: 'two' }] }))
+          .status,
+        202,
+      );
+      await eventually(
+        async () => ((await svc.deps.queues.ingest.getJobCounts('active')).active ?? 0) > 0,
+        10_000,
+        'the drain active',
+      );
+      await new Promise((resolve) => setTimeout(resolve, 1100));
+      await sampleQueues(svc.deps);
+      const text = await (await fetch(`${svc.base}/metrics`)).text();
+      assert.ok(metricValue(text, 'mnemos_queue_longest_active_job_seconds', 'queue="ingest"') >= 1, text);
+    } finally {
+      await locker.query('ROLLBACK').catch(() => undefined);
+      await locker.end();
+    }
+    await eventually(async () => (await t.api.get('/v1/sessions/held')).body.message_count === 2, 20_000);
+    await sampleQueues(svc.deps);
+    const after = await (await fetch(`${svc.base}/metrics`)).text();
+    // Back under a second once it drained (another job may have just started).
+    assert.ok(metricValue(after, 'mnemos_queue_longest_active_job_seconds', 'queue="ingest"') < 1, after);
+  });
+
   void test('a job that fails for good before its last attempt is counted as final', async () => {
     const failures = async (final: string) =>
       (await svc.deps.metrics.jobFailures.get()).values.find(
