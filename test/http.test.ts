@@ -428,6 +428,21 @@ void describe('JSON Lines import encodings', () => {
 });
 
 void describe('export under load and faults', () => {
+  /** Until `n` statements wait on the lock `locker` holds on the messages table. */
+  const waitingOnLock = (locker: pg.Client, n: number, what: string) =>
+    eventually(
+      async () =>
+        Number(
+          (
+            await locker.query(
+              `SELECT count(*) AS n FROM pg_locks WHERE relation = 'messages'::regclass AND NOT granted`,
+            )
+          ).rows[0].n,
+        ) >= n,
+      5000,
+      what,
+    );
+
   void test('while the archive is locked: a fifth export answers 503 export_busy, and one whose first page times out a 503, not an empty reply', async () => {
     const t = await newTenant();
     const s = sid('locked');
@@ -442,18 +457,7 @@ void describe('export under load and faults', () => {
       await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
       // Four exports take the slots and wait on the lock (PG_REQUEST_TIMEOUT_MS is 8 s here).
       const held = Array.from({ length: 4 }, () => t.api.get(`/v1/sessions/${s}/export`));
-      await eventually(
-        async () =>
-          Number(
-            (
-              await locker.query(
-                `SELECT count(*) AS n FROM pg_locks WHERE relation = 'messages'::regclass AND NOT granted`,
-              )
-            ).rows[0].n,
-          ) >= 4,
-        5000,
-        'four exports waiting on the lock',
-      );
+      await waitingOnLock(locker, 4, 'four exports waiting on the lock');
       const fifth = await t.api.get(`/v1/sessions/${s}/export`);
       assert.equal(fifth.status, 503, fifth.text);
       assert.equal(fifth.body.error.code, 'export_busy');
@@ -500,18 +504,7 @@ void describe('export under load and faults', () => {
       await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
       // The export has read the session (its generation) and waits on its first page.
       const exported = t.api.get(`/v1/sessions/${s}/export`);
-      await eventually(
-        async () =>
-          Number(
-            (
-              await locker.query(
-                `SELECT count(*) AS n FROM pg_locks WHERE relation = 'messages'::regclass AND NOT granted`,
-              )
-            ).rows[0].n,
-          ) >= 1,
-        5000,
-        'the export waiting on the lock',
-      );
+      await waitingOnLock(locker, 1, 'the export waiting on the lock');
       // What a reset does to the row the export checks after its page, committed as the lock goes.
       const bumped = await locker.query(
         'UPDATE sessions SET generation = generation + 1 WHERE tenant_id = $1 AND id = $2',
