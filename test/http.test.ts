@@ -428,6 +428,17 @@ void describe('JSON Lines import encodings', () => {
 });
 
 void describe('export under load and faults', () => {
+  /** A new tenant's session holding one archived message. */
+  async function sessionWithOneMessage(tag: string) {
+    const t = await newTenant();
+    const s = sid(tag);
+    const r = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
+      messages: [{ role: 'user', content: 'hello' }],
+    });
+    assert.equal(r.status, 201);
+    return { t, s };
+  }
+
   /** Until `n` statements wait on the lock `locker` holds on the messages table. */
   const waitingOnLock = (locker: pg.Client, n: number, what: string) =>
     eventually(
@@ -444,12 +455,7 @@ void describe('export under load and faults', () => {
     );
 
   void test('while the archive is locked: a fifth export answers 503 export_busy, and one whose first page times out a 503, not an empty reply', async () => {
-    const t = await newTenant();
-    const s = sid('locked');
-    const r0 = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
-      messages: [{ role: 'user', content: 'hello' }],
-    });
-    assert.equal(r0.status, 201);
+    const { t, s } = await sessionWithOneMessage('locked');
     const locker = new pg.Client({ connectionString: dbUrl });
     await locker.connect();
     try {
@@ -478,12 +484,7 @@ void describe('export under load and faults', () => {
   });
 
   void test('a reset that lands while the first page is read answers 409 session_changed, not a 500', async () => {
-    const t = await newTenant();
-    const s = sid('raced');
-    const r0 = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
-      messages: [{ role: 'user', content: 'hello' }],
-    });
-    assert.equal(r0.status, 201);
+    const { t, s } = await sessionWithOneMessage('raced');
     const locker = new pg.Client({ connectionString: dbUrl });
     await locker.connect();
     try {

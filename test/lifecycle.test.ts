@@ -65,6 +65,16 @@ async function archive(t: Api, session: string, messages: Msg[]): Promise<number
   return r.body.messages.map((m: { seq: number }) => m.seq);
 }
 
+/** Posts without waiting (202): with the ingest worker held back, the messages stay in the inbox. */
+async function accepted(t: Api, session: string, messages: Msg[]): Promise<number[]> {
+  const r = await t.post(`/v1/sessions/${session}/messages`, { messages });
+  assert.equal(r.status, 202, JSON.stringify(r.body));
+  return r.body.messages.map((m: { seq: number }) => m.seq);
+}
+
+/** Inbox entries dropped so far (mnemos_messages_dropped_total). */
+const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
+
 async function listed(t: Api, session: string): Promise<any[] | null> {
   const out: any[] = [];
   let after: number | null = null;
@@ -264,16 +274,8 @@ void describe('reset', () => {
     const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
     await ingest.pause();
     try {
-      const r = await t.api.post(`/v1/sessions/${s}/messages`, {
-        messages: [user('pending a'), user('pending b')],
-      });
-      assert.equal(r.status, 202);
-      assert.deepEqual(
-        r.body.messages.map((m: { seq: number }) => m.seq),
-        [2, 3],
-      );
+      assert.deepEqual(await accepted(t.api, s, [user('pending a'), user('pending b')]), [2, 3]);
       assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 2);
-      const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
       const before = await dropped();
       assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 200);
       assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 0);
@@ -615,19 +617,11 @@ void describe('delete', () => {
     const t = await svc.newTenant();
     const s = sid('cut');
     await archive(t.api, s, [user('archived before the reset')]);
-    const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
     const before = await dropped();
     const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
     await ingest.pause();
     try {
-      const r = await t.api.post(`/v1/sessions/${s}/messages`, {
-        messages: [user('cleared a'), user('cleared b')],
-      });
-      assert.equal(r.status, 202);
-      assert.deepEqual(
-        r.body.messages.map((m: { seq: number }) => m.seq),
-        [2, 3],
-      );
+      assert.deepEqual(await accepted(t.api, s, [user('cleared a'), user('cleared b')]), [2, 3]);
       // The reset's transaction committed (its cut is everything handed out: seq 3), then the
       // process died before its Redis step: the inbox still holds seqs 2 and 3 under generation 1.
       await deleteSessionMessages(svc.deps.db, t.tenantId, s);
@@ -1514,7 +1508,6 @@ void describe('tenant erasure', () => {
     // deployment with another database shares MNEMOS_PREFIX: the session row cannot be created.
     const t = await svc.newTenant();
     const s = sid('orphan');
-    const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
     const before = await dropped();
     const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
     await ingest.pause();
