@@ -49,22 +49,50 @@ export const STALE_CHECK_EVERY_MS = 5000;
  * loading Redis answers PING with an error at once: that is no reason to reconnect.)
  */
 function watchStaleConnection(redis: Redis, logger: Logger | undefined, outage: { failed(): void }): void {
+  const stop = watchSilence({
+    ready: () => redis.status === 'ready',
+    silent: () =>
+      redis.ping().then(
+        () => false,
+        (err: Error) => /Command timed out/.test(err.message),
+      ),
+    reconnect: () => {
+      logger?.warn('redis connection gave no answer to a ping: reconnecting');
+      outage.failed();
+      redis.disconnect(true);
+    },
+  });
+  redis.once('end', stop);
+}
+
+/**
+ * The ping loop of a connection watch, for any client: every STALE_CHECK_EVERY_MS, on a ready
+ * connection and one ping at a time, `silent()` asks whether a ping went unanswered; if so and the
+ * connection still claims to be ready, `reconnect()`. Returns the function that stops it.
+ */
+export function watchSilence(client: {
+  ready(): boolean;
+  silent(): Promise<boolean>;
+  reconnect(): unknown;
+}): () => void {
   let pinging = false;
+  let stopped = false;
   const timer = setInterval(() => {
-    if (pinging || redis.status !== 'ready') return;
+    if (pinging || stopped || !client.ready()) return;
     pinging = true;
-    redis
-      .ping()
-      .catch((err: Error) => {
-        if (!/Command timed out/.test(err.message) || redis.status !== 'ready') return;
-        logger?.warn('redis connection gave no answer to a ping: reconnecting');
-        outage.failed();
-        redis.disconnect(true);
+    void client
+      .silent()
+      .then(async (silent) => {
+        if (silent && !stopped && client.ready()) await client.reconnect();
       })
+      .catch(() => undefined)
       .finally(() => (pinging = false));
   }, STALE_CHECK_EVERY_MS);
   timer.unref();
-  redis.once('end', () => clearInterval(timer));
+  return () => {
+    stopped = true;
+    clearInterval(timer);
+  };
 }
 
 /** Waits until the connection is ready or the deadline passes. */

@@ -4,7 +4,7 @@ import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
 import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
 import { errorMessage, throttledWarn, watchOutage } from '../logger.js';
-import { STALE_CHECK_EVERY_MS } from '../redis.js';
+import { watchSilence } from '../redis.js';
 import type { Logger } from '../logger.js';
 import { KEYWORD_SEPARATOR, classifyError, normaliseKeywords, normaliseSymptom } from './normalise.js';
 import {
@@ -82,39 +82,43 @@ const CLOSE_WAIT_MS = 2000;
 /**
  * A connection that dies without a reset (a partition, a proxy or NAT that keeps acknowledging)
  * stays "ready" in node-redis: every error-memory call timed out as a 503 for as long as the
- * process ran, while the API's own connections (services/redis.ts) had reconnected. A PING every
- * STALE_CHECK_EVERY_MS on a ready connection that gets no answer within `answerMs` closes the
- * socket and connects again. A ping answered with an error (a busy or loading Redis) is an answer.
- * Returns the function that stops the watch.
+ * process ran, while the API's own connections (services/redis.ts) had reconnected. The same
+ * watch as theirs (watchSilence): a ping with no answer within `answerMs` (node-redis has no
+ * command timeout of its own) closes the socket and connects again. A ping answered with an error
+ * (a busy or loading Redis) is an answer. Returns the function that stops the watch.
  */
 function watchSilentClient(
   client: ReturnType<CreateClient>,
   answerMs: number,
   onSilent: () => void,
 ): () => void {
-  let pinging = false;
   let stopped = false;
-  const timer = setInterval(() => {
-    if (pinging || stopped || !client.isReady) return;
-    pinging = true;
-    let late: NodeJS.Timeout | undefined;
-    const silent = new Promise<'silent'>((r) => (late = setTimeout(() => r('silent'), answerMs)));
-    void Promise.race([client.ping().catch(() => 'answered'), silent])
-      .then(async (r) => {
-        if (r !== 'silent' || stopped || !client.isReady) return;
-        onSilent();
-        await client.disconnect().catch(() => undefined);
-        if (!stopped) await client.connect().catch(() => undefined);
-      })
-      .finally(() => {
+  const stop = watchSilence({
+    ready: () => client.isReady,
+    silent: async () => {
+      let late: NodeJS.Timeout | undefined;
+      const silent = new Promise<true>((r) => (late = setTimeout(() => r(true), answerMs)));
+      try {
+        return await Promise.race([
+          client.ping().then(
+            () => false,
+            () => false,
+          ),
+          silent,
+        ]);
+      } finally {
         clearTimeout(late);
-        pinging = false;
-      });
-  }, STALE_CHECK_EVERY_MS);
-  timer.unref();
+      }
+    },
+    reconnect: async () => {
+      onSilent();
+      await client.disconnect().catch(() => undefined);
+      if (!stopped) await client.connect().catch(() => undefined);
+    },
+  });
   return () => {
     stopped = true;
-    clearInterval(timer);
+    stop();
   };
 }
 
