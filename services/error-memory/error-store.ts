@@ -5,6 +5,7 @@ import type { RedisClientConnection } from 'redis-om';
 import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
 import { errorMessage, throttledWarn, watchOutage } from '../logger.js';
 import { watchSilence } from '../redis.js';
+import { orNull } from '../deadline.js';
 import type { Logger } from '../logger.js';
 import { KEYWORD_SEPARATOR, classifyError, normaliseKeywords, normaliseSymptom } from './normalise.js';
 import {
@@ -93,23 +94,11 @@ function watchSilentClient(
   onSilent: () => void,
 ): () => void {
   let stopped = false;
+  const answered = () => true;
   const stop = watchSilence({
     ready: () => client.isReady,
-    silent: async () => {
-      let late: NodeJS.Timeout | undefined;
-      const silent = new Promise<true>((r) => (late = setTimeout(() => r(true), answerMs)));
-      try {
-        return await Promise.race([
-          client.ping().then(
-            () => false,
-            () => false,
-          ),
-          silent,
-        ]);
-      } finally {
-        clearTimeout(late);
-      }
-    },
+    // A ping answered with an error is an answer; null is no answer within answerMs.
+    silent: async () => (await orNull(client.ping().then(answered, answered), answerMs)) === null,
     reconnect: async () => {
       onSilent();
       await client.disconnect().catch(() => undefined);
@@ -776,15 +765,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       if (!client.isOpen) return;
       // QUIT waits for its answer: on a connection gone silent, for ever (shutdown then waited
       // out its whole deadline and exited 1).
-      if (client.isReady) {
-        let timer: NodeJS.Timeout | undefined;
-        const quit = client.quit().then(() => true);
-        const late = new Promise<false>((r) => (timer = setTimeout(() => r(false), CLOSE_WAIT_MS)));
-        const done = await Promise.race([quit, late]).catch(() => false);
-        clearTimeout(timer);
-        if (done) return;
-        quit.catch(() => undefined);
-      }
+      if (client.isReady && (await orNull(client.quit(), CLOSE_WAIT_MS)) !== null) return;
       if (client.isOpen) await client.disconnect().catch(() => undefined);
     },
   };
