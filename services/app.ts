@@ -1,5 +1,6 @@
 import { isUtf8 } from 'node:buffer';
 import { randomUUID } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
 import { createRequire } from 'node:module';
 import querystring from 'node:querystring';
 import { createBullBoard } from '@bull-board/api';
@@ -17,6 +18,7 @@ import { makeErrorHandler, notFoundHandler, routeLabel } from './http-errors.js'
 import { buildOpenApi } from './openapi.js';
 import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
+import { decodedBody } from './lifecycle/import-input.js';
 import { markZeroLengthBody } from './validate.js';
 import { MAX_BODY_DEPTH, jsonNestedDeeperThan } from './json-depth.js';
 import type { Mounted, RouteMeta } from './openapi.js';
@@ -222,6 +224,56 @@ function loadCharsetTables(): void {
 loadCharsetTables();
 
 /**
+ * What a JSON body's bytes must be before they are parsed: UTF-8 (a 400 after parsing, as the
+ * JSON's own errors come first) and at most MAX_BODY_DEPTH levels deep. Thrown here, the error
+ * reaches the error handler as it is (body-parser keeps its status), and the body is never parsed.
+ */
+function checkJsonBytes(req: IncomingMessage, buf: Buffer): void {
+  if (!isUtf8(buf)) badUtf8.add(req);
+  if (buf.length === 0) zeroLength.add(req);
+  if (jsonNestedDeeperThan(buf, MAX_BODY_DEPTH))
+    throw new AppError(
+      400,
+      'body_too_deep',
+      `request body is nested more than ${MAX_BODY_DEPTH} levels deep (objects and arrays)`,
+      { limit: MAX_BODY_DEPTH },
+    );
+}
+
+/**
+ * A compressed JSON body (`Content-Encoding` gzip, deflate or br) is decoded here, as an import's
+ * is, rather than by body-parser: its decoder stops where a deflate or br stream ends and drops
+ * what follows, so a body of two streams (or one and some garbage) stored its first part only and
+ * answered 2xx. The limit counts the decoded bytes. body-parser then finds the request read and
+ * leaves `req.body` as set here.
+ */
+const inflateJsonBody: RequestHandler = (req, _res, next) => {
+  const coding = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
+  if (coding === 'identity' || req.method === 'GET' || req.method === 'HEAD') return next();
+  if (!req.is(['application/json', 'application/*+json'])) return next();
+  void (async () => {
+    const parts: Buffer[] = [];
+    let size = 0;
+    for await (const chunk of decodedBody(req, coding)) {
+      size += chunk.length;
+      if (size > MAX_BODY_BYTES)
+        throw new AppError(413, 'body_too_large', `request body exceeds ${MAX_BODY_BYTES} bytes`, undefined, {
+          connection: 'close',
+        });
+      parts.push(chunk);
+    }
+    const buf = Buffer.concat(parts);
+    checkJsonBytes(req, buf);
+    try {
+      // body-parser's reading of an empty body, and strict: false.
+      req.body = buf.length === 0 ? {} : (JSON.parse(buf.toString('utf8')) as unknown);
+    } catch {
+      throw new AppError(400, 'malformed_json', 'request body is not valid JSON');
+    }
+  })().then(() => next(), next);
+};
+
+/**
  * Reads a JSON body. body-parser would turn bytes that are not UTF-8 into U+FFFD and store the
  * altered text: a body declared (or defaulting to) UTF-8 that is not valid UTF-8 is a 400 instead.
  */
@@ -229,24 +281,13 @@ const readJsonBody: RequestHandler[] = [
   // The type and a declared length are checked before the client is invited to send the body.
   requireJson,
   continueAfterAuth,
+  inflateJsonBody,
   express.json({
     limit: MAX_BODY_BYTES,
     strict: false,
     type: ['application/json', 'application/*+json'],
     // requireJson let only UTF-8 (declared or by default) through.
-    verify: (req, _res, buf) => {
-      if (!isUtf8(buf)) badUtf8.add(req);
-      if (buf.length === 0) zeroLength.add(req);
-      // Thrown here, the error reaches the error handler as it is (body-parser keeps its status),
-      // and the body is never parsed.
-      if (jsonNestedDeeperThan(buf, MAX_BODY_DEPTH))
-        throw new AppError(
-          400,
-          'body_too_deep',
-          `request body is nested more than ${MAX_BODY_DEPTH} levels deep (objects and arrays)`,
-          { limit: MAX_BODY_DEPTH },
-        );
-    },
+    verify: (req, _res, buf) => checkJsonBytes(req, buf),
   }),
   (req, _res, next) => {
     if (badUtf8.has(req)) throw new AppError(400, 'invalid_utf8', 'request body is not valid UTF-8');

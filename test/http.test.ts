@@ -427,6 +427,72 @@ void describe('JSON Lines import encodings', () => {
   });
 });
 
+void describe('JSON body encodings', () => {
+  const post = (t: Api, session: string, body: Buffer, encoding: string) =>
+    t.raw(`/v1/sessions/${session}/messages`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'content-encoding': encoding },
+      body,
+    });
+  const json = (content: string) => Buffer.from(JSON.stringify({ messages: [{ role: 'user', content }] }));
+
+  void test('gzip, deflate and br bodies are read; data after the end of a stream is a 400 and stores nothing', async () => {
+    const t = await newTenant();
+    const s = sid('enc');
+    for (const [coding, body] of [
+      ['gzip', gzipSync(json('gz'))],
+      ['Deflate', deflateSync(json('df'))],
+      ['br', brotliCompressSync(json('br'))],
+    ] as const) {
+      const r = await post(t.api, s, body, coding);
+      assert.equal(r.status, 202, `${coding}: ${r.text}`);
+    }
+    await eventually(
+      async () => (await t.api.get(`/v1/sessions/${s}/messages`)).body.messages?.length === 3,
+      15000,
+      'the three messages archived',
+    );
+    const got = await t.api.get(`/v1/sessions/${s}/messages`);
+    assert.deepEqual(
+      got.body.messages.map((m: { content: string }) => m.content),
+      ['gz', 'df', 'br'],
+    );
+    // body-parser's decoder stopped at a stream's end and dropped the rest: these were stored, 202.
+    const other = sid('after');
+    for (const [coding, body] of [
+      ['deflate', Buffer.concat([deflateSync(json('d1')), deflateSync(json('d2'))])],
+      ['br', Buffer.concat([brotliCompressSync(json('b1')), Buffer.from('trailing garbage')])],
+      ['gzip', Buffer.from('not gzip at all')],
+    ] as const) {
+      const r = await post(t.api, other, body, coding);
+      assert.equal(r.status, 400, `${coding}: ${r.text}`);
+      assert.equal(r.body.error.code, 'malformed_body', r.text);
+    }
+    assert.equal((await t.api.get(`/v1/sessions/${other}`)).status, 404, 'nothing stored');
+    const unknown = await post(t.api, other, json('zz'), 'compress');
+    assert.equal(unknown.status, 415, unknown.text);
+  });
+
+  void test('a compressed body is checked on its decoded bytes: size, depth, UTF-8 and JSON', async () => {
+    const t = await newTenant();
+    const s = sid('dec');
+    const big = gzipSync(json('x'.repeat(9 * 1024 * 1024)));
+    const tooBig = await post(t.api, s, big, 'gzip');
+    assert.equal(tooBig.status, 413, tooBig.text);
+    const deep = await post(t.api, s, gzipSync(Buffer.from(`${'['.repeat(200)}${']'.repeat(200)}`)), 'gzip');
+    assert.equal(deep.status, 400, deep.text);
+    assert.equal(deep.body.error.code, 'body_too_deep');
+    const latin1 = Buffer.from('{"messages":[{"role":"user","content":"caf\xe9"}]}', 'latin1');
+    const notUtf8 = await post(t.api, s, gzipSync(latin1), 'gzip');
+    assert.equal(notUtf8.status, 400, notUtf8.text);
+    assert.equal(notUtf8.body.error.code, 'invalid_utf8');
+    const notJson = await post(t.api, s, gzipSync(Buffer.from('{"messages": [')), 'gzip');
+    assert.equal(notJson.status, 400, notJson.text);
+    assert.equal(notJson.body.error.code, 'malformed_json');
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404, 'nothing stored');
+  });
+});
+
 void describe('export under load and faults', () => {
   /** A new tenant's session holding one archived message. */
   async function sessionWithOneMessage(tag: string) {
