@@ -17,9 +17,11 @@ import {
 } from '../db/embedded.js';
 import type { EmbeddedDb } from '../db/embedded.js';
 import { migrate } from '../db/migrate.js';
+import { makePgDb } from '../db/pool.js';
 import { initVectorIndex, insertSessionVectors } from '../db/queries/vectors.js';
 import { ReembedBusyError, reembed, reembedCommand } from '../services/recent-index/reembed.js';
 import { makeEmbedder } from '../services/recent-index/embedder.js';
+import { ftsDocument } from '../services/text/fts-text.js';
 import {
   ADMIN_TOKEN,
   REDIS_URL,
@@ -464,6 +466,40 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     assert.equal(r.rowCount, 1);
     const ins = await db.query(`INSERT INTO tenants (id, name) VALUES ('t_a', 'a'), ('t_b', 'b')`);
     assert.equal(ins.rowCount, 2);
+  });
+
+  void it('indexes text with invisible format characters as Postgres 15 does', async () => {
+    // Every format character (Unicode category Cf) between two words, and two texts as users write them.
+    const formats: string[] = [];
+    for (let c = 0x80; c < 0x110000; c++) {
+      if ((c < 0xd800 || c > 0xdfff) && /\p{Cf}/u.test(String.fromCodePoint(c)))
+        formats.push(String.fromCodePoint(c));
+    }
+    assert.ok(formats.length > 100, `${formats.length} format characters`);
+    const texts = [
+      ...formats.map((f) => `soft${f}ware`),
+      'the soft\u00adware ships',
+      '\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 a new deploy',
+    ];
+    const sql = `SELECT t, mnemos_archive_tsvector(t, '')::text AS v FROM unnest($1::text[]) t`;
+    const ens = texts.map((t) => ftsDocument(t).en);
+    const embedded = (await db.query<{ v: string }>(sql, [ens])).rows.map((r) => r.v);
+    const server = makePgDb({ connectionString: process.env.TEST_DATABASE_ADMIN_URL!, max: 1 });
+    try {
+      // The server's own parser on the same folded text (the migration's function is not there).
+      const onPostgres = await server.query<{ v: string }>(
+        `SELECT to_tsvector('english', t)::text AS v FROM unnest($1::text[]) t`,
+        [ens],
+      );
+      assert.deepEqual(
+        embedded,
+        onPostgres.rows.map((r) => r.v),
+      );
+    } finally {
+      await server.close();
+    }
+    assert.equal(embedded.at(-2), "'ship':3 'softwar':2");
+    assert.match(embedded.at(-1)!, /'\u062e\u0648\u0627\u0647\u0645':2/);
   });
 
   void it('writes vectors through the flat float4[] parameter (plain JS arrays here, not binary)', async () => {

@@ -23,9 +23,11 @@ import {
   FTS_ARGS_PASS,
   FTS_FOLD_PASS,
   FTS_COMPOUND_PASS,
+  FTS_FORMAT_PASS,
   FTS_LONG_PASS,
   backfillCjkTsvectors,
   backfillCompoundTsvectors,
+  backfillFormatTsvectors,
   backfillFoldedTsvectors,
   backfillLongTsvectors,
   backfillToolCallTsvectors,
@@ -658,6 +660,48 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await kw('GPU server'), [wide!, plain!]);
     assert.deepEqual(await kw('Ti\u1ebfng'), [decomposed!]);
     assert.deepEqual(await kw('οδος'), [greek!]);
+  });
+
+  void test('keyword: invisible format characters are dropped inside a word or break it, the same in every mode; old rows are re-derived', async () => {
+    const s = sid('format');
+    const [shy, zwnj, zwsp, plain] = await archive(api, s, [
+      // A soft hyphen and a word joiner only say where a line may or may not break.
+      user('the soft\u00adware ships with the re\u2060build'),
+      // Persian writes "I want" with a zero-width non-joiner between its two parts.
+      user('\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 a new deploy'),
+      user('zero\u200bwidth separated tokens'),
+      user('plain software note'),
+    ]);
+    const byFullText = async (query: string) =>
+      sorted(
+        (await search(api, s, { query, match: 'keyword' })).body.hits
+          .filter((h) => h.source !== 'recent')
+          .map((h) => h.seq),
+      );
+    const expectations: Array<[string, number[]]> = [
+      ['software', sorted([shy!, plain!])],
+      ['rebuild', [shy!]],
+      ['ware', []],
+      ['\u062e\u0648\u0627\u0647\u0645', [zwnj!]],
+      ['width', [zwsp!]],
+      // A query is read the same way: a soft hyphen typed into it changes nothing.
+      ['soft\u00adware', sorted([shy!, plain!])],
+    ];
+    for (const [query, want] of expectations) assert.deepEqual(await byFullText(query), want, query);
+    // What rows archived before 2026-12-03 hold on Postgres 15: a word break at each one.
+    await svc.deps.db.query(
+      `UPDATE messages SET search_tsv = to_tsvector('english', content)
+       WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
+      [tenantId, s, [shy, zwnj]],
+    );
+    assert.deepEqual(await byFullText('software'), [plain!]);
+    await withPassRestarted(FTS_FORMAT_PASS, async (deps) => {
+      for (let done = false; !done;) {
+        ({ done } = await backfillFormatTsvectors(deps, { batch: 3, maxBatches: 2 }));
+      }
+    });
+    for (const [query, want] of expectations)
+      assert.deepEqual(await byFullText(query), want, `${query} (re-derived)`);
   });
 
   void test('keyword: the words of dotted names, paths, URLs and addresses are found by full text; old rows are re-derived', async () => {

@@ -15,6 +15,7 @@ export const FTS_LONG_PASS = 'fts-long-v3';
 export const FTS_ARGS_PASS = 'fts-args-v6';
 export const FTS_FOLD_PASS = 'fts-fold-v5';
 export const FTS_COMPOUND_PASS = 'fts-compound-v7';
+export const FTS_FORMAT_PASS = 'fts-format-v8';
 
 interface BackfillOptions {
   batch?: number;
@@ -108,6 +109,25 @@ export function backfillCompoundTsvectors(
     wants: (text) => compoundParts(foldForIndex(text)) !== '',
   });
 }
+
+/**
+ * The sixth pass: rows whose searchable text has invisible format characters (a soft hyphen, a
+ * ZWNJ, a zero-width space), which full text now reads the same on Postgres and embedded PGlite
+ * (foldForIndex) and which rows archived before 2026-12-03 were indexed with as the database's
+ * parser read them. Every row is read; only those with such a character are written.
+ */
+export function backfillFormatTsvectors(
+  deps: Pick<CoreDeps, 'db' | 'logger'>,
+  opts: BackfillOptions = {},
+): Promise<BackfillResult> {
+  return backfillPass(deps, opts, {
+    name: FTS_FORMAT_PASS,
+    what: 'rows with format characters',
+    minBytes: 0,
+    wants: (text) => FORMAT_CHAR.test(text),
+  });
+}
+const FORMAT_CHAR = /\p{Cf}/u;
 
 /**
  * A pass walks the archive in primary-key order, `batch` rows (and at most 16 MiB of messages) at

@@ -8,6 +8,7 @@ import {
   backfillCjkTsvectors,
   backfillCompoundTsvectors,
   backfillFoldedTsvectors,
+  backfillFormatTsvectors,
   backfillLongTsvectors,
   backfillToolCallTsvectors,
 } from './fts-backfill.js';
@@ -39,6 +40,7 @@ export const searchExtension: ExtensionFactory = async (deps) => {
         args: await backfillToolCallTsvectors(deps),
         folded: await backfillFoldedTsvectors(deps),
         compound: await backfillCompoundTsvectors(deps),
+        format: await backfillFormatTsvectors(deps),
       }),
     },
     async schedule() {

@@ -99,7 +99,8 @@ export function headAndTailUnits(s: string, max: number): string {
 /**
  * Text as full text indexes and queries it: Unicode compatibility forms unified (NFKC: full-width
  * `ＧＰＵ` is `GPU`, half-width `ｻｰﾊﾞｰ` is `サーバー`, and a word typed decomposed, `Tiếng` as
- * e + two combining marks, is the composed word), and Greek final sigma `ς` as `σ`, which is what
+ * e + two combining marks, is the composed word), invisible format characters dropped or made word
+ * breaks (COMPAT_SYMBOL), and Greek final sigma `ς` as `σ`, which is what
  * Postgres lower-cases `Σ` to. Without it a search in one form missed messages in the other
  * (2026-12-02). Accents are kept: `café` and `cafe` stay two words. Both the archive's tsvector
  * (ftsDocument) and the query's leaves (parse-query.ts) go through it.
@@ -116,9 +117,19 @@ export function foldForIndex(text: string): string {
  * 1⁄2, `①` 1, `㍿` 株式会社) become that form between spaces: NFKC alone glued them to the word
  * before, and `Acme™` was indexed as the word `acmetm`, `km²` as `km2`, `1½` as `11`, so `Acme` and
  * `km` no longer found them and `11` did. (Letters keep their place: full-width `ＧＰＵ` is `GPU`.)
+ *
+ * Invisible format characters (general category Cf) are decided here too, not left to the
+ * database's parser, which embedded PGlite (Postgres 18) and Postgres 15 read differently: 15
+ * splits a word at every one, PGlite at none, so `خواهم` of Persian `می‌خواهم` (ZWNJ) was found by
+ * full text on Postgres only (2026-12-03). Those that only mark where a line may or may not break
+ * inside a word (soft hyphen, word joiner, zero-width no-break space) are dropped, so `software`
+ * finds `soft\u00adware`; every other one (ZWNJ, ZWJ, zero-width space, bidirectional marks) is a word
+ * break.
  */
-const COMPAT_SYMBOL = /[\p{No}\p{S}]/gu;
+const COMPAT_SYMBOL = /[\p{No}\p{S}\p{Cf}]/gu;
+const IN_WORD_FORMAT = new Set(['\u00ad', '\u2060', '\ufeff']);
 const spacedForm = (c: string): string => {
+  if (/\p{Cf}/u.test(c)) return IN_WORD_FORMAT.has(c) ? '' : ' ';
   const n = c.normalize('NFKC');
   return n === c ? c : ` ${n} `;
 };
