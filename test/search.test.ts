@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
-import { buildAnnIndex } from '../db/queries/ann-indexes.js';
+import { annIndexName, buildAnnIndex } from '../db/queries/ann-indexes.js';
 import { SESSION_SCAN_MAX_MESSAGES, searchCandidates } from '../db/queries/search.js';
 import { buildSessionIndex, sessionIndexName } from '../db/queries/session-indexes.js';
 import { makePgDb } from '../db/pool.js';
@@ -16,6 +16,7 @@ import { RRF_K, fuseRrf, selectHits } from '../services/search/rank-hits.js';
 import type { Db, QueryOptions } from '../db/pool.js';
 import { searchSession } from '../services/search/search-session.js';
 import { QUERY_EMBED_DEADLINE_MS } from '../services/search/query-embedding.js';
+import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
 import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import { refreshTableStatistics } from '../services/search/table-statistics.js';
 import {
@@ -1697,9 +1698,9 @@ void describe('huge sessions: their own full-text and trigram indexes', () => {
     assert.deepEqual(await pass(2000, 4), { built: [], dropped: names(small) });
     assert.deepEqual(await indexDefs(small), []);
 
-    // Deleting the session drops its indexes at once.
+    // Deleting the session drops its indexes, right after the answer.
     assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
-    assert.deepEqual(await indexDefs(s), []);
+    await eventually(async () => (await indexDefs(s)).length === 0, 20_000, 'the indexes dropped');
     const rows = await svc.deps.db.query('SELECT 1 FROM session_search_indexes WHERE session_id = $1', [s]);
     assert.equal(rows.rowCount, 0);
   });
@@ -2011,6 +2012,62 @@ void describe('a huge session deleted while its own index is built', () => {
     } finally {
       await snapshot.release();
     }
+  });
+
+  void test("a delete answers while another session's index builds wait; its own indexes go once they end", async () => {
+    // Setup: session A with its own search and HNSW indexes; session B over the thresholds since,
+    // whose builds wait out an old snapshot (a long report, a pg_dump).
+    const { api, tenantId } = await svc.newTenant();
+    const [a, b] = [sid('indexed'), sid('building')];
+    const notes = (n: number) =>
+      Array.from({ length: n }, (_, i) => user(`note ${i} about the zebra crossing`));
+    await archive(api, a, notes(30));
+    await ensureVectors(svc, tenantId, a);
+    const search = () => maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
+    const ann = () => maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 1 });
+    const indexesOfA = [
+      sessionIndexName(tenantId, a, 'fts'),
+      sessionIndexName(tenantId, a, 'trgm'),
+      annIndexName(tenantId, a, svc.config.embedding.dimensions),
+    ];
+    assert.deepEqual((await search()).built, indexesOfA.slice(0, 2));
+    assert.deepEqual((await ann()).built, indexesOfA.slice(2));
+    await archive(api, b, notes(30));
+    await ensureVectors(svc, tenantId, b);
+    const present = async () =>
+      (
+        await svc.deps.db.query<{ relname: string }>(
+          'SELECT relname FROM pg_class WHERE relname = ANY($1::text[]) ORDER BY relname',
+          [indexesOfA],
+        )
+      ).rows.map((r) => r.relname);
+    assert.deepEqual(await present(), [...indexesOfA].sort());
+    const snapshot = await holdOldSnapshot(svc.config.databaseUrl!);
+    let passes: Promise<unknown> | undefined;
+    try {
+      passes = Promise.all([search(), ann()]);
+      await indexBuildWaiting(svc.deps.db, sessionIndexName(tenantId, b, 'fts'));
+      await indexBuildWaiting(svc.deps.db, annIndexName(tenantId, b, svc.config.embedding.dimensions));
+
+      // Action: A is deleted while both builds wait. Dropping A's indexes waits for them (both
+      // tables'), so the delete must not: it answered once the builds had ended (68 s in a
+      // tester's run). The snapshot is released only after 20 s without an answer.
+      const answered = api.del(`/v1/sessions/${a}`);
+      const early = await Promise.race([answered, new Promise<null>((r) => setTimeout(r, 20_000, null))]);
+      assert.equal(early?.status, 204, 'the delete answered while the builds still waited');
+    } finally {
+      await snapshot.release();
+    }
+    await passes;
+
+    // Assert: once the builds have ended, A's indexes are gone and unrecorded.
+    await eventually(async () => (await present()).length === 0, 20_000, "A's indexes dropped");
+    const recorded = await svc.deps.db.query(
+      `SELECT index_name FROM session_search_indexes WHERE tenant_id = $1 AND session_id = $2
+       UNION ALL SELECT index_name FROM vector_ann_indexes WHERE tenant_id = $1 AND session_id = $2`,
+      [tenantId, a],
+    );
+    assert.equal(recorded.rowCount, 0, JSON.stringify(recorded.rows));
   });
 });
 

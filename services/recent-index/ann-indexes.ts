@@ -99,6 +99,27 @@ export async function buildForLiveSession(
   return { name, live: after?.generation === before.generation };
 }
 
+/**
+ * Runs `drop`, the dropping of a deleted or reset session's partial indexes, without waiting for
+ * it: a DROP INDEX CONCURRENTLY waits until no index build runs on its table, and a build waits
+ * out every older snapshot (a long report, a `pg_dump`), so a DELETE that dropped them before
+ * answering waited as long (68 s in a tester's run, past PG_REQUEST_TIMEOUT_MS, while it held a
+ * connection that its process's other requests then lacked), or the drop deadlocked with the
+ * build and the DELETE, done, answered 503. What fails here the next maintenance pass drops.
+ */
+export function dropInBackground(
+  deps: Pick<CoreDeps, 'logger'>,
+  what: string,
+  drop: () => Promise<unknown>,
+): void {
+  void drop().catch((err: unknown) =>
+    deps.logger.warn(
+      { err: { message: (err as Error).message } },
+      `could not drop the ${what} of a deleted or reset session: the next maintenance pass will`,
+    ),
+  );
+}
+
 /** Drops the indexes of a session or of a whole tenant (delete, tenant erasure). */
 export async function dropAnnIndexesOf(
   deps: Pick<CoreDeps, 'db'>,

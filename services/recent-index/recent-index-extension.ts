@@ -5,7 +5,7 @@ import { deleteOrphanVectors, sessionsMissingVectors } from '../../db/queries/ve
 import { makeCompactProcessor } from '../../workers/compact.js';
 import { makeEmbedProcessor } from '../../workers/embed.js';
 import type { ExtensionFactory } from '../extension.js';
-import { dropAnnIndexesOf, maintainAnnIndexes } from './ann-indexes.js';
+import { dropAnnIndexesOf, dropInBackground, maintainAnnIndexes } from './ann-indexes.js';
 import { shouldEnqueueCompact } from './compaction-plan.js';
 import { makeEmbedder } from './embedder.js';
 import { ensureVectorIndex } from './index-state.js';
@@ -109,7 +109,7 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
     },
     async purgeSession(tenantId, sessionId) {
       await deleteOrphanVectors(deps.db, tenantId, sessionId);
-      await dropAnnIndexesOf(deps, { tenantId, sessionId });
+      dropInBackground(deps, 'HNSW index', () => dropAnnIndexesOf(deps, { tenantId, sessionId }));
     },
     purgeTenant: async (tenantId) => {
       await dropAnnIndexesOf(deps, { tenantId });

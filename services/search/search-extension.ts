@@ -13,6 +13,7 @@ import {
   backfillToolCallTsvectors,
 } from './fts-backfill.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
+import { dropInBackground } from '../recent-index/ann-indexes.js';
 
 const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
 const TABLE_STATISTICS_EVERY_MS = 5 * 60_000;
@@ -49,7 +50,7 @@ export const searchExtension: ExtensionFactory = async (deps) => {
       await scheduleMaintenance(deps.queues, 'fts-backfill', FTS_BACKFILL_EVERY_MS);
     },
     async purgeSession(tenantId, sessionId) {
-      await dropSessionIndexesOf(deps, { tenantId, sessionId });
+      dropInBackground(deps, 'search indexes', () => dropSessionIndexesOf(deps, { tenantId, sessionId }));
     },
     purgeTenant: async (tenantId) => {
       await dropSessionIndexesOf(deps, { tenantId });
