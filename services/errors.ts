@@ -31,10 +31,14 @@ export const unavailable = (dependency: string, retryAfterSeconds = 2) =>
 
 /**
  * Redis replies that refuse a command for now (out of memory under `noeviction`, a replica after a
- * failover, a failing snapshot, still loading, a busy script, a cluster in transition).
+ * failover, a failing snapshot, still loading, a busy script, a cluster in transition). A MULTI
+ * one of whose commands Redis refused as it queued them (out of memory, read-only) fails as a
+ * whole with EXECABORT, which node-redis reports without the refusal: error memory answered
+ * 500 for a full Redis, and a purge it had done was told a server fault. mnemos's transactions
+ * are fixed code, so a command they queue is never refused as malformed.
  */
 export const REDIS_TRANSIENT_REPLY =
-  /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\b/;
+  /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|EXECABORT)\b/;
 
 /**
  * Postgres states that pass (a tester saw each as a 500): a read-only database or a standby after a

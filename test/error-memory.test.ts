@@ -14,6 +14,7 @@ import { localEmbed } from '../services/llm/local-embedder.js';
 import { makeLogger } from '../services/logger.js';
 import type { AppError } from '../services/errors.js';
 import { makeErrorRoutes } from '../services/routes/error-routes.js';
+import { startPrivateRedis } from './support/private-redis.js';
 import { startTcpProxy } from './support/tcp-proxy.js';
 
 const REDIS_URL = 'redis://127.0.0.1:6379';
@@ -1634,6 +1635,54 @@ void describe('outages', () => {
     } finally {
       await app.close();
       await closeBehindProxy(store, proxy);
+    }
+  });
+
+  void test('a Redis out of memory gets 503 with retry-after on every route, also where a transaction is refused', async () => {
+    const own = await startPrivateRedis();
+    const admin = new Redis(own.url);
+    const store = await openErrorMemory({ redisUrl: own.url, prefix: PREFIX, ttlDays: 90 });
+    const app = await serveStore(store);
+    try {
+      const tenant = newTenant();
+      const input = { action: 'retry', outcome: 'resolved' as const, tool_name: 'zl' };
+      const kept = await store.write(tenant, { ...input, symptom: 'zlib stream ended early' });
+      const gone = await store.write(tenant, { ...input, symptom: 'zlib header check failed' });
+      // A record whose key expired: reads drop its id from the index keys, in a MULTI, which a
+      // full Redis refuses as a whole (EXECABORT, not OOM).
+      await admin.del(`${PREFIX}:err:${tenant}:rec:${gone.id}`);
+      const refused = async (method: string, path: string, body?: unknown) => {
+        const r = await call(tenant, method, path, body, { base: app.base });
+        assert.equal(r.status, 503, `${method} ${path}: ${JSON.stringify(r.body)}`);
+        assert.equal(r.body.error.code, 'unavailable');
+        assert.ok(r.headers?.get('retry-after'), `${method} ${path}: retry-after`);
+      };
+      const search = async () => {
+        const r = await call(tenant, 'POST', '/search', { query: 'zlib' }, { base: app.base });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+        return r.body.records.map((x: ErrorRecord) => x.id);
+      };
+      await admin.config('SET', 'maxmemory', '1');
+      await refused('POST', '/search', { query: 'zlib' });
+      await refused('POST', '/lookup', { tool_name: 'zl', error: 'zlib header check failed' });
+      await refused('GET', '');
+      await admin.config('SET', 'maxmemory', '0');
+      assert.deepEqual(await search(), [kept.id]);
+      // A purge whose deletes went through but whose bookkeeping was refused: retry it.
+      await admin.del(`${PREFIX}:err:${tenant}:rec:${kept.id}`);
+      const other = await store.write(tenant, { ...input, symptom: 'zlib window too small' });
+      await admin.del(`${PREFIX}:err:${tenant}:rec:${other.id}`);
+      await admin.config('SET', 'maxmemory', '1');
+      await refused('DELETE', '?tool_name=zl');
+      await admin.config('SET', 'maxmemory', '0');
+      const purged = await call(tenant, 'DELETE', '?tool_name=zl', undefined, { base: app.base });
+      assert.equal(purged.status, 200, JSON.stringify(purged.body));
+      assert.deepEqual(await search(), []);
+    } finally {
+      await app.close();
+      await store.close();
+      admin.disconnect();
+      await own.stop();
     }
   });
 
