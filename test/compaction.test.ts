@@ -183,6 +183,65 @@ void describe('compaction', () => {
     );
     assert.deepEqual(flag.rows, [{ b: null }]);
   });
+
+  void test('the message the cutoff starts at is hot: its size counts and its vector stays', async () => {
+    const t = await svc.newTenant();
+    const sessionOf = async () => (await t.api.get('/v1/sessions/start-hot')).body;
+    // Turn one, then turn two whose big question U is the later cut point: all under the limit and
+    // embedded before anything is compacted.
+    await post(t.api, 'start-hot', [
+      user(pad('turn one question', 300)),
+      assistant(pad('turn one answer', 150)),
+    ]);
+    const second = await post(t.api, 'start-hot', [user(pad('turn two question', 300)), assistant('ok')]);
+    const [u] = second as [number];
+    await eventually(async () => (await vectorSeqs(t.tenantId, 'start-hot')).length === 4);
+    assert.equal((await sessionOf()).start_seq, 0, 'nothing compacted yet');
+    // A skip mark below the coming cut (as the embedder leaves for a message it cannot embed).
+    await svc.deps.db.query(
+      `INSERT INTO message_vector_skips (tenant_id, session_id, seq, model, reason)
+       VALUES ($1, 'start-hot', $2, 'some-model', 'empty')`,
+      [t.tenantId, u - 1],
+    );
+    // A long answer without a user message: over the limit, the cut goes to U.
+    const [a3] = (await post(t.api, 'start-hot', [assistant(pad('turn two long answer', 300))])) as [number];
+    await eventually(async () => (await sessionOf()).start_seq === u);
+    await eventually(async () => (await vectorSeqs(t.tenantId, 'start-hot')).includes(a3));
+    await eventually(compactQueueIdle);
+    assert.deepEqual(
+      await vectorSeqs(t.tenantId, 'start-hot'),
+      [u, second[1], a3],
+      'the vector of the start message stays',
+    );
+    const skips = await svc.deps.db.query(
+      `SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = 'start-hot'`,
+      [t.tenantId],
+    );
+    assert.deepEqual(skips.rows, [], 'skip marks below the cutoff go with the vectors');
+    const all = await rows(t.tenantId, 'start-hot');
+    assert.equal(
+      (await sessionOf()).hot_bytes,
+      all.filter((r) => r.seq >= u).reduce((n, r) => n + r.bytes, 0),
+    );
+
+    // Over the limit again only when U (the start message) is counted: the cut moves on.
+    const third = await post(t.api, 'start-hot', [
+      user('turn three'),
+      assistant(pad('turn three answer', 420)),
+    ]);
+    const rowsNow = await rows(t.tenantId, 'start-hot');
+    const hot = rowsNow.filter((r) => r.seq >= u).reduce((n, r) => n + r.bytes, 0);
+    const withoutStart = hot - rowsNow.find((r) => r.seq === u)!.bytes;
+    assert.ok(
+      hot > MAX && withoutStart <= MAX,
+      `fixture: hot ${hot}, without the start message ${withoutStart}`,
+    );
+    await eventually(
+      async () => (await sessionOf()).start_seq === third[0],
+      15_000,
+      'the cut moved to turn three',
+    );
+  });
 });
 
 void describe('compaction plan', () => {

@@ -511,6 +511,15 @@ void describe('tenants, keys and the admin API', () => {
     // 128 characters are code points: 128 emoji (256 UTF-16 units) are a valid name.
     const emoji = await admin().post('/v1/admin/tenants', { name: '😀'.repeat(128) });
     assert.equal(emoji.status, 201, emoji.text);
+    // Key names too: 128 emoji are a valid key name, 129 are not.
+    const emojiKey = await admin().post(`/v1/admin/tenants/${emoji.body.tenant_id}/keys`, {
+      name: '😀'.repeat(128),
+    });
+    assert.equal(emojiKey.status, 201, emojiKey.text);
+    const longKey = await admin().post(`/v1/admin/tenants/${emoji.body.tenant_id}/keys`, {
+      name: '😀'.repeat(129),
+    });
+    assert.equal(longKey.status, 400, longKey.text);
     // Joiners are parts of words and emoji: a family emoji and a Persian word are names.
     for (const name of ['👩\u200d👩\u200d👧 team', 'می\u200cخواهم']) {
       const joined = await admin().post('/v1/admin/tenants', { name });

@@ -766,6 +766,9 @@ void describe('ingestion', () => {
       const seen: number[] = [];
       for (let i = 0; i < 200; i++) seen.push(await next());
       assert.equal(seen[0], 1, "a tenant's first job in a while");
+      // The count expires after ten decay periods without a job (milliseconds, not seconds).
+      const ttl = await svc.deps.redis.pttl(key);
+      assert.ok(ttl > 0 && ttl <= 10 * 60_000, `pttl ${ttl}`);
       assert.ok(
         seen.every((p, i) => i === 0 || p >= seen[i - 1]!),
         'a burst never puts a later job ahead of an earlier one',
@@ -777,6 +780,10 @@ void describe('ingestion', () => {
       assert.equal(await next(), 14);
       // A minute more: the count fell by e (to about 54): the class goes down.
       await svc.deps.redis.hset(key, 't', Date.now() - 60_000);
+      assert.equal(await next(), 11);
+      // A count stamped ahead of Redis's clock (a Redis restored elsewhere, or stepped back) grows
+      // nothing: no decay, and no pushing the tenant to the back.
+      await svc.deps.redis.hset(key, 't', Date.now() + 3_600_000);
       assert.equal(await next(), 11);
     } finally {
       await deleteRedisPrefix(prefix);

@@ -1087,6 +1087,20 @@ void describe('export and import', () => {
       );
     }
   });
+
+  void test('a clear between the last page and the summary line fails the export too', async () => {
+    const t = await svc.newTenant();
+    const s = sid('cut-summary');
+    await archive(t.api, s, [user('one'), assistant('two'), user('three')]);
+    await putSummary(t.tenantId, s, 3);
+    // Pages of two: the second page (one message) is the last; the summary is read after it.
+    const lines = (await openSessionExport(svc.deps.db, t.tenantId, s, 2))!;
+    for (const content of ['one', 'two', 'three'])
+      assert.equal(JSON.parse((await lines.next()).value as string).content, content);
+    assert.equal((await t.api.post(`/v1/sessions/${s}/reset?keep_summary=false`)).status, 200);
+    // Not a normal end without the summary line: the body would look complete.
+    await assert.rejects(lines.next(), SessionChangedError);
+  });
 });
 
 void describe('temp reaper', () => {

@@ -4,6 +4,8 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import { pageSummaryCandidates, updateSummaryGuarded } from '../db/queries/summaries.js';
 import { codePoints } from '../services/text/code-points.js';
 import { extractJsonObject, parseSummaryAnswer } from '../services/summary/summary-shape.js';
+import { planChunks } from '../services/summary/chunking.js';
+import type { Block } from '../services/summary/render.js';
 import { summarizeSession } from '../workers/summarize.js';
 import { newUsageRetentionState, pruneUsage } from '../workers/usage-retention.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -155,6 +157,24 @@ void describe('summary shape', () => {
     assert.match(huge.ok ? '' : huge.error, /perspectives/);
   });
 
+  void test('chunks fill the budget exactly; questions that cannot share it with their reply keep the last one with it', () => {
+    const block = (seq: number, role: string, size: number) =>
+      ({ seq, role, text: 'x'.repeat(size), size, source: {} }) as unknown as Block;
+    const refit = (b: Block, max: number) => ({ ...b, size: Math.min(b.size, max) });
+    const seqs = (chunks: Block[][]) => chunks.map((c) => c.map((b) => b.seq));
+    // Exactly the budget: one chunk.
+    assert.deepEqual(seqs(planChunks([block(1, 'assistant', 40), block(2, 'tool', 60)], 100, refit)), [
+      [1, 2],
+    ]);
+    // Questions that fit together but not shortened beside their reply (a refit that cannot shrink):
+    // all but the last form a chunk, the last goes with the reply.
+    const stiff = (b: Block) => b;
+    assert.deepEqual(
+      seqs(planChunks([block(1, 'user', 40), block(2, 'user', 40), block(3, 'assistant', 90)], 100, stiff)),
+      [[1], [2, 3]],
+    );
+  });
+
   void test("rejects decisions without the Do:/Don't: marker and more than 8 of them", () => {
     const base = JSON.parse(validSummary([])) as Record<string, unknown>;
     const bad = parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: ['use tabs'] }));
@@ -164,6 +184,11 @@ void describe('summary shape', () => {
     assert.equal(parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: many })).ok, false);
     const curly = parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: ['Don’t: use emoji'] }));
     assert.deepEqual(curly.ok ? curly.value.key_decisions : null, ["Don't: use emoji"]);
+    // The other apostrophes models write: modifier letter, backtick, acute accent.
+    for (const d of ['Donʼt: use emoji', 'Don`t: use emoji', 'Don´t: use emoji']) {
+      const r = parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: [d] }));
+      assert.deepEqual(r.ok ? r.value.key_decisions : r.error, ["Don't: use emoji"], d);
+    }
   });
 
   void test('a decision is refused unless "Do: " or "Don\'t: " opens it and a rule follows', () => {
@@ -930,7 +955,8 @@ void describe('decision model', () => {
       user('[T:n5] thanks'),
       assistant('[T:n6] you are welcome'),
     ]);
-    script('{"noise": [{"id": "c1", "confidence": 0.95}, {"id": "c3", "confidence": 0.5}]}');
+    // Exactly 0.7 is dropped (≥ 0.7).
+    script('{"noise": [{"id": "c1", "confidence": 0.7}, {"id": "c3", "confidence": 0.5}]}');
     const r = await summarizeSession(deps, { tenantId, sessionId: s });
     assert.equal(r.outcome, 'summarized');
     assert.equal(r.dropped, 1);
@@ -1240,5 +1266,41 @@ void describe('usage retention', () => {
       deleted: 0,
       finished: true,
     });
+  });
+
+  void test('rows recorded at the same instant across a batch boundary all go', async () => {
+    const t = await svc.newTenant();
+    // Five old rows of one instant (rows of one transaction share now()), on a whole millisecond as
+    // a JavaScript Date holds it exactly, and a recent one.
+    await svc.deps.db.query(
+      `INSERT INTO llm_usage (tenant_id, session_id, purpose, model, calls, input_tokens, output_tokens, at)
+       SELECT $1, NULL, 'summary', 'm-retention', 1, 1, 1, date_trunc('milliseconds', now()) - interval '40 days'
+       FROM generate_series(1, 5)`,
+      [t.tenantId],
+    );
+    await usageAged(t.tenantId, [1]);
+    const state = newUsageRetentionState();
+    for (let i = 0; i < 20; i++) if ((await pruneUsage(svc.deps, state, { batch: 2 })).finished) break;
+    assert.deepEqual(await ages(t.tenantId), [0]);
+  });
+
+  void test('a pass reaches every tenant, past the first page of 500 tenant ids', async () => {
+    // 501 tenants sorting after every other: the last one's old rows are on the second page.
+    const ids = Array.from({ length: 501 }, (_, i) => `u_retention_${String(i).padStart(3, '0')}`);
+    await svc.deps.db.query(
+      `INSERT INTO tenants (id, name) SELECT id, 'retention ' || id FROM unnest($1::text[]) AS id`,
+      [ids],
+    );
+    try {
+      const last = ids[ids.length - 1]!;
+      await usageAged(last, [1, 40 * 24]);
+      assert.deepEqual(await ages(last), [0, 40], 'fixture');
+      // One run with room for every tenant: it walks both pages.
+      const run = await pruneUsage(svc.deps, newUsageRetentionState(), { maxBatches: 10_000 });
+      assert.deepEqual(run, { deleted: 1, finished: true });
+      assert.deepEqual(await ages(last), [0], 'the old row of the 501st tenant is deleted');
+    } finally {
+      await svc.deps.db.query('DELETE FROM tenants WHERE id = ANY($1::text[])', [ids]);
+    }
   });
 });

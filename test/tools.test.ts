@@ -468,6 +468,20 @@ void describe('agent tools', () => {
     });
     const id = /Recorded as (err_[a-z2-7]{20})/.exec(written)?.[1];
     assert.ok(id, written);
+    // The record names the session the call came from, whatever session_id the model sends.
+    const named = await call(a.api, 's1', 'write_error', {
+      tool_name: 'kubectl',
+      symptom: 'ImagePullBackOff on the flamingo pod',
+      action: 'fixed the registry secret',
+      outcome: 'resolved',
+      session_id: 's2',
+    });
+    const namedId = /Recorded as (err_[a-z2-7]{20})/.exec(named)?.[1];
+    assert.ok(namedId, named);
+    assert.equal(
+      await svc.deps.redis.hget(`${svc.config.prefix}:err:${a.tenantId}:rec:${namedId}`, 'session_id'),
+      's1',
+    );
     const again = await call(a.api, 's2', 'write_error', {
       tool_name: 'psql',
       symptom: 'connection refused on port 6543',
