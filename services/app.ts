@@ -18,6 +18,8 @@ import { makeErrorHandler, notFoundHandler, routeLabel } from './http-errors.js'
 import { buildOpenApi } from './openapi.js';
 import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
+import { byteBudget } from './byte-budget.js';
+import type { ByteBudget } from './byte-budget.js';
 import { decodedBody } from './lifecycle/import-input.js';
 import { markZeroLengthBody } from './validate.js';
 import { MAX_BODY_DEPTH, jsonNestedDeeperThan } from './json-depth.js';
@@ -274,12 +276,62 @@ const inflateJsonBody: RequestHandler = (req, _res, next) => {
 };
 
 /**
+ * JSON request bodies one API process reads and holds at once, in declared bytes (a body of
+ * unknown length, chunked or compressed, counts as the 8 MiB limit), and one tenant's share of
+ * them. A parsed body costs about three times its size until its answer is sent: 40 concurrent
+ * posts of 7 MB each took a process to 828 MB, and 10 of them killed one limited to a 96 MB heap
+ * (a tester, 2026-12-03), taking every other tenant's requests and, in `serve`, the workers with it.
+ * A request that finds no room waits up to BODY_MEMORY_WAIT_MS, before its body is read (nor is
+ * a client that sent `Expect: 100-continue` invited to send it), then answers 503 `body_busy`.
+ */
+export const BODY_MEMORY_BYTES = 64 * 1024 * 1024;
+const BODY_MEMORY_WAIT_MS = 5_000;
+
+function reserveBodyMemory(budget: ByteBudget): RequestHandler {
+  return (req, res, next) => {
+    if (req.method === 'GET' || req.method === 'HEAD') return next();
+    if (!req.is(['application/json', 'application/*+json'])) return next();
+    const identity = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase() === 'identity';
+    const declared = Number(req.headers['content-length']);
+    const bytes = identity && Number.isSafeInteger(declared) ? declared : MAX_BODY_BYTES;
+    if (bytes <= 0) return next();
+    const key = typeof res.locals.tenantId === 'string' ? res.locals.tenantId : '';
+    let held = false;
+    let closed = false;
+    res.once('close', () => {
+      closed = true;
+      if (held) budget.give(key, bytes);
+      held = false;
+    });
+    budget.take(key, bytes, BODY_MEMORY_WAIT_MS).then((got) => {
+      if (got !== true) return next(bodyBusy(got));
+      // The client left while it waited: the room goes back at once.
+      if (closed) return budget.give(key, bytes);
+      held = true;
+      next();
+    }, next);
+  };
+}
+
+const bodyBusy = (full: 'key' | 'total') =>
+  new AppError(
+    503,
+    'body_busy',
+    full === 'key'
+      ? `this tenant's other requests hold its share (${BODY_MEMORY_BYTES / 2 / 2 ** 20} MiB) of the request bodies this process reads at once: retry`
+      : `requests hold the ${BODY_MEMORY_BYTES / 2 ** 20} MiB of request bodies this process reads at once: retry`,
+    { scope: full === 'key' ? 'tenant' : 'process' },
+    { 'retry-after': '1' },
+  );
+
+/**
  * Reads a JSON body. body-parser would turn bytes that are not UTF-8 into U+FFFD and store the
  * altered text: a body declared (or defaulting to) UTF-8 that is not valid UTF-8 is a 400 instead.
  */
-const readJsonBody: RequestHandler[] = [
+const readJsonBody = (memory: ByteBudget): RequestHandler[] => [
   // The type and a declared length are checked before the client is invited to send the body.
   requireJson,
+  reserveBodyMemory(memory),
   continueAfterAuth,
   inflateJsonBody,
   express.json({
@@ -309,6 +361,7 @@ const rememberMount: RequestHandler = (req, res, next) => {
 
 export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express {
   const app = express();
+  const bodyMemory = byteBudget(BODY_MEMORY_BYTES, BODY_MEMORY_BYTES / 2);
   app.disable('x-powered-by');
   app.set('trust proxy', false);
   // Node's querystring keeps the first 1,000 pieces and drops the rest without a word (empty ones
@@ -393,11 +446,17 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
     // An erasure deletes rows by the thousand: its statements are not bounded as a request's.
     ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
   });
-  app.use('/v1/admin', rememberMount, requireAdmin(deps.config.adminToken), readJsonBody, admin);
+  app.use('/v1/admin', rememberMount, requireAdmin(deps.config.adminToken), readJsonBody(bodyMemory), admin);
   // Without MNEMOS_ADMIN_TOKEN the admin routes answer 404: not documented then either.
   if (deps.config.adminToken) mounts.push({ prefix: '/v1/admin', router: admin, meta: adminRoutesMeta });
 
-  const tenant = [rememberMount, requireTenant(keys), rateLimit(deps), ...readJsonBody, recheckTenant];
+  const tenant = [
+    rememberMount,
+    requireTenant(keys),
+    rateLimit(deps),
+    ...readJsonBody(bodyMemory),
+    recheckTenant,
+  ];
   const sessions = makeSessionRoutes(routeDeps);
   app.use('/v1/sessions', tenant, sessions);
   mounts.push({ prefix: '/v1/sessions', router: sessions, meta: sessionRoutesMeta });

@@ -9,6 +9,7 @@ import { after, before, describe, test } from 'node:test';
 import { brotliCompressSync, createGzip, deflateSync, gzipSync } from 'node:zlib';
 import pg from 'pg';
 import { makePgDb } from '../db/pool.js';
+import { MAX_BODY_BYTES } from '../services/app.js';
 import { defaultExtensions } from '../services/extensions.js';
 import { makeLogger } from '../services/logger.js';
 import { startService } from '../services/main.js';
@@ -490,6 +491,68 @@ void describe('JSON body encodings', () => {
     assert.equal(notJson.status, 400, notJson.text);
     assert.equal(notJson.body.error.code, 'malformed_json');
     assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404, 'nothing stored');
+  });
+});
+
+void describe('request body memory', () => {
+  /** A post of a body just under the limit, invited (100-continue) and left half sent: it holds its room. */
+  const heldBody = async (key: string, session: string): Promise<net.Socket> => {
+    const socket = net.connect(port, '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write(
+      request('POST', `/v1/sessions/${session}/messages`, key, '', {
+        ...jsonHeaders,
+        'content-length': String(MAX_BODY_BYTES - 1),
+        expect: '100-continue',
+      }),
+    );
+    // (Not `for await`: leaving its loop destroys the socket.)
+    let got = '';
+    while (!got.includes('\r\n\r\n')) got += String((await once(socket, 'data'))[0]);
+    assert.match(got, /^HTTP\/1\.1 100 Continue/, got);
+    socket.write('{"messages":[');
+    return socket;
+  };
+  const busy = async (t: Api, session: string, scope: string) => {
+    const r = await t.post(`/v1/sessions/${session}/messages`, {
+      messages: [{ role: 'user', content: 'x' }],
+    });
+    assert.equal(r.status, 503, r.text);
+    assert.equal(r.body.error.code, 'body_busy');
+    assert.equal(r.body.error.details.scope, scope);
+    assert.ok(r.headers.get('retry-after'), 'retry-after');
+  };
+
+  void test("bodies being read hold a tenant's share and the process's: the next one waits, then 503 body_busy; room comes back", async () => {
+    const [a, b, c] = [await newTenant(), await newTenant(), await newTenant()];
+    const s = sid('mem');
+    const held: net.Socket[] = [];
+    try {
+      // Four bodies of 8 MiB are one tenant's share (32 MiB): its next request finds none.
+      for (let i = 0; i < 4; i++) held.push(await heldBody(a.key, s));
+      await busy(a.api, s, 'tenant');
+      const other = await b.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [{ role: 'user', content: 'b' }],
+      });
+      assert.equal(other.status, 202, `another tenant goes on: ${other.text}`);
+      // Four more of another tenant fill the process's 64 MiB.
+      for (let i = 0; i < 4; i++) held.push(await heldBody(b.key, s));
+      await busy(c.api, s, 'process');
+    } finally {
+      for (const socket of held) socket.destroy();
+    }
+    await eventually(
+      async () =>
+        (await c.api.post(`/v1/sessions/${s}/messages`, { messages: [{ role: 'user', content: 'c' }] }))
+          .status === 202,
+      15_000,
+      'room back once the held bodies are gone',
+    );
+    assert.equal(
+      (await a.api.get(`/v1/sessions/${s}`)).status,
+      404,
+      "none of the tenant's held posts was stored",
+    );
   });
 });
 
