@@ -1,4 +1,4 @@
-import { isPgUnavailable, pgCode } from '../db/pool.js';
+import { isPgUnavailable, isPoolWaitTimeout, pgCode } from '../db/pool.js';
 
 /**
  * The one application error class. Every 4xx/5xx the API sends is an AppError rendered as
@@ -89,6 +89,15 @@ export function asDependencyError(err: unknown): unknown {
       new AppError(503, code, message, { dependency: 'postgres' }, { 'retry-after': '5' }),
       { cause: err },
     );
+  }
+  // No connection came free, or none could be opened (out of file descriptors): Postgres may be
+  // fine. Told "postgres is unavailable", an operator looked at a healthy database.
+  if (isPoolWaitTimeout(err) || /^E[MN]FILE$/.test(pgCode(err) ?? '')) {
+    const e = unavailable('postgres');
+    e.message =
+      "no Postgres connection came free in time (this process's connections are all busy, or Postgres " +
+      'does not accept new ones): retry later';
+    return Object.assign(e, { cause: err });
   }
   if (isPgUnavailable(err) || PG_TRANSIENT.test(pgCode(err) ?? '')) {
     return Object.assign(unavailable('postgres'), { cause: err });

@@ -1204,6 +1204,22 @@ void describe('dependency errors', () => {
       is503(timedOut, 'postgres');
       const bug = await db.query('SELECT nope').catch((e: unknown) => e);
       assert.equal(asDependencyError(bug), bug, 'a bug stays a 500');
+      // A pool with no connection free in time (5 s): Postgres may be fine, and the answer says so.
+      const busy = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+      try {
+        const waited = await busy.transaction(() => busy.query('SELECT 1')).catch((e: unknown) => e);
+        is503(waited, 'postgres');
+        assert.match((asDependencyError(waited) as Error).message, /connections are all busy/);
+      } finally {
+        await busy.close();
+      }
+      const refused = makePgDb({ connectionString: 'postgres://postgres@127.0.0.1:1/x', max: 1 });
+      try {
+        const down = await refused.query('SELECT 1').catch((e: unknown) => e);
+        assert.equal((asDependencyError(down) as Error).message, 'postgres is unavailable, retry later');
+      } finally {
+        await refused.close();
+      }
     } finally {
       await db.close();
     }
