@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
+import { QueueEvents } from 'bullmq';
 import { annIndexName, buildAnnIndex } from '../db/queries/ann-indexes.js';
 import { SESSION_SCAN_MAX_MESSAGES, searchCandidates } from '../db/queries/search.js';
 import { buildSessionIndex, sessionIndexName } from '../db/queries/session-indexes.js';
@@ -2068,6 +2069,53 @@ void describe('a huge session deleted while its own index is built', () => {
       [tenantId, a],
     );
     assert.equal(recorded.rowCount, 0, JSON.stringify(recorded.rows));
+  });
+});
+
+void describe('table-locking maintenance passes', () => {
+  let svc: TestService;
+  let events: QueueEvents;
+  before(async () => {
+    svc = await startTestService({ env: { SEARCH_INDEX_MIN_MESSAGES: '20' } });
+    events = new QueueEvents('maintenance', {
+      connection: { url: svc.config.redisUrl },
+      prefix: svc.config.prefix,
+    });
+    await events.waitUntilReady();
+  });
+  after(async () => {
+    await events?.close();
+    await svc?.stop();
+  });
+
+  void test('run one at a time: a pass that finds another running (its build waiting on an old snapshot) is skipped', async () => {
+    const { api, tenantId } = await svc.newTenant();
+    const s = sid('one-at-a-time');
+    await archive(
+      api,
+      s,
+      Array.from({ length: 30 }, (_, i) => user(`note ${i} about the zebra crossing`)),
+    );
+    const run = (kind: string) => svc.deps.queues.maintenance.add(kind, { v: 1, kind });
+    const snapshot = await holdOldSnapshot(svc.config.databaseUrl!);
+    let first: Promise<unknown> | undefined;
+    try {
+      first = (await run('search-indexes')).waitUntilFinished(events, 60_000);
+      await indexBuildWaiting(svc.deps.db, sessionIndexName(tenantId, s, 'fts'));
+      // Before, a second pass built the same index at once (or deadlocked with the first), and
+      // ANALYZE queued behind the build.
+      for (const kind of ['search-indexes', 'table-statistics']) {
+        const result = await (await run(kind)).waitUntilFinished(events, 30_000);
+        assert.deepEqual(result, { skipped: 'another table-locking maintenance task is running' }, kind);
+      }
+    } finally {
+      await snapshot.release();
+    }
+    const done = (await first) as { built: string[] };
+    assert.ok(done.built.includes(sessionIndexName(tenantId, s, 'fts')), JSON.stringify(done));
+    // Released: the next pass runs.
+    const next = await (await run('table-statistics')).waitUntilFinished(events, 30_000);
+    assert.ok(!(next && typeof next === 'object' && 'skipped' in next), JSON.stringify(next));
   });
 });
 

@@ -6,6 +6,7 @@ import { throttledKinds, throttledWarn } from '../services/logger.js';
 import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
+import { TABLE_LOCKING_TASKS, exclusively } from './maintenance-lock.js';
 import { runIngestSweep } from './ingest-sweep.js';
 import { parsePayload, scheduleMaintenance } from './queues.js';
 import { USAGE_RETENTION_EVERY_MS, makeUsageRetention } from './usage-retention.js';
@@ -75,7 +76,8 @@ export async function startWorkers(
       const p = parsePayload('maintenance', job.data);
       const task = tasks[p.kind];
       if (!task) throw new UnrecoverableError(`no maintenance task "${p.kind}" in this build`);
-      return task();
+      if (!TABLE_LOCKING_TASKS.has(p.kind)) return task();
+      return exclusively(deps.redis, `${deps.config.prefix}:maintenance:table-lock`, task);
     },
   };
   for (const e of extensions) Object.assign(processors, e.processors ?? {});
