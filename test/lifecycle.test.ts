@@ -33,6 +33,7 @@ import {
   REDIS_URL,
   api,
   deleteRedisPrefix,
+  dropTestDatabase,
   eventually,
   startTestService,
 } from './support/harness.js';
@@ -345,9 +346,137 @@ void describe('reset', () => {
       [[2, 'X', 'posted during the reset']],
     );
   });
+
+  void test('a message accepted while a reset runs whose flush request was lost is flushed by the reset, not left to the sweeper', async () => {
+    const own = await quietService();
+    const ingestQueue = own.deps.queues.ingest as unknown as {
+      add: (...args: unknown[]) => Promise<unknown>;
+    };
+    const locker = new pg.Client({ connectionString: own.config.databaseUrl });
+    try {
+      const t = await own.newTenant();
+      const s = sid('lost-flush');
+      await archive(t.api, s, [user('before the reset')]);
+      const { running: reset } = await whileMessagesLocked(own, locker, () =>
+        t.api.post(`/v1/sessions/${s}/reset`),
+      );
+      // X is accepted (kept by the reset: after its cut), but adding its flush job fails (a Redis
+      // blip between the accept script and the add): the session is armed and no job is queued.
+      const failuresBefore = (await own.deps.metrics.enqueueFailures.get()).values[0]?.value ?? 0;
+      ingestQueue.add = () => Promise.reject(new Error('Connection is closed.'));
+      const x = await t.api
+        .post(`/v1/sessions/${s}/messages`, { messages: [user('posted during the reset', { id: 'X' })] })
+        .finally(() => delete (ingestQueue as { add?: unknown }).add);
+      assert.equal(x.status, 202, JSON.stringify(x.body));
+      assert.equal(x.body.messages[0].seq, 2);
+      assert.equal(
+        ((await own.deps.metrics.enqueueFailures.get()).values[0]?.value ?? 0) - failuresBefore,
+        1,
+      );
+
+      await locker.query('COMMIT');
+      assert.equal((await reset).status, 200);
+
+      // The reset's Redis step found X waiting and asked for its flush: archived now.
+      await archivedAlone(own, t, s, 'posted during the reset');
+    } finally {
+      await stopQuiet(own, locker);
+    }
+  });
 });
 
+/** A service of its own whose ingest sweeper never comes round in a test (in production: every 30 s). */
+const quietService = () =>
+  startTestService({ worker: { ingestSweepEveryMs: 3_600_000, ingestSweepAfterMs: 3_600_000 } });
+
+async function stopQuiet(own: TestService, locker: pg.Client): Promise<void> {
+  await locker.end();
+  await own.stop();
+  await deleteRedisPrefix(own.config.prefix);
+  await dropTestDatabase(own.config.databaseUrl!);
+}
+
+/**
+ * Starts `clear` (a reset or delete) while `locker` holds `messages` in SHARE mode: the clear has
+ * taken its cut and holds the session row, waiting. Returns it running; COMMIT on `locker` lets it on.
+ */
+async function whileMessagesLocked<T>(
+  own: TestService,
+  locker: pg.Client,
+  clear: () => Promise<T>,
+): Promise<{ running: Promise<T> }> {
+  await locker.connect();
+  await locker.query('BEGIN');
+  await locker.query('LOCK TABLE messages IN SHARE MODE');
+  const running = clear();
+  await eventually(
+    async () =>
+      (
+        await own.deps.db.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted AND relation = 'messages'::regclass
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+        )
+      ).rows[0]!.n > 0,
+    10_000,
+    'the clear waiting for the lock',
+  );
+  return { running };
+}
+
+/** Until `content` (id X, seq 2) is the session's only archived message, and its inbox is empty. */
+async function archivedAlone(
+  own: TestService,
+  t: { api: Api; tenantId: string },
+  s: string,
+  content: string,
+) {
+  const archived = await eventually(
+    async () => {
+      const m = await listed(t.api, s);
+      return m && m.length > 0 ? m : null;
+    },
+    10_000,
+    'the message accepted during the clear to be archived',
+  );
+  assert.deepEqual(
+    archived.map((m) => [m.seq, m.id, m.content]),
+    [[2, 'X', content]],
+  );
+  assert.equal(await redis.llen(inboxKeys(own.config.prefix, t.tenantId, s).inbox), 0);
+}
+
 void describe('delete', () => {
+  void test("a message accepted while a delete runs is archived at once: its flush is not removed with the old session's jobs", async () => {
+    const own = await quietService();
+    const locker = new pg.Client({ connectionString: own.config.databaseUrl });
+    try {
+      const t = await own.newTenant();
+      const s = sid('during-delete');
+      await archive(t.api, s, [user('before the delete')]);
+      const { running: deleting } = await whileMessagesLocked(own, locker, () =>
+        t.api.del(`/v1/sessions/${s}`),
+      );
+      // The worker is behind: X's flush job waits in the queue while the delete finishes, which
+      // removed it with the deleted session's queued jobs, and the one its Redis step asked for.
+      const ingest = own.workers!.workers.find((w) => w.name === 'ingest')!;
+      await ingest.pause();
+      try {
+        const x = await t.api.post(`/v1/sessions/${s}/messages`, {
+          messages: [user('posted during the delete', { id: 'X' })],
+        });
+        assert.equal(x.status, 202, JSON.stringify(x.body));
+        assert.equal(x.body.messages[0].seq, 2);
+        await locker.query('COMMIT');
+        assert.equal((await deleting).status, 204);
+      } finally {
+        ingest.resume();
+      }
+      await archivedAlone(own, t, s, 'posted during the delete');
+    } finally {
+      await stopQuiet(own, locker);
+    }
+  });
+
   void test('removes messages, vectors, summary, caches and queued payloads; usage keeps its counts without the id', async () => {
     const t = await svc.newTenant();
     const s = sid('gone');

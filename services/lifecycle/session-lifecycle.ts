@@ -104,6 +104,18 @@ export async function clearSession(
   });
   if (r.kind === 'not_found' || r.kind === 'skipped') return r;
 
+  const scan = opts.jobScan ?? (mode.kind === 'delete' ? DEFAULT_JOB_SCAN : 0);
+  const warn = (err: unknown) =>
+    deps.logger.warn(
+      { err: { message: (err as Error).message } },
+      'could not remove queued jobs of a deleted session',
+    );
+  const match = sessionJobs(tenantId, sessionId);
+  // The deleted session's queued jobs go before the Redis step, not after: that step asks for a
+  // flush of what was accepted after the cut (kept), and removed afterwards, with the flush job
+  // of such a message still queued behind a busy worker, they left it in the inbox until the
+  // ingest sweeper came round (every 30 s).
+  if (scan > 0) await removeQueuedJobs(deps.queues, match, scan, PENDING_STATES).catch(warn);
   await syncRedisGeneration(
     deps,
     tenantId,
@@ -115,15 +127,7 @@ export async function clearSession(
   if (mode.kind === 'delete' || dropSummary || r.kind === 'tombstone') {
     await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
   }
-  const scan = opts.jobScan ?? (mode.kind === 'delete' ? DEFAULT_JOB_SCAN : 0);
   if (scan > 0) {
-    const warn = (err: unknown) =>
-      deps.logger.warn(
-        { err: { message: (err as Error).message } },
-        'could not remove queued jobs of a deleted session',
-      );
-    const match = sessionJobs(tenantId, sessionId);
-    await removeQueuedJobs(deps.queues, match, scan, PENDING_STATES).catch(warn);
     // Jobs that ran (ids only, never run again for the old generation) go behind the answer: read
     // whole, up to `scan` per state of each queue, they made a delete take seconds (p50 2.9 s
     // under a tester's load, with the summary queue's hour of completed jobs).
