@@ -377,6 +377,29 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       await svc.deps.queues.maintenance.resume();
     }
   };
+  /** Runs a full-text backfill pass from its start to its end, three rows a batch, two batches a run. */
+  const runPass = (
+    name: string,
+    backfill: (
+      deps: { db: Db; logger: never },
+      opts: { batch: number; maxBatches: number },
+    ) => Promise<{ done: boolean }>,
+  ) =>
+    withPassRestarted(name, async (deps) => {
+      for (let done = false; !done;) ({ done } = await backfill(deps, { batch: 3, maxBatches: 2 }));
+    });
+  /** What rows archived before a pass existed hold: their content indexed as Postgres's parser reads it. */
+  const indexedAsWritten = (s: string, seqs: Array<number | undefined>) =>
+    svc.deps.db.query(
+      `UPDATE messages SET search_tsv = to_tsvector('english', content)
+       WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
+      [tenantId, s, seqs],
+    );
+  /** The seqs of the hits full text found, in rank order (not those of the substring match alone). */
+  const fullTextHits = async (s: string, query: string) =>
+    (await search(api, s, { query, match: 'keyword' })).body.hits
+      .filter((h) => h.source !== 'recent')
+      .map((h) => h.seq);
 
   void test('keyword: English stemming finds "compaction" for "compacting"', async () => {
     const s = sid('stem');
@@ -633,10 +656,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       user('the Acme™ rocket covers 100 km² in 1½ hours'),
     ]);
     const kw = async (query: string) => sorted(await hitSeqs(api, s, { query, match: 'keyword' }));
-    const byFullText = async (query: string) =>
-      (await search(api, s, { query, match: 'keyword' })).body.hits
-        .filter((h) => h.source !== 'recent')
-        .map((h) => h.seq);
+    const byFullText = (query: string) => fullTextHits(s, query);
     assert.deepEqual(await byFullText('Acme'), [symbols!]);
     assert.deepEqual(await byFullText('km'), [symbols!]);
     assert.deepEqual(await byFullText('11'), []);
@@ -648,17 +668,9 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await kw('οδος'), [greek!], 'final sigma');
     assert.deepEqual(await kw('ΟΔΟΣ'), [greek!]);
     // What rows archived before 2026-12-02 hold: the text indexed as written.
-    await svc.deps.db.query(
-      `UPDATE messages SET search_tsv = to_tsvector('english', content)
-       WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
-      [tenantId, s, [wide, decomposed, greek]],
-    );
+    await indexedAsWritten(s, [wide, decomposed, greek]);
     assert.deepEqual(await kw('GPU server'), [plain!]);
-    await withPassRestarted(FTS_FOLD_PASS, async (deps) => {
-      for (let done = false; !done;) {
-        ({ done } = await backfillFoldedTsvectors(deps, { batch: 3, maxBatches: 2 }));
-      }
-    });
+    await runPass(FTS_FOLD_PASS, backfillFoldedTsvectors);
     assert.deepEqual(await kw('GPU server'), [wide!, plain!]);
     assert.deepEqual(await kw('Ti\u1ebfng'), [decomposed!]);
     assert.deepEqual(await kw('οδος'), [greek!]);
@@ -674,12 +686,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       user('zero\u200bwidth separated tokens'),
       user('plain software note'),
     ]);
-    const byFullText = async (query: string) =>
-      sorted(
-        (await search(api, s, { query, match: 'keyword' })).body.hits
-          .filter((h) => h.source !== 'recent')
-          .map((h) => h.seq),
-      );
+    const byFullText = async (query: string) => sorted(await fullTextHits(s, query));
     const expectations: Array<[string, number[]]> = [
       ['software', sorted([shy!, plain!])],
       ['rebuild', [shy!]],
@@ -691,17 +698,9 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     ];
     for (const [query, want] of expectations) assert.deepEqual(await byFullText(query), want, query);
     // What rows archived before 2026-12-03 hold on Postgres 15: a word break at each one.
-    await svc.deps.db.query(
-      `UPDATE messages SET search_tsv = to_tsvector('english', content)
-       WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
-      [tenantId, s, [shy, zwnj]],
-    );
+    await indexedAsWritten(s, [shy, zwnj]);
     assert.deepEqual(await byFullText('software'), [plain!]);
-    await withPassRestarted(FTS_FORMAT_PASS, async (deps) => {
-      for (let done = false; !done;) {
-        ({ done } = await backfillFormatTsvectors(deps, { batch: 3, maxBatches: 2 }));
-      }
-    });
+    await runPass(FTS_FORMAT_PASS, backfillFormatTsvectors);
     for (const [query, want] of expectations)
       assert.deepEqual(await byFullText(query), want, `${query} (re-derived)`);
   });
@@ -714,12 +713,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       user('ask ops-team@example.org, e.g. before 3.5 ships'),
       user('a plain message about tasks and services'),
     ]);
-    const byFullText = async (query: string) =>
-      sorted(
-        (await search(api, s, { query, match: 'keyword' })).body.hits
-          .filter((h) => h.source !== 'recent')
-          .map((h) => h.seq),
-      );
+    const byFullText = async (query: string) => sorted(await fullTextHits(s, query));
     const expectations: Array<[string, number[]]> = [
       ['NullPointerException', [npe!]],
       ['InvoiceService', [npe!]],
@@ -735,18 +729,10 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     ];
     for (const [query, want] of expectations) assert.deepEqual(await byFullText(query), want, query);
     // What rows archived before 2026-12-02 hold: each compound one token.
-    await svc.deps.db.query(
-      `UPDATE messages SET search_tsv = to_tsvector('english', content)
-       WHERE tenant_id = $1 AND session_id = $2 AND seq = ANY($3::bigint[])`,
-      [tenantId, s, [npe, path, mail]],
-    );
+    await indexedAsWritten(s, [npe, path, mail]);
     assert.deepEqual(await byFullText('NullPointerException'), []);
     assert.deepEqual(await byFullText('tasks'), [plain!]);
-    await withPassRestarted(FTS_COMPOUND_PASS, async (deps) => {
-      for (let done = false; !done;) {
-        ({ done } = await backfillCompoundTsvectors(deps, { batch: 3, maxBatches: 2 }));
-      }
-    });
+    await runPass(FTS_COMPOUND_PASS, backfillCompoundTsvectors);
     for (const [query, want] of expectations)
       assert.deepEqual(await byFullText(query), want, `${query} (re-derived)`);
   });
@@ -774,11 +760,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       [tenantId, s, seq],
     );
     assert.deepEqual(await hitSeqs(api, s, { query: 'restart', match: 'keyword' }), []);
-    await withPassRestarted(FTS_ARGS_PASS, async (deps) => {
-      for (let done = false; !done;) {
-        ({ done } = await backfillToolCallTsvectors(deps, { batch: 3, maxBatches: 2 }));
-      }
-    });
+    await runPass(FTS_ARGS_PASS, backfillToolCallTsvectors);
     assert.deepEqual(await hitSeqs(api, s, { query: 'restart', match: 'keyword' }), [seq]);
     assert.deepEqual(await hitSeqs(api, s, { query: '記憶系統', match: 'keyword' }), [seq]);
     // Escapes that decode to what the archive row cannot carry (NUL, a lone surrogate): the body's
@@ -820,11 +802,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       [tenantId, s, withIds],
     );
     assert.deepEqual(await hitSeqs(api, s, { query: '1234567890123456789', match: 'keyword' }), []);
-    await withPassRestarted(FTS_ARGS_PASS, async (deps) => {
-      for (let done = false; !done;) {
-        ({ done } = await backfillToolCallTsvectors(deps, { batch: 3, maxBatches: 2 }));
-      }
-    });
+    await runPass(FTS_ARGS_PASS, backfillToolCallTsvectors);
     for (const query of ['1234567890123456789', '1.10', 'zebrafish']) {
       assert.deepEqual(await hitSeqs(api, s, { query, match: 'keyword' }), [withIds], query);
     }
