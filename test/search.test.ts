@@ -38,6 +38,8 @@ import type { SearchHit, SearchParams } from '../services/search/search-session.
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
 import {
+  ADMIN_TOKEN,
+  api,
   createTestDatabase,
   dropTestDatabase,
   eventually,
@@ -1993,58 +1995,69 @@ void describe('a huge session deleted while its own index is built', () => {
     }
   });
 
-  void test("a delete answers while another session's index builds wait; its own indexes go once they end", async () => {
-    // Setup: session A with its own search and HNSW indexes; session B over the thresholds since,
-    // whose builds wait out an old snapshot (a long report, a pg_dump).
-    const { api, tenantId } = await svc.newTenant();
-    const [a, b] = [sid('indexed'), sid('building')];
+  void test("a delete and a tenant erasure answer while another session's index builds wait; their indexes go once the builds end", async () => {
+    // Setup: session A, and tenant C's session, with their own search and HNSW indexes; session B
+    // over the thresholds since, whose builds wait out an old snapshot (a long report, a pg_dump).
+    const { api: user1, tenantId } = await svc.newTenant();
+    const erased = await svc.newTenant();
+    const [a, b, c] = [sid('indexed'), sid('building'), sid('erased')];
     const notes = (n: number) =>
       Array.from({ length: n }, (_, i) => user(`note ${i} about the zebra crossing`));
-    await archive(api, a, notes(30));
+    await archive(user1, a, notes(30));
     await ensureVectors(svc, tenantId, a);
-    const search = () => maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
-    const ann = () => maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 1 });
-    const indexesOfA = [
-      sessionIndexName(tenantId, a, 'fts'),
-      sessionIndexName(tenantId, a, 'trgm'),
-      annIndexName(tenantId, a, svc.config.embedding.dimensions),
+    await archive(erased.api, c, notes(30));
+    await ensureVectors(svc, erased.tenantId, c);
+    const search = (maxBuilds: number) =>
+      maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds });
+    const ann = (maxBuilds: number) => maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds });
+    const indexesOf = (tenant: string, session: string) => [
+      sessionIndexName(tenant, session, 'fts'),
+      sessionIndexName(tenant, session, 'trgm'),
+      annIndexName(tenant, session, svc.config.embedding.dimensions),
     ];
-    assert.deepEqual((await search()).built, indexesOfA.slice(0, 2));
-    assert.deepEqual((await ann()).built, indexesOfA.slice(2));
-    await archive(api, b, notes(30));
+    const doomed = [...indexesOf(tenantId, a), ...indexesOf(erased.tenantId, c)].sort();
+    assert.equal((await search(2)).built.length, 4);
+    assert.equal((await ann(2)).built.length, 2);
+    await archive(user1, b, notes(30));
     await ensureVectors(svc, tenantId, b);
     const present = async () =>
       (
         await svc.deps.db.query<{ relname: string }>(
           'SELECT relname FROM pg_class WHERE relname = ANY($1::text[]) ORDER BY relname',
-          [indexesOfA],
+          [doomed],
         )
       ).rows.map((r) => r.relname);
-    assert.deepEqual(await present(), [...indexesOfA].sort());
+    assert.deepEqual(await present(), doomed);
     const snapshot = await holdOldSnapshot(svc.config.databaseUrl!);
     let passes: Promise<unknown> | undefined;
     try {
-      passes = Promise.all([search(), ann()]);
+      passes = Promise.all([search(1), ann(1)]);
       await indexBuildWaiting(svc.deps.db, sessionIndexName(tenantId, b, 'fts'));
       await indexBuildWaiting(svc.deps.db, annIndexName(tenantId, b, svc.config.embedding.dimensions));
 
-      // Action: A is deleted while both builds wait. Dropping A's indexes waits for them (both
-      // tables'), so the delete must not: it answered once the builds had ended (68 s in a
-      // tester's run). The snapshot is released only after 20 s without an answer.
-      const answered = api.del(`/v1/sessions/${a}`);
-      const early = await Promise.race([answered, new Promise<null>((r) => setTimeout(r, 20_000, null))]);
-      assert.equal(early?.status, 204, 'the delete answered while the builds still waited');
+      // Action: A is deleted and tenant C erased while both builds wait. Dropping their indexes
+      // waits for the builds (both tables'), so the answers must not: they came once the builds
+      // had ended (68 s and 140 s in a tester's runs). The snapshot is released only after 20 s
+      // without an answer.
+      const within20s = <T>(p: Promise<T>) =>
+        Promise.race([p, new Promise<null>((r) => setTimeout(r, 20_000, null))]);
+      const deleted = await within20s(user1.del(`/v1/sessions/${a}`));
+      assert.equal(deleted?.status, 204, 'the delete answered while the builds still waited');
+      const gone = await within20s(api(svc.base, ADMIN_TOKEN).del(`/v1/admin/tenants/${erased.tenantId}`));
+      assert.equal(gone?.status, 204, 'the erasure answered while the builds still waited');
+      // The API process's connections are not held by drops waiting meanwhile.
+      assert.equal((await user1.get(`/v1/sessions/${b}`)).status, 200);
     } finally {
       await snapshot.release();
     }
     await passes;
 
-    // Assert: once the builds have ended, A's indexes are gone and unrecorded.
-    await eventually(async () => (await present()).length === 0, 20_000, "A's indexes dropped");
+    // Assert: once the builds have ended, the indexes are gone and unrecorded.
+    await eventually(async () => (await present()).length === 0, 30_000, 'the indexes dropped');
     const recorded = await svc.deps.db.query(
-      `SELECT index_name FROM session_search_indexes WHERE tenant_id = $1 AND session_id = $2
-       UNION ALL SELECT index_name FROM vector_ann_indexes WHERE tenant_id = $1 AND session_id = $2`,
-      [tenantId, a],
+      `SELECT index_name FROM session_search_indexes WHERE index_name = ANY($1::text[])
+       UNION ALL SELECT index_name FROM vector_ann_indexes WHERE index_name = ANY($1::text[])`,
+      [doomed],
     );
     assert.equal(recorded.rowCount, 0, JSON.stringify(recorded.rows));
   });
@@ -2084,7 +2097,7 @@ void describe('table-locking maintenance passes', () => {
       // ANALYZE queued behind the build.
       for (const kind of ['search-indexes', 'table-statistics']) {
         const result = await (await run(kind)).waitUntilFinished(events, 30_000);
-        assert.deepEqual(result, { skipped: 'another table-locking maintenance task is running' }, kind);
+        assert.deepEqual(result, { skipped: 'another maintenance task on the same tables is running' }, kind);
       }
     } finally {
       await snapshot.release();

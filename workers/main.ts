@@ -6,9 +6,9 @@ import { throttledKinds, throttledWarn } from '../services/logger.js';
 import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
-import { TABLE_LOCKING_TASKS, exclusively } from './maintenance-lock.js';
+import { TASK_TABLES, exclusively } from './maintenance-lock.js';
 import { runIngestSweep } from './ingest-sweep.js';
-import { parsePayload, scheduleMaintenance } from './queues.js';
+import { REQUESTED, parsePayload, scheduleMaintenance } from './queues.js';
 import { USAGE_RETENTION_EVERY_MS, makeUsageRetention } from './usage-retention.js';
 import type { QueueName } from './queues.js';
 
@@ -37,6 +37,9 @@ function jobSubject(data: unknown): { tenantId?: string; sessionId?: string } {
     ...(sessionId === undefined ? {} : { sessionId }),
   };
 }
+
+/** How long a maintenance pass asked for (requestMaintenance) waits for a pass on its tables. */
+const REQUESTED_WAIT_MS = 10 * 60_000;
 
 export interface RunningWorkers {
   workers: Worker[];
@@ -72,12 +75,17 @@ export async function startWorkers(
   for (const e of extensions) Object.assign(tasks, e.maintenance ?? {});
   const processors: Partial<Record<QueueName, Processor>> = {
     ingest,
-    maintenance: async (job: Job) => {
+    maintenance: async (job: Job, _token?: string, signal?: AbortSignal) => {
       const p = parsePayload('maintenance', job.data);
       const task = tasks[p.kind];
       if (!task) throw new UnrecoverableError(`no maintenance task "${p.kind}" in this build`);
-      if (!TABLE_LOCKING_TASKS.has(p.kind)) return task();
-      return exclusively(deps.redis, `${deps.config.prefix}:maintenance:table-lock`, task);
+      const tables = TASK_TABLES[p.kind];
+      if (!tables) return task();
+      const keys = tables.map((t) => `${deps.config.prefix}:maintenance:lock:${t}`);
+      return exclusively(deps.redis, keys, task, {
+        waitMs: job.name === REQUESTED ? REQUESTED_WAIT_MS : 0,
+        ...(signal ? { signal } : {}),
+      });
     },
   };
   for (const e of extensions) Object.assign(processors, e.processors ?? {});

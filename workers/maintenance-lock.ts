@@ -2,51 +2,71 @@ import { randomUUID } from 'node:crypto';
 import type { Redis } from '../services/redis.js';
 
 /**
- * Maintenance tasks that take locks on the big tables (CREATE/DROP INDEX CONCURRENTLY, ANALYZE)
- * run one at a time across the fleet. A pass whose index build waits out an old snapshot can
- * outlast its 10-minute interval, and the next one, on another worker, built the same index at
- * once or deadlocked with it (a tester saw both); `table-statistics` and `search-indexes` once
- * deadlocked each other. A pass that finds another running is skipped: the next one comes on
- * schedule.
+ * The big tables each maintenance task takes locks on (CREATE/DROP INDEX CONCURRENTLY, ANALYZE):
+ * tasks that share a table run one at a time across the fleet. A pass whose index build waits out
+ * an old snapshot can outlast its 10-minute interval, and the next one, on another worker, built
+ * the same index at once or deadlocked with it (a tester saw both); `table-statistics` and
+ * `search-indexes` once deadlocked each other.
  */
-export const TABLE_LOCKING_TASKS = new Set(['search-indexes', 'ann-indexes', 'table-statistics']);
+export const TASK_TABLES: Record<string, readonly string[]> = {
+  'search-indexes': ['messages'],
+  'search-indexes-gone': ['messages'],
+  'ann-indexes': ['message_vectors'],
+  'ann-indexes-gone': ['message_vectors'],
+  'table-statistics': ['messages', 'message_vectors'],
+};
 
-/** How long the lock outlives a worker that died holding it; renewed every third of it. */
+/** How long a lock outlives a worker that died holding it; renewed every third of it. */
 export const MAINTENANCE_LOCK_MS = 60_000;
+const POLL_MS = 500;
 
-const RENEW = `if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+const RENEW = `for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('PEXPIRE', key, ARGV[2]) end
+end
 return 0`;
-const RELEASE = `if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1]) end
+const RELEASE = `for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('DEL', key) end
+end
 return 0`;
+// All or none: a task never holds one of its tables while it waits for another.
+const ACQUIRE = `for i, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then return 0 end
+end
+for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[1], 'PX', ARGV[2]) end
+return 1`;
 
 export type Skipped = { skipped: string };
 
 /**
- * Runs `task` holding the Redis lock `key` (SET NX with an expiry, renewed while it runs), or
- * returns `{skipped}` naming the reason when another holder has it.
+ * Runs `task` holding the Redis locks `keys` (set together with an expiry, renewed while it runs).
+ * When another holder has one of them, waits up to `waitMs` for it (polling), then returns
+ * `{skipped}`: a scheduled pass is skipped at once (the next comes on schedule); one asked for
+ * after a delete waits, so that the index it is to drop goes now rather than at the next.
  */
 export async function exclusively<T>(
   redis: Redis,
-  key: string,
+  keys: readonly string[],
   task: () => Promise<T>,
-  lockMs = MAINTENANCE_LOCK_MS,
+  opts: { waitMs?: number; lockMs?: number; signal?: AbortSignal } = {},
 ): Promise<T | Skipped> {
+  const lockMs = opts.lockMs ?? MAINTENANCE_LOCK_MS;
   const token = randomUUID();
-  if ((await redis.set(key, token, 'PX', lockMs, 'NX')) !== 'OK') {
-    return { skipped: 'another table-locking maintenance task is running' };
+  const until = Date.now() + (opts.waitMs ?? 0);
+  while ((await redis.eval(ACQUIRE, keys.length, ...keys, token, String(lockMs))) !== 1) {
+    if (Date.now() >= until || opts.signal?.aborted)
+      return { skipped: 'another maintenance task on the same tables is running' };
+    await new Promise((r) => setTimeout(r, POLL_MS));
   }
   // A renewal that fails (Redis away for a moment) is retried on the next tick; a lock that
-  // expired meanwhile lets another pass start, as before this lock existed.
+  // expired meanwhile lets another pass start, as before these locks existed.
   const renew = setInterval(
-    () => void redis.eval(RENEW, 1, key, token, String(lockMs)).catch(() => undefined),
+    () => void redis.eval(RENEW, keys.length, ...keys, token, String(lockMs)).catch(() => undefined),
     Math.max(10, Math.floor(lockMs / 3)),
   );
   try {
     return await task();
   } finally {
     clearInterval(renew);
-    await redis.eval(RELEASE, 1, key, token).catch(() => undefined);
+    await redis.eval(RELEASE, keys.length, ...keys, token).catch(() => undefined);
   }
 }

@@ -81,6 +81,24 @@ export async function scheduleMaintenance(
 }
 const FUTURE_SLACK_MS = 60_000;
 
+/**
+ * Asks for a run of the maintenance task `kind` now, beside its schedule: at most one waits, and
+ * one asked for while another runs follows it (BullMQ deduplication with `keepLastIfActive`), so
+ * a burst of deletes makes one or two passes, and the last of them sees every delete.
+ */
+export async function requestMaintenance(
+  queues: Pick<QueueRegistry, 'maintenance'>,
+  kind: string,
+): Promise<void> {
+  await queues.maintenance.add(
+    REQUESTED,
+    { v: 1, kind },
+    { deduplication: { id: `requested-${kind}`, keepLastIfActive: true } },
+  );
+}
+/** The name of a maintenance job asked for by requestMaintenance (scheduled ones bear their kind). */
+export const REQUESTED = 'requested';
+
 export function makeQueues(
   connection: ConnectionOptions,
   prefix: string,

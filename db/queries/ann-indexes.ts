@@ -38,7 +38,8 @@ export async function listAnnIndexes(
     `SELECT a.index_name, a.tenant_id, a.session_id, a.dimensions, a.vectors,
        ${VALID_INDEX_SQL('a.index_name')} AS exists,
        EXISTS (SELECT 1 FROM sessions s
-               WHERE s.tenant_id = a.tenant_id AND s.id = a.session_id AND s.deleted_at IS NULL) AS live,
+               WHERE s.tenant_id = a.tenant_id AND s.id = a.session_id AND s.deleted_at IS NULL
+                 AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = s.tenant_id AND t.erasing_at IS NOT NULL)) AS live,
        (SELECT count(*)::int FROM message_vectors v
         WHERE v.tenant_id = a.tenant_id AND v.session_id = a.session_id) AS current_vectors
      FROM vector_ann_indexes a
@@ -63,6 +64,7 @@ export async function sessionsNeedingAnnIndex(
                          WHERE v.tenant_id = s.tenant_id AND v.session_id = s.id) c
      WHERE s.deleted_at IS NULL AND s.next_seq - s.start_seq >= $1
        AND c.n >= $1
+       AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = s.tenant_id AND t.erasing_at IS NOT NULL)
        AND NOT EXISTS (SELECT 1 FROM vector_ann_indexes a WHERE a.tenant_id = s.tenant_id AND a.session_id = s.id)
      ORDER BY c.n DESC
      LIMIT $2`,

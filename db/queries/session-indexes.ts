@@ -63,6 +63,7 @@ export async function listSessionIndexes(
          AS current_messages
      FROM session_search_indexes x
      LEFT JOIN sessions s ON s.tenant_id = x.tenant_id AND s.id = x.session_id AND s.deleted_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = s.tenant_id AND t.erasing_at IS NOT NULL)
      WHERE ($1::text IS NULL OR x.tenant_id = $1) AND ($2::text IS NULL OR x.session_id = $2)
      ORDER BY x.index_name`,
     [filter.tenantId ?? null, filter.sessionId ?? null],
@@ -84,6 +85,7 @@ export async function sessionsNeedingIndex(
     `SELECT s.tenant_id, s.id, c.n FROM sessions s
      CROSS JOIN LATERAL (SELECT (${KINDS[a.kind].size})::int AS n) c
      WHERE s.deleted_at IS NULL AND ${bound} >= $1 AND c.n >= $1
+       AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = s.tenant_id AND t.erasing_at IS NOT NULL)
        AND NOT EXISTS (SELECT 1 FROM session_search_indexes x
                        WHERE x.tenant_id = s.tenant_id AND x.session_id = s.id AND x.kind = $2)
      ORDER BY c.n DESC

@@ -10,6 +10,7 @@ import { getSession } from '../../db/queries/sessions.js';
 import { getVectorIndex } from '../../db/queries/vectors.js';
 import type { Queryable } from '../../db/pool.js';
 import type { CoreDeps } from '../deps.js';
+import { requestMaintenance } from '../../workers/queues.js';
 
 /**
  * Huge sessions get their own HNSW index (ANN_MIN_VECTORS, default 8,000 vectors): exact k-NN
@@ -38,7 +39,7 @@ export interface AnnMaintenanceResult {
  */
 export async function maintainAnnIndexes(
   deps: Pick<CoreDeps, 'db' | 'config' | 'logger'>,
-  opts: { minVectors?: number; maxBuilds?: number } = {},
+  opts: { minVectors?: number; maxBuilds?: number; goneOnly?: boolean } = {},
 ): Promise<AnnMaintenanceResult> {
   const out: AnnMaintenanceResult = { built: [], dropped: [] };
   const minVectors = opts.minVectors ?? deps.config.annMinVectors;
@@ -46,18 +47,14 @@ export async function maintainAnnIndexes(
   out.dropped.push(...(await dropInvalidLeftovers(deps.db, [ANN_INDEX_PREFIX])));
   const index = await getVectorIndex(deps.db);
   for (const a of await listAnnIndexes(deps.db)) {
-    const keep =
-      minVectors > 0 &&
-      a.exists &&
-      a.live &&
-      a.current_vectors >= minVectors / 2 &&
-      index !== null &&
-      a.dimensions === index.dimensions;
+    const current = index !== null && a.dimensions === index.dimensions;
+    const big = minVectors > 0 && a.current_vectors >= minVectors / 2;
+    const keep = a.exists && a.live && current && (big || opts.goneOnly === true);
     if (keep) continue;
     await dropAnnIndex(deps.db, a.index_name);
     if (!out.dropped.includes(a.index_name)) out.dropped.push(a.index_name);
   }
-  if (minVectors <= 0 || !index || index.state !== 'ready') return out;
+  if (minVectors <= 0 || opts.goneOnly || !index || index.state !== 'ready') return out;
   const todo = await sessionsNeedingAnnIndex(deps.db, { minVectors, limit: opts.maxBuilds ?? 1 });
   for (const s of todo) {
     const started = Date.now();
@@ -100,33 +97,27 @@ export async function buildForLiveSession(
 }
 
 /**
- * Runs `drop`, the dropping of a deleted or reset session's partial indexes, without waiting for
- * it: a DROP INDEX CONCURRENTLY waits until no index build runs on its table, and a build waits
- * out every older snapshot (a long report, a `pg_dump`), so a DELETE that dropped them before
- * answering waited as long (68 s in a tester's run, past PG_REQUEST_TIMEOUT_MS, while it held a
- * connection that its process's other requests then lacked), or the drop deadlocked with the
- * build and the DELETE, done, answered 503. What fails here the next maintenance pass drops.
+ * After a delete, a reset that drops the summary, or a tenant erasure: when the registry of `task`
+ * records indexes of the session (or of the whole tenant), asks a worker for a `<task>-gone` pass,
+ * which drops the indexes of sessions no longer live (erasing tenants' sessions are not) and
+ * nothing else, deciding from what is live when it runs (so a session re-created under the id meanwhile keeps the index it
+ * needs). A DROP INDEX CONCURRENTLY waits until no index build runs on its table, and a build waits
+ * out every older snapshot (a long report, a `pg_dump`): run by the request, a delete answered
+ * after 68 s, past PG_REQUEST_TIMEOUT_MS, and a tenant erasure after 140 s; run beside it, the
+ * waiting drops held every connection of the API process's pool (503s for all its requests).
  */
-export function dropInBackground(
-  deps: Pick<CoreDeps, 'logger'>,
-  what: string,
-  drop: () => Promise<unknown>,
-): void {
-  void drop().catch((err: unknown) =>
-    deps.logger.warn(
-      { err: { message: (err as Error).message } },
-      `could not drop the ${what} of a deleted or reset session: the next maintenance pass will`,
-    ),
-  );
-}
-
-/** Drops the indexes of a session or of a whole tenant (delete, tenant erasure). */
-export async function dropAnnIndexesOf(
-  deps: Pick<CoreDeps, 'db'>,
+export async function requestIndexDrops(
+  deps: Pick<CoreDeps, 'db' | 'queues'>,
+  task: 'search-indexes' | 'ann-indexes',
   filter: { tenantId: string; sessionId?: string },
-): Promise<number> {
-  if (deps.db.kind !== 'postgres') return 0;
-  const rows = await listAnnIndexes(deps.db, filter);
-  for (const a of rows) await dropAnnIndex(deps.db, a.index_name);
-  return rows.length;
+): Promise<boolean> {
+  if (deps.db.kind !== 'postgres') return false;
+  const registry = task === 'search-indexes' ? 'session_search_indexes' : 'vector_ann_indexes';
+  const r = await deps.db.query(
+    `SELECT 1 FROM ${registry} WHERE tenant_id = $1 AND ($2::text IS NULL OR session_id = $2) LIMIT 1`,
+    [filter.tenantId, filter.sessionId ?? null],
+  );
+  if ((r.rowCount ?? 0) === 0) return false;
+  await requestMaintenance(deps.queues, `${task}-gone`);
+  return true;
 }

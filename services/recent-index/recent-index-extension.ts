@@ -5,7 +5,7 @@ import { deleteOrphanVectors, sessionsMissingVectors } from '../../db/queries/ve
 import { makeCompactProcessor } from '../../workers/compact.js';
 import { makeEmbedProcessor } from '../../workers/embed.js';
 import type { ExtensionFactory } from '../extension.js';
-import { dropAnnIndexesOf, dropInBackground, maintainAnnIndexes } from './ann-indexes.js';
+import { maintainAnnIndexes, requestIndexDrops } from './ann-indexes.js';
 import { shouldEnqueueCompact } from './compaction-plan.js';
 import { makeEmbedder } from './embedder.js';
 import { ensureVectorIndex } from './index-state.js';
@@ -102,6 +102,8 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
         return n;
       },
       'ann-indexes': () => maintainAnnIndexes(deps),
+      // Asked for by a delete: drops the indexes of sessions no longer live, nothing else.
+      'ann-indexes-gone': () => maintainAnnIndexes(deps, { goneOnly: true }),
     },
     async schedule() {
       await scheduleMaintenance(deps.queues, 'embed-sweep', EMBED_SWEEP_EVERY_MS);
@@ -109,10 +111,10 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
     },
     async purgeSession(tenantId, sessionId) {
       await deleteOrphanVectors(deps.db, tenantId, sessionId);
-      dropInBackground(deps, 'HNSW index', () => dropAnnIndexesOf(deps, { tenantId, sessionId }));
+      await requestIndexDrops(deps, 'ann-indexes', { tenantId, sessionId });
     },
     purgeTenant: async (tenantId) => {
-      await dropAnnIndexesOf(deps, { tenantId });
+      await requestIndexDrops(deps, 'ann-indexes', { tenantId });
     },
   };
 };

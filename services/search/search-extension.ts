@@ -2,7 +2,7 @@ import type { ExtensionFactory } from '../extension.js';
 import { forRequests } from '../deps.js';
 import { makeSearchRoutes, searchRoutesMeta } from '../routes/search-routes.js';
 import { searchDuration } from './search-session.js';
-import { dropSessionIndexesOf, maintainSessionIndexes } from './session-indexes.js';
+import { maintainSessionIndexes } from './session-indexes.js';
 import { refreshTableStatistics } from './table-statistics.js';
 import {
   backfillCjkTsvectors,
@@ -13,7 +13,7 @@ import {
   backfillToolCallTsvectors,
 } from './fts-backfill.js';
 import { scheduleMaintenance } from '../../workers/queues.js';
-import { dropInBackground } from '../recent-index/ann-indexes.js';
+import { requestIndexDrops } from '../recent-index/ann-indexes.js';
 
 const SEARCH_INDEXES_EVERY_MS = 10 * 60_000;
 const TABLE_STATISTICS_EVERY_MS = 5 * 60_000;
@@ -34,6 +34,8 @@ export const searchExtension: ExtensionFactory = async (deps) => {
     routes: [{ prefix: '/v1/sessions', router: makeSearchRoutes(forRequests(deps)), meta: searchRoutesMeta }],
     maintenance: {
       'search-indexes': () => maintainSessionIndexes(deps),
+      // Asked for by a delete: drops the indexes of sessions no longer live, nothing else.
+      'search-indexes-gone': () => maintainSessionIndexes(deps, { goneOnly: true }),
       'table-statistics': () => refreshTableStatistics(deps),
       'fts-backfill': async () => ({
         cjk: await backfillCjkTsvectors(deps),
@@ -50,10 +52,10 @@ export const searchExtension: ExtensionFactory = async (deps) => {
       await scheduleMaintenance(deps.queues, 'fts-backfill', FTS_BACKFILL_EVERY_MS);
     },
     async purgeSession(tenantId, sessionId) {
-      dropInBackground(deps, 'search indexes', () => dropSessionIndexesOf(deps, { tenantId, sessionId }));
+      await requestIndexDrops(deps, 'search-indexes', { tenantId, sessionId });
     },
     purgeTenant: async (tenantId) => {
-      await dropSessionIndexesOf(deps, { tenantId });
+      await requestIndexDrops(deps, 'search-indexes', { tenantId });
     },
   };
 };

@@ -45,7 +45,7 @@ const KINDS: SessionIndexKind[] = ['fts', 'trgm'];
  */
 export async function maintainSessionIndexes(
   deps: Pick<CoreDeps, 'db' | 'config' | 'logger'>,
-  opts: { minMessages?: number; maxSessions?: number; maxBuilds?: number } = {},
+  opts: { minMessages?: number; maxSessions?: number; maxBuilds?: number; goneOnly?: boolean } = {},
 ): Promise<SessionIndexMaintenance> {
   const out: SessionIndexMaintenance = { built: [], dropped: [] };
   if (deps.db.kind !== 'postgres') return out;
@@ -54,11 +54,12 @@ export async function maintainSessionIndexes(
   out.dropped.push(...(await dropInvalidLeftovers(deps.db, SESSION_INDEX_PREFIXES)));
   const existing = await listSessionIndexes(deps.db);
   for (const x of existing) {
-    if (minMessages > 0 && x.exists && x.live && x.current_messages >= minMessages / 2) continue;
+    const big = minMessages > 0 && x.current_messages >= minMessages / 2;
+    if (x.exists && x.live && (big || opts.goneOnly)) continue;
     await dropSessionIndex(deps.db, x.index_name);
     if (!out.dropped.includes(x.index_name)) out.dropped.push(x.index_name);
   }
-  if (minMessages <= 0) return out;
+  if (minMessages <= 0 || opts.goneOnly) return out;
   for (const kind of KINDS) {
     const kept = existing.filter((x) => x.kind === kind && !out.dropped.includes(x.index_name)).length;
     const room = Math.min(opts.maxBuilds ?? 1, maxSessions - kept);
@@ -87,15 +88,4 @@ export async function maintainSessionIndexes(
     }
   }
   return out;
-}
-
-/** Drops the indexes of a session or of a whole tenant (delete, tenant erasure). */
-export async function dropSessionIndexesOf(
-  deps: Pick<CoreDeps, 'db'>,
-  filter: { tenantId: string; sessionId?: string },
-): Promise<number> {
-  if (deps.db.kind !== 'postgres') return 0;
-  const rows = await listSessionIndexes(deps.db, filter);
-  for (const x of rows) await dropSessionIndex(deps.db, x.index_name);
-  return rows.length;
 }
