@@ -20,7 +20,7 @@ import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
 import { byteBudget } from './byte-budget.js';
 import type { ByteBudget } from './byte-budget.js';
-import { decodedBody } from './lifecycle/import-input.js';
+import { contentCoding, decodedBody } from './lifecycle/import-input.js';
 import { markZeroLengthBody } from './validate.js';
 import { MAX_BODY_DEPTH, jsonNestedDeeperThan } from './json-depth.js';
 import type { Mounted, RouteMeta } from './openapi.js';
@@ -120,7 +120,7 @@ const requireJson: RequestHandler = (req, _res, next) => {
   if (req.is(['application/json', 'application/*+json'])) {
     // A declared length over the limit is refused at once: body-parser would read (and wait for)
     // the whole body before its 413, so a client sending 1 GB, or stalling, would wait for it.
-    const identity = (req.headers['content-encoding'] ?? 'identity').toLowerCase() === 'identity';
+    const identity = contentCoding(req.headers['content-encoding']) === 'identity';
     if (identity && Number(req.headers['content-length'] ?? 0) > MAX_BODY_BYTES) {
       throw new AppError(413, 'body_too_large', `request body exceeds ${MAX_BODY_BYTES} bytes`, undefined, {
         connection: 'close',
@@ -250,8 +250,11 @@ function checkJsonBytes(req: IncomingMessage, buf: Buffer): void {
  * leaves `req.body` as set here.
  */
 const inflateJsonBody: RequestHandler = (req, _res, next) => {
-  const coding = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
-  if (coding === 'identity' || req.method === 'GET' || req.method === 'HEAD') return next();
+  const coding = contentCoding(req.headers['content-encoding']);
+  // Read already, on this request's way through an earlier router of the same mount (the
+  // tenant chain runs again for each router at `/v1/sessions`): decoding its consumed stream
+  // again found no data and answered 400 on every route of a later router.
+  if (coding === 'identity' || req.readableEnded) return next();
   if (!req.is(['application/json', 'application/*+json'])) return next();
   void (async () => {
     const parts: Buffer[] = [];
@@ -289,25 +292,43 @@ const BODY_MEMORY_WAIT_MS = 5_000;
 
 function reserveBodyMemory(budget: ByteBudget): RequestHandler {
   return (req, res, next) => {
-    if (req.method === 'GET' || req.method === 'HEAD') return next();
+    // Once per request: the tenant chain runs again for each router mounted at `/v1/sessions`,
+    // and an import, charged on each, was refused for six times its size. GET bodies count too:
+    // body-parser reads them.
+    if (res.locals.bodyReserved === true) return next();
     if (!req.is(['application/json', 'application/*+json'])) return next();
-    const identity = (req.headers['content-encoding'] ?? 'identity').trim().toLowerCase() === 'identity';
+    res.locals.bodyReserved = true;
+    const identity = contentCoding(req.headers['content-encoding']) === 'identity';
     const declared = Number(req.headers['content-length']);
-    const bytes = identity && Number.isSafeInteger(declared) ? declared : MAX_BODY_BYTES;
+    // (A larger declared length is a 413 before this, or past the limit as the body is read.)
+    const bytes =
+      identity && Number.isSafeInteger(declared) ? Math.min(declared, MAX_BODY_BYTES) : MAX_BODY_BYTES;
     if (bytes <= 0) return next();
     const key = typeof res.locals.tenantId === 'string' ? res.locals.tenantId : '';
-    let held = false;
-    let closed = false;
-    res.once('close', () => {
-      closed = true;
-      if (held) budget.give(key, bytes);
-      held = false;
-    });
+    // Given back when the answer is done or the connection goes: a pipelined request whose
+    // connection died while its answer waited behind an earlier one never saw its response's
+    // `close`, and held its room for good (two tenants so blocked every JSON write).
+    const socket = req.socket;
+    // A request the parser hands on after its connection closed (pipelined behind others, all
+    // received) would never see that `close`: its body is all here, and it takes no room.
+    if (socket.destroyed) return next();
+    let state: 'waiting' | 'held' | 'done' = 'waiting';
+    const done = () => {
+      if (state === 'held') budget.give(key, bytes);
+      state = 'done';
+      res.off('close', done);
+      socket.off('close', done);
+    };
+    res.once('close', done);
+    socket.once('close', done);
     budget.take(key, bytes, BODY_MEMORY_WAIT_MS).then((got) => {
-      if (got !== true) return next(bodyBusy(got));
+      if (got !== true) {
+        done();
+        return next(bodyBusy(got));
+      }
       // The client left while it waited: the room goes back at once.
-      if (closed) return budget.give(key, bytes);
-      held = true;
+      if (state === 'done') return budget.give(key, bytes);
+      state = 'held';
       next();
     }, next);
   };

@@ -474,6 +474,34 @@ void describe('JSON body encodings', () => {
     assert.equal(unknown.status, 415, unknown.text);
   });
 
+  void test('every route reads a compressed body, once; an empty Content-Encoding is identity', async () => {
+    const t = await newTenant();
+    const s = sid('routes');
+    const send = (path: string, body: unknown, encoding = 'gzip') =>
+      t.api.raw(path, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'content-encoding': encoding },
+        body: encoding === 'gzip' ? gzipSync(JSON.stringify(body)) : JSON.stringify(body),
+      });
+    const plain = await send(
+      `/v1/sessions/${s}/messages?wait=true`,
+      { messages: [{ role: 'user', content: 'zebra' }] },
+      '',
+    );
+    assert.equal(plain.status, 201, plain.text);
+    // Each is a router of its own at /v1/sessions, after the one of messages: a second decoding
+    // of the body already read was a 400, and a body of unknown length charged 8 MiB per router.
+    for (const [path, body, status] of [
+      [`/v1/sessions/${s}/context`, { input: 'zebra' }, 200],
+      [`/v1/sessions/${s}/search`, { query: 'zebra', match: 'keyword' }, 200],
+      [`/v1/sessions/${s}/tools/chat_history`, { keyword: 'zebra' }, 200],
+      [`/v1/sessions/${sid('imported')}/import`, { messages: [{ role: 'user', content: 'one' }] }, 201],
+    ] as const) {
+      const r = await send(path, body);
+      assert.equal(r.status, status, `${path}: ${r.text}`);
+    }
+  });
+
   void test('a compressed body is checked on its decoded bytes: size, depth, UTF-8 and JSON', async () => {
     const t = await newTenant();
     const s = sid('dec');
@@ -496,11 +524,11 @@ void describe('JSON body encodings', () => {
 
 void describe('request body memory', () => {
   /** A post of a body just under the limit, invited (100-continue) and left half sent: it holds its room. */
-  const heldBody = async (key: string, session: string): Promise<net.Socket> => {
+  const heldBody = async (key: string, session: string, method = 'POST'): Promise<net.Socket> => {
     const socket = net.connect(port, '127.0.0.1');
     await once(socket, 'connect');
     socket.write(
-      request('POST', `/v1/sessions/${session}/messages`, key, '', {
+      request(method, `/v1/sessions/${session}/messages`, key, '', {
         ...jsonHeaders,
         'content-length': String(MAX_BODY_BYTES - 1),
         expect: '100-continue',
@@ -528,8 +556,9 @@ void describe('request body memory', () => {
     const s = sid('mem');
     const held: net.Socket[] = [];
     try {
-      // Four bodies of 8 MiB are one tenant's share (32 MiB): its next request finds none.
-      for (let i = 0; i < 4; i++) held.push(await heldBody(a.key, s));
+      // Four bodies of 8 MiB are one tenant's share (32 MiB): its next request finds none. GET
+      // bodies count too: body-parser reads them.
+      for (let i = 0; i < 4; i++) held.push(await heldBody(a.key, s, i % 2 ? 'GET' : 'POST'));
       await busy(a.api, s, 'tenant');
       const other = await b.api.post(`/v1/sessions/${s}/messages`, {
         messages: [{ role: 'user', content: 'b' }],
@@ -553,6 +582,54 @@ void describe('request body memory', () => {
       404,
       "none of the tenant's held posts was stored",
     );
+  });
+  void test('a pipelined request whose connection dies while its answer waits behind another gives its room back', async () => {
+    const [a, b] = [await newTenant(), await newTenant()];
+    const s = sid('pipe');
+    const held: net.Socket[] = [];
+    let socket: net.Socket | undefined;
+    try {
+      // B's share is held: B's next post waits for room, and what is pipelined behind it waits
+      // for its answer.
+      for (let i = 0; i < 4; i++) held.push(await heldBody(b.key, s));
+      socket = net.connect(port, '127.0.0.1');
+      await once(socket, 'connect');
+      const small = JSON.stringify({ messages: [{ role: 'user', content: 'x' }] });
+      socket.write(request('POST', `/v1/sessions/${s}/messages`, b.key, small, jsonHeaders));
+      // Four compressed posts of A (each counted as 8 MiB: A's whole share), answered behind it.
+      let written = Buffer.byteLength(
+        request('POST', `/v1/sessions/${s}/messages`, b.key, small, jsonHeaders),
+      );
+      for (let i = 0; i < 4; i++) {
+        const gz = gzipSync(JSON.stringify({ messages: [{ role: 'user', content: `a${i}` }] }));
+        const head = request('POST', `/v1/sessions/${s}/messages`, a.key, '', {
+          ...jsonHeaders,
+          'content-encoding': 'gzip',
+          'content-length': String(gz.length),
+        });
+        const bytes = Buffer.concat([Buffer.from(head), gz]);
+        written += bytes.length;
+        socket.write(bytes);
+      }
+      // The server has read them all; the client goes before A's posts are handled (so they reach
+      // the body's reservation with their connection closed) or while their answers wait.
+      const client = socket;
+      await eventually(
+        async () => (serverSockets.get(client.localPort!)?.bytesRead ?? 0) >= written,
+        10_000,
+        'the pipelined requests read by the server',
+      );
+    } finally {
+      socket?.destroy();
+      for (const h of held) h.destroy();
+    }
+    // A's whole share is free again: four more bodies of 8 MiB are each invited at once.
+    const again: net.Socket[] = [];
+    try {
+      for (let i = 0; i < 4; i++) again.push(await heldBody(a.key, s));
+    } finally {
+      for (const h of again) h.destroy();
+    }
   });
 });
 

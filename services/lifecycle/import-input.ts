@@ -240,6 +240,13 @@ const DECODERS: Record<string, () => Transform> = {
 };
 
 /**
+ * A `Content-Encoding` header's coding, lower-cased: `identity` when absent or empty (as
+ * body-parser read it; an empty header was a 415 `unsupported_encoding`).
+ */
+export const contentCoding = (header: string | undefined): string =>
+  (header ?? '').trim().toLowerCase() || 'identity';
+
+/**
  * The body with its `Content-Encoding` (identity, gzip, deflate or br; any case) undone, a chunk at a
  * time: the import's limits are then counted on the decoded bytes, so a small body that inflates
  * past them is refused (413) as soon as it has, its memory flat.
@@ -248,7 +255,7 @@ export function decodedBody(
   source: AsyncIterable<Buffer>,
   contentEncoding: string | undefined,
 ): AsyncIterable<Buffer> {
-  const coding = (contentEncoding ?? 'identity').trim().toLowerCase();
+  const coding = contentCoding(contentEncoding);
   if (coding === 'identity') return source;
   const decoder = DECODERS[coding];
   if (!decoder) {
