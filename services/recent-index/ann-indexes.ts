@@ -100,11 +100,12 @@ export async function buildForLiveSession(
  * After a delete, a reset that drops the summary, or a tenant erasure: when the registry of `task`
  * records indexes of the session (or of the whole tenant), asks a worker for a `<task>-gone` pass,
  * which drops the indexes of sessions no longer live (erasing tenants' sessions are not) and
- * nothing else, deciding from what is live when it runs (so a session re-created under the id meanwhile keeps the index it
- * needs). A DROP INDEX CONCURRENTLY waits until no index build runs on its table, and a build waits
- * out every older snapshot (a long report, a `pg_dump`): run by the request, a delete answered
- * after 68 s, past PG_REQUEST_TIMEOUT_MS, and a tenant erasure after 140 s; run beside it, the
- * waiting drops held every connection of the API process's pool (503s for all its requests).
+ * nothing else, deciding from what is live when it runs (so a session re-created under the id
+ * meanwhile keeps the index it needs). A DROP INDEX CONCURRENTLY waits until no index build runs
+ * on its table, and a build waits out every older snapshot (a long report, a `pg_dump`): run by
+ * the request, a delete answered after 68 s, past PG_REQUEST_TIMEOUT_MS, and a tenant erasure
+ * after 140 s; run beside it, the waiting drops held every connection of the API process's pool
+ * (503s for all its requests).
  */
 export async function requestIndexDrops(
   deps: Pick<CoreDeps, 'db' | 'queues'>,
