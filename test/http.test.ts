@@ -536,7 +536,8 @@ void describe('request body memory', () => {
     );
     // (Not `for await`: leaving its loop destroys the socket.)
     let got = '';
-    while (!got.includes('\r\n\r\n')) got += String((await once(socket, 'data'))[0]);
+    const signal = AbortSignal.timeout(15_000);
+    while (!got.includes('\r\n\r\n')) got += String((await once(socket, 'data', { signal }))[0]);
     assert.match(got, /^HTTP\/1\.1 100 Continue/, got);
     socket.write('{"messages":[');
     return socket;
@@ -593,7 +594,7 @@ void describe('request body memory', () => {
       // for its answer.
       for (let i = 0; i < 4; i++) held.push(await heldBody(b.key, s));
       socket = net.connect(port, '127.0.0.1');
-      await once(socket, 'connect');
+      await once(socket, 'connect', { signal: AbortSignal.timeout(15_000) });
       const small = JSON.stringify({ messages: [{ role: 'user', content: 'x' }] });
       socket.write(request('POST', `/v1/sessions/${s}/messages`, b.key, small, jsonHeaders));
       // Four compressed posts of A (each counted as 8 MiB: A's whole share), answered behind it.
