@@ -328,6 +328,14 @@ void describe('context without a decision model', () => {
     assert.deepEqual(r.body.messages, [{ role: 'assistant', content: 'done' }]);
   });
 
+  /** The session's compaction cutoff set at `seq`, as compaction leaves it. */
+  const cutAt = (s: string, seq: number) =>
+    svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+      t.tenantId,
+      s,
+      seq,
+    ]);
+
   void test('messages before the compaction cutoff stay out of the window, tool-run extension included', async () => {
     const s = sid('cutoff');
     const acks = await archive(t.api, s, [
@@ -338,11 +346,7 @@ void describe('context without a decision model', () => {
       user('new question'),
     ]);
     // The cutoff falls between the assistant tool_calls message and its result.
-    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
-      t.tenantId,
-      s,
-      acks[2]!.seq,
-    ]);
+    await cutAt(s, acks[2]!.seq);
 
     const all = await context(t.api, s, { max_messages: 100 });
     const three = await context(t.api, s, { max_messages: 3 });
@@ -365,11 +369,7 @@ void describe('context without a decision model', () => {
       assistant('new answer'),
     ]);
     // Compaction keeps the messages from start_seq on: the cutoff message itself is hot history.
-    await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
-      t.tenantId,
-      s,
-      acks[2]!.seq,
-    ]);
+    await cutAt(s, acks[2]!.seq);
 
     const r = await context(t.api, s, { max_messages: 100 });
 

@@ -46,6 +46,17 @@ async function allMessages(
   }
 }
 
+/** Until the session lists exactly `n` messages (within `timeoutMs`); returns them. */
+const archivedExactly = (t: Api, sid: string, n: number, timeoutMs: number, what?: string) =>
+  eventually(
+    async () => {
+      const m = await allMessages(t, sid);
+      return m.length === n ? m : null;
+    },
+    timeoutMs,
+    what,
+  );
+
 void describe('ingestion under faults and many processes', () => {
   // Each test's services, private instances and databases go when it ends: kept to the end of
   // the file, the services' connection pools together passed Postgres's max_connections.
@@ -718,14 +729,7 @@ void describe('ingestion under faults and many processes', () => {
     // Before, a plain "redis is unavailable": a client without ids retried and stored it twice.
     assert.deepEqual(r.body.error.details, { dependency: 'redis', maybe_stored: true });
     // Redis ran the accept it had queued once it went on.
-    const rows = await eventually(
-      async () => {
-        const m = await allMessages(t.api, 's');
-        return m.length === 2 ? m : null;
-      },
-      30_000,
-      'the stalled accept archived',
-    );
+    const rows = await archivedExactly(t.api, 's', 2, 30_000, 'the stalled accept archived');
     assert.deepEqual(
       rows.map((m) => m.content),
       ['one', 'two'],
@@ -1368,14 +1372,7 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(r.status, 202);
     await svc.deps.queues.ingest.drain(true);
     await svc.deps.queues.ingest.resume();
-    const rows = await eventually(
-      async () => {
-        const m = await allMessages(t.api, 'orphan');
-        return m.length === 1 ? m : null;
-      },
-      20_000,
-      'sweeper re-requests the flush',
-    );
+    const rows = await archivedExactly(t.api, 'orphan', 1, 20_000, 'sweeper re-requests the flush');
     assert.equal(rows[0]!.content, 'orphaned');
   });
 
@@ -1404,10 +1401,7 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(await pending(), 2);
     await svc.deps.db.query(`ALTER TABLE messages DROP CONSTRAINT sweep_poison`);
     for (let i = 0; i < 3; i++) await runIngestSweep(svc.deps, 0);
-    const rows = await eventually(async () => {
-      const m = await allMessages(t.api, 'stuck');
-      return m.length === 1 ? m : null;
-    }, 60_000);
+    const rows = await archivedExactly(t.api, 'stuck', 1, 60_000);
     assert.equal(rows[0]!.content, marker);
   });
 });
