@@ -1995,6 +1995,100 @@ void describe('a huge session deleted while its own index is built', () => {
     }
   });
 
+  void test('a worker that dies during an index pass leaves nothing a later pass misses: the index of a session deleted since goes, a live one is built', async () => {
+    // Setup: two sessions over both thresholds (full text and HNSW). The registries are locked,
+    // so that a pass stops at its first write of them; the "worker" is a pool of its own.
+    const { api, tenantId } = await svc.newTenant();
+    const [doomed, kept] = [sid('died-deleted'), sid('died-live')];
+    // The doomed session is the larger, so that each pass takes it first.
+    for (const [s, n] of [
+      [doomed, 36],
+      [kept, 30],
+    ] as const) {
+      await archive(
+        api,
+        s,
+        Array.from({ length: n }, (_, i) => user(`note ${i} about the zebra crossing`)),
+      );
+      await ensureVectors(svc, tenantId, s);
+    }
+    const dims = svc.config.embedding.dimensions;
+    const namesOf = (s: string) => [sessionIndexName(tenantId, s, 'fts'), annIndexName(tenantId, s, dims)];
+    const lock = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    const worker = makePgDb({ connectionString: svc.config.databaseUrl!, max: 2 });
+    let unlock!: () => void;
+    let lockTaken!: () => void;
+    const taken = new Promise<void>((r) => (lockTaken = r));
+    const locked = lock.transaction(async (tx) => {
+      await tx.query('LOCK TABLE session_search_indexes, vector_ann_indexes IN EXCLUSIVE MODE');
+      lockTaken();
+      await new Promise<void>((r) => (unlock = r));
+    });
+    try {
+      await Promise.race([taken, locked]);
+      const workerDeps = { ...svc.deps, db: worker };
+      const passes = Promise.allSettled([
+        maintainSessionIndexes(workerDeps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 }),
+        maintainAnnIndexes(workerDeps, { minVectors: 20, maxBuilds: 1 }),
+      ]);
+      const stuck = `SELECT pid FROM pg_stat_activity
+        WHERE datname = current_database() AND wait_event_type = 'Lock'
+          AND query ~ '^\\s*INSERT INTO (session_search_indexes|vector_ann_indexes)'`;
+      await eventually(
+        async () => (await svc.deps.db.query(stuck)).rowCount === 2,
+        60_000,
+        'both passes stopped at their registry writes',
+      );
+
+      // Action: the worker dies there (its connections end; nothing it was running commits), and
+      // the first session is deleted.
+      await svc.deps.db.query(`SELECT pg_terminate_backend(pid) FROM (${stuck}) x`);
+      const settled = await passes;
+      assert.ok(
+        settled.every((p) => p.status === 'rejected'),
+        'the dying passes ended with their connections',
+      );
+      unlock();
+      await locked;
+      assert.equal((await api.del(`/v1/sessions/${doomed}`)).status, 204);
+      for (let i = 0; i < 2; i++) {
+        await maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
+        await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 1 });
+      }
+
+      // Assert: no index of the deleted session is left (before, one built by the dead worker
+      // but never recorded stayed for good), and the live session's are built and recorded.
+      const valid = async (names: string[]) =>
+        (
+          await svc.deps.db.query<{ relname: string }>(
+            `SELECT c.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+             WHERE c.relname = ANY($1::text[]) AND i.indisvalid ORDER BY 1`,
+            [names],
+          )
+        ).rows.map((r) => r.relname);
+      const left = await svc.deps.db.query('SELECT relname FROM pg_class WHERE relname = ANY($1::text[])', [
+        namesOf(doomed),
+      ]);
+      assert.deepEqual(left.rows, [], 'the deleted session has no index');
+      assert.deepEqual(await valid(namesOf(kept)), namesOf(kept).sort(), 'the live session has both');
+      const recorded = await svc.deps.db.query<{ index_name: string }>(
+        `SELECT index_name FROM session_search_indexes WHERE tenant_id = $1
+         UNION ALL SELECT index_name FROM vector_ann_indexes WHERE tenant_id = $1 ORDER BY 1`,
+        [tenantId],
+      );
+      const keptTrgm = sessionIndexName(tenantId, kept, 'trgm');
+      assert.deepEqual(
+        recorded.rows.map((r) => r.index_name).filter((n) => n !== keptTrgm),
+        namesOf(kept).sort(),
+      );
+    } finally {
+      unlock?.();
+      await locked.catch(() => undefined);
+      await lock.close();
+      await worker.close();
+    }
+  });
+
   void test("a delete and a tenant erasure answer while another session's index builds wait; their indexes go once the builds end", async () => {
     // Setup: session A, and tenant C's session, with their own search and HNSW indexes; session B
     // over the thresholds since, whose builds wait out an old snapshot (a long report, a pg_dump).

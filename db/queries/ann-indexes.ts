@@ -1,10 +1,12 @@
 import type { Queryable } from '../pool.js';
 import {
+  BUILDING_INDEX_SQL,
   VALID_INDEX_SQL,
-  buildIndexConcurrently,
+  buildRecordedIndex,
   dropIndexConcurrently,
   partialIndexName,
 } from './partial-indexes.js';
+import type { RecordedState } from './partial-indexes.js';
 
 /**
  * Per-session partial HNSW indexes on `message_vectors` (migration 007): an index over one huge
@@ -33,10 +35,10 @@ export function annIndexName(tenantId: string, sessionId: string, dimensions: nu
 export async function listAnnIndexes(
   q: Queryable,
   filter: { tenantId?: string; sessionId?: string } = {},
-): Promise<Array<AnnIndexRow & { exists: boolean; live: boolean; current_vectors: number }>> {
-  const r = await q.query<AnnIndexRow & { exists: boolean; live: boolean; current_vectors: number }>(
+): Promise<Array<AnnIndexRow & RecordedState & { current_vectors: number }>> {
+  const r = await q.query<AnnIndexRow & RecordedState & { current_vectors: number }>(
     `SELECT a.index_name, a.tenant_id, a.session_id, a.dimensions, a.vectors,
-       ${VALID_INDEX_SQL('a.index_name')} AS exists,
+       ${VALID_INDEX_SQL('a.index_name')} AS exists, ${BUILDING_INDEX_SQL('a.index_name')} AS building,
        EXISTS (SELECT 1 FROM sessions s
                WHERE s.tenant_id = a.tenant_id AND s.id = a.session_id AND s.deleted_at IS NULL
                  AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = s.tenant_id AND t.erasing_at IS NOT NULL)) AS live,
@@ -83,19 +85,22 @@ export async function buildAnnIndex(
   a: { tenantId: string; sessionId: string; dimensions: number; vectors: number },
 ): Promise<string> {
   const name = annIndexName(a.tenantId, a.sessionId, a.dimensions);
-  await buildIndexConcurrently(
+  await buildRecordedIndex(
     q,
+    'vector_ann_indexes',
     name,
-    `'CREATE INDEX CONCURRENTLY IF NOT EXISTS %I ON message_vectors USING hnsw
-       ((embedding::vector(%s)) vector_cosine_ops) WHERE tenant_id = %L AND session_id = %L',
-     $1::text, $2::int, $3::text, $4::text`,
-    [name, a.dimensions, a.tenantId, a.sessionId],
-  );
-  await q.query(
-    `INSERT INTO vector_ann_indexes (index_name, tenant_id, session_id, dimensions, vectors)
-     VALUES ($1, $2, $3, $4, $5)
-     ON CONFLICT (index_name) DO UPDATE SET vectors = EXCLUDED.vectors, built_at = now()`,
-    [name, a.tenantId, a.sessionId, a.dimensions, a.vectors],
+    {
+      sql: `INSERT INTO vector_ann_indexes (index_name, tenant_id, session_id, dimensions, vectors)
+            VALUES ($1, $2, $3, $4, $5)
+            ON CONFLICT (index_name) DO UPDATE SET vectors = EXCLUDED.vectors`,
+      params: [name, a.tenantId, a.sessionId, a.dimensions, a.vectors],
+    },
+    {
+      template: `'CREATE INDEX CONCURRENTLY IF NOT EXISTS %I ON message_vectors USING hnsw
+         ((embedding::vector(%s)) vector_cosine_ops) WHERE tenant_id = %L AND session_id = %L',
+       $1::text, $2::int, $3::text, $4::text`,
+      args: [name, a.dimensions, a.tenantId, a.sessionId],
+    },
   );
   return name;
 }

@@ -22,6 +22,10 @@ export function partialIndexName(prefix: string, ...parts: Array<string | number
 export const VALID_INDEX_SQL = (nameExpr: string) =>
   `EXISTS (SELECT 1 FROM pg_index i WHERE i.indexrelid = to_regclass(${nameExpr}) AND i.indisvalid)`;
 
+/** SQL: true while a CREATE INDEX CONCURRENTLY builds the index named by the text expression. */
+export const BUILDING_INDEX_SQL = (nameExpr: string) =>
+  `EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = to_regclass(${nameExpr}))`;
+
 // An invalid index is only a leftover when no CREATE INDEX CONCURRENTLY is still building it.
 const LEFTOVER_SQL = `NOT i.indisvalid
   AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)`;
@@ -67,6 +71,45 @@ export async function buildIndexConcurrently(
     await dropIndexConcurrently(q, name).catch(() => undefined);
     throw err;
   }
+}
+
+/** The tables that record per-session indexes, one row an index, keyed by `index_name`. */
+export type IndexRegistry = 'session_search_indexes' | 'vector_ann_indexes';
+
+/**
+ * What a maintenance pass reads of a recorded index: `exists` (valid), `building` (a build of
+ * it runs: another pass's, whose table lock expired; left alone), and whether its session is live.
+ */
+export interface RecordedState {
+  exists: boolean;
+  building: boolean;
+  live: boolean;
+}
+
+/**
+ * Records the index in `registry` (`record`: an upsert of its row), then builds it
+ * (buildIndexConcurrently), then stamps its `built_at`. Recorded first, a build whose worker is
+ * killed at any point leaves a row the next pass acts on: an index left INVALID, or none, is
+ * forgotten and built again while its session is live; a valid one is kept (and a later build of
+ * the same name is a no-op), or dropped once its session is gone. Recorded after the build, a
+ * worker killed between the two left a valid index nothing knew of, which no pass dropped after
+ * its session was deleted. A build that fails forgets the row again.
+ */
+export async function buildRecordedIndex(
+  q: Queryable,
+  registry: IndexRegistry,
+  name: string,
+  record: { sql: string; params: unknown[] },
+  build: { template: string; args: unknown[] },
+): Promise<void> {
+  await q.query(record.sql, record.params);
+  try {
+    await buildIndexConcurrently(q, name, build.template, build.args);
+  } catch (err) {
+    await q.query(`DELETE FROM ${registry} WHERE index_name = $1`, [name]).catch(() => undefined);
+    throw err;
+  }
+  await q.query(`UPDATE ${registry} SET built_at = now() WHERE index_name = $1`, [name]);
 }
 
 /** DROP INDEX CONCURRENTLY IF EXISTS: idempotent. */

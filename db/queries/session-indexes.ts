@@ -1,10 +1,12 @@
 import type { Queryable } from '../pool.js';
 import {
+  BUILDING_INDEX_SQL,
   VALID_INDEX_SQL,
-  buildIndexConcurrently,
+  buildRecordedIndex,
   dropIndexConcurrently,
   partialIndexName,
 } from './partial-indexes.js';
+import type { RecordedState } from './partial-indexes.js';
 
 /**
  * Per-session partial indexes on `messages` for huge sessions (migration 008), built by the
@@ -50,14 +52,17 @@ export function sessionIndexName(tenantId: string, sessionId: string, kind: Sess
   return partialIndexName(KINDS[kind].prefix, tenantId, sessionId);
 }
 
-/** The recorded indexes, whether each still exists and is valid, whether its session is live, and its size now. */
+/**
+ * The recorded indexes, whether each still exists and is valid or is being built, whether its
+ * session is live, and its size now.
+ */
 export async function listSessionIndexes(
   q: Queryable,
   filter: { tenantId?: string; sessionId?: string } = {},
-): Promise<Array<SessionIndexRow & { exists: boolean; live: boolean; current_messages: number }>> {
-  const r = await q.query<SessionIndexRow & { exists: boolean; live: boolean; current_messages: number }>(
+): Promise<Array<SessionIndexRow & RecordedState & { current_messages: number }>> {
+  const r = await q.query<SessionIndexRow & RecordedState & { current_messages: number }>(
     `SELECT x.index_name, x.tenant_id, x.session_id, x.kind, x.messages,
-       ${VALID_INDEX_SQL('x.index_name')} AS exists,
+       ${VALID_INDEX_SQL('x.index_name')} AS exists, ${BUILDING_INDEX_SQL('x.index_name')} AS building,
        s.id IS NOT NULL AS live,
        coalesce(CASE x.kind WHEN 'fts' THEN ${KINDS.fts.size} ELSE ${KINDS.trgm.size} END, 0)::int
          AS current_messages
@@ -101,19 +106,22 @@ export async function buildSessionIndex(
   a: { tenantId: string; sessionId: string; kind: SessionIndexKind; messages: number },
 ): Promise<string> {
   const name = sessionIndexName(a.tenantId, a.sessionId, a.kind);
-  await buildIndexConcurrently(
+  await buildRecordedIndex(
     q,
+    'session_search_indexes',
     name,
-    // The method and expression (%s) are this module's constants; the values go through %L.
-    `'CREATE INDEX CONCURRENTLY IF NOT EXISTS %I ON messages USING %s WHERE tenant_id = %L AND session_id = %L',
-     $1::text, $2::text, $3::text, $4::text`,
-    [name, KINDS[a.kind].using, a.tenantId, a.sessionId],
-  );
-  await q.query(
-    `INSERT INTO session_search_indexes (index_name, tenant_id, session_id, kind, messages)
-     VALUES ($1, $2, $3, $4, $5)
-     ON CONFLICT (index_name) DO UPDATE SET messages = EXCLUDED.messages, built_at = now()`,
-    [name, a.tenantId, a.sessionId, a.kind, a.messages],
+    {
+      sql: `INSERT INTO session_search_indexes (index_name, tenant_id, session_id, kind, messages)
+            VALUES ($1, $2, $3, $4, $5)
+            ON CONFLICT (index_name) DO UPDATE SET messages = EXCLUDED.messages`,
+      params: [name, a.tenantId, a.sessionId, a.kind, a.messages],
+    },
+    {
+      // The method and expression (%s) are this module's constants; the values go through %L.
+      template: `'CREATE INDEX CONCURRENTLY IF NOT EXISTS %I ON messages USING %s WHERE tenant_id = %L AND session_id = %L',
+       $1::text, $2::text, $3::text, $4::text`,
+      args: [name, KINDS[a.kind].using, a.tenantId, a.sessionId],
+    },
   );
   return name;
 }

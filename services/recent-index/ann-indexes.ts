@@ -47,6 +47,7 @@ export async function maintainAnnIndexes(
   out.dropped.push(...(await dropInvalidLeftovers(deps.db, [ANN_INDEX_PREFIX])));
   const index = await getVectorIndex(deps.db);
   for (const a of await listAnnIndexes(deps.db)) {
+    if (a.building) continue;
     const current = index !== null && a.dimensions === index.dimensions;
     const big = minVectors > 0 && a.current_vectors >= minVectors / 2;
     const keep = a.exists && a.live && current && (big || opts.goneOnly === true);

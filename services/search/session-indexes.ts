@@ -54,6 +54,7 @@ export async function maintainSessionIndexes(
   out.dropped.push(...(await dropInvalidLeftovers(deps.db, SESSION_INDEX_PREFIXES)));
   const existing = await listSessionIndexes(deps.db);
   for (const x of existing) {
+    if (x.building) continue;
     const big = minMessages > 0 && x.current_messages >= minMessages / 2;
     if (x.exists && x.live && (big || opts.goneOnly)) continue;
     await dropSessionIndex(deps.db, x.index_name);
