@@ -35,6 +35,7 @@ import {
   deleteRedisPrefix,
   dropTestDatabase,
   eventually,
+  spawnService,
   startTestService,
 } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
@@ -924,6 +925,107 @@ void describe('export and import', () => {
       (await listed(t.api, s))!.map((m) => m.content),
       ['reborn'],
     );
+  });
+
+  // An import publishes its messages to the inbox from inside its transaction; these make that
+  // transaction end without committing, after the publish (a deferred trigger on `summaries` runs
+  // at COMMIT, for this session only).
+  const importLines = (tag: string) =>
+    [
+      ...[1, 2, 3].map((i) =>
+        JSON.stringify({
+          type: 'message',
+          seq: i,
+          id: `${tag}-${i}`,
+          role: 'user',
+          content: `${tag} note ${i}`,
+          sent_at: `2026-01-0${i}T00:00:00Z`,
+        }),
+      ),
+      JSON.stringify({ type: 'summary', summary: SUMMARY, cursor_seq: 2 }),
+    ].join('\n');
+  const atCommit = async (session: string, body: string) => {
+    const fn = `commit_${randomBytes(4).toString('hex')}`;
+    await q(`CREATE FUNCTION ${fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN IF NEW.session_id = '${session}' THEN ${body} END IF; RETURN NULL; END $$`);
+    await q(`CREATE CONSTRAINT TRIGGER ${fn} AFTER INSERT OR UPDATE ON summaries
+      DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ${fn}()`);
+    return async () => {
+      await q(`DROP TRIGGER IF EXISTS ${fn} ON summaries`);
+      await q(`DROP FUNCTION IF EXISTS ${fn}()`);
+    };
+  };
+  const ndjson = { 'content-type': 'application/x-ndjson' };
+
+  void test('an import whose COMMIT fails stores nothing, and its retry imports the messages and the summary', async () => {
+    // Setup: this session's COMMIT fails once its messages are in the inbox.
+    const t = await svc.newTenant();
+    const s = sid('commit-fails');
+    const restore = await atCommit(s, `RAISE EXCEPTION 'commit refused';`);
+    let failed;
+    try {
+      // Action
+      failed = await t.api.post(`/v1/sessions/${s}/import`, importLines('cf'), ndjson);
+    } finally {
+      await restore();
+    }
+
+    // Assert: an error, and nothing stored or waiting (before, the messages stayed in the inbox
+    // and were archived without the summary, and the retry answered 409 session_not_empty).
+    assert.ok(failed.status >= 500, `${failed.status} ${failed.text}`);
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+    assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 0);
+    const retry = await t.api.post(`/v1/sessions/${s}/import?wait=true`, importLines('cf'), ndjson);
+    assert.equal(retry.status, 201, retry.text);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.id, m.content]),
+      [1, 2, 3].map((i) => [i, `cf-${i}`, `cf note ${i}`]),
+    );
+    const sum = await t.api.get(`/v1/sessions/${s}/summary`);
+    assert.deepEqual([sum.body.summary, sum.body.cursor_seq], [SUMMARY, 2]);
+  });
+
+  void test('an import whose API process dies during its COMMIT stores nothing: the drain removes its messages, the retry imports them', async () => {
+    // Setup: a second API process on this deployment, whose import's COMMIT is held (a sleeping
+    // deferred trigger) once its messages are in the inbox.
+    const t = await svc.newTenant();
+    const s = sid('api-dies');
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
+    const restore = await atCommit(s, 'PERFORM pg_sleep(60);');
+    const child = await spawnService('api', {
+      DATABASE_URL: svc.config.databaseUrl!,
+      REDIS_URL,
+      MNEMOS_PREFIX: svc.config.prefix,
+    });
+    try {
+      const pending = api(child.url!, t.apiKey)
+        .post(`/v1/sessions/${s}/import`, importLines('ad'), ndjson)
+        .catch(() => null);
+      await eventually(async () => (await redis.llen(keys.inbox)) === 3, 30_000, 'the import published');
+
+      // Action: the process dies, and Postgres ends its transaction.
+      await child.kill();
+      await pending;
+      await q(
+        `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND query ILIKE 'COMMIT%'`,
+      );
+    } finally {
+      await restore();
+      await child.kill().catch(() => undefined);
+    }
+
+    // Assert: the worker's drain (the session is armed) removes the messages instead of archiving
+    // them without their summary; the retry then finds the session empty.
+    await eventually(async () => (await redis.llen(keys.inbox)) === 0, 30_000, 'the inbox settled');
+    assert.equal((await t.api.get(`/v1/sessions/${s}/messages`)).body.messages?.length ?? 0, 0);
+    const retry = await t.api.post(`/v1/sessions/${s}/import?wait=true`, importLines('ad'), ndjson);
+    assert.equal(retry.status, 201, retry.text);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => m.id),
+      ['ad-1', 'ad-2', 'ad-3'],
+    );
+    assert.equal((await t.api.get(`/v1/sessions/${s}/summary`)).body.cursor_seq, 2);
   });
 
   void test('bad import input is a 400 naming the line and stores nothing', async () => {

@@ -21,6 +21,7 @@ import type { InboxEntry } from '../services/messages/inbox.js';
 import { ftsDocument } from '../services/text/fts-text.js';
 import { parsePayload } from './queues.js';
 import { enqueueFlush } from '../services/fair-priority.js';
+import { settleImport } from '../services/lifecycle/lifecycle-redis.js';
 
 /** Entries per transaction: big enough to amortise the commit, small enough to keep locks short. */
 export const DRAIN_BATCH = 500;
@@ -184,6 +185,8 @@ export async function drainSession(
     try {
       batch = await withTransaction(deps.db, async (tx) => {
         const session = await lockOrCreateSession(tx, tenantId, sessionId);
+        // An import's messages wait here until its transaction is known to have committed.
+        await settleImport(tx, deps.redis, keys);
         const entries = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
         if (entries.length === 0) return null;
         const malformed = entries.filter((e) => e.malformed).map((e) => e.raw);

@@ -11,7 +11,13 @@ import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { defineInboxScripts, inboxKeys, seedInbox } from '../messages/inbox.js';
 import type { ImportCursor, ImportInput, ImportMessage } from './import-input.js';
-import { clearToGeneration, deadLetterKey, publishStagedImport } from './lifecycle-redis.js';
+import {
+  clearToGeneration,
+  deadLetterKey,
+  importStatus,
+  publishStagedImport,
+  settleImport,
+} from './lifecycle-redis.js';
 import { enqueueFlush } from '../fair-priority.js';
 
 /**
@@ -98,9 +104,13 @@ export async function importSession(
   };
   defineInboxScripts(deps.redis);
   let wake = false;
+  // Set once the messages are in the inbox: the transaction's id, and the answer it was to give.
+  let published: { xid: string; outcome: ImportOutcome } | null = null;
   try {
     const outcome = await withTransaction(deps.db, async (tx) => {
       const row = await lockOrCreateSession(tx, tenantId, sessionId);
+      // An earlier import whose transaction failed after publishing (its retry, most often).
+      await settleImport(tx, deps.redis, keys);
       if (await sessionHasMessages(tx, tenantId, sessionId)) throw notEmpty('it already holds messages');
       await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted_at !== null);
       let [gen, seq] = await deps.redis.hmget(keys.sess, 'gen', 'seq');
@@ -162,26 +172,32 @@ export async function importSession(
           if (ids.length > 0) p.hset(staged.ids, ...ids).expire(staged.ids, STAGING_TTL_SECONDS);
           await p.exec();
         }
-        const published = await publishStagedImport(deps.redis, keys, staged, {
-          generation: row.generation,
-          expectedSeq: counter,
-          baseSeq: String(base),
-          count: sorted.length,
-          idsTtlSeconds: IDS_TTL_SECONDS,
-        });
-        if (published.kind === 'busy' || published.kind === 'moved') {
-          throw notEmpty('messages arrived while it was being imported');
-        }
-        if (published.kind !== 'ok') throw unavailable('redis');
-        wake = published.wake;
       }
-      return {
+      const result: ImportOutcome = {
         session_id: sessionId,
         imported: sorted.length,
         first_seq: sorted.length > 0 ? base + 1 : null,
         last_seq: sorted.length > 0 ? base + sorted.length : null,
         summary,
       };
+      if (sorted.length > 0) {
+        const xid = (await tx.query<{ xid: string }>('SELECT txid_current()::text AS xid')).rows[0]!.xid;
+        const publish = await publishStagedImport(deps.redis, keys, staged, {
+          generation: row.generation,
+          expectedSeq: counter,
+          baseSeq: String(base),
+          count: sorted.length,
+          idsTtlSeconds: IDS_TTL_SECONDS,
+          xid,
+        });
+        if (publish.kind === 'busy' || publish.kind === 'moved') {
+          throw notEmpty('messages arrived while it was being imported');
+        }
+        if (publish.kind !== 'ok') throw unavailable('redis');
+        wake = publish.wake;
+        published = { xid, outcome: result };
+      }
+      return result;
     });
     if (wake) {
       await enqueueFlush(deps, tenantId, sessionId).catch((err: unknown) => {
@@ -197,6 +213,47 @@ export async function importSession(
     return outcome;
   } catch (err) {
     await deps.redis.del(staged.list, staged.ids).catch(() => undefined);
+    if (published) return afterFailedCommit(deps, tenantId, sessionId, published, err);
     throw asDependencyError(err);
   }
+}
+
+/**
+ * The transaction failed after its messages went into the inbox: its COMMIT failed, or its answer
+ * was lost (the connection broke). Postgres tells which. Committed, the import is done, and
+ * answered so. Aborted, its messages are removed now (else by the next drain: settleImport), and
+ * the error stands: nothing was stored. Unknown (Postgres cannot be asked), the 503 says the import
+ * may be stored, for a retry to tell (a 409 `session_not_empty` then means it was).
+ */
+async function afterFailedCommit(
+  deps: Pick<CoreDeps, 'db' | 'redis' | 'config' | 'queues' | 'logger' | 'metrics'>,
+  tenantId: string,
+  sessionId: string,
+  published: { xid: string; outcome: ImportOutcome },
+  err: unknown,
+): Promise<ImportOutcome> {
+  const status = await importStatus(deps.db, published.xid).catch(() => undefined);
+  if (status === 'committed') {
+    await enqueueFlush(deps, tenantId, sessionId).catch(() => deps.metrics.enqueueFailures.inc());
+    deps.metrics.messagesAccepted.inc(published.outcome.imported);
+    return published.outcome;
+  }
+  if (status === 'aborted') {
+    const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
+    await settleImport(deps.db, deps.redis, keys).catch(() => undefined);
+    throw asDependencyError(err);
+  }
+  const e = asDependencyError(err);
+  if (e instanceof AppError && e.status === 503) {
+    throw new AppError(
+      503,
+      e.code,
+      `${e.message} (the import may be stored: retry it; 409 session_not_empty then means it was)`,
+      {
+        ...(e.details ?? {}),
+        maybe_stored: true,
+      },
+    );
+  }
+  throw e;
 }

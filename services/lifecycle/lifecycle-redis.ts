@@ -1,6 +1,7 @@
 import { SESSION_STATE_TTL_SECONDS } from '../messages/inbox.js';
 import type { InboxKeys } from '../messages/inbox.js';
 import type { Redis } from '../redis.js';
+import type { Queryable } from '../../db/pool.js';
 
 /**
  * The Redis side of reset/delete and import, beside the inbox scripts of services/messages/inbox.ts
@@ -122,6 +123,9 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 end
 redis.call('HSET', KEYS[1], 'seq', ARGV[7])
+if ARGV[8] ~= nil and ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], 'impxid', ARGV[8], 'impfrom', tonumber(ARGV[7]) - n + 1, 'impto', ARGV[7])
+end
 redis.call('EXPIRE', KEYS[1], ${SESSION_STATE_TTL_SECONDS})
 local wake = 0
 if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
@@ -132,18 +136,65 @@ end
 return {'OK', wake}
 `;
 
+// Settles the import an earlier PUBLISH_IMPORT marked in the session's state (impxid: its
+// Postgres transaction), once that transaction is known to have ended (ARGV[2]). Committed: the
+// mark goes. Aborted: its entries, at the inbox head (seqs impfrom … impto), are removed, at most
+// ARGV[3] a call, with the idempotency ids that name them (a later post of such an id would have
+// been answered as a duplicate of a message never archived); the mark goes with the last. Entries
+// behind them were posted since and stay (the import's seqs are then a gap); when there are none,
+// the counter goes back to before the import. Returns {removed, more}.
+const SETTLE_IMPORT = `
+if redis.call('HGET', KEYS[1], 'impxid') ~= ARGV[1] then return {0, 0} end
+local removed = 0
+if ARGV[2] == 'aborted' then
+  local from = tonumber(redis.call('HGET', KEYS[1], 'impfrom'))
+  local to = tonumber(redis.call('HGET', KEYS[1], 'impto'))
+  local max = tonumber(ARGV[3])
+  while from and to and removed < max do
+    local e = redis.call('LINDEX', KEYS[2], 0)
+    if not e then break end
+    local sp = string.find(e, ' ', 1, true)
+    local seq = sp and tonumber(string.sub(e, 1, sp - 1))
+    if not seq or seq < from or seq > to then break end
+    redis.call('LPOP', KEYS[2])
+    removed = removed + 1
+    local sp2 = string.find(e, ' ', sp + 1, true)
+    local ok, m = pcall(cjson.decode, string.sub(e, (sp2 or sp) + 1))
+    if ok and type(m) == 'table' and type(m.id) == 'string' then
+      local v = redis.call('HGET', KEYS[3], m.id)
+      if v and string.sub(v, 1, #tostring(seq) + 1) == tostring(seq) .. ' ' then
+        redis.call('HDEL', KEYS[3], m.id)
+      end
+    end
+  end
+  if removed >= max then return {removed, 1} end
+  -- Nothing was handed out after them: their seqs go back, for the retry.
+  if from and to and tonumber(redis.call('HGET', KEYS[1], 'seq')) == to then
+    redis.call('HSET', KEYS[1], 'seq', from - 1)
+  end
+end
+redis.call('HDEL', KEYS[1], 'impxid', 'impfrom', 'impto')
+return {removed, 0}
+`;
+
 type Scripted = Redis & {
   mnemosLifecycleClear?: (...args: Array<string | number>) => Promise<[number, string, number, number?]>;
   mnemosLifecyclePublish?: (...args: Array<string | number>) => Promise<Array<string | number>>;
+  mnemosLifecycleSettle?: (...args: Array<string | number>) => Promise<[number, number]>;
 };
 
-function scripted(redis: Redis): Required<Pick<Scripted, 'mnemosLifecycleClear' | 'mnemosLifecyclePublish'>> {
+type Scripts = Required<
+  Pick<Scripted, 'mnemosLifecycleClear' | 'mnemosLifecyclePublish' | 'mnemosLifecycleSettle'>
+>;
+
+function scripted(redis: Redis): Scripts {
   const r = redis as Scripted;
   if (typeof r.mnemosLifecycleClear !== 'function') {
     redis.defineCommand('mnemosLifecycleClear', { numberOfKeys: 5, lua: CLEAR_TO });
     redis.defineCommand('mnemosLifecyclePublish', { numberOfKeys: 6, lua: PUBLISH_IMPORT });
+    redis.defineCommand('mnemosLifecycleSettle', { numberOfKeys: 3, lua: SETTLE_IMPORT });
   }
-  return r as Required<Pick<Scripted, 'mnemosLifecycleClear' | 'mnemosLifecyclePublish'>>;
+  return r as Scripts;
 }
 
 export interface ClearResult {
@@ -200,6 +251,8 @@ export async function publishStagedImport(
     baseSeq: string;
     count: number;
     idsTtlSeconds: number;
+    /** The import's Postgres transaction (txid_current), marked in the state until settled. */
+    xid: string;
   },
 ): Promise<PublishResult> {
   const r = await scripted(redis).mnemosLifecyclePublish(
@@ -216,7 +269,50 @@ export async function publishStagedImport(
     a.expectedSeq,
     a.count,
     String(BigInt(a.baseSeq) + BigInt(a.count)),
+    a.xid,
   );
   if (r[0] === 'OK') return { kind: 'ok', wake: Number(r[1]) === 1 };
   return { kind: String(r[0]).toLowerCase() as 'seed' | 'busy' | 'gen' | 'moved' | 'lost' };
+}
+
+const SETTLE_CHUNK = 1000;
+
+/**
+ * An import publishes its messages into the inbox from inside its Postgres transaction (under the
+ * session's row lock, so that no drain, reset or delete interleaves), and marks the session's
+ * state with that transaction's id. Whoever next holds the row lock (a drain, a reset's or
+ * another import's) settles it before reading the inbox: the transaction has ended by then, and
+ * Postgres tells how (txid_status). Committed, the messages are the session's; aborted (its COMMIT
+ * failed, its connection or its API process died first), they are removed, so that a failed
+ * import stores nothing, as its 503 says, and its retry finds the session empty. Before, the
+ * drain archived them anyway, without the summary and the session row the transaction had
+ * written (its summary was lost and made again by the LLM from seq 0), and the retry answered 409
+ * `session_not_empty`. Returns the entries removed (0 when there was nothing to settle, or the
+ * transaction still runs).
+ */
+export async function settleImport(q: Queryable, redis: Redis, keys: InboxKeys): Promise<number> {
+  const xid = await redis.hget(keys.sess, 'impxid');
+  if (xid === null) return 0;
+  const status = await importStatus(q, xid);
+  if (status === 'in progress') return 0;
+  let removed = 0;
+  for (;;) {
+    // Null: a transaction too old for Postgres to remember is long over; keep what it published.
+    const [n, more] = await scripted(redis).mnemosLifecycleSettle(
+      keys.sess,
+      keys.inbox,
+      keys.ids,
+      xid,
+      status === 'aborted' ? 'aborted' : 'committed',
+      SETTLE_CHUNK,
+    );
+    removed += Number(n);
+    if (Number(more) !== 1) return removed;
+  }
+}
+
+/** How the import transaction `xid` ended ('committed', 'aborted'), 'in progress', or null (forgotten). */
+export async function importStatus(q: Queryable, xid: string): Promise<string | null> {
+  const r = await q.query<{ s: string | null }>('SELECT txid_status($1::bigint) AS s', [xid]);
+  return r.rows[0]?.s ?? null;
 }
