@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import type { JobsOptions } from 'bullmq';
 import type { Redis } from './redis.js';
 
@@ -79,20 +80,31 @@ export async function nextFairPriority(
 
 /**
  * Adds a session's flush job at its tenant's fair priority: `priority` when the accept step
- * counted it already (acceptIntoInbox), else counted here. `dedupId`: one such job at a time.
+ * counted it already (acceptIntoInbox), else counted here. `dedupe`: one such job per session at a
+ * time for that reason (a client's retry, the ingest sweeper).
  */
 export async function enqueueFlush(
   deps: { redis: Redis; config: { prefix: string }; queues: { ingest: FlushQueue } },
   tenantId: string,
   sessionId: string,
-  o: { priority?: number; dedupId?: string } = {},
+  o: { priority?: number; dedupe?: 'retry' | 'sweep' } = {},
 ): Promise<void> {
   const priority = o.priority ?? (await nextFairPriority(deps.redis, deps.config.prefix, 'flush', tenantId));
   await deps.queues.ingest.add(
     'flush',
     { v: 1, tenantId, sessionId },
-    { priority, ...(o.dedupId ? { deduplication: { id: o.dedupId } } : {}) },
+    { priority, ...(o.dedupe ? { deduplication: { id: flushDedupId(o.dedupe, tenantId, sessionId) } } : {}) },
   );
+}
+
+/**
+ * A hash, as the other per-session deduplication ids (sessionJobKey, summaryDedupId): BullMQ
+ * writes the id into the queue's capped event stream, which outlives the session's delete and its
+ * tenant's erasure, and session ids may be e-mail addresses (`retry:<tenant>:<sid>` kept them).
+ */
+export function flushDedupId(why: 'retry' | 'sweep', tenantId: string, sessionId: string): string {
+  const h = createHash('sha256').update(`${tenantId}\u0000${sessionId}`).digest('hex');
+  return `${why}-${h.slice(0, 40)}`;
 }
 
 interface FlushQueue {

@@ -1,12 +1,19 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { makePgDb } from '../db/pool.js';
+import type { Db } from '../db/pool.js';
+import { drainSession } from '../workers/ingest.js';
 import { inboxKeys } from '../services/messages/inbox.js';
 import { fairKey, nextFairPriority } from '../services/fair-priority.js';
 import { ADMIN_TOKEN, api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
 
 const user = (content: string, extra: Record<string, unknown> = {}) => ({ role: 'user', content, ...extra });
+
+async function deadLetterTotal(base: string): Promise<number> {
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  return Number(/^mnemos_ingest_dead_letter_total (\d+)$/m.exec(metrics)?.[1] ?? 0);
+}
 
 async function archived(
   t: Api,
@@ -445,6 +452,32 @@ void describe('ingestion', () => {
     );
   });
 
+  void test("a post's retries get one flush per session, and the queue's event stream never names the session", async () => {
+    // Setup: the ingest queue paused, so the first post's flush waits and its session stays armed.
+    const t = await svc.newTenant();
+    const sid = 'erin@example.com';
+    const queue = svc.deps.queues.ingest;
+    const post = () => t.api.post(`/v1/sessions/${sid}/messages`, { messages: [user('hi', { id: 'm1' })] });
+    await queue.pause();
+    try {
+      assert.equal((await post()).status, 202);
+
+      // Action: the client retries twice (as after answers it did not get).
+      for (let i = 0; i < 2; i++) assert.equal((await post()).body.accepted, 0);
+
+      // Assert: the post's flush and one for its retries; BullMQ's events (kept after a delete
+      // and a tenant's erasure) hold no session id: the second retry's `deduplicated` event named it.
+      const jobs = await queue.getJobs(['wait', 'prioritized']);
+      assert.equal(jobs.filter((j) => (j.data as { sessionId: string }).sessionId === sid).length, 2);
+      const events = JSON.stringify(await svc.deps.redis.xrange(queue.toKey('events'), '-', '+'));
+      assert.ok(events.includes('deduplicated'), events);
+      assert.ok(!events.includes(sid), events);
+    } finally {
+      await queue.resume();
+    }
+    await eventually(async () => (await archived(t.api, sid)).length === 1, 15_000, 'the message archived');
+  });
+
   void test('concurrent writers to one session: each batch contiguous, seq strictly increasing, readers see only gap-free prefixes', async () => {
     const t = await svc.newTenant();
     const sid = 'busy';
@@ -670,6 +703,68 @@ void describe('ingestion', () => {
       'not json at all {',
       '',
     ]);
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+  });
+
+  void test('an unreadable entry ahead of the seqs after it is dead-lettered once, and the inbox empties', async () => {
+    // Setup: a session archived up to seq 1, and a corrupt inbox: an entry that is no message at
+    // seq 3, before the message the next post puts at seq 2.
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/ahead/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'ahead');
+    const entry = `3 ${await svc.deps.redis.hget(keys.sess, 'gen')} {"garbage`;
+    await svc.deps.redis.rpush(keys.inbox, entry);
+    const deadBefore = await deadLetterTotal(svc.base);
+
+    // Action: a post, and its drains.
+    const r = await t.api.post('/v1/sessions/ahead/messages?wait=true', { messages: [user('after')] });
+
+    // Assert: the message is archived, the entry is a dead letter once, and nothing is left to
+    // drain (it was read and dead-lettered again on every pass, about 30 times a second).
+    assert.equal(r.status, 201, r.text);
+    assert.deepEqual(
+      (await archived(t.api, 'ahead')).map((m) => [m.seq, m.content]),
+      [
+        [1, 'before'],
+        [2, 'after'],
+      ],
+    );
+    await eventually(async () => (await svc.deps.redis.llen(keys.inbox)) === 0, 10_000, 'an empty inbox');
+    assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:ahead`, 0, -1), [
+      entry,
+    ]);
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 1);
+  });
+
+  void test('a session deleted while its drain dead-letters an unreadable entry keeps no dead letter', async () => {
+    // Setup: a session whose inbox holds an entry that is no message, not armed (no worker takes
+    // it), and a drain whose database deletes the session as soon as the drain's transaction ends.
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/gone/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'gone');
+    const gen = await svc.deps.redis.hget(keys.sess, 'gen');
+    const seq = await svc.deps.redis.hincrby(keys.sess, 'seq', 1);
+    await svc.deps.redis.rpush(keys.inbox, `${seq} ${gen} {"content":"private text, not a message`);
+    let deleted: number | null = null;
+    const db: Db = {
+      ...svc.deps.db,
+      transaction: async (fn) => {
+        try {
+          return await svc.deps.db.transaction(fn);
+        } finally {
+          deleted ??= (await t.api.del('/v1/sessions/gone')).status;
+        }
+      },
+    };
+
+    // Action: the drain, with the delete (its Redis step too) between its transaction and what
+    // it does in Redis after it.
+    await drainSession({ ...svc.deps, db }, t.tenantId, 'gone');
+
+    // Assert: the delete removed the entry, and nothing put it back (a dead letter without expiry
+    // of a deleted session, content and all).
+    assert.equal(deleted, 204);
+    assert.equal(await svc.deps.redis.exists(`${svc.config.prefix}:dead:${t.tenantId}:gone`), 0);
     assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
   });
 

@@ -17,7 +17,7 @@ export async function runIngestSweep(deps: Pick<CoreDeps, 'redis' | 'queues' | '
     // the failures (one more retrying job a minute, each later a dead letter).
     // At the tenant's fair priority: a flooding tenant's sessions that waited a minute behind
     // its own backlog would otherwise all go ahead of every other tenant's (services/fair-priority.ts).
-    await enqueueFlush(deps, s.tenantId, s.sessionId, { dedupId: `sweep:${s.tenantId}:${s.sessionId}` });
+    await enqueueFlush(deps, s.tenantId, s.sessionId, { dedupe: 'sweep' });
     await touchArmed(deps.redis, deps.config.prefix, s.member);
   }
   return { requeued: stale.length };

@@ -4,9 +4,9 @@ import { insertArchiveBatch } from '../db/queries/messages.js';
 import type { ArchiveInsertRow } from '../db/queries/messages.js';
 import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
 import type { CoreDeps } from '../services/deps.js';
+import { throttledKinds, throttledLog } from '../services/logger.js';
 import {
   clearInbox,
-  deadLetter,
   moveToDeadLetters,
   defineInboxScripts,
   finishDrain,
@@ -134,23 +134,36 @@ class InboxMoved extends Error {
   }
 }
 
+const deadLetterLogs = new WeakMap<CoreDeps['logger'], ReturnType<typeof throttledKinds>>();
+
+/**
+ * At most one line per session per 5 s (throttledLog): a corrupt inbox that a drain kept
+ * dead-lettering from wrote a level-50 line per pass, about 30 a second.
+ */
 function logDeadLetters(
   logger: CoreDeps['logger'],
   fields: { tenantId: string; sessionId: string; count: number; key: string },
 ): void {
-  logger.error(
-    {
-      ...fields,
-      hint: 'not messages, so no retry can archive them: inspect with redis-cli LRANGE <key> 0 -1; see docs/ingestion.md, "Seqs that are never archived do not stall anything"',
-    },
-    'unreadable inbox entries dead-lettered',
-  );
+  let throttleOf = deadLetterLogs.get(logger);
+  if (!throttleOf) {
+    throttleOf = throttledKinds(1000);
+    deadLetterLogs.set(logger, throttleOf);
+  }
+  throttleOf(`${fields.tenantId} ${fields.sessionId}`, () =>
+    throttledLog((obj, m) => logger.error(obj, m), 'unreadable inbox entries dead-lettered'),
+  )({
+    ...fields,
+    hint: 'not messages, so no retry can archive them: inspect with redis-cli LRANGE <key> 0 -1; see docs/ingestion.md, "Seqs that are never archived do not stall anything"',
+  });
 }
 
-/** The batch read holds entries that are not `<seq> <gen> <message>` (InboxEntry.malformed). */
-class MalformedEntries extends Error {
+/**
+ * The batch read holds entries that are no message: not `<seq> <gen> <message>`
+ * (InboxEntry.malformed), or unreadable ones the drain would archive.
+ */
+class DeadEntries extends Error {
   constructor(readonly raw: string[]) {
-    super('malformed inbox entries');
+    super('inbox entries that are no message');
   }
 }
 
@@ -173,7 +186,6 @@ export async function drainSession(
   for (let round = 0; round < MAX_ROUNDS_PER_JOB; round++) {
     let batch: {
       lastRead: number;
-      unreadable: string[];
       archived: number;
       dropped: number;
       /** Inbox entries read (trimmed after the commit). */
@@ -190,7 +202,7 @@ export async function drainSession(
         const entries = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
         if (entries.length === 0) return null;
         const malformed = entries.filter((e) => e.malformed).map((e) => e.raw);
-        if (malformed.length > 0) throw new MalformedEntries(malformed);
+        if (malformed.length > 0) throw new DeadEntries(malformed);
         const nextSeq = Number(session.next_seq);
         // Entries of the current generation, and entries accepted after the last reset/delete
         // committed (its Redis step may not have re-stamped the inbox generation yet: a crash in
@@ -201,7 +213,12 @@ export async function drainSession(
         const keep = current.filter(
           (e): e is InboxEntry & { message: AcceptedMessage } => e.message !== null,
         );
+        // Moved aside before anything is written, as malformed entries are, and only while the
+        // inbox still holds them (moveToDeadLetters). Pushed after the commit, they came back as
+        // dead letters of a session whose delete fell in between, and one whose seq was above the
+        // last entry read (a corrupt inbox) was never trimmed: dead-lettered again every pass.
         const unreadable = current.filter((e) => e.message === null).map((e) => e.raw);
+        if (unreadable.length > 0) throw new DeadEntries(unreadable);
         const stale = entries.filter((e) => !isCurrent(e)).length;
         const rows = keep.map((e) => toArchiveRow(e.seq, e.message));
         const inserted = rows.length > 0 ? await insertArchiveBatch(tx, tenantId, sessionId, rows) : [];
@@ -231,7 +248,6 @@ export async function drainSession(
         }
         return {
           lastRead,
-          unreadable,
           archived: inserted.length,
           dropped: stale,
           read: entries.length,
@@ -241,12 +257,13 @@ export async function drainSession(
         };
       });
     } catch (err) {
-      if (err instanceof MalformedEntries) {
-        // Nothing was written: moved aside, the batch is read again.
+      if (err instanceof DeadEntries) {
+        // Nothing was written: moved aside, the batch is read again. None moved: another drain
+        // moved them, or a reset or delete removed them (and the dead letters) meanwhile.
         const key = `${deps.config.prefix}:dead:${tenantId}:${sessionId}`;
         const moved = await moveToDeadLetters(deps.redis, keys, key, err.raw);
         deps.metrics.ingestDeadLetter.inc(moved);
-        logDeadLetters(deps.logger, { tenantId, sessionId, count: moved, key });
+        if (moved > 0) logDeadLetters(deps.logger, { tenantId, sessionId, count: moved, key });
         continue;
       }
       if (err instanceof InboxMoved) {
@@ -287,16 +304,6 @@ export async function drainSession(
     if (!batch) {
       await finishDrain(deps.redis, keys, 0);
       return { ...total, more: false };
-    }
-    if (batch.unreadable.length > 0) {
-      await deadLetter(deps.redis, deps.config.prefix, tenantId, sessionId, batch.unreadable);
-      deps.metrics.ingestDeadLetter.inc(batch.unreadable.length);
-      logDeadLetters(deps.logger, {
-        tenantId,
-        sessionId,
-        count: batch.unreadable.length,
-        key: `${deps.config.prefix}:dead:${tenantId}:${sessionId}`,
-      });
     }
     const { left, trimmed } = await finishDrainCounted(deps.redis, keys, batch.lastRead);
     // Stale entries a reset's Redis step removed before this trim were counted by the reset

@@ -175,9 +175,7 @@ export async function acceptMessages(
             deps,
             tenantId,
             sessionId,
-            outcome.wake !== null
-              ? { priority: outcome.wake }
-              : { dedupId: `retry:${tenantId}:${sessionId}` },
+            outcome.wake !== null ? { priority: outcome.wake } : { dedupe: 'retry' },
           );
         } catch (err) {
           // The messages are in the inbox and the session is armed: the ingest sweeper flushes it.

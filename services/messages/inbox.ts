@@ -290,7 +290,7 @@ return 1
 export interface InboxEntry {
   seq: number;
   gen: number;
-  /** Null when the entry cannot be read (it is dead-lettered, never silently dropped). */
+  /** Null when the entry cannot be read: moved to the dead letters (moveToDeadLetters), never dropped. */
   message: AcceptedMessage | null;
   raw: string;
   /**
@@ -424,9 +424,13 @@ export async function readInbox(
 const ENTRY_PREFIX = /^\d+ \d+ /;
 
 /**
- * Moves malformed entries (InboxEntry.malformed) from the inbox to the session's dead letters, in
- * one step each. Left in place, one at the head held the session for ever: the drain's check
- * found no seq to place it and rolled back, 230 times a second (a re-tester's hand-made entry).
+ * Moves entries that are no message (malformed, or unreadable: InboxEntry) from the inbox to the
+ * session's dead letters, in one step each, and only while the inbox still holds them. Left in
+ * place, one at the head held the session for ever: the drain's check found no seq to place it
+ * and rolled back, 230 times a second (a re-tester's hand-made entry); an unreadable one with a
+ * seq above the last entry read was never trimmed and was dead-lettered again by every drain. A
+ * plain push after the drain put back the dead letters of a session whose delete (its Redis step
+ * removes the inbox entries and the dead letters) came in between, message content and all.
  */
 export async function moveToDeadLetters(
   redis: Redis,
@@ -514,17 +518,6 @@ export async function clearInbox(redis: Redis, keys: InboxKeys, newGeneration: n
     newGeneration,
     keys.member,
   );
-}
-
-/** Unreadable entries go to <prefix>:dead:<tenant>:<sid> for inspection (and the metric). */
-export async function deadLetter(
-  redis: Redis,
-  prefix: string,
-  tenantId: string,
-  sessionId: string,
-  raw: string[],
-) {
-  if (raw.length > 0) await redis.rpush(`${prefix}:dead:${tenantId}:${sessionId}`, ...raw);
 }
 
 /** Sessions that asked for a flush before `olderThanMs` and still hold work (crash recovery). */
