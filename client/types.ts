@@ -256,6 +256,8 @@ export interface TenantView {
   tenant_id: string;
   name: string;
   created_at: string;
+  /** When its erasure started; null for a tenant not under erasure. */
+  erasing_at: string | null;
 }
 
 export interface KeyView {

@@ -131,7 +131,11 @@ tenant
     withDb(async (db) => {
       const rows = (await tenantList(db)).items;
       if (o.json) print(JSON.stringify(rows));
-      else for (const t of rows) print(`${t.tenant_id}\t${t.name}\t${t.created_at}`);
+      else
+        for (const t of rows)
+          print(
+            `${t.tenant_id}\t${t.name}\t${t.created_at}${t.erasing_at ? `\tERASING since ${t.erasing_at}` : ''}`,
+          );
     }),
   );
 // tenant delete, import agenvoy|jsonl, export (services/lifecycle/).

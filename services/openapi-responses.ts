@@ -238,7 +238,16 @@ export const tenantCreated = z.strictObject({
   api_key: z.string().describe('shown once'),
 });
 export const tenantListAnswer = z.strictObject({
-  tenants: z.array(z.strictObject({ tenant_id: z.string(), name: z.string(), created_at: isoTime })),
+  tenants: z.array(
+    z.strictObject({
+      tenant_id: z.string(),
+      name: z.string(),
+      created_at: isoTime,
+      erasing_at: isoTime
+        .nullable()
+        .describe('when its erasure started (unfinished: a worker resumes it); null for a live tenant'),
+    }),
+  ),
   next: nextCursor('tenants'),
 });
 export const keyCreated = z.strictObject({

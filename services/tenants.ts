@@ -53,6 +53,8 @@ export interface TenantView {
   tenant_id: string;
   name: string;
   created_at: string;
+  /** When its erasure started; null for a tenant not under erasure. */
+  erasing_at: string | null;
 }
 
 export interface KeyView {
@@ -190,6 +192,7 @@ export async function tenantList(db: Db, page: PageRequest = {}): Promise<Page<T
     tenant_id: t.id,
     name: t.name,
     created_at: t.created_at.toISOString(),
+    erasing_at: t.erasing_at?.toISOString() ?? null,
   }));
 }
 

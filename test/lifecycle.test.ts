@@ -27,7 +27,7 @@ import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
 import { buildSessionIndex, dropSessionIndex } from '../db/queries/session-indexes.js';
 import { pageSummaryCandidates } from '../db/queries/summaries.js';
 import { SESSION_STATE_TTL_SECONDS, inboxKeys } from '../services/messages/inbox.js';
-import { QUEUE_NAMES } from '../workers/queues.js';
+import { QUEUE_NAMES, requestMaintenance } from '../workers/queues.js';
 import {
   ADMIN_TOKEN,
   REDIS_URL,
@@ -1551,6 +1551,60 @@ void describe('tenant erasure', () => {
     assert.equal(await redis.exists(left), 0);
   });
 
+  void test('a worker finishes an erasure whose process died mid-way; until then the admin list shows it erasing', async () => {
+    const admin = api(svc.base, ADMIN_TOKEN);
+    const listedTenant = async (id: string) =>
+      ((await admin.get('/v1/admin/tenants?limit=500')).body.tenants as any[]).find(
+        (t) => t.tenant_id === id,
+      );
+    const victim = await svc.newTenant();
+    await archive(victim.api, 'chat', [user('my address is 1 Main St'), assistant('noted')]);
+    const err = await victim.api.post('/v1/errors', {
+      tool_name: 'shell',
+      symptom: 'permission denied on /home/alice',
+      action: 'ran with sudo',
+      outcome: 'resolved',
+    });
+    assert.equal(err.status, 201);
+    // Another erasure still inside its request (waiting out the key cache): not the worker's.
+    const live = await svc.newTenant();
+    await archive(live.api, 'chat', [user('erased by its own request')]);
+    assert.equal((await listedTenant(victim.tenantId))?.erasing_at, null);
+    // What a DELETE killed during its key-cache wait leaves, three minutes on: the mark and the
+    // revoked keys (one transaction), and every row and Redis key of the tenant.
+    for (const [t, ago] of [
+      [victim.tenantId, '3 minutes'],
+      [live.tenantId, '0 seconds'],
+    ] as const) {
+      await q(`UPDATE tenants SET erasing_at = now() - $2::interval WHERE id = $1`, [t, ago]);
+      await q(`UPDATE api_keys SET revoked_at = now() - $2::interval WHERE tenant_id = $1`, [t, ago]);
+    }
+    const [mark] = await q<{ erasing_at: Date }>('SELECT erasing_at FROM tenants WHERE id = $1', [
+      victim.tenantId,
+    ]);
+    assert.equal((await listedTenant(victim.tenantId))?.erasing_at, mark!.erasing_at.toISOString());
+    assert.ok((await tenantRows(victim.tenantId)).messages! > 0, 'its messages are still there');
+
+    await requestMaintenance(svc.deps.queues, 'tenant-erasures');
+
+    await eventually(
+      async () => !(await listedTenant(victim.tenantId)),
+      30_000,
+      'a worker to finish the interrupted erasure',
+    );
+    assert.deepEqual(
+      Object.entries(await tenantRows(victim.tenantId)).filter(([, n]) => n > 0),
+      [],
+    );
+    assert.deepEqual(await redis.keys(`${svc.config.prefix}:*${victim.tenantId}*`), []);
+    assert.equal(await redis.sismember(`${svc.config.prefix}:err:tenants`, victim.tenantId), 0);
+    // The fresh one is left to its request, which finishes it.
+    assert.notEqual((await listedTenant(live.tenantId))?.erasing_at ?? null, null);
+    assert.equal((await tenantRows(live.tenantId)).messages, 1);
+    assert.equal((await admin.del(`/v1/admin/tenants/${live.tenantId}`)).status, 204);
+    assert.equal(await listedTenant(live.tenantId), undefined);
+  });
+
   /** A POST whose first 5 bytes go at once and the rest when `finish` is called. */
   function slowPost(apiKey: string, path: string, text: string, contentType = 'application/json') {
     const req = http.request(`${svc.base}${path}`, {
@@ -1845,6 +1899,27 @@ void describe('cli', () => {
         LOG_LEVEL: 'silent',
       },
     });
+
+  void test('mnemos tenant list shows since when a tenant is under erasure', async () => {
+    const healthy = await svc.newTenant();
+    const erasing = await svc.newTenant();
+    await q(`UPDATE tenants SET erasing_at = now() WHERE id = $1`, [erasing.tenantId]);
+    const [mark] = await q<{ erasing_at: Date }>('SELECT erasing_at FROM tenants WHERE id = $1', [
+      erasing.tenantId,
+    ]);
+    const since = mark!.erasing_at.toISOString();
+
+    const json = JSON.parse((await mnemos('tenant', 'list', '--json')).stdout) as any[];
+    const text = (await mnemos('tenant', 'list')).stdout.split('\n');
+
+    assert.equal(json.find((t) => t.tenant_id === healthy.tenantId)?.erasing_at, null);
+    assert.equal(json.find((t) => t.tenant_id === erasing.tenantId)?.erasing_at, since);
+    assert.match(
+      text.find((l) => l.startsWith(erasing.tenantId)) ?? '',
+      new RegExp(`\tERASING since ${since}$`),
+    );
+    assert.doesNotMatch(text.find((l) => l.startsWith(healthy.tenantId)) ?? '', /ERASING/);
+  });
 
   void test('mnemos export, import jsonl and tenant delete <name>', async () => {
     const name = `cli-${randomBytes(3).toString('hex')}`;

@@ -43,9 +43,9 @@ export async function listTenants(
   q: Queryable,
   after: PageAfter | null = null,
   limit: number | null = null,
-): Promise<Array<TenantRow & { created_us: string }>> {
-  const r = await q.query<TenantRow & { created_us: string }>(
-    `SELECT id, name, created_at, ${CREATED_US} FROM tenants
+): Promise<Array<TenantRow & { erasing_at: Date | null; created_us: string }>> {
+  const r = await q.query<TenantRow & { erasing_at: Date | null; created_us: string }>(
+    `SELECT id, name, created_at, erasing_at, ${CREATED_US} FROM tenants
      WHERE ${AFTER_SQL('1', '2')} ORDER BY created_at, id LIMIT $3`,
     [after?.createdUs ?? null, after?.id ?? null, limit],
   );
@@ -99,6 +99,19 @@ export async function markTenantErasing(q: Queryable, tenantId: string): Promise
     tenantId,
   ]);
   return (r.rowCount ?? 0) > 0;
+}
+
+/**
+ * Tenants whose erasure started over `olderThanMs` ago (by Postgres's clock, which set the mark)
+ * and has not finished, oldest first.
+ */
+export async function stalledErasures(q: Queryable, olderThanMs: number, limit: number): Promise<string[]> {
+  const r = await q.query<{ id: string }>(
+    `SELECT id FROM tenants WHERE erasing_at < now() - $1::bigint * interval '1 millisecond'
+     ORDER BY erasing_at, id LIMIT $2`,
+    [olderThanMs, limit],
+  );
+  return r.rows.map((row) => row.id);
 }
 
 export async function findApiKey(q: Queryable, id: string): Promise<ApiKeyRow | null> {

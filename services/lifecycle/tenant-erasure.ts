@@ -1,6 +1,6 @@
 import { withTransaction } from '../../db/pool.js';
 import { deleteTenant, deleteTenantBatch, getTenantById } from '../../db/queries/lifecycle.js';
-import { markTenantErasing, revokeTenantKeys } from '../../db/queries/tenants.js';
+import { markTenantErasing, revokeTenantKeys, stalledErasures } from '../../db/queries/tenants.js';
 import { SHADOW_TABLE, shadowTableExists } from '../../db/queries/vectors.js';
 import { KEY_CACHE_MS } from '../tenants.js';
 import type { Redis } from '../redis.js';
@@ -20,6 +20,8 @@ import type { ExtensionList, LifecycleDeps } from './session-lifecycle.js';
  *   5. Postgres: bulk tables in batches, then the tenants row (the rest cascades);
  *   6. the Redis sweep and the queued jobs again, for anything an in-flight request or job wrote
  *      meanwhile.
+ * An erasure that stopped before the tenants row went (its API process killed, a purge failed) is
+ * finished by a worker (resumeTenantErasures, maintenance task `tenant-erasures`).
  */
 
 const DELETE_BATCH = 5000;
@@ -153,4 +155,45 @@ async function sweepAfterRow(deps: LifecycleDeps, tenantId: string): Promise<{ k
   const keys = await sweepTenantRedis(deps.redis, deps.config.prefix, tenantId);
   const jobs = await removeQueuedJobs(deps.queues, tenantJobs(tenantId), Number.MAX_SAFE_INTEGER);
   return { keys, jobs };
+}
+
+/**
+ * How long after its mark an erasure counts as abandoned. A request's own erasure waits out the
+ * key cache (5 s) and then only deletes; one still running past this is joined, which is safe
+ * because every step is idempotent (a batch the other already deleted is empty, and the tenants
+ * row goes once).
+ */
+export const ERASURE_STALLED_MS = 2 * 60_000;
+
+/**
+ * Finishes erasures that were started and never finished: the process that ran one was killed, or
+ * a module's purge failed and no admin retried. Without this the tenant stayed marked, its keys
+ * revoked, and its messages, error records and session keys stayed, unseen.
+ */
+export async function resumeTenantErasures(
+  deps: LifecycleDeps,
+  extensions: ExtensionList,
+  opts: { olderThanMs?: number; limit?: number } = {},
+): Promise<{ resumed: number; failed: number }> {
+  let resumed = 0;
+  let failed = 0;
+  for (const tenantId of await stalledErasures(
+    deps.db,
+    opts.olderThanMs ?? ERASURE_STALLED_MS,
+    opts.limit ?? 100,
+  )) {
+    try {
+      // The mark and the revocation were committed together minutes ago: every API process's
+      // cached verification of the tenant's keys has expired since, so there is nothing to wait out.
+      await eraseTenant(deps, extensions, tenantId, { revocationGraceMs: 0 });
+      resumed++;
+    } catch (err) {
+      failed++;
+      deps.logger.warn(
+        { tenantId, err: { message: (err as Error).message } },
+        'could not finish an interrupted tenant erasure',
+      );
+    }
+  }
+  return { resumed, failed };
 }
