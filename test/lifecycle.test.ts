@@ -22,6 +22,7 @@ import {
   openSessionExport,
   SessionChangedError,
 } from '../services/lifecycle/export-session.js';
+import { parseImportJson, parseImportLines, readJsonLines } from '../services/lifecycle/import-input.js';
 import type { Queryable } from '../db/pool.js';
 import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
 import { buildSessionIndex, dropSessionIndex } from '../db/queries/session-indexes.js';
@@ -1235,6 +1236,53 @@ void describe('export and import', () => {
     assert.match(raw, /^HTTP\/1\.1 200 OK\r\n/);
     assert.doesNotMatch(raw.slice(raw.indexOf('\r\n\r\n')), /HTTP\/1\.1 400/);
   });
+  void test('a large import lets other requests run while it is read and validated', async () => {
+    // Each turn of the event loop is one run of this self-rescheduling callback: a request of
+    // another tenant would be served in such a turn, none while the import holds the loop.
+    const turnsWhile = async <T>(work: () => Promise<T>): Promise<{ result: T; turns: number }> => {
+      let turns = 0;
+      let running = true;
+      const tick = () => {
+        if (!running) return;
+        turns++;
+        setImmediate(tick);
+      };
+      setImmediate(tick);
+      try {
+        return { result: await work(), turns };
+      } finally {
+        running = false;
+      }
+    };
+    const n = 5000;
+    const lines = async function* () {
+      for (let i = 0; i < n; i++) {
+        yield { line: i + 1, value: user(`message ${i}`), bytes: 40 };
+      }
+    };
+    // A body already buffered: its chunks come through promises alone, as from a fast client.
+    const blankThenOne = async function* () {
+      yield `${'\n'.repeat(50_000)}${JSON.stringify(user('after the blank lines'))}\n`;
+    };
+
+    const jsonl = await turnsWhile(() => parseImportLines(lines(), 'UTC'));
+    const blank = await turnsWhile(() => parseImportLines(readJsonLines(blankThenOne()), 'UTC'));
+    const json = await turnsWhile(() =>
+      parseImportJson({ messages: Array.from({ length: n }, (_, i) => user(`message ${i}`)) }, 'UTC'),
+    );
+
+    assert.equal(jsonl.result.messages.length, n);
+    assert.equal(jsonl.result.messages[n - 1]!.message.content, `message ${n - 1}`);
+    assert.ok(jsonl.turns >= n / 200, `JSON Lines: ${jsonl.turns} turns in ${n} lines`);
+    assert.deepEqual(
+      blank.result.messages.map((m) => m.message.content),
+      ['after the blank lines'],
+    );
+    assert.ok(blank.turns >= 50_000 / 200, `blank lines: ${blank.turns} turns in 50000 lines`);
+    assert.equal(json.result.messages.length, n);
+    assert.ok(json.turns >= n / 200, `JSON: ${json.turns} turns in ${n} messages`);
+  });
+
   void test('export pages of big messages are cut by bytes: every message once, in order', async () => {
     const t = await svc.newTenant();
     const s = sid('heavy');

@@ -286,7 +286,7 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
       }
     } else {
       await share.take(MAX_BODY_BYTES);
-      input = parseImportJson(req.body, deps.config.timeZone);
+      input = await parseImportJson(req.body, deps.config.timeZone);
     }
     const outcome = await importSession(deps, tenantId, sid, input);
     // The seqs as importSession handed them out (its order), checked against the archive.
