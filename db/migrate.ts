@@ -2,6 +2,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { isPgUnavailable, pgCode } from './pool.js';
 import type { Db } from './pool.js';
+import type { Logger } from '../services/logger.js';
 
 const MIGRATIONS_DIR = fileURLToPath(new URL('./migrations/', import.meta.url));
 // Arbitrary constant shared by every mnemos process: serialises concurrent migrators.
@@ -24,11 +25,22 @@ export async function loadMigrations(dir = MIGRATIONS_DIR): Promise<Migration[]>
   );
 }
 
+export interface MigrateOptions {
+  /** How long migrations may keep giving way to transactions that hold locks they need (15 min). */
+  lockWaitMs?: number;
+  /** Told about each give-way, so that a process that seems stuck at start says why. */
+  logger?: Pick<Logger, 'warn'>;
+}
+
 /**
  * Applies pending migrations in one transaction under a transaction-scoped advisory lock, so
  * several processes starting at once apply each file exactly once. Returns the names applied.
  */
-export async function migrate(db: Db, migrations?: Migration[]): Promise<string[]> {
+export async function migrate(
+  db: Db,
+  migrations?: Migration[],
+  opts: MigrateOptions = {},
+): Promise<string[]> {
   const all = migrations ?? (await loadMigrations());
   try {
     // Read first, without writing: on a database that is read-only (a standby after a failover,
@@ -36,9 +48,59 @@ export async function migrate(db: Db, migrations?: Migration[]): Promise<string[
     // nothing to migrate could not start to serve the reads that still work there.
     // (pendingMigrations reads the ledger; without one, it lists every migration.)
     if ((await pendingMigrations(db, all)).length === 0) return [];
-    return await applyPending(db, all);
+    return await applyGivingWay(db, all, opts);
   } catch (err) {
     throw explainConnectError(err);
+  }
+}
+
+/**
+ * How long a migration statement waits for a table lock before it gives way. A lock request
+ * queues every later one on the table behind it: a plain CREATE INDEX on `sessions` waiting for
+ * an old process's long reset made every drain of every session wait too (an unrelated UPDATE
+ * took 36 s). Giving way after a second and trying again later lets that traffic through.
+ */
+const MIGRATION_LOCK_TIMEOUT = '1s';
+const LOCK_WAIT_MS = 15 * 60_000;
+const FIRST_RETRY_MS = 500;
+const MAX_RETRY_MS = 15_000;
+
+/** applyPending, rolled back and tried again (backing off) while a lock it needs is held. */
+async function applyGivingWay(db: Db, all: Migration[], opts: MigrateOptions): Promise<string[]> {
+  const lockWaitMs = opts.lockWaitMs ?? LOCK_WAIT_MS;
+  const until = performance.now() + lockWaitMs;
+  for (let attempt = 0; ; attempt++) {
+    const at: { migration?: string } = {};
+    try {
+      return await applyPending(db, all, at);
+    } catch (err) {
+      if (pgCode(err) !== '55P03') throw err;
+      const what = at.migration ? `migration ${at.migration}` : 'the migration ledger (schema_migrations)';
+      // Growing, with jitter: processes that start together do not all come back at once.
+      const backoff = Math.min(MAX_RETRY_MS, FIRST_RETRY_MS * 2 ** attempt);
+      const waitMs = Math.round(backoff / 2 + Math.random() * (backoff / 2));
+      if (performance.now() + waitMs > until) {
+        const waited =
+          lockWaitMs >= 60_000
+            ? `${Math.round(lockWaitMs / 60_000)} min`
+            : `${Math.round(lockWaitMs / 1000)} s`;
+        throw Object.assign(
+          new Error(
+            `${what} could not take a lock it needs in ${waited} of trying: a long transaction holds a ` +
+              'lock on a table it changes (find it with SELECT pid, xact_start, query FROM ' +
+              'pg_stat_activity WHERE xact_start IS NOT NULL ORDER BY xact_start; let it finish or ' +
+              'end it with pg_terminate_backend(pid)), then start again',
+            { cause: err },
+          ),
+          { code: '55P03' },
+        );
+      }
+      opts.logger?.warn(
+        { retryInMs: waitMs },
+        `${what} gave way to a transaction holding a lock it needs; trying again`,
+      );
+      await new Promise((resolve) => setTimeout(resolve, waitMs));
+    }
   }
 }
 
@@ -112,9 +174,13 @@ function explainMigrationError(err: unknown, migration: string): unknown {
   return Object.assign(new Error(`${e.message} (migration ${migration}): ${hint}`), { code: e.code });
 }
 
-async function applyPending(db: Db, all: Migration[]): Promise<string[]> {
+async function applyPending(db: Db, all: Migration[], at: { migration?: string }): Promise<string[]> {
   return db.transaction(async (tx) => {
+    // Another process migrating is normal, and nobody else queues behind this lock: wait for it
+    // as long as it takes, whatever lock_timeout the role or database sets.
+    await tx.query('SET LOCAL lock_timeout = 0');
     await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
+    await tx.query(`SET LOCAL lock_timeout = '${MIGRATION_LOCK_TIMEOUT}'`);
     await tx.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
       version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`);
     const done = await tx.query<{ version: number }>('SELECT version FROM schema_migrations');
@@ -122,6 +188,7 @@ async function applyPending(db: Db, all: Migration[]): Promise<string[]> {
     const names: string[] = [];
     for (const m of all) {
       if (applied.has(m.version)) continue;
+      at.migration = m.name;
       await tx.query(m.sql).catch((err: unknown) => {
         throw explainMigrationError(err, m.name);
       });

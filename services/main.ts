@@ -111,7 +111,7 @@ export async function startService(
     })());
 
   try {
-    await migrate(deps.db);
+    await migrate(deps.db, undefined, { logger });
     const newer = await unknownMigrations(deps.db);
     if (newer.length > 0) logger.warn(newerSchemaWarning(newer));
     if (!(await waitForRedis(deps.redis, 5000))) {

@@ -271,6 +271,98 @@ void describe('migrations', () => {
     await Promise.all(dbs.map((d) => d.close()));
   });
 
+  void test('a migration waiting for a lock that a long transaction holds lets other writes to the table through', async () => {
+    // Setup: a schema as an old process sees it, and an old process's long reset holding a row
+    // of `sessions`; the new build brings a migration that needs a lock on the whole table.
+    const db = makePgDb({ connectionString: url, max: 4 });
+    await migrate(db);
+    await db.query(`INSERT INTO tenants (id, name) VALUES ('t_lockwait', 'lockwait') ON CONFLICT DO NOTHING`);
+    await db.query(
+      `INSERT INTO sessions (tenant_id, id) VALUES ('t_lockwait', 'held'), ('t_lockwait', 'other')
+       ON CONFLICT DO NOTHING`,
+    );
+    const withIndex = [
+      ...(await loadMigrations()),
+      {
+        version: 900,
+        name: '900_sessions_by_count',
+        sql: 'CREATE INDEX sessions_by_count ON sessions (message_count)',
+      },
+    ];
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    let holding!: () => void;
+    const held = new Promise<void>((r) => (holding = r));
+    const blocker = db.transaction(async (tx) => {
+      await tx.query(
+        `UPDATE sessions SET message_count = message_count + 1 WHERE tenant_id = 't_lockwait' AND id = 'held'`,
+      );
+      holding();
+      await released;
+    });
+    await held;
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino(
+      { level: 'warn' },
+      { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) },
+    );
+    try {
+      // Action: migrate, and once its lock request on sessions is queued, write another session.
+      const migrating = migrate(db, withIndex, { logger });
+      await eventually(
+        async () =>
+          (
+            await db.query(
+              `SELECT 1 FROM pg_locks WHERE relation = 'sessions'::regclass AND NOT granted AND mode = 'ShareLock'`,
+            )
+          ).rows.length > 0,
+        15_000,
+        'the migration waiting for its lock on sessions',
+      );
+      const written = await Promise.race([
+        db
+          .query(`UPDATE sessions SET message_count = 7 WHERE tenant_id = 't_lockwait' AND id = 'other'`)
+          .then(() => 'written'),
+        new Promise<string>((r) => setTimeout(() => r('still waiting after 30 s'), 30_000).unref()),
+      ]);
+      assert.equal(written, 'written', "another session's write is not queued behind the migration");
+      // Past its deadline, a migration that keeps giving way fails, naming itself and the cause.
+      const gaveUp = await migrate(db, withIndex, { lockWaitMs: 2000 }).then(
+        () => null,
+        (err: Error & { code?: string }) => err,
+      );
+      release();
+      await blocker;
+      const applied = await migrating;
+
+      // Assert
+      assert.equal(gaveUp?.code, '55P03');
+      assert.match(
+        gaveUp?.message ?? '',
+        /^migration 900_sessions_by_count could not take a lock it needs in 2 s of trying: a long transaction holds a lock/,
+      );
+      assert.deepEqual(applied, ['900_sessions_by_count'], 'applied once the long transaction ended');
+      const ledger = await db.query<{ n: number }>(
+        'SELECT count(*)::int AS n FROM schema_migrations WHERE version = 900',
+      );
+      assert.equal(ledger.rows[0]!.n, 1);
+      const index = await db.query(`SELECT 1 FROM pg_indexes WHERE indexname = 'sessions_by_count'`);
+      assert.equal(index.rows.length, 1);
+      assert.ok(
+        lines.some(
+          (l) =>
+            l.msg ===
+            'migration 900_sessions_by_count gave way to a transaction holding a lock it needs; trying again',
+        ),
+        JSON.stringify(lines),
+      );
+    } finally {
+      release();
+      await blocker.catch(() => undefined);
+      await db.close();
+    }
+  });
+
   void test('the CLI migrate command names what it applied, then reports an up-to-date schema, or one ahead of it', async () => {
     const fresh = new URL(url);
     fresh.pathname = `${fresh.pathname}_cli`;

@@ -222,11 +222,72 @@ void describe('operations', () => {
         (v) => v.labels.queue === 'maintenance' && v.labels.final === final,
       )?.value ?? 0;
     const [finalBefore, retryBefore] = [await failures('true'), await failures('false')];
-    // A task this build does not have is a permanent fault (UnrecoverableError), with 2 of 3
-    // attempts left.
-    await svc.deps.queues.maintenance.add('nope', { v: 1, kind: 'no-such-task' });
+    // A payload of a version this build does not know is a permanent fault (UnrecoverableError),
+    // with 2 of 3 attempts left.
+    await svc.deps.queues.maintenance.add('nope', { v: 2, kind: 'ingest-sweep' } as never);
     await eventually(async () => (await failures('true')) === finalBefore + 1, 15_000, 'a final failure');
     assert.equal(await failures('false'), retryBefore);
+  });
+
+  void test("a newer build's maintenance task completes as skipped, and its scheduler is left for Bull Board to remove", async () => {
+    const failures = async () =>
+      (await svc.deps.metrics.jobFailures.get()).values
+        .filter((v) => v.labels.queue === 'maintenance')
+        .reduce((n, v) => n + v.value, 0);
+    const failedBefore = await failures();
+    // Setup: what a newer build side by side with this one adds, as a job and as a schedule.
+    const kind = 'from-a-newer-build';
+    await svc.deps.queues.maintenance.upsertJobScheduler(
+      kind,
+      { every: 3_600_000 },
+      { name: kind, data: { v: 1, kind } },
+    );
+
+    // Action
+    const job = await svc.deps.queues.maintenance.add(kind, { v: 1, kind }, { removeOnComplete: false });
+    const done = await eventually(
+      async () => {
+        const j = await svc.deps.queues.maintenance.getJob(job.id!);
+        return j && ((await j.isCompleted()) || (await j.isFailed())) ? j : null;
+      },
+      15_000,
+      'the job to end',
+    );
+    // The worker goes on: a task this build has, after it, runs too.
+    const next = await svc.deps.queues.maintenance.add(
+      'ingest-sweep',
+      { v: 1, kind: 'ingest-sweep' },
+      { removeOnComplete: false },
+    );
+    await eventually(
+      async () => (await svc.deps.queues.maintenance.getJob(next.id!))?.isCompleted(),
+      15_000,
+      'a known task after it',
+    );
+
+    // Assert
+    assert.equal(await done.getState(), 'completed', done.failedReason);
+    assert.deepEqual(done.returnvalue, { skipped: 'unknown maintenance task in this build' });
+    assert.equal(await failures(), failedBefore, 'no job failure counted');
+    assert.ok(
+      await svc.deps.queues.maintenance.getJobScheduler(kind),
+      "this build leaves the newer build's scheduler alone",
+    );
+    // After a rollback, README "Upgrading": an operator lists and removes it through Bull Board's API.
+    const listed = await fetch(`${svc.base}/admin/queues/api/job-schedulers?queueName=maintenance`, {
+      headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+    });
+    const { schedulers } = (await listed.json()) as { schedulers: Array<{ id: string }> };
+    assert.ok(
+      schedulers.some((sc) => sc.id === kind),
+      JSON.stringify(schedulers),
+    );
+    const removed = await fetch(
+      `${svc.base}/admin/queues/api/queues/maintenance/job-schedulers/${kind}/remove`,
+      { method: 'PUT', headers: { authorization: `Bearer ${ADMIN_TOKEN}` } },
+    );
+    assert.equal(removed.status, 204);
+    assert.equal(await svc.deps.queues.maintenance.getJobScheduler(kind), undefined);
   });
 
   void test('Bull Board takes changes only from its own origin; a job it adds with a bad payload fails at once', async () => {

@@ -1,4 +1,4 @@
-import { UnrecoverableError, Worker } from 'bullmq';
+import { Worker } from 'bullmq';
 import type { Job, Processor } from 'bullmq';
 import type { CoreDeps } from '../services/deps.js';
 import type { Extension } from '../services/extension.js';
@@ -73,12 +73,25 @@ export async function startWorkers(
     'usage-retention': makeUsageRetention(deps),
   };
   for (const e of extensions) Object.assign(tasks, e.maintenance ?? {});
+  const unknownKinds = new Set<string>();
   const processors: Partial<Record<QueueName, Processor>> = {
     ingest,
     maintenance: async (job: Job, _token?: string, signal?: AbortSignal) => {
       const p = parsePayload('maintenance', job.data);
       const task = tasks[p.kind];
-      if (!task) throw new UnrecoverableError(`no maintenance task "${p.kind}" in this build`);
+      if (!task) {
+        // A newer build's task (a rolling upgrade, or its schedulers left after a rollback):
+        // failing it filled the failed set and counted a final failure every time its scheduler
+        // fired, for good. Its next pass on a worker of that build does the work.
+        if (!unknownKinds.has(p.kind)) {
+          unknownKinds.add(p.kind);
+          deps.logger.warn(
+            { kind: p.kind },
+            "maintenance task unknown to this build (a newer build's?): skipped",
+          );
+        }
+        return { skipped: 'unknown maintenance task in this build' };
+      }
       const tables = TASK_TABLES[p.kind];
       if (!tables) return task();
       const keys = tables.map((t) => `${deps.config.prefix}:maintenance:lock:${t}`);
