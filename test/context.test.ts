@@ -318,6 +318,39 @@ void describe('context without a decision model', () => {
     assert.deepEqual(r.body.window, { from_seq: acks[0]!.seq, to_seq: acks[6]!.seq });
   });
 
+  void test('a second result for a call already answered is dropped: one result per call', async () => {
+    const s = sid('dupresult');
+    // 50 characters, as Responses-API item ids are: renamed in the context, where both of its
+    // results would answer to the new name.
+    const long = `fc_${'0123456789'.repeat(4)}abcdefg`;
+    await archive(t.api, s, [
+      user('look these up'),
+      calls(long, 'call_b'),
+      result(long, 'r1'),
+      // A retried tool run that posted its result again.
+      result(long, 'r1dup'),
+      result('call_b', 'r2'),
+      assistant('done'),
+    ]);
+
+    const r = await context(t.api, s, { max_messages: 100 });
+
+    assert.equal(r.status, 200);
+    const m = r.body.messages as Msg[];
+    assert.deepEqual(
+      m.map((x) => [x.role, x.content]),
+      [
+        ['user', 'look these up'],
+        ['assistant', null],
+        ['tool', 'r1'],
+        ['tool', 'r2'],
+        ['assistant', 'done'],
+      ],
+    );
+    const ids = (m[1]!.tool_calls as Array<{ id: string }>).map((c) => c.id);
+    assert.deepEqual([m[2]!.tool_call_id, m[3]!.tool_call_id], ids);
+  });
+
   void test('a window that would start with orphan tool results drops them', async () => {
     const s = sid('orphanhead');
     await archive(t.api, s, [user('q'), result('call_lost'), result('call_lost2'), assistant('done')]);
@@ -860,13 +893,17 @@ void describe('context with a decision model', () => {
     const first = await context(t.api, s, { input: 'status?' });
     fake.queueChat({ content: 'not json at all' });
     const second = await context(t.api, s, { input: 'status?' });
+    // Silent on the current discussion the summary has: not a "drop it".
+    fake.queueChat({ content: JSON.stringify({ key_decisions: [], past_discussions: [] }) });
+    const third = await context(t.api, s, { input: 'status?' });
 
-    for (const r of [first, second]) {
+    for (const r of [first, second, third]) {
       assert.equal(r.body.relevance, 'all');
       assert.deepEqual(r.body.summary, SUMMARY);
     }
     const forThis = relevanceCalls().filter((c) => JSON.stringify(c.body).includes('status?'));
-    assert.equal(forThis.length, 2);
+    assert.equal(forThis.length, 3);
+    assert.equal(await svc.deps.redis.exists(relevanceCacheKey(svc.config.prefix, t.tenantId, s)), 0);
   });
 
   void test('the judgement is cached per summary version and input, and deleted with the session', async () => {

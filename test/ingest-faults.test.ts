@@ -917,6 +917,52 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(svc.child.exitCode, null);
   });
 
+  void test('Postgres stopped: a re-post of an archived id that Redis no longer holds is a 503, never a new seq', async () => {
+    const pg = await startPrivatePostgres();
+    cleanups.push(() => pg.destroy());
+    const admin = makePgDb({ connectionString: pg.adminUrl, max: 1 });
+    await admin.query('CREATE DATABASE mnemos');
+    await admin.close();
+    const db = makePgDb({ connectionString: pg.urlOf('mnemos'), max: 1 });
+    await migrate(db);
+    await db.close();
+    const svc = await startTestService({ databaseUrl: pg.urlOf('mnemos') });
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+    });
+    const t = await svc.newTenant();
+    const post = (path: string) => t.api.post(path, { messages: [user('archived', { id: 'X' })] });
+    const first = await post('/v1/sessions/s/messages?wait=true');
+    assert.equal(first.status, 201, first.text);
+    // Its idempotency entry pruned (an hour after its drain) or lost: only the archive knows X.
+    await svc.deps.redis.hdel(inboxKeys(svc.config.prefix, t.tenantId, 's').ids, 'X');
+
+    await pg.stop();
+    const during = await post('/v1/sessions/s/messages');
+    await pg.start();
+
+    assert.equal(during.status, 503, during.text);
+    assert.equal(during.body.error.code, 'unavailable');
+    assert.ok(during.headers.get('retry-after'), "during.headers.get('retry-after')");
+    // The retry, once Postgres answers, finds X archived: its seq, and nothing stored twice.
+    const retried = await eventually(
+      async () => {
+        const r = await post('/v1/sessions/s/messages?wait=true');
+        return r.status === 503 ? null : r;
+      },
+      30_000,
+      'Postgres answering again',
+    );
+    assert.equal(retried.status, 201, retried.text);
+    assert.deepEqual(retried.body.messages, [{ id: 'X', seq: 1 }]);
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => [m.seq, m.id]),
+      [[1, 'X']],
+    );
+    assert.equal(await svc.deps.redis.llen(inboxKeys(svc.config.prefix, t.tenantId, 's').inbox), 0);
+  });
+
   void test('Postgres gone silent without a reset: requests answer 503 with retry-after within the bound, and the same key works once it answers again', async () => {
     const dbUrl = await createTestDatabase();
     const proxy = await startTcpProxy(Number(new URL(dbUrl).port || 5432));
@@ -1254,6 +1300,26 @@ void describe('ingestion under faults and many processes', () => {
         [2, 'n'],
       ],
     );
+  });
+
+  void test('a re-post before its drain with another sent_at is a 409; without one, the original seq', async () => {
+    const h = await apiFirst();
+    const t = await h.api.newTenant();
+    const at = (sentAt?: string) => user('same text', { id: 'z1', ...(sentAt ? { sent_at: sentAt } : {}) });
+    const first = await t.api.post('/v1/sessions/st/messages', { messages: [at('2026-01-01T00:00:00Z')] });
+    assert.equal(first.status, 202, first.text);
+
+    // Nothing is archived yet: only Redis's record of z1 can tell the two apart.
+    const later = await t.api.post('/v1/sessions/st/messages', { messages: [at('2026-01-01T00:00:01Z')] });
+    const unsaid = await t.api.post('/v1/sessions/st/messages', { messages: [at()] });
+
+    assert.equal(later.status, 409, later.text);
+    assert.equal(later.body.error.code, 'id_conflict');
+    // A retry that leaves sent_at to the server is the same message.
+    assert.equal(unsaid.status, 202, unsaid.text);
+    assert.deepEqual(unsaid.body.messages, first.body.messages);
+    assert.equal(unsaid.body.accepted, 0);
+    assert.equal(await h.inboxLength(t.tenantId, 'st'), 1);
   });
 
   void test('an id accepted twice because Redis lost its idempotency entry is archived once, and the session keeps draining', async () => {

@@ -159,6 +159,14 @@ void describe('ingestion', () => {
       // .999999999 to the next second).
       assert.equal(at, want, sid);
     }
+    // The newest of one drain's batch, not its last or first: sent_at need not follow seq order.
+    const batch = await t.api.post('/v1/sessions/lm3/messages?wait=true', {
+      messages: ['2026-01-01T00:00:00Z', '2026-02-01T00:00:00Z', '2025-06-01T00:00:00Z'].map((sentAt) =>
+        user('x', { sent_at: sentAt }),
+      ),
+    });
+    assert.equal(batch.status, 201);
+    assert.equal((await t.api.get('/v1/sessions/lm3')).body.last_message_at, '2026-02-01T00:00:00.000Z');
   });
 
   void test('every validation path is a 4xx naming the field, and stores nothing', async () => {
@@ -177,6 +185,20 @@ void describe('ingestion', () => {
       [{ messages: [user('nul \u0000 here')] }, 400, 'invalid_characters', /messages\[0\]\.content/],
       [{ messages: [user('lone \ud800 surrogate')] }, 400, 'invalid_characters'],
       [{ messages: [user('x', { metadata: { k: 'a\u0000b' } })] }, 400, 'invalid_characters', /metadata\.k/],
+      // In a key too, at any depth: Postgres's jsonb refuses \u0000 in a key as in a value, and the
+      // drain would fail on it for ever.
+      [
+        { messages: [user('x', { metadata: { 'a\u0000b': 1 } })] },
+        400,
+        'invalid_characters',
+        /messages\[0\]\.metadata/,
+      ],
+      [
+        { messages: [user('x', { metadata: { n: { 'a\ud800': 1 } } })] },
+        400,
+        'invalid_characters',
+        /metadata\.n/,
+      ],
       // A number JSON.parse reads as Infinity would have been stored as null.
       [
         '{"messages":[{"role":"user","content":"x","metadata":{"n":[1,-1e400]}}]}',
@@ -237,10 +259,30 @@ void describe('ingestion', () => {
         'validation_failed',
         /metadata/,
       ],
+      // Under 16 KiB by a count of characters, over it in UTF-8 (3 bytes a character) and in JSON's
+      // escapes (6 bytes a control character): the exact check measures the JSON as stored.
+      [
+        { messages: [user('x', { metadata: { k: '中'.repeat(6000) } })] },
+        400,
+        'validation_failed',
+        /messages\[0\]\.metadata: must be at most 16 KiB/,
+      ],
+      [
+        { messages: [user('x', { metadata: { k: '\u0001'.repeat(6000) } })] },
+        400,
+        'validation_failed',
+        /messages\[0\]\.metadata: must be at most 16 KiB/,
+      ],
       [{ messages: [user('x', { id: 'i'.repeat(129) })] }, 400, 'validation_failed', /messages\[0\]\.id/],
       [{ messages: [] }, 400, 'validation_failed'],
       [{ messages: Array.from({ length: 1001 }, () => user('x')) }, 400, 'validation_failed'],
       [{ messages: [{ role: 'tool', content: 'no id' }] }, 400, 'validation_failed', /tool_call_id/],
+      [
+        { messages: [{ role: 'user', content: 'x', tool_call_id: 'c1' }] },
+        400,
+        'validation_failed',
+        /messages\[0\]\.tool_call_id.*only tool messages/,
+      ],
       [
         { messages: [{ role: 'user', content: 'x', tool_calls: [] }] },
         400,
