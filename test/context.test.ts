@@ -896,13 +896,18 @@ void describe('context with a decision model', () => {
     // Silent on the current discussion the summary has: not a "drop it".
     fake.queueChat({ content: JSON.stringify({ key_decisions: [], past_discussions: [] }) });
     const third = await context(t.api, s, { input: 'status?' });
+    // One past the last entry of each list (3 key decisions, 2 past discussions).
+    fake.queueChat({ content: answer([SUMMARY.key_decisions.length], [], true) });
+    const fourth = await context(t.api, s, { input: 'status?' });
+    fake.queueChat({ content: answer([], [SUMMARY.past_discussions.length], true) });
+    const fifth = await context(t.api, s, { input: 'status?' });
 
-    for (const r of [first, second, third]) {
-      assert.equal(r.body.relevance, 'all');
+    for (const [i, r] of [first, second, third, fourth, fifth].entries()) {
+      assert.equal(r.body.relevance, 'all', `answer ${i + 1}`);
       assert.deepEqual(r.body.summary, SUMMARY);
     }
     const forThis = relevanceCalls().filter((c) => JSON.stringify(c.body).includes('status?'));
-    assert.equal(forThis.length, 3);
+    assert.equal(forThis.length, 5);
     assert.equal(await svc.deps.redis.exists(relevanceCacheKey(svc.config.prefix, t.tenantId, s)), 0);
   });
 

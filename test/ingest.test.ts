@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { request } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
@@ -332,6 +333,23 @@ void describe('ingestion', () => {
       assert.equal(r.body.error.code, code, JSON.stringify(r.body));
       if (detail) assert.match(JSON.stringify(r.body.error), detail);
     }
+    // A key holding a NUL or a lone surrogate is named with that character as a \u escape: sent
+    // back as itself, it made the answer JSON that strict decoders refuse.
+    for (const [key, shown] of [
+      ['a\u0000b', 'a\\u0000b'],
+      ['a\ud800', 'a\\ud800'],
+      ['\udc00z', '\\udc00z'],
+    ] as const) {
+      const r = await t.api.post('/v1/sessions/v/messages', {
+        messages: [user('x', { metadata: { n: { [key]: 1 } } })],
+      });
+      assert.equal(r.status, 400, shown);
+      assert.equal(r.body.error.code, 'invalid_characters');
+      const path = `messages[0].metadata.n.${shown}`;
+      assert.equal(r.body.error.details.problems[0].path, path);
+      assert.equal(r.body.error.message, `${path}: NUL characters and lone surrogates are not allowed`);
+      assert.doesNotMatch(r.text, /(?<!\\)\\u(0000|d[89a-f])/i, 'no NUL or lone surrogate in the JSON');
+    }
     // Nesting past the limit: a 400 naming the path, not a 500. (A body nested deeper than 128
     // levels is refused before it is parsed: body_too_deep, in security-hardening.test.ts.)
     for (const [field, depth] of [
@@ -373,14 +391,35 @@ void describe('ingestion', () => {
     });
     assert.equal(justFits.status, 201, 'exactly 1 MiB of UTF-8 is accepted and indexed');
 
-    // ('.' and '..' cannot even be sent: URL parsers resolve them as dot segments; assertSessionId
-    // still rejects them for callers that bypass HTTP.)
     for (const sid of ['has space', 'x'.repeat(257), 'semi;colon', 'a/b']) {
       const r = await t.api.post(`/v1/sessions/${encodeURIComponent(sid)}/messages`, {
         messages: [user('x')],
       });
       assert.equal(r.status, 400, sid);
       assert.equal(r.body.error.code, 'invalid_session_id');
+    }
+    // '.' and '..' (plain or percent-encoded) reach the route when a client sends the path as it
+    // is: a URL parser (fetch's) would resolve them as dot segments; a raw request path is not.
+    const { hostname, port } = new URL(svc.base);
+    for (const sid of ['.', '..', '%2E', '%2E%2E', '%2e%2e']) {
+      const r = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+        const req = request({
+          hostname,
+          port,
+          path: `/v1/sessions/${sid}/messages`,
+          method: 'POST',
+          headers: { authorization: `Bearer ${t.apiKey}`, 'content-type': 'application/json' },
+        });
+        req.on('response', (res) => {
+          let body = '';
+          res.on('data', (d) => (body += d));
+          res.on('end', () => resolve({ status: res.statusCode!, body }));
+        });
+        req.on('error', reject);
+        req.end(JSON.stringify({ messages: [user('x')] }));
+      });
+      assert.equal(r.status, 400, `${sid}: ${r.body}`);
+      assert.equal(JSON.parse(r.body).error.code, 'invalid_session_id', sid);
     }
     assert.equal(
       (await t.api.get('/v1/sessions/v')).status,

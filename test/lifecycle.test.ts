@@ -1109,6 +1109,25 @@ void describe('export and import', () => {
     });
     assert.equal(dup.status, 400);
     assert.equal(dup.body.error.code, 'duplicate_id');
+    // JSON Lines are validated 1,000 lines at a time: an id repeated in a later chunk is refused
+    // too, and an error in a later chunk names its own line.
+    const numbered = (n: number) =>
+      Array.from({ length: n }, (_, i) => JSON.stringify({ role: 'user', content: 'x', id: `l${i + 1}` }));
+    const crossChunk = await t.api.post(
+      `/v1/sessions/${s}/import`,
+      [...numbered(1002), JSON.stringify({ role: 'user', content: 'again', id: 'l1' })].join('\n'),
+      ndjson,
+    );
+    assert.equal(crossChunk.status, 400);
+    assert.equal(crossChunk.body.error.code, 'duplicate_id');
+    assert.equal(crossChunk.body.error.message, 'lines[1003].id repeats lines[1].id');
+    const pastFirstChunk = await t.api.post(
+      `/v1/sessions/${s}/import`,
+      [...numbered(1003), JSON.stringify({ role: 'robot', content: 'x' })].join('\n'),
+      ndjson,
+    );
+    assert.equal(pastFirstChunk.status, 400);
+    assert.equal(pastFirstChunk.body.error.details.problems[0].path, 'lines[1004].role');
 
     const unknownField = await t.api.post(`/v1/sessions/${s}/import`, {
       messages: [user('a', { colour: 'red' })],

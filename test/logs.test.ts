@@ -199,6 +199,35 @@ void describe('request log lines', () => {
       server.close();
     }
   });
+  void test('a NUL that reached Postgres is a 400 invalid_characters, logged once as a gap in the route’s validation', async () => {
+    // Setup: a route whose statement Postgres refuses for a NUL (SQLSTATE 22021, as pg throws it).
+    const { lines, logger } = capturedLogger('warn');
+    const app = express();
+    app.post('/v1/sessions/:sid/messages', () => {
+      throw Object.assign(new Error('invalid byte sequence for encoding "UTF8": 0x00'), { code: '22021' });
+    });
+    app.use(makeErrorHandler(logger));
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}/v1/sessions/s1/messages`;
+    try {
+      // Action
+      const answers = [];
+      for (let i = 0; i < 3; i++) {
+        const r = await fetch(url, { method: 'POST' });
+        answers.push([r.status, ((await r.json()) as { error: { code: string } }).error.code]);
+      }
+
+      // Assert: bad input for the client, not a 500; one warning for the operator.
+      assert.deepEqual(answers, Array(3).fill([400, 'invalid_characters']));
+      assert.deepEqual(
+        lines.map((l) => [l.level, l.msg, l.code, l.route]),
+        [[40, 'unvalidated NUL reached Postgres', '22021', '/v1/sessions/:sid/messages']],
+      );
+    } finally {
+      server.close();
+    }
+  });
 });
 
 void describe('job and worker log lines', () => {

@@ -421,6 +421,27 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.match(String(r.body.hits.find((h) => h.seq === a)?.content), /compaction/);
   });
 
+  void test('keyword: the text parts of a message are separate words to full text', async () => {
+    const s = sid('parts');
+    const [parts] = await archiveSpaced(api, s, [
+      {
+        role: 'user',
+        content: [
+          { type: 'text', text: 'alpha' },
+          { type: 'text', text: 'beta' },
+        ],
+      },
+    ]);
+
+    const r = await search(api, s, { query: 'beta', match: 'keyword' });
+
+    // Full text found the word (joined without a break, the parts were one word "alphabeta").
+    assert.deepEqual(
+      r.body.hits.map((h) => [h.seq, h.source]),
+      [[parts, 'both']],
+    );
+  });
+
   void test('keyword: phrases, unclosed quotes, exclusions and or', async () => {
     const s = sid('syntax');
     const archived = await archiveSpaced(api, s, [
@@ -899,6 +920,22 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await hitSeqs(api, s, { query: `error ${long}`, match: 'keyword', limit: 2 }), [
       seqs[60]!,
     ]);
+  });
+
+  void test('keyword: a stop letter (a, i, s, t) constrains neither half; another single letter is a whole word', async () => {
+    const s = sid('stopletter');
+    const [deploy] = await archiveSpaced(api, s, [user('deploy the service now'), user('rollback done')]);
+
+    for (const query of ['a deploy', 'deploy t', 'I deploy', 'deploy S']) {
+      const r = await search(api, s, { query, match: 'keyword' });
+      // Found by both halves: the substring match does not look for the letter as a word either.
+      assert.deepEqual(
+        r.body.hits.map((h) => [h.seq, h.source]),
+        [[deploy, 'both']],
+        query,
+      );
+    }
+    assert.deepEqual(await hitSeqs(api, s, { query: 'deploy x', match: 'keyword' }), []);
   });
 
   const LONG_TERMS = ['a', 'b', 'c', 'd'].map((c) => c.repeat(64)).join(' ');

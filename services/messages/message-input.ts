@@ -169,6 +169,13 @@ export const hasBadChars = (s: string) => BAD_CHARS.test(s);
 /** `s` with each NUL as a space and each lone surrogate as U+FFFD: text Postgres can store. */
 export const replaceBadChars = (s: string) =>
   s.replace(new RegExp(BAD_CHARS.source, 'g'), (c) => (c === '\u0000' ? ' ' : '\uFFFD'));
+/**
+ * A key as an error path quotes it: each NUL and lone surrogate written out as a `\u` escape. As
+ * themselves they made the 400's JSON one that strict decoders refuse, so the client could not
+ * read why its message was refused.
+ */
+const quotableKey = (k: string) =>
+  k.replace(new RegExp(BAD_CHARS.source, 'g'), (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 
 /** Nesting allowed in a message (its free-form `metadata`, and anything rejected after the walk). */
 export const MAX_JSON_DEPTH = 64;
@@ -204,10 +211,9 @@ function findBadValue(v: unknown, path: (string | number)[]): BadValue | null {
     }
     for (const k in x) {
       if (!Object.prototype.hasOwnProperty.call(x, k)) continue;
+      if (BAD_CHARS.test(k)) return { path: fieldPath([...path, quotableKey(k)]), kind: 'chars' };
       path.push(k);
-      const r = BAD_CHARS.test(k)
-        ? { path: fieldPath(path), kind: 'chars' as const }
-        : walk((x as Record<string, unknown>)[k], depth + 1);
+      const r = walk((x as Record<string, unknown>)[k], depth + 1);
       path.pop();
       if (r) return r;
     }
