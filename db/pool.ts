@@ -66,10 +66,13 @@ export const requestDb = (db: Db): Db => db.forRequests?.() ?? db;
 // convert at the call site. count(*) and seq fit in a double, so those are cast to int in SQL.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
 
-/** A statement that got no answer within its bound; its connection was closed. A Postgres outage. */
+/**
+ * A statement that got no answer within its bound; its connection was closed. A Postgres outage,
+ * or a statement that runs long or waits on a lock.
+ */
 export class PgNoAnswerError extends Error {
   readonly code = 'ETIMEDOUT';
-  constructor(ms: number) {
+  constructor(readonly ms: number) {
     super(`Postgres gave no answer within ${ms} ms (connection closed)`);
     this.name = 'PgNoAnswerError';
   }

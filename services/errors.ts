@@ -1,4 +1,4 @@
-import { isPgUnavailable, isPoolWaitTimeout, pgCode } from '../db/pool.js';
+import { PgNoAnswerError, isPgUnavailable, isPoolWaitTimeout, pgCode } from '../db/pool.js';
 
 /**
  * The one application error class. Every 4xx/5xx the API sends is an AppError rendered as
@@ -97,6 +97,16 @@ export function asDependencyError(err: unknown): unknown {
     e.message =
       "no Postgres connection came free in time (this process's connections are all busy, or Postgres " +
       'does not accept new ones): retry later';
+    return Object.assign(e, { cause: err });
+  }
+  // A request's statement cut at its bound: a reset or delete of a huge session runs that long on
+  // a healthy Postgres, and told "postgres is unavailable" beside a /readyz saying ok, operators
+  // looked for an outage. (A search's bound may be longer: the message gives the one applied.)
+  if (err instanceof PgNoAnswerError) {
+    const e = unavailable('postgres');
+    e.message =
+      `Postgres gave no answer within ${err.ms} ms (PG_REQUEST_TIMEOUT_MS): the statement was given up ` +
+      'and its connection closed, which a long statement or a lock wait does with Postgres up; retry later';
     return Object.assign(e, { cause: err });
   }
   if (isPgUnavailable(err) || PG_TRANSIENT.test(pgCode(err) ?? '')) {

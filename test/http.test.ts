@@ -661,23 +661,31 @@ void describe('export under load and faults', () => {
       what,
     );
 
-  void test('while the archive is locked: a fifth export answers 503 export_busy, and one whose first page times out a 503, not an empty reply', async () => {
+  void test('while the archive is locked: a fifth export answers 503 export_busy, and one whose first page times out, or a delete, a 503 that says Postgres gave no answer', async () => {
     const { t, s } = await sessionWithOneMessage('locked');
     const locker = new pg.Client({ connectionString: dbUrl });
     await locker.connect();
     try {
       await locker.query('BEGIN');
       await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
-      // Four exports take the slots and wait on the lock (PG_REQUEST_TIMEOUT_MS is 8 s here).
+      // Four exports take the slots and wait on the lock (PG_REQUEST_TIMEOUT_MS is 8 s here), and
+      // so does a delete of the session, as one of a huge session's runs past the bound.
       const held = Array.from({ length: 4 }, () => t.api.get(`/v1/sessions/${s}/export`));
-      await waitingOnLock(locker, 4, 'four exports waiting on the lock');
+      const deleted = t.api.del(`/v1/sessions/${s}`);
+      await waitingOnLock(locker, 5, 'four exports and a delete waiting on the lock');
       const fifth = await t.api.get(`/v1/sessions/${s}/export`);
       assert.equal(fifth.status, 503, fifth.text);
       assert.equal(fifth.body.error.code, 'export_busy');
       assert.equal(fifth.headers.get('retry-after'), '5');
-      for (const h of await Promise.all(held)) {
+      for (const h of [...(await Promise.all(held)), await deleted]) {
         assert.equal(h.status, 503, h.text);
         assert.equal(h.body.error.code, 'unavailable', h.text);
+        assert.deepEqual(h.body.error.details, { dependency: 'postgres' });
+        // Not "postgres is unavailable": /readyz says it is fine, and it is.
+        assert.match(
+          h.body.error.message,
+          /^Postgres gave no answer within 8000 ms \(PG_REQUEST_TIMEOUT_MS\)/,
+        );
         assert.ok(h.headers.get('retry-after'), "h.headers.get('retry-after')");
         assert.match(h.headers.get('content-type') ?? '', /^application\/json/);
       }

@@ -1,11 +1,22 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { MAX_OUTPUT_CHARS, formatMessage } from '../services/tools/run-tool.js';
+import { isOneLineSpace, oneLine } from '../services/text/one-line.js';
 import { deleteRedisPrefix, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
 
 const user = (content: string) => ({ role: 'user', content });
 const bot = (content: string) => ({ role: 'assistant', content });
+
+/**
+ * A message line's text as the plain, slow way makes it: every whitespace run of the whole content
+ * one space, trimmed, then its first 1,200 code points and how many more there were.
+ */
+function flatAndClipped(content: string): string {
+  const chars = Array.from(content.replace(/[\s\u0085]+/g, ' ').trim());
+  if (chars.length <= 1200) return chars.join('');
+  return `${chars.slice(0, 1200).join('')} …[clipped ${chars.length - 1200} characters]`;
+}
 
 void describe('agent tools', () => {
   let svc: TestService;
@@ -132,6 +143,57 @@ void describe('agent tools', () => {
       '[2026-01-02 09:30 -05:00 · user · #7] line one line two',
     );
     assert.equal(formatMessage(m, 'Asia/Kolkata'), '[2026-01-02 20:00 +05:30 · user · #7] line one line two');
+  });
+
+  void test('a line of a huge message is what flattening and clipping the whole message gives', () => {
+    // Setup: 1 MiB contents whose 1,200th character falls on a surrogate pair, a whitespace run or
+    // a lone surrogate, and ones mostly made of whitespace.
+    const MiB = 1024 * 1024;
+    let words = '';
+    for (let i = 0; words.length < MiB; i++) words += `word${i % 97}${i % 13 === 0 ? '\n\n  ' : ' '}`;
+    const contents = [
+      words,
+      '😀'.repeat(MiB / 2),
+      `${'a'.repeat(1199)}😀${'b'.repeat(MiB)}`,
+      `${'a'.repeat(1198)}😀😀${'b'.repeat(MiB)}`,
+      `${'a'.repeat(1199)} \r\n\t\u2028\u0085 ${'b'.repeat(MiB)}`,
+      `${'a'.repeat(1200)}\n\n \u00a0${'b'.repeat(MiB)}`,
+      `${'a'.repeat(1199)}\ud83dx${'b'.repeat(MiB)}`,
+      `w${' '.repeat(1023)}`.repeat(1024),
+      `${' \n'.repeat(MiB / 2)}short in the end${'\t'.repeat(MiB)}`,
+    ];
+    const lineOf = (content: string) => {
+      const m = { seq: 7, id: 'm7', role: 'user', content, sent_at: '2026-01-02T14:30:00.000000Z' };
+      return formatMessage(m as Parameters<typeof formatMessage>[0], 'UTC');
+    };
+
+    // Action
+    const lines = contents.map(lineOf);
+
+    // Assert: the same line as the whole content flattened, then cut at 1,200 code points, gives.
+    lines.forEach((line, i) => {
+      assert.equal(
+        line,
+        `[2026-01-02 14:30 UTC · user · #7] ${flatAndClipped(contents[i]!)}`,
+        `content ${i}`,
+      );
+    });
+    // And what that is, spelled out for the cuts that straddle something.
+    const marker = (n: number) => ` …[clipped ${n} characters]`;
+    const shown = lines.map((l) => l.slice(l.indexOf('] ') + 2));
+    assert.equal(shown[1], '😀'.repeat(1200) + marker(MiB / 2 - 1200));
+    assert.equal(shown[2], `${'a'.repeat(1199)}😀${marker(MiB)}`);
+    assert.equal(shown[3], `${'a'.repeat(1198)}😀😀${marker(MiB)}`);
+    assert.equal(shown[4], `${'a'.repeat(1199)} ${marker(MiB)}`);
+    assert.equal(shown[5], `${'a'.repeat(1200)}${marker(1 + MiB)}`);
+    assert.equal(shown[6], `${'a'.repeat(1199)}\ud83d${marker(1 + MiB)}`);
+    assert.equal(shown[7], 'w '.repeat(600) + marker(2047 - 1200));
+    assert.equal(shown[8], 'short in the end');
+    // The whitespace the line's one pass knows of is what oneLine replaces, unit for unit.
+    for (let c = 0; c <= 0xffff; c++) {
+      const flat = oneLine(`a${String.fromCharCode(c)}b`) === 'a b';
+      assert.equal(isOneLineSpace(c), flat, `U+${c.toString(16)}`);
+    }
   });
 
   void test('chat_history search finds earlier messages outside the window, marks the hit, shows neighbours', async () => {
@@ -271,6 +333,45 @@ void describe('agent tools', () => {
     // Following the note reads on where the answer stopped.
     const rest = await call(a.api, 'long', 'chat_history', { mode: 'read', from_seq: next, to_seq: 12 });
     assert.equal(seqsOf(rest)[0], next);
+  });
+
+  void test('list, read and search of 1 MiB messages answer each one clipped to its first 1,200 characters', async () => {
+    // Setup: three messages of 1 MiB of words and line breaks, each with a word of its own first.
+    const MiB = 1024 * 1024;
+    const huge = (k: number) => {
+      let s = `huge${k}kiwi`;
+      for (let i = 0; s.length < MiB; i++) s += i % 10 === 0 ? `\n\n  line ${i}` : ` word${i}`;
+      // The largest content a message may have.
+      return s.slice(0, MiB);
+    };
+    const contents = [0, 1, 2].map(huge);
+    for (const c of contents) {
+      const posted = await a.api.post('/v1/sessions/huge/messages?wait=true', { messages: [user(c)] });
+      assert.equal(posted.status, 201, posted.text);
+    }
+
+    // Action
+    const list = await call(a.api, 'huge', 'chat_history', { mode: 'list', limit: 32 });
+    const read = await call(a.api, 'huge', 'chat_history', { mode: 'read', from_seq: 1, to_seq: 50 });
+    const r = await a.api.post('/v1/sessions/huge/tools/chat_history?window_from_seq=3', {
+      keyword: 'huge1kiwi',
+      match: 'keyword',
+    });
+
+    // Assert: one line per message, [time · role · #seq] and its text flattened and clipped.
+    const shown = (text: string) =>
+      text
+        .split('\n')
+        .filter((l) => /^(> | {2})?\[/.test(l))
+        .map((l) => [Number(/ · #(\d+)\] /.exec(l)?.[1]), l.slice(l.indexOf('] ') + 2)]);
+    const all = contents.map((c, i) => [i + 1, flatAndClipped(c)]);
+    assert.match(list, /^The last 3 message\(s\):/);
+    assert.deepEqual(shown(list), all);
+    assert.deepEqual(shown(read), all);
+    assert.equal(r.status, 200, r.text);
+    assert.match(r.body.content, /^> .*#2\] huge1kiwi/m);
+    // The hit and its neighbours, #3 among them.
+    assert.deepEqual(shown(r.body.content as string), all);
   });
 
   void test('a read of more than 50 messages that the output limit cuts names one place to read on', async () => {
