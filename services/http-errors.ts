@@ -1,4 +1,5 @@
 import type { ErrorRequestHandler, Request, RequestHandler, Response } from 'express';
+import { escapeUnstorable, escapeUnstorableDeep } from './text/unstorable.js';
 import { isPgUnavailable, pgCode } from '../db/pool.js';
 import { AppError, asDependencyError } from './errors.js';
 import { errorMessage, throttledKinds, throttledLog } from './logger.js';
@@ -126,7 +127,14 @@ function unhandledLogFields(err: unknown): Record<string, unknown> {
 
 /** The API's error shape; `details` is always present (SPEC §4), null when there is nothing to add. */
 export function errorBody(err: AppError): { error: { code: string; message: string; details: unknown } } {
-  return { error: { code: err.code, message: err.message, details: err.details ?? null } };
+  // A 400 may quote the field it refused, NUL or lone surrogate in its name included.
+  return {
+    error: {
+      code: err.code,
+      message: escapeUnstorable(err.message),
+      details: escapeUnstorableDeep(err.details ?? null),
+    },
+  };
 }
 
 export function sendError(res: Parameters<RequestHandler>[1], err: AppError): void {

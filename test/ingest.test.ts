@@ -170,6 +170,45 @@ void describe('ingestion', () => {
     assert.equal((await t.api.get('/v1/sessions/lm3')).body.last_message_at, '2026-02-01T00:00:00.000Z');
   });
 
+  void test('no answer repeats a refused NUL or lone surrogate: unknown keys, admin bodies, query names, tool texts', async () => {
+    // Setup: keys holding a NUL, a lone high and a lone low surrogate, in places no message-key
+    // check looks at.
+    const t = await svc.newTenant();
+    const admin = api(svc.base, ADMIN_TOKEN);
+    const unstorable = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+    const strings = (v: unknown): string[] =>
+      typeof v === 'string'
+        ? [v]
+        : Array.isArray(v)
+          ? v.flatMap(strings)
+          : v !== null && typeof v === 'object'
+            ? Object.entries(v).flatMap(([k, x]) => [k, ...strings(x)])
+            : [];
+    for (const bad of ['k\u0000x', 'k\ud800x', '\udc00k']) {
+      // Action
+      const answers = [
+        await t.api.post('/v1/sessions/u1/messages', { messages: [user('x')], [bad]: 1 }),
+        await t.api.post('/v1/sessions/u1/search', { query: 'x', [bad]: 1 }),
+        await admin.post('/v1/admin/tenants', { name: 'n', [bad]: 1 }),
+        await t.api.get('/v1/sessions/u1/messages?k%00x=1'),
+        await t.api.post('/v1/sessions/u1/tools/chat_history', { mode: 'list', [bad]: 1 }),
+      ];
+
+      // Assert: refused (the tool in its text, to the model), the refused key named, and nothing
+      // in any answer that a strict JSON decoder would refuse.
+      assert.deepEqual(
+        answers.map((r) => r.status),
+        [400, 400, 400, 400, 200],
+        JSON.stringify(bad),
+      );
+      for (const r of answers) {
+        const found = strings(r.body).filter((x) => unstorable.test(x));
+        assert.deepEqual(found, [], `${JSON.stringify(bad)}: ${r.text}`);
+        assert.match(r.text, /\\\\u(0000|d800|dc00)/, r.text);
+      }
+    }
+  });
+
   void test('every validation path is a 4xx naming the field, and stores nothing', async () => {
     const t = await svc.newTenant();
     const cases: Array<[unknown, number, string, RegExp?]> = [

@@ -1,4 +1,5 @@
 import { createHash, randomUUID } from 'node:crypto';
+import { UNSTORABLE, escapeUnstorable } from '../text/unstorable.js';
 import { z } from 'zod';
 import { AppError } from '../errors.js';
 import { nowNs, parseSentAt } from '../time.js';
@@ -162,8 +163,7 @@ export function stableStringify(v: unknown): string {
 }
 
 // NUL cannot be stored by Postgres (text or jsonb); a lone surrogate is not valid UTF-8.
-// eslint-disable-next-line no-control-regex
-const BAD_CHARS = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+const BAD_CHARS = UNSTORABLE;
 /** True for text Postgres cannot store (NUL) or that is not valid UTF-8 (a lone surrogate). */
 export const hasBadChars = (s: string) => BAD_CHARS.test(s);
 /** `s` with each NUL as a space and each lone surrogate as U+FFFD: text Postgres can store. */
@@ -174,8 +174,7 @@ export const replaceBadChars = (s: string) =>
  * themselves they made the 400's JSON one that strict decoders refuse, so the client could not
  * read why its message was refused.
  */
-const quotableKey = (k: string) =>
-  k.replace(new RegExp(BAD_CHARS.source, 'g'), (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+const quotableKey = escapeUnstorable;
 
 /** Nesting allowed in a message (its free-form `metadata`, and anything rejected after the walk). */
 export const MAX_JSON_DEPTH = 64;

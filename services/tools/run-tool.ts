@@ -1,4 +1,5 @@
 import { pageMessagesWithin } from '../../db/queries/messages.js';
+import { escapeUnstorable } from '../text/unstorable.js';
 import { wallClock } from '../time.js';
 import { headAndTailUnits } from '../text/fts-text.js';
 import { isOneLineSpace, oneLine } from '../text/one-line.js';
@@ -422,6 +423,18 @@ export async function runTool(
   name: string,
   args: unknown,
   opts: { windowFromSeq?: number | undefined } = {},
+): Promise<string> {
+  // Its text may quote what it refused ("unknown field(s) …"); it goes to the model as it is.
+  return escapeUnstorable(await toolText(deps, tenantId, sid, name, args, opts));
+}
+
+async function toolText(
+  deps: ToolDeps,
+  tenantId: string,
+  sid: string,
+  name: string,
+  args: unknown,
+  opts: { windowFromSeq?: number | undefined },
 ): Promise<string> {
   if (!(TOOL_NAMES as readonly string[]).includes(name)) {
     throw new AppError(404, 'not_found', `unknown tool "${name}" (tools: ${TOOL_NAMES.join(', ')})`);
