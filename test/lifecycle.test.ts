@@ -28,6 +28,7 @@ import { buildAnnIndex, dropAnnIndex } from '../db/queries/ann-indexes.js';
 import { buildSessionIndex, dropSessionIndex } from '../db/queries/session-indexes.js';
 import { pageSummaryCandidates } from '../db/queries/summaries.js';
 import { SESSION_STATE_TTL_SECONDS, inboxKeys } from '../services/messages/inbox.js';
+import { settleImport } from '../services/lifecycle/lifecycle-redis.js';
 import { QUEUE_NAMES, requestMaintenance } from '../workers/queues.js';
 import {
   ADMIN_TOKEN,
@@ -975,7 +976,12 @@ void describe('export and import', () => {
     // and were archived without the summary, and the retry answered 409 session_not_empty).
     assert.ok(failed.status >= 500, `${failed.status} ${failed.text}`);
     assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
-    assert.equal(await redis.llen(inboxKeys(svc.config.prefix, t.tenantId, s).inbox), 0);
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
+    assert.equal(await redis.llen(keys.inbox), 0);
+    // Not left armed by the publish: the retry's publish asks for a flush (else it waited for
+    // the ingest sweeper, 60-90 s in production).
+    assert.notEqual(await redis.hget(keys.sess, 'armed'), '1');
+    assert.equal(await redis.zscore(`${svc.config.prefix}:armed`, keys.member), null);
     const retry = await t.api.post(`/v1/sessions/${s}/import?wait=true`, importLines('cf'), ndjson);
     assert.equal(retry.status, 201, retry.text);
     assert.deepEqual(
@@ -986,11 +992,12 @@ void describe('export and import', () => {
     assert.deepEqual([sum.body.summary, sum.body.cursor_seq], [SUMMARY, 2]);
   });
 
-  void test('an import whose API process dies during its COMMIT stores nothing: the drain removes its messages, the retry imports them', async () => {
-    // Setup: a second API process on this deployment, whose import's COMMIT is held (a sleeping
-    // deferred trigger) once its messages are in the inbox.
-    const t = await svc.newTenant();
-    const s = sid('api-dies');
+  /**
+   * An import through a second API process of this deployment, whose COMMIT is held (a sleeping
+   * deferred trigger) once its messages are in the inbox; then the process dies, and Postgres
+   * ends the transaction.
+   */
+  const importDiesMidCommit = async (t: { apiKey: string; tenantId: string }, s: string) => {
     const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
     const restore = await atCommit(s, 'PERFORM pg_sleep(60);');
     const child = await spawnService('api', {
@@ -1003,8 +1010,6 @@ void describe('export and import', () => {
         .post(`/v1/sessions/${s}/import`, importLines('ad'), ndjson)
         .catch(() => null);
       await eventually(async () => (await redis.llen(keys.inbox)) === 3, 30_000, 'the import published');
-
-      // Action: the process dies, and Postgres ends its transaction.
       await child.kill();
       await pending;
       await q(
@@ -1015,6 +1020,14 @@ void describe('export and import', () => {
       await restore();
       await child.kill().catch(() => undefined);
     }
+    return keys;
+  };
+
+  void test('an import whose API process dies during its COMMIT stores nothing: the drain removes its messages, the retry imports them', async () => {
+    // Setup, action
+    const t = await svc.newTenant();
+    const s = sid('api-dies');
+    const keys = await importDiesMidCommit(t, s);
 
     // Assert: the worker's drain (the session is armed) removes the messages instead of archiving
     // them without their summary; the retry then finds the session empty.
@@ -1027,6 +1040,60 @@ void describe('export and import', () => {
       ['ad-1', 'ad-2', 'ad-3'],
     );
     assert.equal((await t.api.get(`/v1/sessions/${s}/summary`)).body.cursor_seq, 2);
+  });
+
+  void test("a post of a dead import's ids before any drain is stored, not answered as a duplicate of it", async () => {
+    // Setup: no drain runs (the ingest queue is paused), and an import died mid-commit.
+    const t = await svc.newTenant();
+    const s = sid('ids-of-dead');
+    await svc.deps.queues.ingest.pause();
+    let posted;
+    try {
+      await importDiesMidCommit(t, s);
+
+      // Action: the client posts the same messages instead.
+      posted = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('ad note 1', { id: 'ad-1', sent_at: '2026-01-01T00:00:00Z' })],
+      });
+    } finally {
+      await svc.deps.queues.ingest.resume();
+    }
+
+    // Assert: accepted as new, and archived (before, the import's id answered it as a duplicate,
+    // and the drain then removed the import's entry: the message was lost).
+    assert.equal(posted.status, 202, posted.text);
+    assert.equal(posted.body.accepted, 1, posted.text);
+    await eventually(async () => (await listed(t.api, s))?.length === 1, 30_000, 'the message archived');
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.id, m.content]),
+      [['ad-1', 'ad note 1']],
+    );
+  });
+
+  void test('settling an aborted import that left nothing in the inbox keeps the counter at the archived mark', async () => {
+    // Setup: a session archived through seq 3, whose state still marks an import of seqs 1-3 by a
+    // transaction that aborted (its entries taken by a reset or an older worker meanwhile).
+    const t = await svc.newTenant();
+    const s = sid('settle-nothing');
+    await archive(t.api, s, [user('one'), user('two'), user('three')]);
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
+    let xid = '';
+    await svc.deps.db
+      .transaction(async (tx) => {
+        xid = (await tx.query<{ xid: string }>('SELECT txid_current()::text AS xid')).rows[0]!.xid;
+        throw new Error('rolled back');
+      })
+      .catch(() => undefined);
+    await redis.hset(keys.sess, 'impxid', xid, 'impfrom', '1', 'impto', '3');
+
+    // Action
+    await settleImport(svc.deps.db, redis, keys);
+
+    // Assert: the mark is gone and the counter did not go back below what is archived (a post
+    // taking seq 1 again would be dropped by its drain as already archived).
+    assert.equal(await redis.hget(keys.sess, 'impxid'), null);
+    assert.equal(await redis.hget(keys.sess, 'seq'), '3');
+    assert.deepEqual(await archive(t.api, s, [user('four')]), [4]);
   });
 
   void test('bad import input is a 400 naming the line and stores nothing', async () => {

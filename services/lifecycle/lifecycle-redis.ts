@@ -142,7 +142,9 @@ return {'OK', wake}
 // ARGV[3] a call, with the idempotency ids that name them (a later post of such an id would have
 // been answered as a duplicate of a message never archived); the mark goes with the last. Entries
 // behind them were posted since and stay (the import's seqs are then a gap); when there are none,
-// the counter goes back to before the import. Returns {removed, more}.
+// the counter goes back to before the import, and an inbox left empty is no longer armed.
+// KEYS: sess, inbox, ids, armed. ARGV: xid, how it ended, chunk, removed before, armed member.
+// Returns {removed, more}.
 const SETTLE_IMPORT = `
 if redis.call('HGET', KEYS[1], 'impxid') ~= ARGV[1] then return {0, 0} end
 local removed = 0
@@ -168,9 +170,15 @@ if ARGV[2] == 'aborted' then
     end
   end
   if removed >= max then return {removed, 1} end
-  -- Nothing was handed out after them: their seqs go back, for the retry.
-  if from and to and tonumber(redis.call('HGET', KEYS[1], 'seq')) == to then
-    redis.call('HSET', KEYS[1], 'seq', from - 1)
+  -- Removed here, and nothing handed out after them: their seqs go back, for the retry (never
+  -- below the archived mark: a reset, or an older worker, may have taken them first).
+  if from and to and removed + tonumber(ARGV[4]) > 0 and tonumber(redis.call('HGET', KEYS[1], 'seq')) == to then
+    redis.call('HSET', KEYS[1], 'seq', math.max(from - 1, tonumber(redis.call('HGET', KEYS[1], 'archived') or '0')))
+  end
+  -- Armed by the publish for entries that are gone: the next accept would ask for no flush.
+  if redis.call('LLEN', KEYS[2]) == 0 then
+    redis.call('HSET', KEYS[1], 'armed', '0')
+    redis.call('ZREM', KEYS[4], ARGV[5])
   end
 end
 redis.call('HDEL', KEYS[1], 'impxid', 'impfrom', 'impto')
@@ -192,7 +200,7 @@ function scripted(redis: Redis): Scripts {
   if (typeof r.mnemosLifecycleClear !== 'function') {
     redis.defineCommand('mnemosLifecycleClear', { numberOfKeys: 5, lua: CLEAR_TO });
     redis.defineCommand('mnemosLifecyclePublish', { numberOfKeys: 6, lua: PUBLISH_IMPORT });
-    redis.defineCommand('mnemosLifecycleSettle', { numberOfKeys: 3, lua: SETTLE_IMPORT });
+    redis.defineCommand('mnemosLifecycleSettle', { numberOfKeys: 4, lua: SETTLE_IMPORT });
   }
   return r as Scripts;
 }
@@ -302,9 +310,12 @@ export async function settleImport(q: Queryable, redis: Redis, keys: InboxKeys):
       keys.sess,
       keys.inbox,
       keys.ids,
+      keys.armed,
       xid,
       status === 'aborted' ? 'aborted' : 'committed',
       SETTLE_CHUNK,
+      removed,
+      keys.member,
     );
     removed += Number(n);
     if (Number(more) !== 1) return removed;

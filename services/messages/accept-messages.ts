@@ -5,6 +5,7 @@ import { getSession, lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { syncRedisGeneration } from '../lifecycle/session-lifecycle.js';
+import { settleImport } from '../lifecycle/lifecycle-redis.js';
 import { enqueueFlush } from '../fair-priority.js';
 import { throttledWarn } from '../logger.js';
 import { acceptIntoInbox, defineInboxScripts, inboxKeys, seedInbox } from './inbox.js';
@@ -124,8 +125,15 @@ export async function acceptMessages(
           },
         );
       let outcome = await accept();
-      for (let attempt = 0; (outcome.kind === 'seed' || outcome.kind === 'stale') && attempt < 3; attempt++) {
+      const retry = (o: typeof outcome) => o.kind === 'seed' || o.kind === 'stale' || o.kind === 'importing';
+      for (let attempt = 0; retry(outcome) && attempt < 3; attempt++) {
         if (outcome.kind === 'seed') await seedSession(deps, tenantId, sessionId);
+        // Answered as a duplicate of an import that then proves aborted, the message was lost:
+        // the import is settled first (its messages removed if it never committed).
+        else if (outcome.kind === 'importing')
+          await settleImport(deps.db, deps.redis, keys).catch((err: unknown) => {
+            throw asDependencyError(err);
+          });
         // Redis came back from before a reset or delete (an AOF that lost its last second): the
         // cleared history's ids would take re-posts for duplicates of messages that are gone.
         else
@@ -138,6 +146,11 @@ export async function acceptMessages(
             state.deleted,
           );
         outcome = await accept();
+      }
+      if (outcome.kind === 'importing') {
+        const e = unavailable('postgres');
+        e.message = 'an import into this session is still committing: retry in a moment';
+        throw e;
       }
       if (outcome.kind === 'seed' || outcome.kind === 'stale') throw unavailable('redis');
       if (outcome.kind === 'conflict')

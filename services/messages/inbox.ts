@@ -90,12 +90,18 @@ end
 local n = (#ARGV - 5) / 6
 local known = {}
 local conflicts = {'CONFLICT'}
+local imp = nil
 for i = 0, n - 1 do
   local b = 6 + i * 6
   if ARGV[b + 1] == '1' then
     local prev = redis.call('HGET', KEYS[3], ARGV[b])
     if prev then
       local pseq, pfp, psent = string.match(prev, '^(%d+) (%S+) (%d+)$')
+      -- An id of an import not yet settled: stored only if its transaction committed.
+      if imp == nil then imp = redis.call('HMGET', KEYS[1], 'impxid', 'impfrom', 'impto') end
+      if imp[1] and tonumber(pseq) and tonumber(pseq) >= tonumber(imp[2]) and tonumber(pseq) <= tonumber(imp[3]) then
+        return {'IMPORTING'}
+      end
       if pfp ~= ARGV[b + 2] or (ARGV[b + 3] ~= '' and ARGV[b + 3] ~= psent) then
         conflicts[#conflicts + 1] = i
       else
@@ -303,6 +309,8 @@ export interface InboxEntry {
 export type AcceptResult =
   | { kind: 'seed' }
   | { kind: 'stale' }
+  /** An id of the request is one of an import not settled yet (settleImport, then again). */
+  | { kind: 'importing' }
   | { kind: 'conflict'; indexes: number[] }
   | {
       kind: 'ok';
@@ -368,6 +376,7 @@ export async function acceptIntoInbox(
   )) as (string | number)[];
   if (r[0] === 'SEED') return { kind: 'seed' };
   if (r[0] === 'STALE') return { kind: 'stale' };
+  if (r[0] === 'IMPORTING') return { kind: 'importing' };
   if (r[0] === 'CONFLICT') return { kind: 'conflict', indexes: r.slice(1).map(Number) };
   const results: Array<{ seq: number; duplicate: boolean }> = [];
   for (let i = 5; i < r.length; i += 2)
