@@ -2126,6 +2126,73 @@ void describe('a huge session deleted while its own index is built', () => {
     }
   });
 
+  void test('a build still waiting for its table lock when its session is deleted is not forgotten: its index goes once built', async () => {
+    // Setup: a session over the threshold, and its build by another process ("a worker killed
+    // meanwhile": its backend goes on) waiting for the table's lock, held as a manual VACUUM does,
+    // so its index is not in the catalog yet.
+    const { api, tenantId } = await svc.newTenant();
+    const s = sid('waits-for-lock');
+    const messages = await archive(
+      api,
+      s,
+      Array.from({ length: 30 }, (_, i) => user(`note ${i} about the zebra crossing`)),
+    );
+    const name = sessionIndexName(tenantId, s, 'fts');
+    const holder = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    const orphan = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
+    let release!: () => void;
+    let taken!: () => void;
+    const lockTaken = new Promise<void>((r) => (taken = r));
+    const holding = holder.transaction(async (tx) => {
+      await tx.query('LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE');
+      taken();
+      await new Promise<void>((r) => (release = r));
+    });
+    try {
+      await Promise.race([lockTaken, holding]);
+      const build = buildSessionIndex(orphan, {
+        tenantId,
+        sessionId: s,
+        kind: 'fts',
+        messages: messages.length,
+      });
+      const waiting = `SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+        AND wait_event_type = 'Lock' AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(query, $1) > 0`;
+      await eventually(
+        async () => (await svc.deps.db.query(waiting, [name])).rowCount === 1,
+        20_000,
+        'the build to wait for the lock',
+      );
+
+      // Action: the session is deleted, and a pass runs while the build still waits.
+      assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
+      await maintainSessionIndexes(svc.deps, {
+        minMessages: 20,
+        maxSessions: 4,
+        maxBuilds: 1,
+        goneOnly: true,
+      });
+      release();
+      await holding;
+      await build;
+    } finally {
+      release?.();
+      await holding.catch(() => undefined);
+      await holder.close();
+      await orphan.close();
+    }
+    await maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1, goneOnly: true });
+
+    // Assert: once built, the index goes (before, the first pass forgot the record of an index
+    // not yet in the catalog, and the build then left one no pass would drop).
+    const left = await svc.deps.db.query('SELECT 1 FROM pg_class WHERE relname = $1', [name]);
+    assert.equal(left.rowCount, 0, 'the index is gone');
+    const recorded = await svc.deps.db.query('SELECT 1 FROM session_search_indexes WHERE index_name = $1', [
+      name,
+    ]);
+    assert.equal(recorded.rowCount, 0);
+  });
+
   void test("a delete and a tenant erasure answer while another session's index builds wait; their indexes go once the builds end", async () => {
     // Setup: session A, and tenant C's session, with their own search and HNSW indexes; session B
     // over the thresholds since, whose builds wait out an old snapshot (a long report, a pg_dump).

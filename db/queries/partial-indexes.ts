@@ -22,9 +22,19 @@ export function partialIndexName(prefix: string, ...parts: Array<string | number
 export const VALID_INDEX_SQL = (nameExpr: string) =>
   `EXISTS (SELECT 1 FROM pg_index i WHERE i.indexrelid = to_regclass(${nameExpr}) AND i.indisvalid)`;
 
-/** SQL: true while a CREATE INDEX CONCURRENTLY builds the index named by the text expression. */
+/**
+ * SQL: true while a CREATE INDEX CONCURRENTLY builds the index named by the text expression, or
+ * waits to begin (for its table lock, before the index is in the catalog): the backend of a worker
+ * killed meanwhile goes on, and the pass that found the record with no index forgot it, so the
+ * index the build then made was known to no one (a re-tester's kill -9 during a manual VACUUM).
+ */
 export const BUILDING_INDEX_SQL = (nameExpr: string) =>
-  `EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = to_regclass(${nameExpr}))`;
+  `(EXISTS (SELECT 1 FROM pg_stat_progress_create_index p
+            WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND p.index_relid = to_regclass(${nameExpr}))
+    OR EXISTS (SELECT 1 FROM pg_stat_activity a
+               WHERE a.datname = current_database() AND a.state <> 'idle' AND a.pid <> pg_backend_pid()
+                 AND a.query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(a.query, ${nameExpr}) > 0))`;
 
 // An invalid index is only a leftover when no CREATE INDEX CONCURRENTLY is still building it.
 const LEFTOVER_SQL = `NOT i.indisvalid
