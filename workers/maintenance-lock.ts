@@ -14,6 +14,8 @@ export const TASK_TABLES: Record<string, readonly string[]> = {
   'ann-indexes': ['message_vectors'],
   'ann-indexes-gone': ['message_vectors'],
   'table-statistics': ['messages', 'message_vectors'],
+  // Not a table: two passes erasing the same tenants at once only double the work.
+  'tenant-erasures': ['tenant-erasures'],
 };
 
 /** How long a lock outlives a worker that died holding it; renewed every third of it. */

@@ -136,7 +136,10 @@ export async function eraseTenant(
     for (;;) {
       const n = await deleteTenantBatch(deps.db, table, tenantId, DELETE_BATCH);
       rows += n;
-      if (n < DELETE_BATCH) break;
+      // Until a batch finds nothing: another erasure of the tenant deleting beside this one (a
+      // resume joining a long request) made batches come back short, and this one then left
+      // the rest to the tenants row's cascade, one statement for every remaining row.
+      if (n === 0) break;
     }
   }
   await withTransaction(deps.db, (tx) => deleteTenant(tx, tenantId));
