@@ -2,11 +2,10 @@ import { readdir, readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { isPgUnavailable, pgCode } from './pool.js';
 import type { Db } from './pool.js';
-import type { Logger } from '../services/logger.js';
 
 const MIGRATIONS_DIR = fileURLToPath(new URL('./migrations/', import.meta.url));
 // Arbitrary constant shared by every mnemos process: serialises concurrent migrators.
-const MIGRATION_LOCK_KEY = 724_518_301;
+export const MIGRATION_LOCK_KEY = 724_518_301;
 
 export interface Migration {
   version: number;
@@ -29,7 +28,7 @@ export interface MigrateOptions {
   /** How long migrations may keep giving way to transactions that hold locks they need (15 min). */
   lockWaitMs?: number;
   /** Told about each give-way, so that a process that seems stuck at start says why. */
-  logger?: Pick<Logger, 'warn'>;
+  logger?: { warn(fields: Record<string, unknown>, msg: string): void };
 }
 
 /**
@@ -179,6 +178,9 @@ async function applyPending(db: Db, all: Migration[], at: { migration?: string }
     // Another process migrating is normal, and nobody else queues behind this lock: wait for it
     // as long as it takes, whatever lock_timeout the role or database sets.
     await tx.query('SET LOCAL lock_timeout = 0');
+    // Nor does statement_timeout: it cut the wait for the lock, and a migration's own statements
+    // are background work (unbounded, as drains and index builds are).
+    await tx.query('SET LOCAL statement_timeout = 0');
     await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
     await tx.query(`SET LOCAL lock_timeout = '${MIGRATION_LOCK_TIMEOUT}'`);
     await tx.query(`CREATE TABLE IF NOT EXISTS schema_migrations (

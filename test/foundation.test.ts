@@ -4,7 +4,7 @@ import { after, before, describe, test } from 'node:test';
 import { request } from 'node:http';
 import { pino } from 'pino';
 import { Redis } from 'ioredis';
-import { loadMigrations, migrate } from '../db/migrate.js';
+import { MIGRATION_LOCK_KEY, loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { loadConfig, ConfigError, shownUrl } from '../services/config.js';
@@ -359,6 +359,43 @@ void describe('migrations', () => {
     } finally {
       release();
       await blocker.catch(() => undefined);
+      await db.close();
+    }
+  });
+
+  void test("a role's statement_timeout does not cut the wait for another process's migration", async () => {
+    // Setup: connections whose statement_timeout is 300 ms (as a role or database may set), and
+    // another process holding the migration lock for longer.
+    const timed = new URL(url);
+    timed.searchParams.set('options', '-c statement_timeout=300');
+    const db = makePgDb({ connectionString: timed.toString(), max: 2 });
+    const other = makePgDb({ connectionString: url, max: 1 });
+    await migrate(db);
+    const withTable = [
+      ...(await loadMigrations()),
+      { version: 901, name: '901_waits_its_turn', sql: 'CREATE TABLE waits_its_turn (id int)' },
+    ];
+    let release!: () => void;
+    let holding!: () => void;
+    const held = new Promise<void>((r) => (holding = r));
+    const migrating = other.transaction(async (tx) => {
+      await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
+      holding();
+      await new Promise<void>((r) => (release = r));
+    });
+    try {
+      await held;
+      // Action: this process migrates while the other holds the lock for 1.5 s.
+      const applying = migrate(db, withTable);
+      setTimeout(() => release(), 1500).unref();
+      const applied = await applying.catch((err: Error) => err.message);
+
+      // Assert: it waited (before, "canceling statement due to statement timeout" after 300 ms).
+      assert.deepEqual(applied, ['901_waits_its_turn']);
+    } finally {
+      release?.();
+      await migrating.catch(() => undefined);
+      await other.close();
       await db.close();
     }
   });
