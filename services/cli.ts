@@ -29,7 +29,10 @@ async function withDb<T>(
     : await openPgliteDb(config.dataDir);
   try {
     if (!opts.install) await refuseWithoutSchema(db, config);
-    const applied = await migrate(db);
+    // A migration giving way to a long transaction says so, rather than hang silently.
+    const applied = await migrate(db, undefined, {
+      logger: { warn: (_fields, msg) => void process.stderr.write(`mnemos: warning: ${msg}\n`) },
+    });
     return await fn(db, applied);
   } finally {
     await db.close();
