@@ -44,6 +44,7 @@ import {
   dropTestDatabase,
   eventually,
   holdOldSnapshot,
+  holdTransaction,
   indexBuildWaiting,
   startTestService,
 } from './support/harness.js';
@@ -2051,18 +2052,11 @@ void describe('a huge session deleted while its own index is built', () => {
     }
     const dims = svc.config.embedding.dimensions;
     const namesOf = (s: string) => [sessionIndexName(tenantId, s, 'fts'), annIndexName(tenantId, s, dims)];
-    const lock = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
     const worker = makePgDb({ connectionString: svc.config.databaseUrl!, max: 2 });
-    let unlock!: () => void;
-    let lockTaken!: () => void;
-    const taken = new Promise<void>((r) => (lockTaken = r));
-    const locked = lock.transaction(async (tx) => {
-      await tx.query('LOCK TABLE session_search_indexes, vector_ann_indexes IN EXCLUSIVE MODE');
-      lockTaken();
-      await new Promise<void>((r) => (unlock = r));
-    });
+    const locked = await holdTransaction(svc.config.databaseUrl!, [
+      'LOCK TABLE session_search_indexes, vector_ann_indexes IN EXCLUSIVE MODE',
+    ]);
     try {
-      await Promise.race([taken, locked]);
       const workerDeps = { ...svc.deps, db: worker };
       const passes = Promise.allSettled([
         maintainSessionIndexes(workerDeps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 }),
@@ -2085,8 +2079,7 @@ void describe('a huge session deleted while its own index is built', () => {
         settled.every((p) => p.status === 'rejected'),
         'the dying passes ended with their connections',
       );
-      unlock();
-      await locked;
+      await locked.release();
       assert.equal((await api.del(`/v1/sessions/${doomed}`)).status, 204);
       for (let i = 0; i < 2; i++) {
         await maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
@@ -2119,9 +2112,7 @@ void describe('a huge session deleted while its own index is built', () => {
         namesOf(kept).sort(),
       );
     } finally {
-      unlock?.();
-      await locked.catch(() => undefined);
-      await lock.close();
+      await locked.release();
       await worker.close();
     }
   });
@@ -2138,18 +2129,11 @@ void describe('a huge session deleted while its own index is built', () => {
       Array.from({ length: 30 }, (_, i) => user(`note ${i} about the zebra crossing`)),
     );
     const name = sessionIndexName(tenantId, s, 'fts');
-    const holder = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
     const orphan = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
-    let release!: () => void;
-    let taken!: () => void;
-    const lockTaken = new Promise<void>((r) => (taken = r));
-    const holding = holder.transaction(async (tx) => {
-      await tx.query('LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE');
-      taken();
-      await new Promise<void>((r) => (release = r));
-    });
+    const holding = await holdTransaction(svc.config.databaseUrl!, [
+      'LOCK TABLE messages IN SHARE UPDATE EXCLUSIVE MODE',
+    ]);
     try {
-      await Promise.race([lockTaken, holding]);
       const build = buildSessionIndex(orphan, {
         tenantId,
         sessionId: s,
@@ -2172,13 +2156,10 @@ void describe('a huge session deleted while its own index is built', () => {
         maxBuilds: 1,
         goneOnly: true,
       });
-      release();
-      await holding;
+      await holding.release();
       await build;
     } finally {
-      release?.();
-      await holding.catch(() => undefined);
-      await holder.close();
+      await holding.release();
       await orphan.close();
     }
     await maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1, goneOnly: true });

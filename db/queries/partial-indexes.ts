@@ -29,12 +29,14 @@ export const VALID_INDEX_SQL = (nameExpr: string) =>
  * index the build then made was known to no one (a re-tester's kill -9 during a manual VACUUM).
  */
 export const BUILDING_INDEX_SQL = (nameExpr: string) =>
-  `(EXISTS (SELECT 1 FROM pg_stat_progress_create_index p
-            WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
-              AND p.index_relid = to_regclass(${nameExpr}))
-    OR EXISTS (SELECT 1 FROM pg_stat_activity a
-               WHERE a.datname = current_database() AND a.state <> 'idle' AND a.pid <> pg_backend_pid()
-                 AND a.query LIKE 'CREATE INDEX CONCURRENTLY%' AND strpos(a.query, ${nameExpr}) > 0))`;
+  // (Aliases of their own: the caller's, `a` or `x`, name the registry row in nameExpr.)
+  `(EXISTS (SELECT 1 FROM pg_stat_progress_create_index build_p
+            WHERE build_p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND build_p.index_relid = to_regclass(${nameExpr}))
+    OR EXISTS (SELECT 1 FROM pg_stat_activity build_a
+               WHERE build_a.datname = current_database() AND build_a.state <> 'idle'
+                 AND build_a.pid <> pg_backend_pid() AND build_a.query LIKE 'CREATE INDEX CONCURRENTLY%'
+                 AND strpos(build_a.query, ${nameExpr}) > 0))`;
 
 // An invalid index is only a leftover when no CREATE INDEX CONCURRENTLY is still building it.
 const LEFTOVER_SQL = `NOT i.indisvalid

@@ -171,14 +171,24 @@ export function api(base: string, token?: string): Api {
  * CONCURRENTLY of the database waits out. Resolves once the snapshot is taken; `release` ends it.
  */
 export async function holdOldSnapshot(databaseUrl: string): Promise<{ release(): Promise<void> }> {
+  return holdTransaction(databaseUrl, ['SET TRANSACTION ISOLATION LEVEL REPEATABLE READ', 'SELECT 1']);
+}
+
+/**
+ * A transaction of its own connection that has run `statements` (taking locks, a snapshot) and
+ * stays open until release(), as another process's long transaction would.
+ */
+export async function holdTransaction(
+  databaseUrl: string,
+  statements: string[],
+): Promise<{ release(): Promise<void> }> {
   const db = makePgDb({ connectionString: databaseUrl, max: 1 });
   let release!: () => void;
   const released = new Promise<void>((resolve) => (release = resolve));
   let taken!: () => void;
   const snapshotTaken = new Promise<void>((resolve) => (taken = resolve));
   const holding = db.transaction(async (tx) => {
-    await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
-    await tx.query('SELECT 1');
+    for (const sql of statements) await tx.query(sql);
     taken();
     await released;
   });
