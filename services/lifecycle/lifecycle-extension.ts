@@ -12,8 +12,9 @@ const ERASURE_RESUME_EVERY_MS = 60_000;
 /**
  * Session lifecycle: reset, delete, export, import (routes), the temp reaper, the generation
  * reconciler and the resumption of interrupted tenant erasures (maintenance tasks), and tenant
- * erasure (offered to the admin API as `provides.eraseTenant`). It purges through every other module's purgeSession/purgeTenant hooks,
- * so it is listed last in services/extensions.ts; the list it reads is the process's live one.
+ * erasure (offered to the admin API as `provides.eraseTenant`). It purges through every other
+ * module's purgeSession/purgeTenant hooks, so it is listed last in services/extensions.ts; the
+ * list it reads is the process's live one.
  */
 export const lifecycleExtension: ExtensionFactory = async (deps, opened): Promise<Extension> => {
   const extensions = () => opened;

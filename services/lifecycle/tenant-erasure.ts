@@ -163,8 +163,8 @@ async function sweepAfterRow(deps: LifecycleDeps, tenantId: string): Promise<{ k
 /**
  * How long after its mark an erasure counts as abandoned. A request's own erasure waits out the
  * key cache (5 s) and then only deletes; one still running past this is joined, which is safe
- * because every step is idempotent (a batch the other already deleted is empty, and the tenants
- * row goes once).
+ * because every step is idempotent (a batch the other deleted first comes back short, and each goes
+ * on until one finds nothing; the tenants row goes once).
  */
 export const ERASURE_STALLED_MS = 2 * 60_000;
 
