@@ -857,6 +857,30 @@ void describe('ingestion', () => {
     assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 1);
   });
 
+  void test('an entry with an id and a role but not a whole message is dead-lettered, and the session goes on', async () => {
+    // Setup: a corrupt inbox: at the next seq, JSON with an id and a role and nothing else.
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/partial/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'partial');
+    const seq = await svc.deps.redis.hincrby(keys.sess, 'seq', 1);
+    const entry = `${seq} ${await svc.deps.redis.hget(keys.sess, 'gen')} {"id":"z","role":"user"}`;
+    await svc.deps.redis.rpush(keys.inbox, entry);
+
+    // Action: a post behind it.
+    const r = await t.api.post('/v1/sessions/partial/messages?wait=true', { messages: [user('after')] });
+
+    // Assert: archived (before, the entry's insert failed on every drain, for good, and held the
+    // message behind it), and the entry is a dead letter.
+    assert.equal(r.status, 201, r.text);
+    assert.deepEqual(
+      (await archived(t.api, 'partial')).map((m) => m.content),
+      ['before', 'after'],
+    );
+    assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:partial`, 0, -1), [
+      entry,
+    ]);
+  });
+
   void test('a session deleted while its drain dead-letters an unreadable entry keeps no dead letter', async () => {
     // Setup: a session whose inbox holds an entry that is no message, not armed (no worker takes
     // it), and a drain whose database deletes the session as soon as the drain's transaction ends.

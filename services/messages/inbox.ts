@@ -408,6 +408,27 @@ export async function seedInbox(
 }
 
 /** The head of the inbox: at most `maxEntries` entries and `maxBytes` bytes (but at least one). */
+/**
+ * Whether a parsed inbox entry has the fields the archive's insert needs, of their types. Only the
+ * API writes entries, from validated messages; one made by hand with an id and a role and nothing
+ * else passed a check of those two, then failed its insert on every drain for good (a NOT NULL
+ * column), holding every later message of its session. Now it is unreadable: a dead letter.
+ */
+function isAcceptedShape(m: unknown): m is AcceptedMessage {
+  if (!m || typeof m !== 'object') return false;
+  const x = m as Record<string, unknown>;
+  return (
+    typeof x.id === 'string' &&
+    typeof x.role === 'string' &&
+    typeof x.fp === 'string' &&
+    typeof x.sent_at_ns === 'string' &&
+    /^\d{1,19}$/.test(x.sent_at_ns) &&
+    typeof x.bytes === 'number' &&
+    Number.isFinite(x.bytes) &&
+    (x.content === null || typeof x.content === 'string')
+  );
+}
+
 export async function readInbox(
   redis: Redis,
   keys: InboxKeys,
@@ -421,7 +442,7 @@ export async function readInbox(
     let message: AcceptedMessage | null = null;
     try {
       const m = JSON.parse(e.slice(b + 1)) as AcceptedMessage;
-      if (m && typeof m === 'object' && typeof m.id === 'string' && typeof m.role === 'string') message = m;
+      if (isAcceptedShape(m)) message = m;
     } catch {
       message = null;
     }
