@@ -162,19 +162,11 @@ export function stableStringify(v: unknown): string {
   return JSON.stringify(v) ?? 'null';
 }
 
-// NUL cannot be stored by Postgres (text or jsonb); a lone surrogate is not valid UTF-8.
-const BAD_CHARS = UNSTORABLE;
 /** True for text Postgres cannot store (NUL) or that is not valid UTF-8 (a lone surrogate). */
-export const hasBadChars = (s: string) => BAD_CHARS.test(s);
+export const hasBadChars = (s: string) => UNSTORABLE.test(s);
 /** `s` with each NUL as a space and each lone surrogate as U+FFFD: text Postgres can store. */
 export const replaceBadChars = (s: string) =>
-  s.replace(new RegExp(BAD_CHARS.source, 'g'), (c) => (c === '\u0000' ? ' ' : '\uFFFD'));
-/**
- * A key as an error path quotes it: each NUL and lone surrogate written out as a `\u` escape. As
- * themselves they made the 400's JSON one that strict decoders refuse, so the client could not
- * read why its message was refused.
- */
-const quotableKey = escapeUnstorable;
+  s.replace(new RegExp(UNSTORABLE.source, 'g'), (c) => (c === '\u0000' ? ' ' : '\uFFFD'));
 
 /** Nesting allowed in a message (its free-form `metadata`, and anything rejected after the walk). */
 export const MAX_JSON_DEPTH = 64;
@@ -195,7 +187,7 @@ interface BadValue {
  */
 function findBadValue(v: unknown, path: (string | number)[]): BadValue | null {
   const walk = (x: unknown, depth: number): BadValue | null => {
-    if (typeof x === 'string') return BAD_CHARS.test(x) ? { path: fieldPath(path), kind: 'chars' } : null;
+    if (typeof x === 'string') return UNSTORABLE.test(x) ? { path: fieldPath(path), kind: 'chars' } : null;
     if (typeof x === 'number') return Number.isFinite(x) ? null : { path: fieldPath(path), kind: 'number' };
     if (!x || typeof x !== 'object') return null;
     if (depth >= MAX_JSON_DEPTH) return { path: fieldPath(path), kind: 'deep' };
@@ -210,7 +202,9 @@ function findBadValue(v: unknown, path: (string | number)[]): BadValue | null {
     }
     for (const k in x) {
       if (!Object.prototype.hasOwnProperty.call(x, k)) continue;
-      if (BAD_CHARS.test(k)) return { path: fieldPath([...path, quotableKey(k)]), kind: 'chars' };
+      // Quoted as escapes: as themselves they made the 400 one that strict decoders refuse.
+      // Quoted as escapes: as themselves they made the 400 one that strict JSON decoders refuse.
+      if (UNSTORABLE.test(k)) return { path: fieldPath([...path, escapeUnstorable(k)]), kind: 'chars' };
       path.push(k);
       const r = walk((x as Record<string, unknown>)[k], depth + 1);
       path.pop();
