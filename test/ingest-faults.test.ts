@@ -1124,13 +1124,17 @@ void describe('ingestion under faults and many processes', () => {
     }
     const keys = inboxKeys(h.api.config.prefix, t.tenantId, 'big');
     defineInboxScripts(h.api.deps.redis);
-    const head = await readInbox(h.api.deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+    const { entries: head } = await readInbox(h.api.deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
     assert.deepEqual(
       head.map((e) => e.seq),
       Array.from({ length: 16 }, (_, i) => i + 1),
       'a drain reads 16 MiB of entries',
     );
-    assert.equal((await readInbox(h.api.deps.redis, keys, DRAIN_BATCH, 10)).length, 1, 'but at least one');
+    assert.equal(
+      (await readInbox(h.api.deps.redis, keys, DRAIN_BATCH, 10)).entries.length,
+      1,
+      'but at least one',
+    );
     assert.equal(await h.inboxLength(t.tenantId, 'big'), 24, 'reading takes nothing away');
 
     await h.startWorker();

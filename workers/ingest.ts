@@ -197,9 +197,15 @@ export async function drainSession(
     try {
       batch = await withTransaction(deps.db, async (tx) => {
         const session = await lockOrCreateSession(tx, tenantId, sessionId);
-        // An import's messages wait here until its transaction is known to have committed.
-        await settleImport(tx, deps.redis, keys);
-        const entries = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+        let head = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+        if (head.importXid !== null) {
+          // An import's messages wait here until its transaction is known to have committed.
+          await settleImport(tx, deps.redis, keys, head.importXid);
+          head = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+        }
+        // Still marked: an import that has not ended (it cannot hold this row lock and run). Its
+        // entries wait; the session stays armed, and the sweeper asks again.
+        const entries = head.entries;
         if (entries.length === 0) return null;
         const malformed = entries.filter((e) => e.malformed).map((e) => e.raw);
         if (malformed.length > 0) throw new DeadEntries(malformed);

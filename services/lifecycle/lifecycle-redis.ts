@@ -298,8 +298,14 @@ const SETTLE_CHUNK = 1000;
  * `session_not_empty`. Returns the entries removed (0 when there was nothing to settle, or the
  * transaction still runs).
  */
-export async function settleImport(q: Queryable, redis: Redis, keys: InboxKeys): Promise<number> {
-  const xid = await redis.hget(keys.sess, 'impxid');
+export async function settleImport(
+  q: Queryable,
+  redis: Redis,
+  keys: InboxKeys,
+  /** The mark, when the caller has just read it (the drain's inbox read). */
+  known?: string,
+): Promise<number> {
+  const xid = known ?? (await redis.hget(keys.sess, 'impxid'));
   if (xid === null) return 0;
   const status = await importStatus(q, xid);
   if (status === 'in progress') return 0;

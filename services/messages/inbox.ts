@@ -231,18 +231,24 @@ return {left, k}
 // is never copied whole (one drain once read 266 entries of 1 MiB, and Postgres refused their
 // 280 MB of JSON) nor far past the budget (16 entries of 6 MiB, JSON-escaped control characters,
 // cost Redis 3 s of CPU per read, and every other client waited).
+// KEYS[2] is the session's state: while it holds an import's mark (impxid, PUBLISH_IMPORT) the
+// script returns that mark alone, and the drain settles the import first (settleImport). Asked in
+// this same call, not by a separate HGET on every batch of the hot path. The reply's first
+// element is the mark, or '' before the entries.
 const READ = `
+local xid = redis.call('HGET', KEYS[2], 'impxid')
+if xid then return {xid} end
 local maxn = tonumber(ARGV[1])
 local maxb = tonumber(ARGV[2])
-local out = {}
+local out = {''}
 local bytes = 0
 local step = 1
-while #out < maxn do
-  local from = #out
+while #out - 1 < maxn do
+  local from = #out - 1
   local want = math.min(step, maxn - from)
   local part = redis.call('LRANGE', KEYS[1], from, from + want - 1)
   for _, e in ipairs(part) do
-    if #out > 0 and bytes + #e > maxb then return out end
+    if #out > 1 and bytes + #e > maxb then return out end
     out[#out + 1] = e
     bytes = bytes + #e
   end
@@ -348,7 +354,7 @@ type ScriptedRedis = Redis & Record<string, (...args: unknown[]) => Promise<unkn
 export function defineInboxScripts(redis: Redis): void {
   const r = redis as ScriptedRedis;
   if (typeof r.mnemosAccept === 'function') return;
-  const numberOfKeys = { accept: 5, seed: 2, finish: 4, clear: 4, read: 1, check: 1 } as const;
+  const numberOfKeys = { accept: 5, seed: 2, finish: 4, clear: 4, read: 2, check: 1 } as const;
   for (const [k, s] of Object.entries(scripts)) {
     redis.defineCommand(s.name, { numberOfKeys: numberOfKeys[k as keyof typeof numberOfKeys], lua: s.body });
   }
@@ -407,7 +413,6 @@ export async function seedInbox(
   );
 }
 
-/** The head of the inbox: at most `maxEntries` entries and `maxBytes` bytes (but at least one). */
 /**
  * Whether a parsed inbox entry has the fields the archive's insert needs, of their types. Only the
  * API writes entries, from validated messages; one made by hand with an id and a role and nothing
@@ -429,14 +434,25 @@ function isAcceptedShape(m: unknown): m is AcceptedMessage {
   );
 }
 
+/**
+ * The head of the inbox: at most `maxEntries` entries and `maxBytes` bytes (but at least one); or,
+ * while the session's state holds an unsettled import's mark, that mark (the transaction id) and
+ * no entries: the import's messages may not be read before it is settled (settleImport).
+ */
 export async function readInbox(
   redis: Redis,
   keys: InboxKeys,
   maxEntries: number,
   maxBytes: number,
-): Promise<InboxEntry[]> {
-  const raw = (await (redis as ScriptedRedis).mnemosRead!(keys.inbox, maxEntries, maxBytes)) as string[];
-  return raw.map((e) => {
+): Promise<{ importXid: string | null; entries: InboxEntry[] }> {
+  const [xid, ...raw] = (await (redis as ScriptedRedis).mnemosRead!(
+    keys.inbox,
+    keys.sess,
+    maxEntries,
+    maxBytes,
+  )) as string[];
+  if (xid) return { importXid: xid, entries: [] };
+  const entries = raw.map((e): InboxEntry => {
     const a = e.indexOf(' ');
     const b = e.indexOf(' ', a + 1);
     let message: AcceptedMessage | null = null;
@@ -449,6 +465,7 @@ export async function readInbox(
     if (!ENTRY_PREFIX.test(e)) return { seq: NaN, gen: NaN, message: null, raw: e, malformed: true as const };
     return { seq: Number(e.slice(0, a)), gen: Number(e.slice(a + 1, b)), message, raw: e };
   });
+  return { importXid: null, entries };
 }
 
 const ENTRY_PREFIX = /^\d+ \d+ /;
