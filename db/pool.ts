@@ -67,13 +67,23 @@ export const requestDb = (db: Db): Db => db.forRequests?.() ?? db;
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
 
 /**
- * A statement that got no answer within its bound; its connection was closed. A Postgres outage,
- * or a statement that runs long or waits on a lock.
+ * Postgres gave no answer within a bound; the connection was closed. `during` says which bound:
+ * a `statement`'s (a request's, PG_REQUEST_TIMEOUT_MS, or its own `timeoutMs`: a Postgres
+ * outage, or a statement that runs long or waits on a lock), or a new connection's `setup`
+ * (CONNECT_TIMEOUT_MS: connecting, its startup and settings; never the request's bound). The 503 names the
+ * bound: told PG_REQUEST_TIMEOUT_MS for a setup that stalled, an operator turns the wrong dial.
  */
 export class PgNoAnswerError extends Error {
   readonly code = 'ETIMEDOUT';
-  constructor(readonly ms: number) {
-    super(`Postgres gave no answer within ${ms} ms (connection closed)`);
+  constructor(
+    readonly ms: number,
+    readonly during: 'statement' | 'setup' = 'statement',
+    options?: ErrorOptions,
+  ) {
+    super(
+      `Postgres gave no answer within ${ms} ms${during === 'setup' ? " to a new connection's setup" : ''} (connection closed)`,
+      options,
+    );
     this.name = 'PgNoAnswerError';
   }
 }
@@ -91,6 +101,7 @@ function answerWithin<R>(
   client: pg.ClientBase,
   pending: Promise<R>,
   ms: number,
+  during: PgNoAnswerError['during'],
   onCut?: (err: Error) => void,
 ): Promise<R> {
   if (!(ms > 0)) return pending;
@@ -99,7 +110,7 @@ function answerWithin<R>(
     pending,
     new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
-        const err = new PgNoAnswerError(ms);
+        const err = new PgNoAnswerError(ms, during);
         onCut?.(err);
         reject(err);
         // The statement in flight then fails (Connection terminated), unobserved: the race has
@@ -185,7 +196,7 @@ export function makePgDb(opts: {
       onConnect: async (client: pg.ClientBase) => {
         if (opts.transactionPooler) return;
         const set = (sql: string, what: string) =>
-          answerWithin(client, client.query(sql), CONNECT_TIMEOUT_MS).then(
+          answerWithin(client, client.query(sql), CONNECT_TIMEOUT_MS, 'setup').then(
             () => undefined,
             (err: Error) => {
               if (err instanceof PgNoAnswerError) throw err;
@@ -341,6 +352,8 @@ function inTransaction<T>(
  *   any error; a search retried without its semantic list while the recent index has another
  *   dimension then cost a new connection, its settings and its prepared statements each time:
  *   8–10 ms instead of 2 (a probe on the search bench's corpus).
+ * - A new connection whose setup (connect, startup, settings) gets no answer within CONNECT_TIMEOUT_MS
+ *   fails with PgNoAnswerError too, `during: 'setup'`, which the 503 tells apart from a statement's.
  * - Every error, of the connect or of `fn`, is reported to `failed` (the outage log).
  */
 async function checkedOut<T>(
@@ -355,6 +368,10 @@ async function checkedOut<T>(
     client = await p.connect();
   } catch (err) {
     failed(err);
+    // pg-pool's connect timeout (no code of its own): the connect or Postgres's startup got no
+    // answer. Thrown as settings left unanswered are, so that the 503 names the bound.
+    if (err instanceof Error && /^Connection terminated due to connection timeout/.test(err.message))
+      throw new PgNoAnswerError(CONNECT_TIMEOUT_MS, 'setup', { cause: err });
     throw err;
   }
   let broken: Error | undefined;
@@ -363,7 +380,7 @@ async function checkedOut<T>(
   };
   client.on('error', onError);
   try {
-    return await fn((statement) => answerWithin(client, statement(client), boundMs, onError));
+    return await fn((statement) => answerWithin(client, statement(client), boundMs, 'statement', onError));
   } catch (err) {
     failed(err);
     if (!reusable(err)) broken ??= err instanceof Error ? err : new Error(String(err));

@@ -102,11 +102,18 @@ export function asDependencyError(err: unknown): unknown {
   // A request's statement cut at its bound: a reset or delete of a huge session runs that long on
   // a healthy Postgres, and told "postgres is unavailable" beside a /readyz saying ok, operators
   // looked for an outage. (A search's bound may be longer: the message gives the one applied.)
+  // A new connection's setup has a fixed bound of its own: named PG_REQUEST_TIMEOUT_MS, with
+  // another number, it sent operators to a setting that does not bound it.
   if (err instanceof PgNoAnswerError) {
     const e = unavailable('postgres');
     e.message =
-      `Postgres gave no answer within ${err.ms} ms (PG_REQUEST_TIMEOUT_MS): the statement was given up ` +
-      'and its connection closed, which a long statement or a lock wait does with Postgres up; retry later';
+      err.during === 'setup'
+        ? `Postgres gave no answer within ${err.ms} ms to a new connection's setup (connecting, its ` +
+          'startup and settings: a fixed bound, not PG_REQUEST_TIMEOUT_MS): the connection was closed; ' +
+          'Postgres, or something before it, is unreachable or takes connections without serving them; ' +
+          'retry later'
+        : `Postgres gave no answer within ${err.ms} ms (PG_REQUEST_TIMEOUT_MS): the statement was given up ` +
+          'and its connection closed, which a long statement or a lock wait does with Postgres up; retry later';
     return Object.assign(e, { cause: err });
   }
   if (isPgUnavailable(err) || PG_TRANSIENT.test(pgCode(err) ?? '')) {

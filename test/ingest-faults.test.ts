@@ -1031,6 +1031,76 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal(posted.status, 202, posted.text);
   });
 
+  void test("a new Postgres connection whose setup stalls: the 503 names the setup's bound, not PG_REQUEST_TIMEOUT_MS", async () => {
+    const dbUrl = await createTestDatabase();
+    const proxy = await startTcpProxy(Number(new URL(dbUrl).port || 5432));
+    const proxied = new URL(dbUrl);
+    proxied.port = String(proxy.port);
+    const svc = await startTestService({
+      mode: 'api',
+      databaseUrl: proxied.toString(),
+      env: { PG_REQUEST_TIMEOUT_MS: '2000' },
+    });
+    const admin = makePgDb({ connectionString: dbUrl, max: 1 });
+    cleanups.push(async () => {
+      await svc.stop();
+      await proxy.close();
+      await admin.close();
+      await deleteRedisPrefix(svc.config.prefix);
+      await dropTestDatabase(dbUrl);
+    });
+    // Key a is verified (and cached) before, so its requests reach their routes' statements; key
+    // b is first looked up during the stall.
+    const a = await svc.newTenant();
+    const b = await svc.newTenant();
+    assert.equal((await a.api.get('/v1/sessions')).status, 200);
+    const database = new URL(dbUrl).pathname.slice(1);
+    const requests = () =>
+      Promise.all([
+        a.api.get('/v1/sessions'),
+        a.api.post('/v1/sessions/s/messages', { messages: [user('during')] }),
+        b.api.get('/v1/sessions'),
+      ]);
+    const assertSetupStalled = (answers: Res[]) => {
+      for (const r of answers) {
+        assert.equal(r.status, 503, r.text);
+        assert.equal(r.body.error.code, 'unavailable');
+        assert.ok(r.headers.get('retry-after'), "r.headers.get('retry-after')");
+        assert.match(
+          r.body.error.message,
+          /^Postgres gave no answer within 5000 ms to a new connection's setup \(connecting, its startup and settings: a fixed bound, not PG_REQUEST_TIMEOUT_MS\)/,
+        );
+      }
+    };
+
+    // Postgres lets new connections in and answers nothing more (their settings wait): the pool's
+    // connections are closed, so that each request needs a new one. Once Postgres has seen them
+    // go, so has the pool (in this process), and none is handed out dead.
+    const before = (await admin.query<{ now: Date }>('SELECT clock_timestamp() AS now')).rows[0]!.now;
+    proxy.stallAfterStartup();
+    proxy.reset();
+    await eventually(
+      async () =>
+        (
+          await admin.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1 AND backend_start < $2 AND pid <> pg_backend_pid()`,
+            [database, before],
+          )
+        ).rows[0]!.n === 0,
+      10_000,
+      'the connections closed by the proxy gone',
+    );
+    assertSetupStalled(await requests());
+
+    // New connections are taken and never answered at all (no startup).
+    proxy.hole();
+    assertSetupStalled(await requests());
+
+    proxy.heal();
+    await eventually(async () => (await a.api.get('/v1/sessions')).status === 200, 30_000, 'Postgres again');
+    assert.equal((await b.api.get('/v1/sessions')).status, 200);
+  });
+
   void test('a transaction left idle by a stalled process is ended by Postgres, and the session drains again', async () => {
     const svc = await startTestService({ env: { PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: '1000' } });
     cleanups.push(async () => {

@@ -8,6 +8,11 @@ export interface TcpProxy {
    * and neither is closed or reset. New connections are accepted and silent too, until heal().
    */
   hole(): void;
+  /**
+   * New connections to Postgres forward its startup, up to its first ReadyForQuery, and then go
+   * silent: a server (or a pooler) that lets clients in and answers nothing more. Until heal().
+   */
+  stallAfterStartup(): void;
   /** New connections are forwarded again; the silent ones stay silent (a flow conntrack dropped). */
   heal(): void;
   /** Closes every connection open now (as a reset would): their clients reconnect. */
@@ -20,16 +25,30 @@ export interface TcpProxy {
 /** A TCP proxy on loopback to 127.0.0.1:`targetPort` whose connections a test can make silent. */
 export async function startTcpProxy(targetPort: number): Promise<TcpProxy> {
   let holed = false;
+  let stallingAfterStartup = false;
   const conns = new Set<{ client: Socket; server: Socket; silent: boolean }>();
   const proxy = createServer((client) => {
     const server = connect(targetPort, '127.0.0.1');
     const c = { client, server, silent: holed };
     conns.add(c);
+    // What Postgres has sent and not yet been read as whole messages (a type byte, then a length
+    // that counts itself), while the connection waits for the end of its startup to go silent.
+    let startup = stallingAfterStartup && !holed ? Buffer.alloc(0) : null;
     client.on('data', (d) => {
       if (!c.silent) server.write(d);
     });
     server.on('data', (d) => {
-      if (!c.silent) client.write(d);
+      if (c.silent) return;
+      client.write(d);
+      if (!startup) return;
+      startup = Buffer.concat([startup, d]);
+      while (startup.length >= 5 && startup.length >= 1 + startup.readInt32BE(1)) {
+        if (startup[0] === 0x5a /* ReadyForQuery */) {
+          c.silent = true;
+          return;
+        }
+        startup = startup.subarray(1 + startup.readInt32BE(1));
+      }
     });
     const end = () => {
       conns.delete(c);
@@ -51,8 +70,12 @@ export async function startTcpProxy(targetPort: number): Promise<TcpProxy> {
       holed = true;
       for (const c of conns) c.silent = true;
     },
+    stallAfterStartup() {
+      stallingAfterStartup = true;
+    },
     heal() {
       holed = false;
+      stallingAfterStartup = false;
     },
     reset() {
       for (const c of conns) {
