@@ -943,6 +943,61 @@ void describe('ingestion', () => {
     );
   });
 
+  void test('the client-id prune keeps an id accepted after the last archived seq: its re-post before its drain keeps its seq', async () => {
+    // Setup: m1–m3 archived, and the prune's mark (set by their drain) an hour old, so that the
+    // next drain prunes; no worker drains the session meanwhile.
+    const t = await svc.newTenant();
+    const m = (n: number) => user(`m${n}`, { id: `m${n}` });
+    const post = (messages: unknown[], query = '') =>
+      t.api.post(`/v1/sessions/pending/messages${query}`, { messages });
+    assert.equal((await post([m(1), m(2), m(3)], '?wait=true')).status, 201);
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'pending');
+    await svc.deps.redis.hset(keys.sess, 'idsat', Date.now() - 3_700_000);
+    const queue = svc.deps.queues.ingest;
+    await queue.pause();
+    try {
+      await eventually(async () => (await queue.getActiveCount()) === 0, 20_000, 'running drains to end');
+      // Action: a drain that finds the inbox empty, and m4 accepted between its read and its
+      // finish script (which prunes with m4, seq 4, waiting in the inbox); then m4 re-posted.
+      let first: { status: number; body: unknown } | null = null;
+      const db: Db = {
+        ...svc.deps.db,
+        transaction: async (fn) => {
+          try {
+            return await svc.deps.db.transaction(fn);
+          } finally {
+            if (!first) {
+              const r = await post([m(4)]);
+              first = { status: r.status, body: r.body };
+            }
+          }
+        },
+      };
+      await drainSession({ ...svc.deps, db }, t.tenantId, 'pending');
+      const again = await post([m(4)]);
+
+      // Assert: the re-post is the same message at the same seq, not a second one.
+      const answer = { session_id: 'pending', messages: [{ id: 'm4', seq: 4 }] };
+      assert.deepEqual(first, { status: 202, body: { ...answer, accepted: 1 } });
+      assert.deepEqual(
+        { status: again.status, body: again.body },
+        { status: 202, body: { ...answer, accepted: 0 } },
+      );
+    } finally {
+      await queue.resume();
+    }
+    await eventually(async () => (await archived(t.api, 'pending')).length === 4, 20_000, 'm4 archived');
+    assert.deepEqual(
+      (await archived(t.api, 'pending')).map((m) => [m.seq, m.id]),
+      [
+        [1, 'm1'],
+        [2, 'm2'],
+        [3, 'm3'],
+        [4, 'm4'],
+      ],
+    );
+  });
+
   void test('Bull Board lists the queues', async () => {
     const r = await api(svc.base, ADMIN_TOKEN).get(
       '/admin/queues/api/queues?activeQueue=ingest&page=1&jobsPerPage=10',

@@ -157,6 +157,39 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     );
   });
 
+  void test('messages embedded in more than one request each get their own vector: a search for one finds it first', async () => {
+    const t = await svc.newTenant();
+    // 20 messages of MAX_EMBED_TOKENS estimated tokens each, one word apiece: one embed job's
+    // batch, past one request's budget of 120,000 (17 of them fit), so it is sent in two requests.
+    const words = ['albatross', 'bobcat', 'caribou', 'dingo', 'echidna', 'ferret', 'gazelle', 'hyena', 'ibex']
+      .concat(['jackal', 'koala', 'lemur', 'marmot', 'narwhal', 'ocelot', 'pangolin', 'quokka', 'raccoon'])
+      .concat(['sloth', 'tapir']);
+    const text = (w: string) => `${w} `.repeat(MAX_EMBED_TOKENS).slice(0, MAX_EMBED_TOKENS * 3);
+    const sentBefore = fake.embeddingRequests().length;
+    const seqs = await post(
+      t.api,
+      'split',
+      words.map((w) => user(text(w))),
+    );
+    // One batch, written in one transaction.
+    await vectorsFor(svc, t.tenantId, 'split', [seqs[0]!]);
+    const requests = fake
+      .embeddingRequests()
+      .slice(sentBefore)
+      .filter((r) =>
+        ((r.body as { input?: string[] }).input ?? []).some((i) => words.includes(i.split(' ')[0]!)),
+      );
+    assert.ok(requests.length >= 2, `sent in ${requests.length} request(s)`);
+
+    const firstHits: Array<number | undefined> = [];
+    for (const w of words) {
+      const r = await t.api.post('/v1/sessions/split/search', { query: w, match: 'semantic', limit: 1 });
+      assert.equal(r.status, 200, r.text);
+      firstHits.push(r.body.hits[0]?.seq);
+    }
+    assert.deepEqual(firstHits, seqs);
+  });
+
   void test('prepareEmbedText passes short text unchanged and cuts long text at a code point', () => {
     assert.equal(prepareEmbedText('  '), null);
     assert.equal(prepareEmbedText(null), null);
