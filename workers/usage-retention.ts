@@ -57,8 +57,16 @@ export async function pruneUsage(
   let from = state.resumeAt;
   let inclusive = true;
   for (;;) {
-    const tenants = await tenantIdsFrom(deps.db, from, inclusive, TENANT_PAGE);
-    for (const tenantId of tenants) {
+    // A page of tenants says which have old rows at all (one index probe each, in one statement):
+    // each tenant took a statement of the budget before, so a run reached 200 tenants whatever
+    // their rows, and a pass over 5,000 tenants took 25 runs, over 4 hours (tester t8).
+    const tenants = await tenantIdsFrom(deps.db, from, inclusive, TENANT_PAGE, before);
+    for (const { id: tenantId, old } of tenants) {
+      if (!old) {
+        // Nothing to delete; and the entry of an erased tenant goes, rather than stay for ever.
+        state.clearedBefore.delete(tenantId);
+        continue;
+      }
       let lower = state.clearedBefore.get(tenantId) ?? null;
       for (;;) {
         if (statements >= maxBatches) return end(tenantId);
@@ -71,7 +79,7 @@ export async function pruneUsage(
       state.clearedBefore.set(tenantId, before);
     }
     if (tenants.length < TENANT_PAGE) return end(null);
-    from = tenants[tenants.length - 1]!;
+    from = tenants[tenants.length - 1]!.id;
     inclusive = false;
   }
 }

@@ -71,12 +71,15 @@ export async function tenantIdsFrom(
   from: string | null,
   inclusive: boolean,
   limit: number,
-): Promise<string[]> {
-  const r = await q.query<{ id: string }>(
-    `SELECT id FROM tenants WHERE $1::text IS NULL OR id ${inclusive ? '>=' : '>'} $1 ORDER BY id LIMIT $2`,
-    [from, limit],
+  /** Also say, per tenant, whether it has a usage row recorded before this time. */
+  usageBefore: Date,
+): Promise<Array<{ id: string; old: boolean }>> {
+  const r = await q.query<{ id: string; old: boolean }>(
+    `SELECT t.id, EXISTS (SELECT 1 FROM llm_usage u WHERE u.tenant_id = t.id AND u.at < $3) AS old
+     FROM tenants t WHERE $1::text IS NULL OR t.id ${inclusive ? '>=' : '>'} $1 ORDER BY t.id LIMIT $2`,
+    [from, limit, usageBefore],
   );
-  return r.rows.map((x) => x.id);
+  return r.rows;
 }
 
 /**
