@@ -38,7 +38,7 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     }),
     ingestDeadLetter: new Counter({
       name: 'mnemos_ingest_dead_letter_total',
-      help: 'Unreadable inbox entries moved to the per-session dead-letter list',
+      help: 'Unreadable inbox entries moved to the per-session dead-letter list, or removed with it by a reset or delete',
       registers: [registry],
     }),
     ingestInboxMoved: new Counter({

@@ -35,6 +35,25 @@ async function archived(
   }
 }
 
+/** An inbox entry as the API writes it ("<seq> <gen> <json>"), to make a corrupt inbox by hand. */
+const inboxEntry = (seq: number, gen: string | null, content: string, extra: Record<string, unknown> = {}) =>
+  `${seq} ${gen} ${JSON.stringify({
+    id: `hand-${seq}-${Math.random()}`,
+    cid: false,
+    role: 'user',
+    content,
+    parts: null,
+    name: null,
+    tool_call_id: null,
+    tool_calls: null,
+    metadata: null,
+    sent_at_ns: `${Date.now()}000000`,
+    sent_at_given: false,
+    bytes: Buffer.byteLength(content),
+    fp: 'hand',
+    ...extra,
+  })}`;
+
 void describe('ingestion', () => {
   let svc: TestService;
   before(async () => {
@@ -911,6 +930,113 @@ void describe('ingestion', () => {
     assert.equal(deleted, 204);
     assert.equal(await svc.deps.redis.exists(`${svc.config.prefix}:dead:${t.tenantId}:gone`), 0);
     assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+  });
+
+  void test('an entry holding text Postgres cannot store, in any field, is dead-lettered, and the session goes on', async () => {
+    // Setup: a corrupt inbox of whole messages, each with a NUL or a lone surrogate in another
+    // field, and one whose content is a backslash and "u0000" (six characters, stored as they are).
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/nul/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'nul');
+    const gen = await svc.deps.redis.hget(keys.sess, 'gen');
+    const call = (args: string) => [{ id: 'c1', type: 'function', function: { name: 'f', arguments: args } }];
+    const made = [
+      inboxEntry(2, gen, 'a\u0000b'),
+      inboxEntry(3, gen, 'a\\u0000b'),
+      inboxEntry(4, gen, 'x', { name: 'n\ud800' }),
+      inboxEntry(5, gen, 'x', { metadata: { ok: { 'k\u0000': 1 } } }),
+      inboxEntry(6, gen, 'x', { role: 'assistant', tool_calls: call('{"a":"\udc00"}') }),
+      inboxEntry(7, gen, 'x', { tool_call_id: '\u0000', role: 'tool' }),
+    ];
+    await svc.deps.redis.rpush(keys.inbox, ...made);
+    await svc.deps.redis.hset(keys.sess, 'seq', 7);
+    const deadBefore = await deadLetterTotal(svc.base);
+
+    // Action: a post behind them.
+    const r = await t.api.post('/v1/sessions/nul/messages?wait=true', { messages: [user('after')] });
+
+    // Assert: archived (before, the first entry's insert failed on every drain, for good, and held
+    // every later message), and the unstorable entries are dead letters, counted.
+    assert.equal(r.status, 201, r.text);
+    assert.deepEqual(
+      (await archived(t.api, 'nul')).map((m) => [m.seq, m.content]),
+      [
+        [1, 'before'],
+        [3, 'a\\u0000b'],
+        [8, 'after'],
+      ],
+    );
+    assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:nul`, 0, -1), [
+      made[0],
+      ...made.slice(2),
+    ]);
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 5);
+  });
+
+  void test('an entry whose seq is above the entries after it is dead-lettered; they are archived in order', async () => {
+    // Setup: a session archived up to seq 1, its counter at 3, and an inbox holding, in this order,
+    // a copy of a message at seq 4 (not handed out yet), the messages at seqs 2 and 3, and another
+    // message at seq 2.
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/order/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'order');
+    const gen = await svc.deps.redis.hget(keys.sess, 'gen');
+    const high = inboxEntry(4, gen, 'copy at 4');
+    const low = inboxEntry(2, gen, 'copy at 2');
+    await svc.deps.redis.rpush(keys.inbox, high, inboxEntry(2, gen, 'two'), inboxEntry(3, gen, 'three'), low);
+    await svc.deps.redis.hset(keys.sess, 'seq', 3);
+    const deadBefore = await deadLetterTotal(svc.base);
+
+    // Action: a drain, then a post, which takes seq 4.
+    const drained = await drainSession(svc.deps, t.tenantId, 'order');
+    const r = await t.api.post('/v1/sessions/order/messages?wait=true', { messages: [user('after')] });
+
+    // Assert: one drain archived 2 and 3 and emptied the inbox (it read the same head 40 times a
+    // job, for good, the copy at 4 never trimmed), the post's message has seq 4 (the copy had
+    // taken it), and the two copies are dead letters, counted.
+    assert.deepEqual([drained.archived, drained.more], [2, false]);
+    assert.equal(r.status, 201, r.text);
+    assert.deepEqual(
+      (await archived(t.api, 'order')).map((m) => [m.seq, m.content]),
+      [
+        [1, 'before'],
+        [2, 'two'],
+        [3, 'three'],
+        [4, 'after'],
+      ],
+    );
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+    assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:order`, 0, -1), [
+      high,
+      low,
+    ]);
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 2);
+  });
+
+  void test('a delete removes an entry without a seq at the inbox tail: nothing of the session is left', async () => {
+    // Setup: a session with a message waiting at seq 2 (not armed: no worker takes it) and, at
+    // the tail, an entry without its seq and generation.
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/tail/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'tail');
+    const dead = `${svc.config.prefix}:dead:${t.tenantId}:tail`;
+    await svc.deps.redis.rpush(keys.inbox, inboxEntry(2, await svc.deps.redis.hget(keys.sess, 'gen'), 'two'));
+    await svc.deps.redis.hset(keys.sess, 'seq', 2);
+    await svc.deps.redis.rpush(keys.inbox, '{"content":"private text, by hand"}');
+    const deadBefore = await deadLetterTotal(svc.base);
+
+    // Action: the delete, and a drain after it.
+    assert.equal((await t.api.del('/v1/sessions/tail')).status, 204);
+    await drainSession(svc.deps, t.tenantId, 'tail');
+
+    // Assert: no inbox, no dead letter (the entry outlived the delete, and the drain made it a
+    // dead letter without expiry), the state expires as a deleted session's does, and the entry
+    // is counted as a dead letter.
+    assert.equal(await svc.deps.redis.exists(keys.inbox), 0);
+    assert.equal(await svc.deps.redis.exists(dead), 0);
+    const ttl = await svc.deps.redis.ttl(keys.sess);
+    assert.ok(ttl > 0 && ttl <= 24 * 3600, `state ttl ${ttl}`);
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 1);
   });
 
   void test('the client-id hash drops ids archived over an hour ago; their re-posts still dedupe by the archive', async () => {

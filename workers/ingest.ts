@@ -168,6 +168,38 @@ class DeadEntries extends Error {
 }
 
 /**
+ * The entries of a read that break its seq order. The API never writes one (one Lua step takes
+ * the seqs and appends, so list order is seq order): an entry pushed or set by hand with a seq
+ * above the entries after it was never trimmed (the trim stops at the first seq above the last
+ * one read), and the drain read it again 40 times a job, for good; archived, it also took a seq
+ * the counter had still to hand out, and the real message later given that seq lost its insert
+ * to it. Taking the highest seq read as the last one instead would pass real seqs still to
+ * come. At each break the entry whose removal leaves the read in order goes: the higher one when
+ * the entries before it are below the lower one (`7 5 6`, `5 7 6`), else the lower one (`5 6 3`,
+ * a replay, a repeated seq). What is left is strictly increasing, as CHECK (inboxStillHolds) and
+ * the trim take it to be.
+ */
+function outOfSeqOrder(entries: InboxEntry[], nextSeq: number): string[] {
+  const inOrder: InboxEntry[] = [];
+  const out: string[] = [];
+  for (const e of entries) {
+    const last = inOrder[inOrder.length - 1];
+    if (!last || e.seq > last.seq) {
+      inOrder.push(e);
+      continue;
+    }
+    const before = inOrder[inOrder.length - 2];
+    if (e.seq < last.seq && e.seq >= nextSeq && (!before || before.seq < e.seq)) {
+      out.push(last.raw);
+      inOrder[inOrder.length - 1] = e;
+    } else {
+      out.push(e.raw);
+    }
+  }
+  return out;
+}
+
+/**
  * Drains one session's inbox into the archive, in seq order, batch by batch. Each batch is one
  * transaction that holds the session's row lock, so any number of workers may run this for the
  * same session: they serialise on Postgres, never on an in-process lock. The inbox head is trimmed
@@ -210,6 +242,8 @@ export async function drainSession(
         const malformed = entries.filter((e) => e.malformed).map((e) => e.raw);
         if (malformed.length > 0) throw new DeadEntries(malformed);
         const nextSeq = Number(session.next_seq);
+        const disordered = outOfSeqOrder(entries, nextSeq);
+        if (disordered.length > 0) throw new DeadEntries(disordered);
         // Entries of the current generation, and entries accepted after the last reset/delete
         // committed (its Redis step may not have re-stamped the inbox generation yet: a crash in
         // between must not drop them). Older generations' entries are the cleared history.

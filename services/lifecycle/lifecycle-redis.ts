@@ -23,7 +23,10 @@ export const DELETED_STATE_TTL_SECONDS = 24 * 3600;
 // 409), also before its drain, when the archive cannot tell. A compare-and-set, so
 // it is safe to repeat at any time (by a retried request or the reconciler): it never touches a
 // state that already holds the target generation. Returns {cleared, top seq, entries left,
-// entries removed}.
+// entries removed, entries without a seq removed}.
+// An entry without its "<seq> <gen> " (written by hand) is no message of any generation, and goes
+// with the cleared history and the dead letters: one at the tail stopped the trim, outlived a
+// delete, and was dead-lettered after it, for good (the delete had removed the dead letters).
 // A delete also marks the state `deleted`: the first message accepted after it revives the session
 // row at once (accept-messages.ts), so that the new session is visible before its first drain.
 // A deleted session's state, once nothing is left in its inbox, expires after ARGV[5] seconds
@@ -47,18 +50,22 @@ if last and last <= through then
   removed = redis.call('LLEN', KEYS[2])
   redis.call('DEL', KEYS[2])
 end
+local unreadable = 0
 local step = 1
 while true do
   local head = redis.call('LRANGE', KEYS[2], 0, step - 1)
   if #head == 0 then break end
   local k = 0
+  local u = 0
   for _, e in ipairs(head) do
-    local s = tonumber(string.match(e, '^(%d+) '))
-    if s and s <= through then k = k + 1 else break end
+    local s = tonumber(string.match(e, '^(%d+) %d+ '))
+    if not s then u = u + 1 end
+    if not s or s <= through then k = k + 1 else break end
   end
   if k == 0 then break end
   redis.call('LTRIM', KEYS[2], k, -1)
-  removed = removed + k
+  removed = removed + k - u
+  unreadable = unreadable + u
   if k < #head then break end
   if step < 512 then step = step * 2 end
 end
@@ -94,7 +101,7 @@ if cur and ARGV[4] == '1' and left == 0 then
 elseif cur then
   redis.call('EXPIRE', KEYS[1], ${SESSION_STATE_TTL_SECONDS})
 end
-return {1, tostring(top), left, removed}
+return {1, tostring(top), left, removed, unreadable}
 `;
 
 // Publishes a staged import as the session's inbox in one step, but only into an empty inbox of
@@ -186,7 +193,9 @@ return {removed, 0}
 `;
 
 type Scripted = Redis & {
-  mnemosLifecycleClear?: (...args: Array<string | number>) => Promise<[number, string, number, number?]>;
+  mnemosLifecycleClear?: (
+    ...args: Array<string | number>
+  ) => Promise<[number, string, number, number?, number?]>;
   mnemosLifecyclePublish?: (...args: Array<string | number>) => Promise<Array<string | number>>;
   mnemosLifecycleSettle?: (...args: Array<string | number>) => Promise<[number, number]>;
 };
@@ -213,6 +222,8 @@ export interface ClearResult {
   left: number;
   /** Inbox entries of the cleared history removed before they were archived. */
   removed: number;
+  /** Inbox entries without a seq (no message: dead letters) removed with it. */
+  unreadable: number;
 }
 
 export async function clearToGeneration(
@@ -223,7 +234,7 @@ export async function clearToGeneration(
   clearedThroughSeq: number,
   deleted: boolean,
 ): Promise<ClearResult> {
-  const [cleared, top, left, removed] = await scripted(redis).mnemosLifecycleClear(
+  const [cleared, top, left, removed, unreadable] = await scripted(redis).mnemosLifecycleClear(
     keys.sess,
     keys.inbox,
     keys.ids,
@@ -240,6 +251,7 @@ export async function clearToGeneration(
     cleared: Number(cleared) === 1,
     left: Number(left),
     removed: Number(removed ?? 0),
+    unreadable: Number(unreadable ?? 0),
     topSeq: topSeq !== null && Number.isFinite(topSeq) && topSeq > 0 ? topSeq : null,
   };
 }

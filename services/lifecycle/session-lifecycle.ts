@@ -159,6 +159,8 @@ export async function syncRedisGeneration(
   const c = await clearToGeneration(deps.redis, keys, dead, generation, clearedThroughSeq, deleted);
   // Accepted, never archived, now never will be: counted as the drain counts the stale entries it drops.
   if (c.removed > 0) deps.metrics?.messagesDropped.inc(c.removed);
+  // Not messages: dead letters, removed as the session's other dead letters are.
+  if (c.unreadable > 0) deps.metrics?.ingestDeadLetter.inc(c.unreadable);
   // next_seq already moved past the cleared history in the reset/delete transaction.
   await recordRedisCaughtUp(deps.db, { tenantId, sessionId, generation, nextSeq: null });
   if (c.left > 0) {

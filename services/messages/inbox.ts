@@ -1,6 +1,7 @@
 import type { Redis } from '../redis.js';
 import { cutUnits } from '../text/fts-text.js';
 import { fairKey, fairLua } from '../fair-priority.js';
+import { holdsUnstorable } from '../text/unstorable.js';
 import type { AcceptedMessage } from './message-input.js';
 
 /**
@@ -458,7 +459,7 @@ export async function readInbox(
     let message: AcceptedMessage | null = null;
     try {
       const m = JSON.parse(e.slice(b + 1)) as AcceptedMessage;
-      if (isAcceptedShape(m)) message = m;
+      if (isAcceptedShape(m) && !(UNSTORABLE_ESCAPE.test(e) && holdsUnstorable(m))) message = m;
     } catch {
       message = null;
     }
@@ -469,6 +470,17 @@ export async function readInbox(
 }
 
 const ENTRY_PREFIX = /^\d+ \d+ /;
+
+/**
+ * Every string of an entry reaches Postgres (text columns, and the batch's one jsonb parameter),
+ * which refuses NUL and lone surrogates (UNSTORABLE): an entry holding one (made by hand; the API
+ * refuses them) failed its drain's insert every time, for good, and held the session. In the
+ * entry's text such a character can only be a `\u` escape (JSON allows no raw NUL in a string,
+ * and text decoded from Redis's UTF-8 holds no lone surrogate), so the parsed message is walked
+ * only when the text has one of these escapes, or what looks like one (`\\u0000` is a backslash
+ * and `u0000`, which Postgres stores): one regex over the entry on the drain's path, no walk.
+ */
+const UNSTORABLE_ESCAPE = /\\u(?:0000|d[89a-f])/i;
 
 /**
  * Moves entries that are no message (malformed, or unreadable: InboxEntry) from the inbox to the

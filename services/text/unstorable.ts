@@ -24,3 +24,13 @@ export function escapeUnstorableDeep(v: unknown): unknown {
   }
   return v;
 }
+
+/** Whether any string of a JSON value, keys included, holds UNSTORABLE characters. */
+export function holdsUnstorable(v: unknown): boolean {
+  if (typeof v === 'string') return UNSTORABLE.test(v);
+  if (Array.isArray(v)) return v.some(holdsUnstorable);
+  if (v !== null && typeof v === 'object') {
+    return Object.entries(v).some(([k, x]) => UNSTORABLE.test(k) || holdsUnstorable(x));
+  }
+  return false;
+}
