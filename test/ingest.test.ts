@@ -973,6 +973,47 @@ void describe('ingestion', () => {
     assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 5);
   });
 
+  void test('an entry whose fields the archive cannot take (sizes, types) is dead-lettered, and the session goes on', async () => {
+    // Setup: a corrupt inbox of whole messages, each with one field past what the archive's
+    // columns hold or of another type than the API writes, then one good entry.
+    const t = await svc.newTenant();
+    await t.api.post('/v1/sessions/shape/messages?wait=true', { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'shape');
+    const gen = await svc.deps.redis.hget(keys.sess, 'gen');
+    const made = [
+      inboxEntry(2, gen, 'x', { bytes: 1.5 }),
+      inboxEntry(3, gen, 'x', { bytes: 2 ** 31 }),
+      inboxEntry(4, gen, 'x', { sent_at_ns: '9999999999999999999' }),
+      inboxEntry(5, gen, 'x', { sent_at_given: undefined }),
+      inboxEntry(6, gen, 'x', { role: 'assistant', tool_calls: { id: 'c1' } }),
+      inboxEntry(7, gen, 'x', { role: 'assistant', tool_calls: [null] }),
+      inboxEntry(8, gen, 'good'),
+    ];
+    await svc.deps.redis.rpush(keys.inbox, ...made);
+    await svc.deps.redis.hset(keys.sess, 'seq', 8);
+    const deadBefore = await deadLetterTotal(svc.base);
+
+    // Action: a post behind them.
+    const r = await t.api.post('/v1/sessions/shape/messages?wait=true', { messages: [user('after')] });
+
+    // Assert: archived (before, each of the six failed its drain's insert, or its index text, on
+    // every drain, for good, and held every later message), and the six are dead letters, counted.
+    assert.equal(r.status, 201, r.text);
+    assert.deepEqual(
+      (await archived(t.api, 'shape')).map((m) => [m.seq, m.content]),
+      [
+        [1, 'before'],
+        [8, 'good'],
+        [9, 'after'],
+      ],
+    );
+    assert.deepEqual(
+      await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:shape`, 0, -1),
+      made.slice(0, 6),
+    );
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 6);
+  });
+
   void test('an entry whose seq is above the entries after it is dead-lettered; they are archived in order', async () => {
     // Setup: a session archived up to seq 1, its counter at 3, and an inbox holding, in this order,
     // a copy of a message at seq 4 (not handed out yet), the messages at seqs 2 and 3, and another

@@ -429,11 +429,22 @@ function isAcceptedShape(m: unknown): m is AcceptedMessage {
     typeof x.fp === 'string' &&
     typeof x.sent_at_ns === 'string' &&
     /^\d{1,19}$/.test(x.sent_at_ns) &&
-    typeof x.bytes === 'number' &&
-    Number.isFinite(x.bytes) &&
-    (x.content === null || typeof x.content === 'string')
+    (x.sent_at_ns.length < 19 || x.sent_at_ns <= INT8_MAX) &&
+    typeof x.sent_at_given === 'boolean' &&
+    Number.isInteger(x.bytes) &&
+    (x.bytes as number) >= 0 &&
+    (x.bytes as number) <= INT4_MAX &&
+    (x.content === null || typeof x.content === 'string') &&
+    (x.tool_calls == null ||
+      (Array.isArray(x.tool_calls) && x.tool_calls.every((c) => c !== null && typeof c === 'object')))
   );
 }
+
+// The archive's bigint sent_at_ns and integer bytes: an entry past them failed its insert for good
+// (as did a missing sent_at_given, NOT NULL, and tool_calls that were no list of calls, which the
+// index text reads as one).
+const INT8_MAX = '9223372036854775807';
+const INT4_MAX = 2 ** 31 - 1;
 
 /**
  * The head of the inbox: at most `maxEntries` entries and `maxBytes` bytes (but at least one); or,
