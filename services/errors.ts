@@ -41,6 +41,14 @@ export const REDIS_TRANSIENT_REPLY =
   /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|EXECABORT)\b/;
 
 /**
+ * Of those, the replies that refuse a write while reads still go through: out of memory under
+ * `noeviction` (which still allows what frees memory, DEL, ZREM, SREM, but not SET, SADD, HSET,
+ * nor any command queued in a MULTI), a read-only replica, a failing snapshot; EXECABORT is a
+ * MULTI refused so.
+ */
+export const REDIS_WRITE_REFUSED = /^(?:OOM|READONLY|MISCONF|EXECABORT)\b/;
+
+/**
  * Postgres states that pass (a tester saw each as a 500): a read-only database or a standby after a
  * failover (25006), a statement or lock timeout set on the role or database (57014, 55P03),
  * insufficient resources (53xxx: disk full, out of memory, too many connections), serialisation

@@ -93,6 +93,12 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       labelNames: ['via'] as const,
       registers: [registry],
     }),
+    errorMemorySkipped: new Counter({
+      name: 'mnemos_error_memory_upkeep_skipped_total',
+      help: "Error-memory upkeep skipped because Redis refused writes (full under noeviction, read-only): a hit's TTL renewal (renew), dropping ids whose record is gone (forget), marking deleted ids for the sweep (mark)",
+      labelNames: ['step'] as const,
+      registers: [registry],
+    }),
     rateLimited: new Counter({
       name: 'mnemos_rate_limited_total',
       help: 'Requests refused with 429 by the per-key rate limit',

@@ -5,6 +5,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import { Redis } from 'ioredis';
+import { pino } from 'pino';
 import { CANDIDATES_PER_TERM, openErrorMemory } from '../services/error-memory/error-store.js';
 import { normaliseSymptom, significantTerms } from '../services/error-memory/normalise.js';
 import { buildQuery, indexTerms, relevance } from '../services/error-memory/ranking.js';
@@ -184,11 +185,11 @@ async function writeMany(tenant: string, inputs: Array<Record<string, unknown>>)
 const write = (tenant: string, input: Record<string, unknown>) =>
   call(tenant, 'POST', '', { action: 'retry', outcome: 'resolved', ...input });
 
-async function scanKeys(pattern: string): Promise<string[]> {
+async function scanKeys(pattern: string, on: Redis = redis): Promise<string[]> {
   const found: string[] = [];
   let cursor = '0';
   do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+    const [next, keys] = await on.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
     found.push(...keys);
     cursor = next;
   } while (cursor !== '0');
@@ -204,14 +205,14 @@ async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 
 }
 
 /** Every error-memory key of the tenant that still names the id (as member or value). */
-async function keysNaming(tenant: string, id: string): Promise<string[]> {
+async function keysNaming(tenant: string, id: string, on: Redis = redis): Promise<string[]> {
   const hits: string[] = [];
-  for (const key of await scanKeys(`${PREFIX}:err:${tenant}:*`)) {
+  for (const key of await scanKeys(`${PREFIX}:err:${tenant}:*`, on)) {
     if (key.includes(id)) hits.push(key);
-    const type = await redis.type(key);
-    if (type === 'zset' && (await redis.zscore(key, id)) !== null) hits.push(key);
-    if (type === 'set' && (await redis.sismember(key, id)) === 1) hits.push(key);
-    if (type === 'string' && (await redis.get(key)) === id) hits.push(key);
+    const type = await on.type(key);
+    if (type === 'zset' && (await on.zscore(key, id)) !== null) hits.push(key);
+    if (type === 'set' && (await on.sismember(key, id)) === 1) hits.push(key);
+    if (type === 'string' && (await on.get(key)) === id) hits.push(key);
   }
   return hits;
 }
@@ -1638,7 +1639,7 @@ void describe('outages', () => {
     }
   });
 
-  void test('a Redis out of memory gets 503 with retry-after on every route, also where a transaction is refused', async () => {
+  void test('a Redis out of memory gets 503 with retry-after on a write, new or merged', async () => {
     const own = await startPrivateRedis();
     const admin = new Redis(own.url);
     const store = await openErrorMemory({ redisUrl: own.url, prefix: PREFIX, ttlDays: 90 });
@@ -1646,38 +1647,161 @@ void describe('outages', () => {
     try {
       const tenant = newTenant();
       const input = { action: 'retry', outcome: 'resolved' as const, tool_name: 'zl' };
-      const kept = await store.write(tenant, { ...input, symptom: 'zlib stream ended early' });
-      const gone = await store.write(tenant, { ...input, symptom: 'zlib header check failed' });
-      // A record whose key expired: reads drop its id from the index keys, in a MULTI, which a
-      // full Redis refuses as a whole (EXECABORT, not OOM).
-      await admin.del(`${PREFIX}:err:${tenant}:rec:${gone.id}`);
-      const refused = async (method: string, path: string, body?: unknown) => {
-        const r = await call(tenant, method, path, body, { base: app.base });
-        assert.equal(r.status, 503, `${method} ${path}: ${JSON.stringify(r.body)}`);
+      await store.write(tenant, { ...input, symptom: 'zlib stream ended early' });
+      await admin.config('SET', 'maxmemory', '1');
+      for (const symptom of ['zlib stream ended early', 'zlib header check failed']) {
+        const r = await call(tenant, 'POST', '', { ...input, symptom }, { base: app.base });
+        assert.equal(r.status, 503, `${symptom}: ${JSON.stringify(r.body)}`);
         assert.equal(r.body.error.code, 'unavailable');
-        assert.ok(r.headers?.get('retry-after'), `${method} ${path}: retry-after`);
-      };
-      const search = async () => {
-        const r = await call(tenant, 'POST', '/search', { query: 'zlib' }, { base: app.base });
-        assert.equal(r.status, 200, JSON.stringify(r.body));
-        return r.body.records.map((x: ErrorRecord) => x.id);
-      };
-      await admin.config('SET', 'maxmemory', '1');
-      await refused('POST', '/search', { query: 'zlib' });
-      await refused('POST', '/lookup', { tool_name: 'zl', error: 'zlib header check failed' });
-      await refused('GET', '');
+        assert.ok(r.headers?.get('retry-after'), `${symptom}: retry-after`);
+      }
       await admin.config('SET', 'maxmemory', '0');
-      assert.deepEqual(await search(), [kept.id]);
-      // A purge whose deletes went through but whose bookkeeping was refused: retry it.
-      await admin.del(`${PREFIX}:err:${tenant}:rec:${kept.id}`);
-      const other = await store.write(tenant, { ...input, symptom: 'zlib window too small' });
-      await admin.del(`${PREFIX}:err:${tenant}:rec:${other.id}`);
+      const merged = await call(
+        tenant,
+        'POST',
+        '',
+        { ...input, symptom: 'zlib stream ended early' },
+        { base: app.base },
+      );
+      assert.deepEqual([merged.status, merged.body.deduplicated], [200, true]);
+    } finally {
+      await app.close();
+      await store.close();
+      admin.disconnect();
+      await own.stop();
+    }
+  });
+
+  void test('a Redis out of memory still answers the reads that find records; their renewal is skipped, logged once and counted', async () => {
+    const own = await startPrivateRedis();
+    const admin = new Redis(own.url);
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const skipped: string[] = [];
+    let clock = Date.now();
+    const store = await openErrorMemory({
+      redisUrl: own.url,
+      prefix: PREFIX,
+      ttlDays: 90,
+      logger,
+      now: () => clock,
+      onSkipped: (step) => void skipped.push(step),
+    });
+    const app = await serveStore(store);
+    const tenant = newTenant();
+    const ask = (method: string, path: string, body?: unknown) =>
+      call(tenant, method, path, body, { base: app.base });
+    try {
+      const input = { action: 'pip install zstandard', outcome: 'resolved' as const, tool_name: 'zl' };
+      const written = clock;
+      const rec = await store.write(tenant, { ...input, symptom: 'zlib stream ended early' });
+      const gone = await store.write(tenant, { ...input, symptom: 'zlib header check failed' });
+      // A record whose key expired: a read that finds its id drops it from the index keys, which
+      // is a write too.
+      await admin.del(recKey(tenant, gone.id));
+      clock += DAY_MS;
       await admin.config('SET', 'maxmemory', '1');
-      await refused('DELETE', '?tool_name=zl');
+
+      const lookup = await ask('POST', '/lookup', { tool_name: 'zl', error: 'zlib stream ended early' });
+      assert.equal(lookup.status, 200, JSON.stringify(lookup.body));
+      assert.deepEqual(
+        lookup.body.records.map((r: ErrorRecord) => r.id),
+        [rec.id],
+      );
+      assert.match(lookup.body.related_errors, /pip install zstandard/);
+      const search = await ask('POST', '/search', { query: 'zlib' });
+      assert.equal(search.status, 200, JSON.stringify(search.body));
+      assert.deepEqual(
+        search.body.records.map((r: ErrorRecord) => r.id),
+        [rec.id],
+      );
+      const got = await ask('GET', `/${rec.id}`);
+      assert.equal(got.status, 200, JSON.stringify(got.body));
+      assert.equal((await ask('GET', `/${gone.id}`)).status, 404);
+      const listed = await ask('GET', '');
+      assert.equal(listed.status, 200, JSON.stringify(listed.body));
+      assert.deepEqual(
+        listed.body.records.map((r: ErrorRecord) => r.id),
+        [rec.id],
+      );
+      // Answered as read: not renewed, its last hit still the write's.
+      for (const r of [lookup.body.records[0], search.body.records[0], got.body])
+        assert.equal(r.last_hit_at, new Date(written).toISOString());
+      assert.equal(await admin.hget(recKey(tenant, rec.id), 'last_hit_ms'), String(written));
+      // One line for them all; each skipped step counted.
+      const warned = lines.filter((l) => l.msg === 'error-memory redis refused a write: upkeep skipped');
+      assert.equal(warned.length, 1, JSON.stringify(lines));
+      assert.ok(skipped.includes('renew') && skipped.includes('forget'), skipped.join());
+
+      // Once Redis takes writes again, a hit renews the record.
       await admin.config('SET', 'maxmemory', '0');
-      const purged = await call(tenant, 'DELETE', '?tool_name=zl', undefined, { base: app.base });
-      assert.equal(purged.status, 200, JSON.stringify(purged.body));
-      assert.deepEqual(await search(), []);
+      const again = await ask('POST', '/lookup', { tool_name: 'zl', error: 'zlib stream ended early' });
+      assert.equal(again.body.records[0].last_hit_at, new Date(clock).toISOString());
+      assert.equal(await admin.hget(recKey(tenant, rec.id), 'last_hit_ms'), String(clock));
+    } finally {
+      await app.close();
+      await store.close();
+      admin.disconnect();
+      await own.stop();
+    }
+  });
+
+  void test('a read whose renewal loses its connection still answers 503', async () => {
+    const proxy = await startRedisProxy();
+    const store = await openErrorMemory({ redisUrl: proxy.url, prefix: PREFIX, ttlDays: 90 });
+    const app = await serveStore(store);
+    try {
+      const tenant = newTenant();
+      const input = { action: 'retry', outcome: 'resolved' as const, tool_name: 'zl' };
+      await store.write(tenant, { ...input, symptom: 'zlib stream ended early' });
+      // RENEW_SCRIPT's EVAL (a merge also stamps last_hit_ms, but goes on otherwise).
+      proxy.cutWhen(/'last_hit_ms', ARGV\[3\]\)\nredis\.call\('PEXPIRE'/);
+      const body = { tool_name: 'zl', error: 'zlib stream ended early' };
+      const r = await call(tenant, 'POST', '/lookup', body, { base: app.base });
+      assert.equal(r.status, 503, JSON.stringify(r.body));
+      assert.equal(r.body.error.code, 'unavailable');
+    } finally {
+      await app.close();
+      await closeBehindProxy(store, proxy);
+    }
+  });
+
+  void test('a Redis out of memory still deletes records, whole, and the answer says so', async () => {
+    const own = await startPrivateRedis();
+    const admin = new Redis(own.url);
+    const store = await openErrorMemory({ redisUrl: own.url, prefix: PREFIX, ttlDays: 90 });
+    const app = await serveStore(store);
+    const tenant = newTenant();
+    const ask = (method: string, path: string, body?: unknown) =>
+      call(tenant, method, path, body, { base: app.base });
+    try {
+      const input = { action: 'retry', outcome: 'resolved' as const, tool_name: 'zl' };
+      const doomed = await store.write(tenant, { ...input, symptom: 'zlib stream ended early' });
+      const purged = await store.write(tenant, { ...input, symptom: 'zlib header check failed' });
+      const kept = await store.write(tenant, { ...input, tool_name: 'gz', symptom: 'gzip crc error' });
+      await admin.config('SET', 'maxmemory', '1');
+
+      const removed = await ask('DELETE', `/${doomed.id}`);
+      assert.equal(removed.status, 204, JSON.stringify(removed.body));
+      // Whole: record, dedupe key and every index entry (the sweep's dead set aside).
+      const left = (await keysNaming(tenant, doomed.id, admin)).filter((k) => !k.endsWith(':dead'));
+      assert.deepEqual(left, []);
+      assert.equal((await ask('GET', `/${doomed.id}`)).status, 404);
+      assert.equal((await ask('DELETE', `/${doomed.id}`)).status, 404);
+      const purge = await ask('DELETE', '?tool_name=zl');
+      assert.deepEqual([purge.status, purge.body], [200, { deleted: 1 }]);
+      const leftOfPurged = (await keysNaming(tenant, purged.id, admin)).filter((k) => !k.endsWith(':dead'));
+      assert.deepEqual(leftOfPurged, []);
+      const listed = await ask('GET', '');
+      assert.deepEqual(
+        listed.body.records.map((r: ErrorRecord) => r.id),
+        [kept.id],
+      );
+
+      // The dedupe key went with the record: the same error is a new record.
+      await admin.config('SET', 'maxmemory', '0');
+      const again = await ask('POST', '', { ...input, symptom: 'zlib stream ended early' });
+      assert.deepEqual([again.status, again.body.deduplicated], [201, false]);
     } finally {
       await app.close();
       await store.close();

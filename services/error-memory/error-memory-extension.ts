@@ -66,6 +66,7 @@ export const errorMemoryExtension: ExtensionFactory = async (deps): Promise<Exte
     ttlDays: deps.config.errorMemoryTtlDays,
     embed: (text) => localEmbed(text, 256),
     logger: deps.logger,
+    onSkipped: (step) => deps.metrics.errorMemorySkipped.inc({ step }),
   });
   const hits = deps.metrics.errorMemoryHits;
   // Count hits where records are served, whichever path (REST or agent tools) asked.

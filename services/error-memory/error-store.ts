@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { Repository, Schema } from 'redis-om';
 import type { RedisClientConnection } from 'redis-om';
-import { AppError, REDIS_TRANSIENT_REPLY, unavailable } from '../errors.js';
+import { AppError, REDIS_TRANSIENT_REPLY, REDIS_WRITE_REFUSED, unavailable } from '../errors.js';
 import { errorMessage, throttledWarn, watchOutage } from '../logger.js';
 import { watchSilence } from '../redis.js';
 import { orNull } from '../deadline.js';
@@ -63,7 +63,17 @@ export type ErrorMemoryOptions = {
    * `ping()` is false, so a Redis outage at start-up does not keep the API from starting.
    */
   connectWaitMs?: number;
+  /** Called for each upkeep step skipped because Redis refused its writes (see bestEffort). */
+  onSkipped?: (step: UpkeepStep) => void;
 };
+
+/**
+ * Upkeep a read or a delete does beside its answer, whose loss costs little: a hit's renewal
+ * (the record expires sooner), dropping ids found without a record from the index keys (a later
+ * read or the sweep does it), marking deleted ids for the sweep (what a racing merge indexed, or
+ * the term entries of an id whose record had already expired, stay until a read drops them).
+ */
+export type UpkeepStep = 'renew' | 'forget' | 'mark';
 
 type CreateClient = (options: {
   url: string;
@@ -238,6 +248,26 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   const evalScript = (script: string, keyList: string[], args: string[]) =>
     client.eval(script, { keys: keyList, arguments: args });
 
+  const warnSkipped = throttledWarn(opts.logger, 'error-memory redis refused a write: upkeep skipped');
+  /**
+   * Runs an upkeep step (UpkeepStep); while Redis refuses writes (full under `noeviction`,
+   * read-only) it is skipped, so that the read or delete it belongs to still answers: a full
+   * Redis had every lookup that found a record answer 503, and a delete answer 503 after it had
+   * deleted the record. Any other failure (a lost connection, a busy script) fails the call as
+   * before. Returns undefined when skipped.
+   */
+  async function bestEffort<T>(step: UpkeepStep, fn: () => Promise<T>): Promise<T | undefined> {
+    try {
+      return await fn();
+    } catch (err) {
+      const message = err instanceof Error ? err.message : '';
+      if (!REDIS_WRITE_REFUSED.test(message)) throw err;
+      opts.onSkipped?.(step);
+      warnSkipped({ step, err: { message } });
+      return undefined;
+    }
+  }
+
   /** Reads records; ids whose record is gone come back as null. */
   async function fetchMany(k: ErrorKeys, ids: readonly string[]): Promise<Array<StoredError | null>> {
     if (ids.length === 0) return [];
@@ -245,7 +275,11 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     return entities.map((e, i) => toStoredError(ids[i] ?? '', e));
   }
 
-  /** Lazily drops ids found gone from the keys they were found in; the sweep does the rest. */
+  /**
+   * Lazily drops ids found gone from the keys they were found in; the sweep does the rest. One
+   * step with their dead mark, as the sweep finds them by it once they leave `all`: refused
+   * (upkeep), the ids stay where they are for a later read or the sweep.
+   */
   async function forget(
     k: ErrorKeys,
     ids: readonly string[],
@@ -255,7 +289,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const m = client.multi();
     for (const key of [k.all, ...foundIn]) m.zRem(key, [...ids]);
     m.sAdd(k.dead, [...ids]);
-    await m.exec();
+    await bestEffort('forget', () => m.exec());
   }
 
   /** Every term key a record is indexed under: the tenant-wide one and its tool's, per term. */
@@ -305,12 +339,23 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     await m.exec();
   }
 
-  /** Renews the records (a hit); returns the ids that still existed. */
-  async function renew(k: ErrorKeys, ids: readonly string[], at: number): Promise<Set<string>> {
-    const alive = await Promise.all(
-      ids.map((id) => evalScript(RENEW_SCRIPT, [k.rec(id)], [id, String(ttlMs), String(at), k.dedupePrefix])),
+  /**
+   * Renews the records (a hit), per id: `renewed`, `gone`, or `kept` as it was when Redis refused
+   * the renewal (upkeep: a missed renewal only shortens the record's life).
+   */
+  async function renew(
+    k: ErrorKeys,
+    ids: readonly string[],
+    at: number,
+  ): Promise<Array<'renewed' | 'gone' | 'kept'>> {
+    return Promise.all(
+      ids.map(async (id) => {
+        const r = await bestEffort('renew', () =>
+          evalScript(RENEW_SCRIPT, [k.rec(id)], [id, String(ttlMs), String(at), k.dedupePrefix]),
+        );
+        return r === undefined ? 'kept' : r === 1 ? 'renewed' : 'gone';
+      }),
     );
-    return new Set(ids.filter((_, i) => alive[i] === 1));
   }
 
   async function write(tenantId: string, input: ErrorWriteInput) {
@@ -475,14 +520,17 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       limit,
     );
     const at = now();
-    const alive = await renew(
+    const states = await renew(
       k,
       ranked.map((r) => r.id),
       at,
     );
-    const hit = ranked.filter((r) => alive.has(r.id));
-    await rescore(k, hit, at);
-    return hit.map((r) => ({ ...r, last_hit_ms: at }));
+    const renewed = ranked.filter((_, i) => states[i] === 'renewed');
+    await bestEffort('renew', () => rescore(k, renewed, at));
+    // A record whose renewal Redis refused is answered as read, its last hit unchanged.
+    return ranked.flatMap((r, i) =>
+      states[i] === 'gone' ? [] : states[i] === 'renewed' ? [{ ...r, last_hit_ms: at }] : [r],
+    );
   }
 
   async function list(tenantId: string, input: { cursor?: string | undefined; limit: number }) {
@@ -568,11 +616,15 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const deleted = ids.filter((_, i) => typeof tools[i] === 'string');
     const marked = indexed === 'indexed' ? ids : deleted;
     if (marked.length > 0) {
-      const m = client.multi();
-      m.zRem(k.all, [...marked]);
-      for (const tool of new Set(tools)) if (typeof tool === 'string') m.zRem(k.tool(tool), [...marked]);
-      m.sAdd(k.dead, [...marked]);
-      await m.exec();
+      // Not one MULTI: a full Redis refuses whatever a MULTI queues, and the mark takes memory,
+      // so a delete it had done answered 503 (a retry 404) and left the id in `all`. The mark is
+      // upkeep; the removals are plain ZREMs, which a full Redis allows. Marked first, so that a
+      // connection lost in between leaves the ids where the sweep finds them.
+      await bestEffort('mark', () => client.sAdd(k.dead, [...marked]));
+      const toolKeys = [...new Set(tools)].flatMap((tool) =>
+        typeof tool === 'string' ? [k.tool(tool)] : [],
+      );
+      await Promise.all([k.all, ...toolKeys].map((key) => client.zRem(key, [...marked])));
     }
     return deleted.length;
   }
@@ -724,8 +776,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       guard(async () => {
         if (!ERROR_ID_RE.test(id)) return null;
         const k = keys(tenantId);
-        const alive = await renew(k, [id], now());
-        if (!alive.has(id)) return null;
+        const [state] = await renew(k, [id], now());
+        if (state === 'gone') return null;
         const [rec] = await fetchMany(k, [id]);
         return rec ? toApiRecord(rec) : null;
       }),
