@@ -215,6 +215,8 @@ void describe('mnemos serve without DATABASE_URL (embedded PGlite)', () => {
       'x記'.repeat(5_000),
       Array.from({ length: 1_500 }, (_, i) => `w${i}`).join('-'),
       `"${Array.from({ length: 1_500 }, (_, i) => `w${i}`).join(' ')}"`,
+      // A phrase of many CJK runs is one chain of them (parse-query.ts cjkRunsPhrase).
+      `"${'記憶 記、'.repeat(1_600)}"`,
       `zeppelin -"${'記'.repeat(9_000)}"`,
     ];
     for (const query of queries) {

@@ -233,6 +233,13 @@ void describe('query parsing and ranking (pure)', () => {
     );
     const runs = ftsLeaves({ text: 'x記'.repeat(5_000), phrase: false });
     assert.equal(runs.length, MAX_LEAVES_PER_TERM);
+    // A phrase's CJK runs are one chain of runs, cut as one leaf.
+    const chain = ftsLeaves({ text: '記憶系 '.repeat(100), phrase: true });
+    assert.deepEqual(
+      chain.map((l) => [l.kind, l.text.match(/'[^']+'/g)?.length]),
+      [['cjk-phrase', MAX_LEAF_TOKENS]],
+    );
+    assert.ok(chain[0]!.text.startsWith("'記憶' <-> '憶系' <2> '記憶'"), chain[0]!.text);
     // Short terms are untouched.
     assert.deepEqual(ftsLeaves({ text: 'pool記憶', phrase: false }), [
       { kind: 'english-words', text: 'pool ' },
@@ -564,6 +571,82 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await kw('北京'), [taipei]);
     for (const word of ['サーバー', 'ベース', 'データベース', 'エラー'])
       assert.deepEqual(await kw(word), [db], word);
+  });
+
+  void test('keyword: a quoted phrase of several CJK or Korean runs matches them in order and adjacent, before and after compaction', async () => {
+    const s = sid('cjkphrase');
+    const [ko, ja, trip, paper, mixed, en] = await archiveSpaced(api, s, [
+      user('메모리를 정리했습니다 그리고 시스템은 빠릅니다'),
+      user('タイムズ紙はニューヨークで読んだ。東京は晴れ、大阪は雨'),
+      user('出張先は東京、大阪、名古屋の順です'),
+      user('ニューヨーク・タイムズの記事'),
+      user('deploy 東京 server 大阪 tomorrow'),
+      user('the system memory was fine'),
+    ]);
+    const expectations: Array<[string, number[]]> = [
+      ['"메모리를 정리했습니다"', [ko!]],
+      ['"정리했습니다 메모리를"', []],
+      ['"메모리를 시스템은"', []],
+      ['"메모리 정리했습니다"', []],
+      ['"ニューヨーク・タイムズ"', [paper!]],
+      // Runs are followed across whatever separated them in the message: a space, `、`, English
+      // words (full text keeps those apart from the CJK runs).
+      ['"東京、大阪"', sorted([trip!, mixed!])],
+      ['"東京 大阪"', sorted([trip!, mixed!])],
+      ['"大阪 東京"', []],
+      ['"東京 名古屋"', []],
+      ['"東京 server 大阪"', [mixed!]],
+      ['"大阪 server 東京"', []],
+      ['"memory system"', []],
+      ['"system memory"', [en!]],
+      ['東京 大阪', sorted([ja!, trip!, mixed!])],
+    ];
+    const kw = (query: string) => hitSeqs(api, s, { query, match: 'keyword' }).then(sorted);
+    for (const [query, want] of expectations) assert.deepEqual(await kw(query), want, query);
+    // Below the cutoff only full text answers: the same hits.
+    await moveCutoff(s, en! + 4);
+    for (const [query, want] of expectations) assert.deepEqual(await kw(query), want, `${query} (compacted)`);
+  });
+
+  void test('keyword: query syntax typed full-width, with a minus sign or typographic quotes', async () => {
+    const s = sid('fwsyntax');
+    const [sysmem, memory, osaka, times, mail] = await archiveSpaced(api, s, [
+      user('the system memory was fine'),
+      user('memory alone'),
+      user('タイムズ紙はニューヨークで読んだ。東京は晴れ、大阪は雨'),
+      user('タイムズ紙だけ'),
+      user('send the e-mail now'),
+    ]);
+    const expectations: Array<[string, number[]]> = [
+      ['タイムズ －大阪', [times!]],
+      ['memory −system', [memory!]],
+      ['memory ﹣system', [memory!]],
+      ['＂memory system＂', []],
+      ['＂system memory＂', [sysmem!]],
+      ['“memory system”', []],
+      ['“system memory”', [sysmem!]],
+      ['„system memory“', [sysmem!]],
+      ['nothinghere ＯＲ memory', sorted([sysmem!, memory!])],
+      ['nothinghere ｏｒ 大阪', [osaka!]],
+      // A dash inside a word is no exclusion, however it is typed.
+      ['e-mail', [mail!]],
+      ['e－mail', [mail!]],
+    ];
+    for (const [query, want] of expectations)
+      assert.deepEqual(sorted(await hitSeqs(api, s, { query, match: 'keyword' })), want, query);
+  });
+
+  void test('keyword: a query word with a zero-width no-break space inside is one word, as the index reads it', async () => {
+    const s = sid('bom');
+    const [wide] = await archiveSpaced(api, s, [
+      user('a wide\ufeffspread outage'),
+      user('wide roads spread out'),
+    ]);
+    const kw = (query: string) => hitSeqs(api, s, { query, match: 'keyword' });
+    for (const query of ['wide\ufeffspread', 'widespread']) assert.deepEqual(await kw(query), [wide], query);
+    await moveCutoff(s, wide! + 8);
+    for (const query of ['wide\ufeffspread', 'widespread'])
+      assert.deepEqual(await kw(query), [wide], `${query} (compacted)`);
   });
 
   void test('the backfill re-derives the tsvector of CJK rows archived before the gap and ー, and only theirs', async () => {

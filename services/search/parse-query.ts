@@ -1,4 +1,4 @@
-import { CJK_RUN, cjkBigrams, foldForIndex } from '../text/fts-text.js';
+import { CJK_RUN, CJK_RUN_GAP, cjkBigrams, foldForIndex, withoutInWordFormat } from '../text/fts-text.js';
 
 /**
  * Web-search syntax for keyword search, parsed here instead of by Postgres's
@@ -12,6 +12,8 @@ import { CJK_RUN, cjkBigrams, foldForIndex } from '../text/fts-text.js';
  *   `deploy db or database` = deploy AND (db OR database)
  * - `-word` / `-"a phrase"` excludes; a lone `-`, a leading/trailing/repeated `or`, and an `or`
  *   next to an excluded term are ignored
+ * - the syntax may be typed full-width (`－`, `＂`, `ＯＲ`, as CJK input methods give them), with a
+ *   minus sign `−` or with typographic quotes `“…”` / `„…“` (SYNTAX_FORMS)
  */
 
 export interface QueryTerm {
@@ -39,8 +41,30 @@ interface Token {
   negated: boolean;
 }
 
+/**
+ * The characters read as `-` or `"` besides themselves: those whose compatibility form (NFKC) is
+ * one (full-width `－` and `＂`, small `﹣`), the minus sign, and typographic double quotes. Each is
+ * one UTF-16 unit, as its ASCII form is.
+ */
+const SYNTAX_FORMS: Record<string, string> = {
+  '\uff0d': '-',
+  '\ufe63': '-',
+  '\u2212': '-',
+  '\uff02': '"',
+  '\u201c': '"',
+  '\u201d': '"',
+  '\u201e': '"',
+};
+const SYNTAX_FORM = new RegExp(`[${Object.keys(SYNTAX_FORMS).join('')}]`, 'g');
+
+/**
+ * The query's tokens. The syntax is read from a copy of the query with SYNTAX_FORMS folded to
+ * ASCII (of the same length); the terms are cut from the query as typed, which the substring
+ * match tests.
+ */
 function tokenize(query: string): Token[] {
   const out: Token[] = [];
+  const syntax = query.replace(SYNTAX_FORM, (c) => SYNTAX_FORMS[c]!);
   const n = query.length;
   let i = 0;
   const isSpace = (c: string | undefined) => c !== undefined && /\s/u.test(c);
@@ -50,9 +74,9 @@ function tokenize(query: string): Token[] {
       continue;
     }
     let negated = false;
-    if (query[i] === '-') {
+    if (syntax[i] === '-') {
       let dashes = i;
-      while (query[dashes] === '-') dashes++;
+      while (syntax[dashes] === '-') dashes++;
       // Dashes alone are no term.
       if (dashes === n || isSpace(query[dashes])) {
         i = dashes;
@@ -64,12 +88,12 @@ function tokenize(query: string): Token[] {
       if (dashes === i + 1) {
         negated = true;
         i++;
-      } else if (query[dashes] === '"') {
+      } else if (syntax[dashes] === '"') {
         i = dashes;
       }
     }
-    if (query[i] === '"') {
-      const close = query.indexOf('"', i + 1);
+    if (syntax[i] === '"') {
+      const close = syntax.indexOf('"', i + 1);
       const end = close === -1 ? n : close;
       const text = query.slice(i + 1, end).trim();
       i = close === -1 ? n : close + 1;
@@ -77,11 +101,12 @@ function tokenize(query: string): Token[] {
       continue;
     }
     let j = i;
-    while (j < n && !isSpace(query[j]) && query[j] !== '"') j++;
+    while (j < n && !isSpace(query[j]) && syntax[j] !== '"') j++;
     const text = query.slice(i, j);
     i = j;
-    if (!negated && text.toLowerCase() === 'or') out.push({ kind: 'or', text, phrase: false, negated });
-    else if (text !== '') out.push({ kind: 'term', text, phrase: false, negated });
+    if (!negated && text.normalize('NFKC').toLowerCase() === 'or') {
+      out.push({ kind: 'or', text, phrase: false, negated });
+    } else if (text !== '') out.push({ kind: 'term', text, phrase: false, negated });
   }
   return out;
 }
@@ -95,7 +120,8 @@ export function parseSearchQuery(query: string): ParsedQuery {
   let lastWasPositive = false;
   let kept = 0;
   let excludedPastLimit = 0;
-  for (const t of tokenize(query)) {
+  // A word is read as the index reads it: without the format characters it drops inside words.
+  for (const t of tokenize(withoutInWordFormat(query))) {
     if (t.kind === 'or') {
       pendingOr = lastWasPositive;
       continue;
@@ -127,7 +153,8 @@ export function parseSearchQuery(query: string): ParsedQuery {
  * (stemming, stop words); a CJK run becomes the phrase of its overlapping bigrams, as tsquery
  * text, exactly as the archive indexed them (fts-text.ts: no parser or dictionary on either
  * side); a single CJK character becomes a prefix match on the bigrams, since the archive keeps
- * single characters only for one-character runs.
+ * single characters only for one-character runs. The CJK runs of a quoted phrase are one
+ * `cjk-phrase`, each run followed by the next across the archive's gap between runs.
  */
 export type FtsLeaf =
   | { kind: 'english-words'; text: string }
@@ -157,7 +184,7 @@ const leafTokens = (leaf: FtsLeaf): number =>
   leaf.kind === 'cjk-prefix'
     ? 1
     : leaf.kind === 'cjk-phrase'
-      ? leaf.text.split(' <-> ').length
+      ? leaf.text.split(/ <(?:-|\d+)> /).length
       : Math.max(1, [...leaf.text.matchAll(/[\p{L}\p{N}]+/gu)].length);
 
 /**
@@ -200,18 +227,44 @@ export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
     const text = firstWords(english, MAX_LEAF_TOKENS);
     leaves.push({ kind: term.phrase ? 'english-phrase' : 'english-words', text });
   }
-  for (const m of folded.matchAll(CJK_RUN)) {
-    const chars = Array.from(m[0]);
-    // CJK letters are never a quote or a backslash: the lexemes need no escaping.
-    if (chars.length === 1) {
-      leaves.push({ kind: 'cjk-prefix', text: `'${chars[0]}':*` });
-    } else {
-      const bigrams = cjkBigrams(m[0]).slice(0, MAX_LEAF_TOKENS);
-      leaves.push({ kind: 'cjk-phrase', text: bigrams.map((b) => `'${b}'`).join(' <-> ') });
-    }
+  const runs = Array.from(folded.matchAll(CJK_RUN), (m) => m[0]);
+  if (term.phrase && runs.length > 1) {
+    leaves.push({ kind: 'cjk-phrase', text: cjkRunsPhrase(runs) });
+    return leaves;
+  }
+  for (const run of runs) {
+    leaves.push(runLeaf(run, MAX_LEAF_TOKENS));
     if (leaves.length === MAX_LEAVES_PER_TERM) break;
   }
   return leaves;
+}
+
+/** A CJK run's leaf, of at most `max` bigrams. */
+function runLeaf(run: string, max: number): FtsLeaf {
+  const chars = Array.from(run);
+  // CJK letters are never a quote or a backslash: the lexemes need no escaping.
+  if (chars.length === 1) return { kind: 'cjk-prefix', text: `'${chars[0]}':*` };
+  const bigrams = cjkBigrams(run).slice(0, max);
+  return { kind: 'cjk-phrase', text: bigrams.map((b) => `'${b}'`).join(' <-> ') };
+}
+
+/**
+ * The CJK runs of a quoted phrase as one tsquery of at most MAX_LEAF_TOKENS items, in order and
+ * adjacent: the archive leaves CJK_RUN_GAP positions between two runs (cjkTsvector), so a run's
+ * last bigram is followed by the next run's first at that distance plus one, whatever separated
+ * them (a space, `、`, `・`, English words: these are not in the CJK positions). ANDing the runs
+ * matched `"大阪 東京"` in "東京は晴れ、大阪は雨".
+ */
+function cjkRunsPhrase(runs: string[]): string {
+  const parts: string[] = [];
+  let left = MAX_LEAF_TOKENS;
+  for (const run of runs) {
+    if (left === 0) break;
+    const leaf = runLeaf(run, left);
+    left -= leafTokens(leaf);
+    parts.push(leaf.text);
+  }
+  return parts.join(` <${CJK_RUN_GAP + 1}> `);
 }
 
 /**

@@ -52,16 +52,25 @@ function* cjkRunLexemes(text: string, capChars: number): Generator<string[]> {
 }
 
 /**
+ * Positions left out between two CJK runs in the stored tsvector: a run's phrase never matches
+ * across into the next run, and a quoted phrase of several runs follows each run by the next at
+ * this distance plus one (parse-query.ts). Stored in every CJK row's tsvector: a change needs them
+ * all re-derived.
+ */
+export const CJK_RUN_GAP = 1;
+
+/**
  * The CJK half of the stored tsvector, as tsvector text: the bigrams of `cjkBigrams` with their
- * positions, one position left out between two runs, so that a phrase never matches across them
- * (`東京都` matched "東京。京都" when the runs' bigrams were indexed side by side). Its lexemes are
- * letters of these scripts only, never a quote or a backslash, so they need no escaping.
+ * positions, CJK_RUN_GAP positions left out between two runs, so that a phrase never matches
+ * across them (`東京都` matched "東京。京都" when the runs' bigrams were indexed side by side). Its
+ * lexemes are letters of these scripts only, never a quote or a backslash, so they need no
+ * escaping.
  */
 export function cjkTsvector(text: string, capChars: number): string {
   const out: string[] = [];
   let pos = 0;
   for (const lexemes of cjkRunLexemes(text, capChars)) {
-    if (out.length > 0) pos++;
+    if (out.length > 0) pos += CJK_RUN_GAP;
     for (const l of lexemes) out.push(`'${l}':${Math.min(++pos, MAX_TS_POSITION)}`);
   }
   return out.join(' ');
@@ -127,12 +136,19 @@ export function foldForIndex(text: string): string {
  * break.
  */
 const COMPAT_SYMBOL = /[\p{No}\p{S}\p{Cf}]/gu;
-const IN_WORD_FORMAT = new Set(['\u00ad', '\u2060', '\ufeff']);
+const IN_WORD_FORMAT = /[\u00ad\u2060\ufeff]/;
 const spacedForm = (c: string): string => {
-  if (/\p{Cf}/u.test(c)) return IN_WORD_FORMAT.has(c) ? '' : ' ';
+  if (/\p{Cf}/u.test(c)) return IN_WORD_FORMAT.test(c) ? '' : ' ';
   const n = c.normalize('NFKC');
   return n === c ? c : ` ${n} `;
 };
+
+/**
+ * `text` without the format characters that foldForIndex drops inside a word: a query reads a
+ * word as the index does before splitting at spaces (JavaScript's `\s` takes U+FEFF for one).
+ */
+export const withoutInWordFormat = (text: string): string =>
+  text.replace(new RegExp(IN_WORD_FORMAT.source, 'g'), '');
 
 /**
  * The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`, the CJK
