@@ -106,11 +106,18 @@ const schema = z.object({
   ).optional(),
   MNEMOS_DATA_DIR: z.string().trim().min(1).default('./data'),
   // What ioredis would otherwise meet at the first command (`select NaN`, a stack trace) or as a
-  // bare "URI malformed".
+  // bare "URI malformed". A query is refused: ioredis takes each of its parameters (`db`,
+  // `password`, `username`) as an option and node-redis (error memory) ignores it, so `?db=5`
+  // put the queues and inboxes in database 5 and error memory in database 0.
   REDIS_URL: urlText(['redis:', 'rediss:'], 'e.g. redis://127.0.0.1:6379', (u) => [
     ...(/^\/?\d*$/.test(u.pathname)
       ? []
       : ['the path is the database number (e.g. redis://127.0.0.1:6379/0)']),
+    ...(u.search === ''
+      ? []
+      : [
+          "has a ?query, which only some of mnemos's Redis clients read: put the database number in the path (redis://127.0.0.1:6379/5) and the user name and password before the host (redis://user:password@127.0.0.1:6379)",
+        ]),
     ...(decodes(u.username) && decodes(u.password)
       ? []
       : ['has a malformed percent-escape in the user name or password (write % as %25)']),

@@ -34,10 +34,54 @@ export function makeRedis(url: string, role: 'producer' | 'worker', logger?: Log
   if (role === 'producer') watchStaleConnection(redis, logger, outage);
   redis.on('error', (err: Error) => {
     outage.failed();
-    warnError({ err: { message: err.message }, role });
+    if (!refusedSelect(err)) warnError({ err: { message: err.message }, role });
   });
+  refuseDatabaseZero(redis, throttledWarn(logger, DATABASE_REFUSED), role);
   return redis;
 }
+
+const DATABASE_REFUSED =
+  "redis refused to select REDIS_URL's database: reconnecting (not using database 0 instead)";
+
+/**
+ * ioredis selects REDIS_URL's database as it connects and, when Redis refuses (`ERR DB index is
+ * out of range`, an ACL user without SELECT), reports the error and goes on, ready, in database 0:
+ * queues and inboxes went there, error memory (which fails on the refusal) answered 503, and two
+ * deployments told apart by their database shared database 0. Such a connection is dropped before
+ * its ready check instead, and retried as after an outage: no command runs on it, at start (where
+ * waitForRedis reports the refusal) or after a reconnect. BullMQ's own connections (a worker's
+ * blocking one) are duplicates of this one, and get the same.
+ */
+function refuseDatabaseZero(redis: Redis, warn: (fields: object) => void, role: string): void {
+  redis.on('error', (err: Error) => {
+    if (!refusedSelect(err)) return;
+    refusals.set(redis, err);
+    warn({ db: redis.options.db, err: { message: err.message }, role });
+    redis.disconnect(true);
+  });
+  redis.on('ready', () => refusals.delete(redis));
+  const duplicate = redis.duplicate.bind(redis);
+  redis.duplicate = (...args: Parameters<Redis['duplicate']>) => {
+    const copy = duplicate(...args);
+    refuseDatabaseZero(copy, warn, role);
+    return copy;
+  };
+}
+
+/** A connection's last refused SELECT, until it is ready again (for waitForRedis). */
+const refusals = new WeakMap<Redis, Error>();
+
+/** ioredis names the command an error answered (`err.command`): here its handshake's SELECT. */
+const refusedSelect = (err: Error) => (err as { command?: { name?: string } }).command?.name === 'select';
+
+/** What a start says of a refused SELECT: the database, Redis's answer, and what to check. */
+const databaseRefused = (redis: Redis, err: Error) =>
+  new Error(
+    `Redis refused to select database ${redis.options.db} of REDIS_URL (${err.message}): ` +
+      'mnemos will not use database 0 instead. The path of REDIS_URL is the database number ' +
+      '(a Redis has databases 0-15 unless its "databases" setting says otherwise), and a Redis ' +
+      'user needs SELECT for any database but 0',
+  );
 
 export const STALE_CHECK_EVERY_MS = 5000;
 
@@ -95,19 +139,36 @@ export function watchSilence(client: {
   };
 }
 
-/** Waits until the connection is ready or the deadline passes. */
+/**
+ * Waits until the connection is ready or the deadline passes. A refused SELECT of REDIS_URL's
+ * database throws at once, naming it: waiting would not change it, and "cannot reach Redis" would
+ * send the operator to look for a Redis that is running.
+ */
 export async function waitForRedis(redis: Redis, timeoutMs: number): Promise<boolean> {
   if (redis.status === 'ready') return true;
-  return new Promise((resolve) => {
-    const t = setTimeout(() => {
+  const refused = refusals.get(redis);
+  if (refused) throw databaseRefused(redis, refused);
+  return new Promise((resolve, reject) => {
+    const done = () => {
+      clearTimeout(t);
       redis.off('ready', onReady);
+      redis.off('error', onError);
+    };
+    const t = setTimeout(() => {
+      done();
       resolve(false);
     }, timeoutMs);
     const onReady = () => {
-      clearTimeout(t);
+      done();
       resolve(true);
     };
+    const onError = (err: Error) => {
+      if (!refusedSelect(err)) return;
+      done();
+      reject(databaseRefused(redis, err));
+    };
     redis.once('ready', onReady);
+    redis.on('error', onError);
   });
 }
 

@@ -77,6 +77,24 @@ void describe('configuration', () => {
       () => loadConfig({ REDIS_URL: 'redis://u:a%ZZb@127.0.0.1:6379' }),
       /REDIS_URL: has a malformed percent-escape/,
     );
+    // A query, which ioredis reads and error memory's client does not (`?db=5` split one
+    // deployment across databases 5 and 0): refused, saying where the database and password go.
+    for (const query of ['?db=5', '/0?password=s3cret', '?username=app&password=s3cret', '?family=6']) {
+      assert.throws(
+        () => loadConfig({ REDIS_URL: `redis://127.0.0.1:6379${query}` }),
+        (err: unknown) =>
+          err instanceof ConfigError &&
+          /REDIS_URL: has a \?query, .*the database number in the path \(redis:\/\/127\.0\.0\.1:6379\/5\) and the user name and password before the host/.test(
+            err.message,
+          ) &&
+          !err.message.includes('s3cret'),
+        query,
+      );
+    }
+    assert.equal(
+      loadConfig({ REDIS_URL: 'redis://app:pw@127.0.0.1:6379/5' }).redisUrl,
+      'redis://app:pw@127.0.0.1:6379/5',
+    );
     // A password in the query (ioredis reads `?password=`) is masked too.
     assert.equal(
       shownUrl('redis://127.0.0.1:1/0?password=s3cret&db=1'),

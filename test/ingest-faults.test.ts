@@ -1422,6 +1422,60 @@ void describe('ingestion under faults and many processes', () => {
     assert.equal((await t.api.get('/v1/sessions/twice')).body.message_count, 2);
   });
 
+  void test('a re-posted id given a second seq after Redis lost its id state is dropped by the drain, counted and logged', async () => {
+    // Setup: an api process (the test runs the drain), a message waiting in the inbox, and the
+    // session's Redis state lost (as a volatile-lru Redis evicted it: sess and ids carry TTLs).
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const svc = await startTestService({ mode: 'api', logger });
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+    });
+    const t = await svc.newTenant();
+    const post = (content: string) =>
+      t.api.post('/v1/sessions/lost/messages', { messages: [user(content, { id: 'A' })] });
+    assert.deepEqual((await post('first')).body.messages, [{ id: 'A', seq: 1 }]);
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'lost');
+    await svc.deps.redis.del(keys.sess, keys.ids);
+    const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
+
+    // Action: the same id with other content (answered 202 at a seq of its own), then the drain.
+    const again = await post('changed');
+    assert.equal(again.status, 202, again.text);
+    assert.deepEqual(again.body.messages, [{ id: 'A', seq: 2 }]);
+    const replay = (await svc.deps.redis.lrange(keys.inbox, 0, 0))[0]!;
+    const drain = await drainSession(svc.deps, t.tenantId, 'lost');
+
+    // Assert: the archive keeps the first message of the id, once; the second is counted as
+    // dropped, and one line names the session and the likely cause.
+    assert.equal(drain.archived, 1);
+    assert.deepEqual(
+      (await allMessages(t.api, 'lost')).map((m) => `${m.seq}:${m.id}:${m.content}`),
+      ['1:A:first'],
+    );
+    assert.equal(await dropped(), 1);
+    const said = lines.filter((l) => /whose id this session had archived already/.test(String(l.msg)));
+    assert.equal(said.length, 1, JSON.stringify(lines));
+    assert.equal(said[0]!.tenantId, t.tenantId);
+    assert.equal(said[0]!.sessionId, 'lost');
+    assert.equal(said[0]!.dropped, 1);
+    assert.match(
+      String(said[0]!.msg),
+      /Redis lost the session's id state \(a maxmemory-policy other than noeviction/,
+    );
+
+    // A replay (an archived seq read again, as after a drain whose trim was lost) is no drop.
+    await svc.deps.redis.lpush(keys.inbox, replay);
+    await drainSession(svc.deps, t.tenantId, 'lost');
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+    assert.equal(await dropped(), 1);
+    assert.equal(
+      lines.filter((l) => /whose id this session had archived already/.test(String(l.msg))).length,
+      1,
+    );
+  });
+
   void test('a deleted session posted to again is visible at once, before its first drain', async () => {
     const h = await apiFirst();
     const t = await h.api.newTenant();

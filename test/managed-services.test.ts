@@ -1,13 +1,20 @@
 // What managed Postgres and Redis refuse a service: a role that may not create extensions, an
 // extension in a schema off the search_path, a Redis user without CONFIG.
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { test } from 'node:test';
 import { Redis } from 'ioredis';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
-import { redisDurabilityWarnings } from '../services/redis.js';
-import { ADMIN_URL, dropTestDatabase } from './support/harness.js';
+import { makeRedis, redisDurabilityWarnings } from '../services/redis.js';
+import {
+  ADMIN_URL,
+  createTestDatabase,
+  dropTestDatabase,
+  eventually,
+  testPrefix,
+} from './support/harness.js';
 import { startPrivateRedis } from './support/private-redis.js';
 
 const runId = process.env.MNEMOS_TEST_RUN ?? 'local';
@@ -102,6 +109,96 @@ void test('a Redis user refused CONFIG still gets the persistence and eviction w
       user.disconnect();
     }
   } finally {
+    admin.disconnect();
+    await r.stop();
+  }
+});
+
+void test('a database Redis refuses in REDIS_URL stops the start, naming it, and nothing goes to database 0', async () => {
+  // Setup: a Redis with the default 16 databases (0-15).
+  const r = await startPrivateRedis();
+  const url = await createTestDatabase();
+  try {
+    // Action
+    const run = spawnSync(process.execPath, ['bin/mnemos.js', 'serve'], {
+      env: {
+        ...process.env,
+        DATABASE_URL: url,
+        REDIS_URL: `${r.url}/16`,
+        MNEMOS_PREFIX: testPrefix(),
+        PORT: '0',
+        LOG_LEVEL: 'silent',
+      },
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+
+    // Assert: it exits with the reason, before its banner (it ran in database 0, ready).
+    assert.equal(run.status, 1, run.stdout + run.stderr);
+    assert.match(
+      run.stderr,
+      /Redis refused to select database 16 of REDIS_URL \(ERR DB index is out of range\)/,
+    );
+    assert.doesNotMatch(run.stdout, /listening/);
+    const admin = new Redis(r.url);
+    try {
+      assert.equal(await admin.dbsize(), 0);
+    } finally {
+      admin.disconnect();
+    }
+  } finally {
+    await r.stop();
+    await dropTestDatabase(url);
+  }
+});
+
+void test('a connection that comes back refused its database writes nothing to database 0, and goes on once allowed', async () => {
+  // Setup: a user whose connections (the API's, a worker's and BullMQ's copy of it) use database 5.
+  const r = await startPrivateRedis();
+  const admin = new Redis(r.url);
+  const userUrl = `redis://app:pw-0123456789@127.0.0.1:${r.port}/5`;
+  await admin.call('ACL', 'SETUSER', 'app', 'on', '>pw-0123456789', '~*', '&*', '+@all');
+  const producer = makeRedis(userUrl, 'producer');
+  const worker = makeRedis(userUrl, 'worker');
+  const copy = worker.duplicate();
+  const clients = { producer, worker, copy };
+  try {
+    for (const c of Object.values(clients)) await eventually(async () => c.status === 'ready', 10_000);
+
+    // Action: SELECT taken away, and every connection cut.
+    await admin.call('ACL', 'SETUSER', 'app', '-select');
+    await admin.call('CLIENT', 'KILL', 'USER', 'app');
+
+    // Assert: reconnects fail their SELECT; nothing they are asked lands in database 0 (it did,
+    // on connections that ioredis reported restored).
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    for (const [name, c] of Object.entries(clients)) {
+      await Promise.race([
+        c.set(`refused:${name}`, '1').catch(() => undefined),
+        new Promise((resolve) => setTimeout(resolve, 1000)),
+      ]);
+    }
+    assert.equal(await admin.dbsize(), 0);
+
+    // Once SELECT is allowed again, each connection reconnects into database 5.
+    await admin.call('ACL', 'SETUSER', 'app', '+select');
+    for (const [name, c] of Object.entries(clients)) {
+      await eventually(
+        async () => (await c.set(`allowed:${name}`, '1').catch(() => null)) === 'OK',
+        15_000,
+        name,
+      );
+    }
+    await admin.select(5);
+    assert.deepEqual((await admin.keys('allowed:*')).sort(), [
+      'allowed:copy',
+      'allowed:producer',
+      'allowed:worker',
+    ]);
+    await admin.select(0);
+    assert.equal(await admin.dbsize(), 0);
+  } finally {
+    for (const c of Object.values(clients)) c.disconnect();
     admin.disconnect();
     await r.stop();
   }

@@ -220,6 +220,8 @@ export async function drainSession(
       lastRead: number;
       archived: number;
       dropped: number;
+      /** Messages whose id the archive holds at another seq already (idTakenDrops). */
+      idTaken: number;
       /** Inbox entries read (trimmed after the commit). */
       read: number;
       hotBytes: number;
@@ -290,6 +292,8 @@ export async function drainSession(
           lastRead,
           archived: inserted.length,
           dropped: stale,
+          // Replays (seq < next_seq) were left out above: a row not inserted is an id conflict.
+          idTaken: rows.length - inserted.length,
           read: entries.length,
           hotBytes: Number(counters.hot_bytes),
           generation: session.generation,
@@ -350,11 +354,12 @@ export async function drainSession(
     // (syncRedisGeneration): the entries this drain read but did not trim are those.
     if (Number.isFinite(trimmed)) batch.dropped = Math.max(0, batch.dropped - (batch.read - trimmed));
     total.archived += batch.archived;
-    total.dropped += batch.dropped;
+    total.dropped += batch.dropped + batch.idTaken;
     total.hotBytes = batch.hotBytes;
     total.generation = batch.generation;
     deps.metrics.messagesArchived.inc(batch.archived);
     if (batch.dropped > 0) deps.metrics.messagesDropped.inc(batch.dropped);
+    if (batch.idTaken > 0) idTakenDrops(deps, tenantId, sessionId, batch.idTaken);
     if (batch.archived > 0 && afterArchive) {
       await afterArchive({
         tenantId,
@@ -370,6 +375,29 @@ export async function drainSession(
     if (left === 0) return { ...total, more: false };
   }
   return { ...total, more: true };
+}
+
+/**
+ * Messages the archive's `on conflict do nothing` left out: their id is archived at an earlier
+ * seq. The accept answers a re-posted id from the session's id hash (or, once archived, from the
+ * archive), so this is a Redis that lost that hash while the first message still waited in the
+ * inbox (evicted under a volatile-* maxmemory-policy, restored from an older snapshot) and gave
+ * the re-post a seq of its own. The archive keeps the first message of an id (SPEC); the re-post
+ * was answered 202 and is gone, which was once neither counted nor logged.
+ */
+function idTakenDrops(
+  deps: Pick<CoreDeps, 'metrics' | 'logger'>,
+  tenantId: string,
+  sessionId: string,
+  dropped: number,
+): void {
+  deps.metrics.messagesDropped.inc(dropped);
+  deps.logger.warn(
+    { tenantId, sessionId, dropped },
+    'dropped accepted messages whose id this session had archived already: Redis lost the ' +
+      "session's id state (a maxmemory-policy other than noeviction evicted it, or a restore), " +
+      'so their re-posts were given new seqs; the archive keeps the first message of each id',
+  );
 }
 
 export function makeIngestProcessor(
