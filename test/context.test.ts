@@ -318,6 +318,27 @@ void describe('context without a decision model', () => {
     assert.deepEqual(r.body.window, { from_seq: acks[0]!.seq, to_seq: acks[6]!.seq });
   });
 
+  void test('an assistant message whose every call went unanswered and that says nothing is dropped whole', async () => {
+    const s = sid('silentcall');
+    await archive(t.api, s, [
+      user('q'),
+      calls('call_q'),
+      // No result for call_q, nor for call_r: left with neither content nor calls, OpenAI refuses them.
+      user('again'),
+      { ...calls('call_r'), content: '' },
+      user('third'),
+    ]);
+
+    const r = await context(t.api, s, { max_messages: 100 });
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.messages, [
+      { role: 'user', content: 'q' },
+      { role: 'user', content: 'again' },
+      { role: 'user', content: 'third' },
+    ]);
+  });
+
   void test('a second result for a call already answered is dropped: one result per call', async () => {
     const s = sid('dupresult');
     // 50 characters, as Responses-API item ids are: renamed in the context, where both of its
@@ -616,6 +637,21 @@ void describe('context without a decision model', () => {
       ['question 0', 'answer 1'],
     );
     assert.equal(r.body.window.to_seq, seq);
+  });
+
+  void test("an input equal to the last message is appended when that message is not the user's", async () => {
+    const s = sid('echo');
+    await archive(t.api, s, [user('all good?'), assistant('ok')]);
+
+    // The user answers with the assistant's own words: a new message, not the one already posted.
+    const r = await context(t.api, s, { input: 'ok' });
+
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.messages, [
+      { role: 'user', content: 'all good?' },
+      { role: 'assistant', content: 'ok' },
+      { role: 'user', content: 'ok' },
+    ]);
   });
 
   void test('min_seq that never arrives: 200 with the current window and x-mnemos-min-seq: timeout', async () => {

@@ -1020,6 +1020,22 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       );
     }
     assert.deepEqual(await hitSeqs(api, s, { query: 'deploy x', match: 'keyword' }), []);
+    // Excluded, a single ASCII character is no substring either: `-a` leaves out nothing, `-x` the
+    // word x, never every message with an a or an x inside a word.
+    const [split, box, xray] = await archiveSpaced(api, s, [
+      user('banana split'),
+      user('banana box'),
+      user('banana x ray'),
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'banana -a', match: 'keyword' }).then(sorted), [
+      split,
+      box,
+      xray,
+    ]);
+    assert.deepEqual(await hitSeqs(api, s, { query: 'banana -x', match: 'keyword' }).then(sorted), [
+      split,
+      box,
+    ]);
   });
 
   const LONG_TERMS = ['a', 'b', 'c', 'd'].map((c) => c.repeat(64)).join(' ');
@@ -1056,6 +1072,25 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     assert.deepEqual(await hitSeqs(api, s, { query: `${LONG_TERMS} 🚀`, match: 'keyword' }), [seqs[47]]);
     const without = await hitSeqs(api, s, { query: `${LONG_TERMS} -🚀`, match: 'keyword', limit: 32 });
     assert.ok(without.includes(seqs[43]!) && !without.includes(seqs[47]!), String(without));
+  });
+
+  void test('keyword: of two full-text matches, the one holding the query verbatim ranks first', async () => {
+    const s = sid('verbatim');
+    // Full text stems both to `run`; only the older one holds `running` itself.
+    const [older, newer] = await archiveSpaced(api, s, [user('running the job'), user('runs the job')]);
+
+    const r = await search(api, s, { query: 'running', match: 'keyword' });
+
+    assert.deepEqual(
+      r.body.hits.map((h) => [h.seq, h.source]),
+      [
+        [older, 'both'],
+        [newer, 'archive'],
+      ],
+    );
+    // 1.19: FULL_TEXT_TIER (1), its rank (0.09) and the substring bonus (0.1); the other 1.09.
+    assert.ok(r.body.hits[0]!.score >= 1.1, String(r.body.hits[0]!.score));
+    assert.ok(r.body.hits[1]!.score < 1.1, String(r.body.hits[1]!.score));
   });
 
   void test('keyword: an exclusion is honoured past the substring budget and past 64 terms, or nothing is returned', async () => {
@@ -1323,6 +1358,31 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       assert.deepEqual(await q('1m'), [d20, d3, now], `${match} 1m`);
       assert.deepEqual(await q('1y'), [d200, d20, d3, now], `${match} 1y`);
       assert.deepEqual(await q('all'), [d200, d20, d3, now], `${match} all`);
+    }
+  });
+
+  void test('time_range boundaries: 1d, 7d, 1m and 1y are 1, 7, 30 and 365 days', async () => {
+    const s = sid('timeedge');
+    // A tenth of a day (2.4 hours) inside and outside each range.
+    const daysAgo = (days: number) => new Date(Date.now() - days * 86_400_000).toISOString();
+    const ages = [0.9, 1.1, 6.9, 7.1, 29.9, 30.1, 364.9, 365.1];
+    const seqs = await archiveSpaced(
+      api,
+      s,
+      ages.map((age) => user('plum harvest log', { sent_at: daysAgo(age) })),
+    );
+    const within = (days: number) => seqs.filter((_, i) => ages[i]! < days);
+    await ensureVectors(svc, tenantId, s);
+    for (const match of ['keyword', 'semantic', 'hybrid']) {
+      for (const [time_range, days] of [
+        ['1d', 1],
+        ['7d', 7],
+        ['1m', 30],
+        ['1y', 365],
+      ] as const) {
+        const got = await hitSeqs(api, s, { query: 'plum harvest', match, time_range, limit: 32 });
+        assert.deepEqual(sorted(got), within(days), `${match} ${time_range}`);
+      }
     }
   });
 
@@ -2580,35 +2640,37 @@ void describe('search time limit', () => {
   });
 
   void test('a search past SEARCH_TIMEOUT_MS is a 503 search_timeout; the next one and the rest of the API go on', async () => {
-    const svc = await startTestService({ env: { SEARCH_TIMEOUT_MS: '50' } });
+    // PG_POOL_SIZE 4: one search connection, so the next search runs on the very connection whose
+    // statement was cancelled. A lock on the archive holds the first search past the limit on any
+    // machine, and the limit leaves an ordinary search room on a loaded one (a search slowed by its
+    // own cost, a substring tested against megabytes, needed a limit of 50 ms, which the next
+    // search on a loaded machine passed too).
+    const svc = await startTestService({ env: { SEARCH_TIMEOUT_MS: '1000', PG_POOL_SIZE: '4' } });
+    const { Client } = (await import('pg')).default;
+    const locker = new Client({ connectionString: svc.config.databaseUrl });
+    await locker.connect();
     try {
       const { api } = await svc.newTenant();
-      // Four messages of a million `a`s: a 64-character substring that ends in `b` is tested
-      // against every one of them, at up to their length times its own (hundreds of ms).
-      for (let i = 0; i < 4; i++) {
-        const r = await api.post('/v1/sessions/slow/messages?wait=true', {
-          messages: [user('a'.repeat(1024 * 1024))],
-        });
-        assert.equal(r.status, 201);
-      }
       await archive(api, 'slow', [user('a short note about timeouts')]);
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
+      const started = Date.now();
       // (Not through search(): a 503 is the answer here.)
       const slow = await api.post<SearchBody>('/v1/sessions/slow/search', {
-        query: `${'a'.repeat(63)}b`,
+        query: 'timeouts',
         match: 'keyword',
       });
       assert.equal(slow.status, 503, JSON.stringify(slow.body).slice(0, 300));
       assert.equal(slow.body.error!.code, 'search_timeout');
       assert.equal(slow.headers.get('retry-after'), '1');
+      assert.ok(Date.now() - started >= 1000, `answered after ${Date.now() - started} ms`);
+      await locker.query('COMMIT');
       // The cancelled statement left its connection usable, and the other routes never needed it.
-      assert.equal((await api.get('/v1/sessions/slow')).body.message_count, 5);
-      // The next search, once the megabytes are gone: on a table this small Postgres scans every
-      // row and tests the substring before the session (a scan of them took ~100 ms here, past
-      // the 50 ms limit on a loaded machine), where a real archive's index reads the session's.
-      assert.equal((await api.raw('/v1/sessions/slow', { method: 'DELETE' })).status, 204);
-      await archive(api, 'fast', [user('a short note about timeouts')]);
-      assert.deepEqual(await hitSeqs(api, 'fast', { query: 'timeouts', match: 'keyword' }), [1]);
+      assert.deepEqual(await hitSeqs(api, 'slow', { query: 'timeouts', match: 'keyword' }), [1]);
+      assert.equal((await api.get('/v1/sessions/slow')).body.message_count, 1);
     } finally {
+      await locker.query('COMMIT').catch(() => undefined);
+      await locker.end();
       await svc.stop();
     }
   });

