@@ -12,7 +12,7 @@ import { after, before, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import type { Queue } from 'bullmq';
-import { keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
+import { eraseTenant, keyBelongsTo } from '../services/lifecycle/tenant-erasure.js';
 import { reconcileGenerations } from '../services/lifecycle/session-lifecycle.js';
 import { lifecycleExtension } from '../services/lifecycle/lifecycle-extension.js';
 import { deleteSessionMessages, markSessionCleared, sessionsBehindInRedis } from '../db/queries/lifecycle.js';
@@ -41,6 +41,7 @@ import {
   startTestService,
 } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
+import { startPrivateRedis } from './support/private-redis.js';
 
 type Msg = Record<string, unknown>;
 const user = (content: unknown, extra: Msg = {}): Msg => ({ role: 'user', content, ...extra });
@@ -1686,13 +1687,22 @@ void describe('tenant erasure', () => {
   void test('a retry after an erasure failed past the tenants row finishes the Redis clean-up (404)', async () => {
     const admin = api(svc.base, ADMIN_TOKEN);
     const victim = await svc.newTenant();
-    // What an erasure leaves when Redis fails after the tenants row went: the row gone, keys left.
+    // What an erasure leaves when Redis fails after the tenants row went: the row gone, keys and
+    // a job left, the tenant listed as owing its Redis clean-up.
     const left = `${svc.config.prefix}:sess:${victim.tenantId}:late`;
     await redis.hset(left, 'seq', '3');
+    const job = await svc.deps.queues.embed.add(
+      'embed',
+      { v: 1, tenantId: victim.tenantId, sessionId: 'late', generation: 1 },
+      { delay: 3_600_000 },
+    );
+    await redis.sadd(`${svc.config.prefix}:erasures`, victim.tenantId);
     await q('DELETE FROM tenants WHERE id = $1', [victim.tenantId]);
     const r = await admin.del(`/v1/admin/tenants/${victim.tenantId}`);
     assert.equal(r.status, 404);
     assert.equal(await redis.exists(left), 0);
+    assert.equal(await svc.deps.queues.embed.getJob(job.id!), undefined);
+    assert.equal(await redis.sismember(`${svc.config.prefix}:erasures`, victim.tenantId), 0);
   });
 
   void test('a worker finishes an erasure whose process died mid-way; until then the admin list shows it erasing', async () => {
@@ -1996,6 +2006,113 @@ void describe('tenant erasure', () => {
     assert.equal(keyBelongsTo(`p:inbox:${a}x:s1`, 'p', a), false);
     assert.equal(keyBelongsTo(`q:inbox:${a}:s1`, 'p', a), false);
     assert.equal(keyBelongsTo(`p:summary:de:summary-${a}-s1`, 'p', a), true);
+  });
+
+  void test("an erasure walks the keyspace once and reads no job whole; other tenants' keys and jobs stay", async () => {
+    // A Redis of its own, to count what the erasure asks of it, and an API process only (no
+    // worker takes the queued jobs, so they stay as queued).
+    const server = await startPrivateRedis();
+    const own = await startTestService({ mode: 'api', env: { REDIS_URL: server.url } });
+    const r = new Redis(server.url);
+    const calls = async (command: string) => {
+      const stats = (await r.info('commandstats')).split('\r\n');
+      return Number(
+        /calls=(\d+)/.exec(stats.find((l) => l.startsWith(`cmdstat_${command}:`)) ?? '')?.[1] ?? 0,
+      );
+    };
+    const queue = (name: (typeof QUEUE_NAMES)[number]) => own.deps.queues[name] as unknown as Queue;
+    const STATES = ['waiting', 'delayed', 'prioritized', 'failed', 'completed'] as const;
+    // (Maintenance jobs are no tenant's: the erasure asks for some.)
+    const jobsOf = async (tenantId: string, mine: boolean) =>
+      (
+        await Promise.all(
+          QUEUE_NAMES.filter((n) => n !== 'maintenance').map((n) => queue(n).getJobs([...STATES])),
+        )
+      )
+        .flat()
+        .filter((j) => (j.data?.tenantId === tenantId) === mine)
+        .map((j) => `${j.queueName}/${j.id}`)
+        .sort();
+    const erase = (tenantId: string) =>
+      eraseTenant(own.deps, () => own.extensions, tenantId, { revocationGraceMs: 0 });
+    try {
+      const p = own.config.prefix;
+      const victim = await own.newTenant();
+      const bystander = await own.newTenant();
+      for (const t of [victim, bystander]) {
+        const posted = await t.api.post('/v1/sessions/chat/messages', { messages: [user('hello')] });
+        assert.equal(posted.status, 202, posted.text);
+        const err = await t.api.post('/v1/errors', {
+          tool_name: 'shell',
+          symptom: 'permission denied on /srv/app',
+          action: 'ran with sudo',
+          outcome: 'resolved',
+        });
+        assert.equal(err.status, 201, err.text);
+      }
+      // The rest of a deployment: 20,000 keys of other tenants, and 300 summaries queued.
+      const fill = r.pipeline();
+      for (let i = 0; i < 20_000; i++) fill.set(`${p}:ids:other-${i % 50}:s${i}`, 'x');
+      await fill.exec();
+      await own.deps.queues.summary.addBulk(
+        Array.from({ length: 300 }, (_, i) => ({
+          name: 'summarize',
+          data: {
+            v: 1 as const,
+            kind: 'summarize' as const,
+            tenantId: bystander.tenantId,
+            sessionId: `s${i}`,
+            reason: 'api' as const,
+          },
+        })),
+      );
+      const theirJobs = await jobsOf(victim.tenantId, false);
+      assert.equal(theirJobs.length, 301, "the bystander's flush and summaries");
+      const victimJobs = await jobsOf(victim.tenantId, true);
+      assert.equal(victimJobs.length, 1, "the victim's flush");
+      const victimJob = `${p}:${victimJobs[0]!.replace('/', ':')}`;
+      const theirs = (await r.keys(`${p}:*`)).filter(
+        (k) => !k.includes(victim.tenantId) && k !== victimJob && !k.startsWith(`${victimJob}:`),
+      );
+      assert.ok((await r.keys(`${p}:*${victim.tenantId}*`)).length >= 5, "the victim's keys");
+
+      // One full pass of SCAN over this keyspace, for scale.
+      let scans = await calls('scan');
+      let cursor = '0';
+      do [cursor] = await r.scan(cursor, 'MATCH', `${p}:none:*`, 'COUNT', 1000);
+      while (cursor !== '0');
+      const pass = (await calls('scan')) - scans;
+      assert.ok(pass >= 15, `one pass is ${pass} calls`);
+
+      scans = await calls('scan');
+      const whole = await calls('hgetall');
+      assert.equal(await erase(victim.tenantId), true);
+      const erasureScans = (await calls('scan')) - scans;
+      const readWhole = (await calls('hgetall')) - whole;
+      // Before: four passes (the context cache's purge, error memory's, and the sweep before and
+      // after the tenants row), and every kept job read whole, twice.
+      assert.ok(erasureScans <= pass + 1, `the erasure made ${erasureScans} SCAN calls; one pass is ${pass}`);
+      assert.ok(readWhole < 30, `the erasure read ${readWhole} job hashes whole (300 are queued)`);
+
+      // A DELETE of a tenant that is gone, or never was, walks nothing.
+      scans = await calls('scan');
+      assert.equal(await erase(victim.tenantId), false);
+      assert.equal(await erase('t_aaaaaaaaaaaaaaaa'), false);
+      assert.equal((await calls('scan')) - scans, 0, 'SCAN calls of two DELETEs of gone tenants');
+
+      assert.deepEqual(await r.keys(`${p}:*${victim.tenantId}*`), []);
+      assert.equal(await r.sismember(`${p}:erasures`, victim.tenantId), 0);
+      assert.deepEqual(await jobsOf(victim.tenantId, true), []);
+      let kept = 0;
+      for (let i = 0; i < theirs.length; i += 1000) kept += await r.exists(...theirs.slice(i, i + 1000));
+      assert.equal(kept, theirs.length, "other tenants' keys");
+      assert.deepEqual(await jobsOf(victim.tenantId, false), theirJobs, "other tenants' jobs");
+    } finally {
+      r.disconnect();
+      await own.stop();
+      await server.stop();
+      await dropTestDatabase(own.config.databaseUrl!);
+    }
   });
 });
 

@@ -6,7 +6,9 @@ import { relevanceCacheKey } from './relevance.js';
 
 /**
  * Tier 1, the context window: `POST /v1/sessions/:sid/context`. Owns the per-session relevance
- * cache in Redis (<prefix>:ctxrel:<tenant>:<sid>), removed with the session or the tenant.
+ * cache in Redis (<prefix>:ctxrel:<tenant>:<sid>), removed with the session, and with the tenant by
+ * the erasure's sweep of its namespace (services/lifecycle/tenant-erasure.ts): a purge of its own
+ * walked the whole keyspace once more per erasure.
  */
 export const contextExtension: ExtensionFactory = async (deps): Promise<Extension> => {
   return {
@@ -20,15 +22,6 @@ export const contextExtension: ExtensionFactory = async (deps): Promise<Extensio
     ],
     purgeSession: async (tenantId, sessionId) => {
       await deps.redis.del(relevanceCacheKey(deps.config.prefix, tenantId, sessionId));
-    },
-    purgeTenant: async (tenantId) => {
-      const pattern = `${relevanceCacheKey(deps.config.prefix, tenantId, '')}*`;
-      let cursor = '0';
-      do {
-        const [next, keys] = await deps.redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
-        cursor = next;
-        if (keys.length > 0) await deps.redis.unlink(...keys);
-      } while (cursor !== '0');
     },
   };
 };

@@ -95,8 +95,9 @@ export const errorMemoryExtension: ExtensionFactory = async (deps): Promise<Exte
     async schedule() {
       await scheduleMaintenance(deps.queues, 'error-sweep', SWEEP_EVERY_MS);
     },
+    // Tenant erasure: the keys no index knows of go with its sweep of the tenant's namespace.
     purgeTenant: async (tenantId) => {
-      await errors.purgeTenant(tenantId);
+      await errors.purgeTenant(tenantId, { sweepUnindexed: false });
     },
     close: () => errors.close(),
     provides: { errors },

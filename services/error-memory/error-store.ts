@@ -715,13 +715,15 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     await client.set(k.version, LAYOUT_VERSION);
   }
 
-  async function purgeTenant(tenantId: string, progress: () => void): Promise<number> {
+  async function purgeTenant(tenantId: string, progress: () => void, sweepUnindexed = true): Promise<number> {
     const k = keys(tenantId);
     let deleted = await purge(tenantId, {}, progress);
     // Sweep up what no index knows of (a record whose writer died before indexing it).
-    for await (const key of client.scanIterator({ MATCH: `${k.base}:*`, COUNT: 1000 })) {
-      if (await client.unlink(key)) if (key.startsWith(`${k.base}:rec:`)) deleted++;
-      progress();
+    if (sweepUnindexed) {
+      for await (const key of client.scanIterator({ MATCH: `${k.base}:*`, COUNT: 1000 })) {
+        if (await client.unlink(key)) if (key.startsWith(`${k.base}:rec:`)) deleted++;
+        progress();
+      }
     }
     await client.sRem(tenantsKey, tenantId);
     return deleted;
@@ -791,7 +793,8 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
 
     purge: (tenantId, input) => guard((progress) => purge(tenantId, input, progress), 'progress'),
 
-    purgeTenant: (tenantId) => guard((progress) => purgeTenant(tenantId, progress), 'progress'),
+    purgeTenant: (tenantId, opts) =>
+      guard((progress) => purgeTenant(tenantId, progress, opts?.sweepUnindexed ?? true), 'progress'),
 
     sweepExpired: (existing) =>
       guard(async () => {

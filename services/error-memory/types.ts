@@ -67,8 +67,13 @@ export type ErrorMemory = {
   remove(tenantId: string, id: string): Promise<boolean>;
   /** Deletes the tenant's records of one tool, or all of them; returns how many. */
   purge(tenantId: string, input: { tool_name?: string | undefined }): Promise<number>;
-  /** Erases every error-memory key of the tenant (tenant deletion); returns records deleted. */
-  purgeTenant(tenantId: string): Promise<number>;
+  /**
+   * Erases every error-memory key of the tenant (tenant deletion); returns records deleted. With
+   * `sweepUnindexed: false`, only what its indexes know of (records, being written or not, and
+   * their index keys): the keys of a record whose writer died before indexing it are found by
+   * SCAN, which walks the whole keyspace, and tenant erasure sweeps the tenant's namespace anyway.
+   */
+  purgeTenant(tenantId: string, opts?: { sweepUnindexed?: boolean }): Promise<number>;
   /**
    * Drops index entries of expired or deleted records; returns how many records were cleaned.
    * With `existing` (which of these tenant ids the database still has), the records of the other

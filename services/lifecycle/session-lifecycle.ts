@@ -115,7 +115,7 @@ export async function clearSession(
   // flush of what was accepted after the cut (kept), and removed afterwards, with the flush job
   // of such a message still queued behind a busy worker, they left it in the inbox until the
   // ingest sweeper came round (every 30 s).
-  if (scan > 0) await removeQueuedJobs(deps.queues, match, scan, PENDING_STATES).catch(warn);
+  if (scan > 0) await removeQueuedJobs(deps.redis, deps.queues, match, scan, PENDING_STATES).catch(warn);
   await syncRedisGeneration(
     deps,
     tenantId,
@@ -128,10 +128,10 @@ export async function clearSession(
     await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
   }
   if (scan > 0) {
-    // Jobs that ran (ids only, never run again for the old generation) go behind the answer: read
-    // whole, up to `scan` per state of each queue, they made a delete take seconds (p50 2.9 s
-    // under a tester's load, with the summary queue's hour of completed jobs).
-    void removeQueuedJobs(deps.queues, match, scan, FINISHED_STATES).catch(warn);
+    // Jobs that ran (ids only, never run again for the old generation) go behind the answer: up
+    // to `scan` per state of each queue, read whole then, they made a delete take seconds (p50
+    // 2.9 s under a tester's load, with the summary queue's hour of completed jobs).
+    void removeQueuedJobs(deps.redis, deps.queues, match, scan, FINISHED_STATES).catch(warn);
   }
   if (r.kind === 'tombstone') return { kind: 'not_found' };
   return {
