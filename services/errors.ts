@@ -38,15 +38,19 @@ export const unavailable = (dependency: string, retryAfterSeconds = 2) =>
  * are fixed code, so a command they queue is never refused as malformed.
  */
 export const REDIS_TRANSIENT_REPLY =
-  /^(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|EXECABORT)\b/;
+  /(?:^|: -)(?:LOADING|BUSY|OOM|MISCONF|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|EXECABORT)\b/;
 
 /**
+ * Redis 7 answers a script's refused call with the refusal itself (`OOM command not allowed ...
+ * script: <sha>`); Redis 6.2 wraps it (`ERR Error running script (call to f_<sha>):
+ * @user_script:3: -OOM command not allowed ...`), and both forms are matched.
+ *
  * Of those, the replies that refuse a write while reads still go through: out of memory under
  * `noeviction` (which still allows what frees memory, DEL, ZREM, SREM, but not SET, SADD, HSET,
  * nor any command queued in a MULTI), a read-only replica, a failing snapshot; EXECABORT is a
  * MULTI refused so.
  */
-export const REDIS_WRITE_REFUSED = /^(?:OOM|READONLY|MISCONF|EXECABORT)\b/;
+export const REDIS_WRITE_REFUSED = /(?:^|: -)(?:OOM|READONLY|MISCONF|EXECABORT)\b/;
 
 /**
  * Postgres states that pass (a tester saw each as a 500): a read-only database or a standby after a

@@ -13,7 +13,7 @@ import type { ErrorMemory, ErrorRecord } from '../services/error-memory/types.js
 import { makeErrorHandler, notFoundHandler } from '../services/http-errors.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { makeLogger } from '../services/logger.js';
-import type { AppError } from '../services/errors.js';
+import { REDIS_TRANSIENT_REPLY, REDIS_WRITE_REFUSED, type AppError } from '../services/errors.js';
 import { makeErrorRoutes } from '../services/routes/error-routes.js';
 import { startPrivateRedis } from './support/private-redis.js';
 import { startTcpProxy } from './support/tcp-proxy.js';
@@ -1802,6 +1802,52 @@ void describe('outages', () => {
       await admin.config('SET', 'maxmemory', '0');
       const again = await ask('POST', '', { ...input, symptom: 'zlib stream ended early' });
       assert.deepEqual([again.status, again.body.deduplicated], [201, false]);
+    } finally {
+      await app.close();
+      await store.close();
+      admin.disconnect();
+      await own.stop();
+    }
+  });
+
+  void test('a refused write is recognised as Redis 7 and Redis 6.2 word it from a script', () => {
+    // Redis 7 (what the tests run) answers with the refusal; 6.2 wraps it in the script's error,
+    // which neither pattern matched: a read on a full 6.2 was a 500 where 7 answers it.
+    const v7 = "OOM command not allowed when used memory > 'maxmemory'. script: 9f2c, on @user_script:3.";
+    const v62 =
+      "ERR Error running script (call to f_9f2c): @user_script:3: @user_script: 3: -OOM command not allowed when used memory > 'maxmemory'.";
+    for (const m of [v7, v62, "READONLY You can't write against a read only replica."]) {
+      assert.ok(REDIS_WRITE_REFUSED.test(m), m);
+      assert.ok(REDIS_TRANSIENT_REPLY.test(m), m);
+    }
+    assert.equal(REDIS_WRITE_REFUSED.test('ERR wrong number of arguments for OOMKILL'), false);
+  });
+
+  void test('a purge on a full Redis leaves the id of a record expired before it where the sweep cleans its index entries', async () => {
+    const own = await startPrivateRedis();
+    const admin = new Redis(own.url);
+    const store = await openErrorMemory({ redisUrl: own.url, prefix: PREFIX, ttlDays: 90 });
+    const app = await serveStore(store);
+    const tenant = newTenant();
+    try {
+      const input = { action: 'git init', outcome: 'resolved' as const, tool_name: 'git' };
+      const rec = await store.write(tenant, { ...input, symptom: 'fatal: not a git repository' });
+      // Its record and dedupe key (one TTL) expire before any sweep or read drops it: only its
+      // index entries are left.
+      await admin.pexpire(`${PREFIX}:err:${tenant}:rec:${rec.id}`, 1);
+      for (const key of await scanKeys(`${PREFIX}:err:${tenant}:dedupe:*`, admin))
+        await admin.pexpire(key, 1);
+      await new Promise((r) => setTimeout(r, 20));
+      await admin.config('SET', 'maxmemory', '1');
+
+      const purge = await call(tenant, 'DELETE', '', undefined, { base: app.base });
+      assert.deepEqual([purge.status, purge.body], [200, { deleted: 0 }]);
+
+      // Memory back: the sweep finds the id (before, the purge had taken it out of every index the
+      // sweep reads, unmarked, and its term entries stayed for good, with no expiry).
+      await admin.config('SET', 'maxmemory', '0');
+      await store.sweepExpired();
+      assert.deepEqual(await keysNaming(tenant, rec.id, admin), []);
     } finally {
       await app.close();
       await store.close();

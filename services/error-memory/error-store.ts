@@ -607,7 +607,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     ids: readonly string[],
     indexed: 'indexed' | 'given',
     progress: () => void = () => {},
-  ): Promise<number> {
+  ): Promise<{ deleted: number; kept: string[] }> {
     const recs = await fetchMany(k, ids);
     // Reading the records (for their index keys) is a step of its own: a purge on a slow Redis
     // that keeps making progress must not run out of its deadline.
@@ -615,18 +615,26 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const tools = await Promise.all(ids.map((id, i) => deleteRecord(k, id, recs[i] ?? null)));
     const deleted = ids.filter((_, i) => typeof tools[i] === 'string');
     const marked = indexed === 'indexed' ? ids : deleted;
+    let kept: string[] = [];
     if (marked.length > 0) {
       // Not one MULTI: a full Redis refuses whatever a MULTI queues, and the mark takes memory,
       // so a delete it had done answered 503 (a retry 404) and left the id in `all`. The mark is
       // upkeep; the removals are plain ZREMs, which a full Redis allows. Marked first, so that a
       // connection lost in between leaves the ids where the sweep finds them.
-      await bestEffort('mark', () => client.sAdd(k.dead, [...marked]));
+      const markedOk = (await bestEffort('mark', () => client.sAdd(k.dead, [...marked]))) !== undefined;
+      // Unmarked, the ids of records that had expired before this delete stay in the indexes:
+      // their term entries (which only the record named) are found by the sweep through `all`,
+      // or by no one (a purge on a full Redis left them for good). Deleted records took theirs.
+      const done = new Set(deleted);
+      if (!markedOk) kept = marked.filter((id) => !done.has(id));
+      const removed = markedOk ? marked : deleted;
       const toolKeys = [...new Set(tools)].flatMap((tool) =>
         typeof tool === 'string' ? [k.tool(tool)] : [],
       );
-      await Promise.all([k.all, ...toolKeys].map((key) => client.zRem(key, [...marked])));
+      if (removed.length > 0)
+        await Promise.all([k.all, ...toolKeys].map((key) => client.zRem(key, [...removed])));
     }
-    return deleted.length;
+    return { deleted: deleted.length, kept };
   }
 
   async function purge(
@@ -638,11 +646,17 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const tool = input.tool_name?.trim();
     const source = tool === undefined ? k.all : k.tool(tool);
     let deleted = 0;
+    // Ids kept in the index (removeIds) are passed over, not read again.
+    let skip = 0;
     for (;;) {
-      const ids = await client.zRange(source, 0, BATCH - 1);
+      const ids = await client.zRange(source, skip, skip + BATCH - 1);
       if (ids.length === 0) break;
-      deleted += await removeIds(k, ids, 'indexed', progress);
-      await client.zRem(source, ids);
+      const r = await removeIds(k, ids, 'indexed', progress);
+      deleted += r.deleted;
+      const kept = new Set(r.kept);
+      const gone = ids.filter((id) => !kept.has(id));
+      if (gone.length > 0) await client.zRem(source, gone);
+      skip += kept.size;
       progress();
     }
     // Records in no index yet: being written now, or left by a writer that died.
@@ -656,7 +670,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         doomed = ids.filter((_, i) => tools[i] === tool);
       }
       if (doomed.length > 0) {
-        deleted += await removeIds(k, doomed, 'given', progress);
+        deleted += (await removeIds(k, doomed, 'given', progress)).deleted;
         await client.zRem(k.pending, doomed);
       }
       offset += ids.length - doomed.length;
@@ -690,7 +704,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       doomed.push(...chunk.filter((_, j) => states[j] === 'orphan'));
       await client.zRem(k.pending, chunk);
     }
-    return doomed.length > 0 ? removeIds(k, doomed, 'given') : 0;
+    return doomed.length > 0 ? (await removeIds(k, doomed, 'given')).deleted : 0;
   }
 
   /**
@@ -788,7 +802,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
 
     remove: (tenantId, id) =>
       guard(async () =>
-        ERROR_ID_RE.test(id) ? (await removeIds(keys(tenantId), [id], 'given')) === 1 : false,
+        ERROR_ID_RE.test(id) ? (await removeIds(keys(tenantId), [id], 'given')).deleted === 1 : false,
       ),
 
     purge: (tenantId, input) => guard((progress) => purge(tenantId, input, progress), 'progress'),
