@@ -1296,9 +1296,15 @@ void describe('usage retention', () => {
     try {
       const last = ids[ids.length - 1]!;
       await usageAged(last, [1, 40 * 24]);
-      const run = await pruneUsage(svc.deps, newUsageRetentionState(), { maxBatches: 3 });
+      const state = newUsageRetentionState();
+      const run = await pruneUsage(svc.deps, state, { maxBatches: 3 });
       assert.deepEqual(run, { deleted: 1, finished: true });
       assert.deepEqual(await ages(last), [0], 'the old row of the 600th tenant is deleted');
+      // The cutoff kept for a tenant goes once a pass no longer sees it (erased).
+      assert.ok(state.clearedBefore.has(last), 'a cutoff kept');
+      await svc.deps.db.query('DELETE FROM tenants WHERE id = $1', [last]);
+      await pruneUsage(svc.deps, state, { maxBatches: 3 });
+      assert.equal(state.clearedBefore.has(last), false);
     } finally {
       await svc.deps.db.query('DELETE FROM tenants WHERE id = ANY($1::text[])', [ids]);
     }

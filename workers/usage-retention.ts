@@ -18,11 +18,14 @@ export interface UsageRetentionState {
    * of walking the entries of rows deleted since the last vacuum.
    */
   clearedBefore: Map<string, Date>;
+  /** The tenants the current pass has seen: at its end, entries of the others (erased) go. */
+  seen: Set<string>;
 }
 
 export const newUsageRetentionState = (): UsageRetentionState => ({
   resumeAt: null,
   clearedBefore: new Map(),
+  seen: new Set(),
 });
 
 /**
@@ -46,6 +49,10 @@ export async function pruneUsage(
   let deleted = 0;
   const end = (resumeAt: string | null) => {
     state.resumeAt = resumeAt;
+    if (resumeAt === null) {
+      for (const id of state.clearedBefore.keys()) if (!state.seen.has(id)) state.clearedBefore.delete(id);
+      state.seen.clear();
+    }
     if (deleted > 0) {
       deps.logger.info(
         { deleted, before: before.toISOString(), resumeAt },
@@ -62,8 +69,9 @@ export async function pruneUsage(
     // their rows, and a pass over 5,000 tenants took 25 runs, over 4 hours (tester t8).
     const tenants = await tenantIdsFrom(deps.db, from, inclusive, TENANT_PAGE, before);
     for (const { id: tenantId, old } of tenants) {
+      state.seen.add(tenantId);
       if (!old) {
-        // Nothing to delete; and the entry of an erased tenant goes, rather than stay for ever.
+        // Nothing to delete, nor any cutoff to keep.
         state.clearedBefore.delete(tenantId);
         continue;
       }
