@@ -993,6 +993,48 @@ void describe('export and import', () => {
     assert.deepEqual([sum.body.summary, sum.body.cursor_seq], [SUMMARY, 2]);
   });
 
+  void test('a message posted while an import is committing is archived at once when that COMMIT fails', async () => {
+    // Setup: a service whose ingest sweeper never comes round; this session's COMMIT waits 2 s,
+    // then fails, once the import's messages are in the inbox (armed by the import's publish).
+    const own = await quietService();
+    const locker = new pg.Client({ connectionString: own.config.databaseUrl });
+    const fn = `commit_${randomBytes(4).toString('hex')}`;
+    try {
+      const t = await own.newTenant();
+      const s = sid('post-during-commit');
+      const keys = inboxKeys(own.config.prefix, t.tenantId, s);
+      await locker.connect();
+      await locker.query(`CREATE FUNCTION ${fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_sleep(2); RAISE EXCEPTION 'commit refused'; END $$`);
+      await locker.query(`CREATE CONSTRAINT TRIGGER ${fn} AFTER INSERT OR UPDATE ON summaries
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ${fn}()`);
+      const importing = t.api.post(`/v1/sessions/${s}/import`, importLines('pc'), ndjson);
+      await eventually(async () => (await redis.llen(keys.inbox)) === 3, 30_000, 'the import published');
+
+      // Action: another agent posts meanwhile.
+      const posted = await t.api.post(`/v1/sessions/${s}/messages`, {
+        messages: [user('live', { id: 'live-1' })],
+      });
+      assert.ok((await importing).status >= 500, 'the import failed');
+
+      // Assert: accepted after the import's entries, and archived without the ingest sweeper
+      // (before, the import's publish had armed the session, so the post asked for no flush, and
+      // the failed import's settle removed its entries and left the post armed with no flush to
+      // come: archived by the sweeper, 60-90 s later in production).
+      assert.equal(posted.status, 202, posted.text);
+      assert.equal(posted.body.messages[0].seq, 4);
+      await eventually(
+        async () => (await listed(t.api, s))?.map((m) => m.id).join() === 'live-1',
+        20_000,
+        'the posted message archived',
+      );
+      assert.equal(await redis.llen(keys.inbox), 0);
+    } finally {
+      await locker.query(`DROP TRIGGER IF EXISTS ${fn} ON summaries`).catch(() => undefined);
+      await stopQuiet(own, locker);
+    }
+  });
+
   /**
    * An import through a second API process of this deployment, whose COMMIT is held (a sleeping
    * deferred trigger) once its messages are in the inbox; then the process dies, and Postgres

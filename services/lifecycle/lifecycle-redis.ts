@@ -132,6 +132,7 @@ end
 redis.call('HSET', KEYS[1], 'seq', ARGV[7])
 if ARGV[8] ~= nil and ARGV[8] ~= '' then
   redis.call('HSET', KEYS[1], 'impxid', ARGV[8], 'impfrom', tonumber(ARGV[7]) - n + 1, 'impto', ARGV[7])
+  redis.call('HDEL', KEYS[1], 'impwake')
 end
 redis.call('EXPIRE', KEYS[1], ${SESSION_STATE_TTL_SECONDS})
 local wake = 0
@@ -188,7 +189,7 @@ if ARGV[2] == 'aborted' then
     redis.call('ZREM', KEYS[4], ARGV[5])
   end
 end
-redis.call('HDEL', KEYS[1], 'impxid', 'impfrom', 'impto')
+redis.call('HDEL', KEYS[1], 'impxid', 'impfrom', 'impto', 'impwake')
 return {removed, 0}
 `;
 

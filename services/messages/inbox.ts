@@ -136,6 +136,13 @@ if added > 0 then
     redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
     ${fairLua('KEYS[5]')}
     out[2] = fair
+  elseif redis.call('HEXISTS', KEYS[1], 'impxid') == 1 and redis.call('HSETNX', KEYS[1], 'impwake', '1') == 1 then
+    -- Armed by an import not settled yet, which asks for its flush only once committed: aborted,
+    -- its settle removed its entries and left this message armed with no flush to come, for the
+    -- ingest sweeper (60-90 s). One flush per import is asked here; it waits for the import's
+    -- row lock, then settles it and drains.
+    ${fairLua('KEYS[5]')}
+    out[2] = fair
   end
   if redis.call('HGET', KEYS[1], 'deleted') == '1' then
     redis.call('HDEL', KEYS[1], 'deleted')
