@@ -42,6 +42,7 @@ export async function migrate(
 ): Promise<string[]> {
   const all = migrations ?? (await loadMigrations());
   try {
+    await refuseNonUtf8(db);
     // Read first, without writing: on a database that is read-only (a standby after a failover,
     // `default_transaction_read_only`), CREATE TABLE IF NOT EXISTS is a write, and a process with
     // nothing to migrate could not start to serve the reads that still work there.
@@ -51,6 +52,25 @@ export async function migrate(
   } catch (err) {
     throw explainConnectError(err);
   }
+}
+
+/**
+ * mnemos stores any Unicode text, and its full-text and keyword matching fold case in Postgres.
+ * A LATIN1 database refused a migration with a bare "character with byte sequence 0xe2 0x86 0x92
+ * in encoding UTF8 has no equivalent in encoding LATIN1"; a SQL_ASCII one took everything as
+ * bytes, and a keyword `σοφια` no longer found `ΣΟΦΙΑ`.
+ */
+async function refuseNonUtf8(db: Db): Promise<void> {
+  const r = await db.query<{ encoding: string; database: string }>(
+    `SELECT current_setting('server_encoding') AS encoding, current_database() AS database`,
+  );
+  const { encoding, database } = r.rows[0]!;
+  if (encoding === 'UTF8') return;
+  throw new Error(
+    `database "${database}" is encoded in ${encoding}; mnemos needs UTF8: create one with ` +
+      `CREATE DATABASE <name> ENCODING 'UTF8' TEMPLATE template0 and point DATABASE_URL at it ` +
+      `(README "Managed Postgres")`,
+  );
 }
 
 /**

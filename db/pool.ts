@@ -67,6 +67,21 @@ export const requestDb = (db: Db): Db => db.forRequests?.() ?? db;
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
 
 /**
+ * pg reads a timestamptz from its text, in ISO format only: under another DateStyle (`SQL, DMY`
+ * on a database) it read null, a revoked key's `revoked_at` included. Connections ask for ISO
+ * (makePgDb); a text it still cannot read (behind a transaction pooler, a DateStyle changed on the
+ * database since the start-up check) fails the statement instead of reading as no timestamp.
+ */
+const parseTimestamptz = pg.types.getTypeParser(pg.types.builtins.TIMESTAMPTZ, 'text');
+pg.types.setTypeParser(pg.types.builtins.TIMESTAMPTZ, (v: string) => {
+  const parsed: unknown = parseTimestamptz(v);
+  if (parsed === null) {
+    throw new Error(`cannot read the timestamp "${v}": the connection's DateStyle must be ISO`);
+  }
+  return parsed;
+});
+
+/**
  * Postgres gave no answer within a bound; the connection was closed. `during` says which bound:
  * a `statement`'s (a request's, PG_REQUEST_TIMEOUT_MS, or its own `timeoutMs`: a Postgres
  * outage, or a statement that runs long or waits on a lock), or a new connection's `setup`
@@ -203,6 +218,15 @@ export function makePgDb(opts: {
               warn(what)(err);
             },
           );
+        // Output formats, on which reading a value depends: timestamps in ISO (see parseTimestamptz),
+        // floats printed exactly (Postgres's default; `extra_float_digits = -3` on a database cut a
+        // search score's rank to 3 digits). A connection that cannot have them is not used.
+        await answerWithin(
+          client,
+          client.query(`SET DateStyle = ISO; SET extra_float_digits = 1`),
+          CONNECT_TIMEOUT_MS,
+          'setup',
+        );
         // mnemos's transactions are written for read committed (a drain's row locks serialise a
         // session's writers); a database or role defaulting to repeatable read or serializable
         // failed 1 in 40 posts with a 503 serialisation failure, and drains retried.
@@ -457,6 +481,7 @@ export const PG = {
   deadlock: '40P01',
   undefinedTable: '42P01',
   invalidTextRepresentation: '22P02',
+  readOnlyTransaction: '25006',
 } as const;
 
 export function pgCode(err: unknown): string | undefined {

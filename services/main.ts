@@ -112,6 +112,7 @@ export async function startService(
 
   try {
     await migrate(deps.db, undefined, { logger });
+    await refuseNonIsoDateStyle(deps.db, config);
     const newer = await unknownMigrations(deps.db);
     if (newer.length > 0) logger.warn(newerSchemaWarning(newer));
     if (!(await waitForRedis(deps.redis, 5000))) {
@@ -471,14 +472,42 @@ export function clientErrorResponse(code: string | undefined): string {
  */
 async function poolerIsolationWarnings(db: Db, config: Config): Promise<string[]> {
   if (!config.pgTransactionPooler || db.kind !== 'postgres') return [];
-  const r = await db.query<{ level: string }>(
-    `SELECT current_setting('default_transaction_isolation') AS level`,
+  const r = await db.query<{ level: string; float_digits: string }>(
+    `SELECT current_setting('default_transaction_isolation') AS level,
+            current_setting('extra_float_digits') AS float_digits`,
   );
   const level = r.rows[0]?.level ?? 'read committed';
-  if (level === 'read committed') return [];
+  const floatDigits = Number(r.rows[0]?.float_digits ?? 1);
   return [
-    `the database's default_transaction_isolation is ${level}: behind a transaction pooler (PG_POOLER) ` +
-      `mnemos's single statements run at it and fail when drains update the same row; set it for ` +
-      `mnemos's role: ALTER ROLE <role> SET default_transaction_isolation = 'read committed'`,
+    ...(level === 'read committed'
+      ? []
+      : [
+          `the database's default_transaction_isolation is ${level}: behind a transaction pooler (PG_POOLER) ` +
+            `mnemos's single statements run at it and fail when drains update the same row; set it for ` +
+            `mnemos's role: ALTER ROLE <role> SET default_transaction_isolation = 'read committed'`,
+        ]),
+    ...(floatDigits >= 1
+      ? []
+      : [
+          `the database's extra_float_digits is ${floatDigits}: behind a transaction pooler (PG_POOLER) ` +
+            `floats are read as Postgres prints them, and search scores lose digits; set it for mnemos's ` +
+            `role: ALTER ROLE <role> SET extra_float_digits = 1`,
+        ]),
   ];
+}
+
+/**
+ * Behind a transaction pooler no connection can be told to print timestamps in ISO (db/pool.ts),
+ * the only format pg reads: under `SQL, DMY` every statement reading a timestamp would fail.
+ */
+async function refuseNonIsoDateStyle(db: Db, config: Config): Promise<void> {
+  if (!config.pgTransactionPooler || db.kind !== 'postgres') return;
+  const r = await db.query<{ style: string }>(`SELECT current_setting('DateStyle') AS style`);
+  const style = r.rows[0]?.style ?? 'ISO';
+  if (/^ISO\b/.test(style)) return;
+  throw new Error(
+    `the database's DateStyle is '${style}': behind a transaction pooler (PG_POOLER) mnemos cannot ` +
+      `set it per connection and reads timestamps in ISO only; set it for mnemos's role: ` +
+      `ALTER ROLE <role> SET DateStyle = 'ISO, MDY'`,
+  );
 }

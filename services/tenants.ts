@@ -306,9 +306,7 @@ export function makeKeyAuthenticator(
       p = within(findApiKey(db, id))
         .then((r) => {
           const entry = {
-            row: r
-              ? { tenant_id: r.tenant_id, secret_hash: r.secret_hash, revoked: r.revoked_at !== null }
-              : null,
+            row: r ? { tenant_id: r.tenant_id, secret_hash: r.secret_hash, revoked: r.revoked } : null,
             at,
           };
           if (began === epoch) remember(id, entry);

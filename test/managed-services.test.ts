@@ -92,6 +92,35 @@ void test('vector in a schema off the search_path: the error names the schema fi
   }
 });
 
+void test('a database not encoded in UTF8 is refused before any migration, saying how to make one', async () => {
+  for (const encoding of ['LATIN1', 'SQL_ASCII']) {
+    const name = `mnemos_t_${runId}_${randomBytes(4).toString('hex')}`;
+    const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    await admin.query(
+      `CREATE DATABASE "${name}" ENCODING '${encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`,
+    );
+    await admin.close();
+    const url = new URL(ADMIN_URL);
+    url.pathname = `/${name}`;
+    const db = makePgDb({ connectionString: url.toString(), max: 1 });
+    try {
+      await assert.rejects(migrate(db), (err: Error) => {
+        assert.match(
+          err.message,
+          new RegExp(`database "${name}" is encoded in ${encoding}; mnemos needs UTF8`),
+        );
+        assert.match(err.message, /CREATE DATABASE <name> ENCODING 'UTF8' TEMPLATE template0/);
+        return true;
+      });
+      const tables = await db.query(`SELECT 1 FROM pg_tables WHERE schemaname = 'public'`);
+      assert.equal(tables.rows.length, 0, `${encoding}: nothing created`);
+    } finally {
+      await db.close();
+      await dropTestDatabase(url.toString());
+    }
+  }
+});
+
 void test('a Redis user refused CONFIG still gets the persistence and eviction warnings (from INFO)', async () => {
   const r = await startPrivateRedis();
   const admin = new Redis(r.url);

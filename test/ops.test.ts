@@ -10,6 +10,7 @@ import { inboxKeys } from '../services/messages/inbox.js';
 import { oldestUnsummarisedAgeSeconds } from '../db/queries/summaries.js';
 import { sampleQueues, sampleSummaryLag } from '../services/metrics-sampler.js';
 import { makeMetrics } from '../services/metrics.js';
+import { createTenant } from '../services/tenants.js';
 import { rateLimit } from '../services/rate-limit.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import {
@@ -708,6 +709,54 @@ void describe('Postgres states that are not an outage', () => {
       assert.equal((await t.api.del('/v1/sessions/s1')).status, 404);
     } finally {
       await s.close();
+    }
+  });
+
+  void test('a first start on a migrated, read-only database serves reads, and embeds once it takes writes', async () => {
+    // Setup: a migrated database that no service has started on (no embedder recorded in it yet),
+    // with a tenant, turned read-only.
+    const url = await createTestDatabase();
+    const name = new URL(url).pathname.slice(1);
+    const admin = makePgDb({ connectionString: ADMIN_URL, max: 1 });
+    const setup = makePgDb({ connectionString: url, max: 1 });
+    const { api_key: key } = await createTenant(setup, 'read-only').finally(() => setup.close());
+    await admin.query(`ALTER DATABASE "${name}" SET default_transaction_read_only = on`);
+    let svc: TestService | undefined;
+    try {
+      // Action
+      svc = await startTestService({ databaseUrl: url });
+      const ops = api(svc.base);
+      const user = api(svc.base, key);
+
+      // Assert: started, not ready, reads served.
+      const ready = await ops.get('/readyz');
+      assert.equal(ready.status, 503, ready.text);
+      assert.equal(ready.body.checks.postgres, 'read_only');
+      assert.equal((await user.get('/v1/sessions')).status, 200);
+      // Writable again, without a restart: what is posted now is found by meaning too.
+      await admin.query(`ALTER DATABASE "${name}" RESET default_transaction_read_only`);
+      await admin.query(
+        `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`,
+        [name],
+      );
+      await eventually(async () => (await ops.get('/readyz')).status === 200);
+      const posted = await user.post('/v1/sessions/s1/messages?wait=true', {
+        messages: [{ role: 'user', content: 'the solar panels on the roof' }],
+      });
+      assert.equal(posted.status, 201, posted.text);
+      const found = await eventually(async () => {
+        const r = await user.post('/v1/sessions/s1/search', {
+          query: 'solar panels roof',
+          match: 'semantic',
+        });
+        return r.status === 200 && r.body.hits.length === 1 ? r : null;
+      });
+      assert.equal(found.body.hits[0].source, 'recent');
+    } finally {
+      await svc?.stop();
+      if (svc) await deleteRedisPrefix(svc.config.prefix);
+      await dropTestDatabase(url);
+      await admin.close();
     }
   });
 

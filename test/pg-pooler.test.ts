@@ -7,7 +7,14 @@ import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { pino } from 'pino';
 import { makePgDb } from '../db/pool.js';
-import { createTestDatabase, dropTestDatabase, startTestService } from './support/harness.js';
+import { createTenant, keyList, makeKeyAuthenticator, revokeKey } from '../services/tenants.js';
+import {
+  ADMIN_TOKEN,
+  api,
+  createTestDatabase,
+  dropTestDatabase,
+  startTestService,
+} from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
 import { startPgBouncer } from './support/pgbouncer.js';
 import type { PgBouncer } from './support/pgbouncer.js';
@@ -141,12 +148,15 @@ void describe('behind PgBouncer in transaction mode (PG_POOLER=transaction)', ()
 });
 
 /** A database of this run whose transactions default to serializable. */
-async function serializableDatabase(): Promise<string> {
+const serializableDatabase = () => databaseWith(`default_transaction_isolation = 'serializable'`);
+
+/** A database of this run with these settings (`name = value`) as its defaults. */
+async function databaseWith(...settings: string[]): Promise<string> {
   const url = await createTestDatabase();
   const admin = makePgDb({ connectionString: url, max: 1 });
   try {
     const name = new URL(url).pathname.slice(1);
-    await admin.query(`ALTER DATABASE "${name}" SET default_transaction_isolation = 'serializable'`);
+    for (const setting of settings) await admin.query(`ALTER DATABASE "${name}" SET ${setting}`);
   } finally {
     await admin.close();
   }
@@ -196,6 +206,78 @@ void test('transactions are read committed whatever the database defaults to', a
       } finally {
         await db.close();
       }
+    }
+  } finally {
+    await bouncer.stop();
+    await dropTestDatabase(url);
+  }
+});
+
+void test('a database printing dates as SQL, DMY and floats to 3 digits: timestamps, revocation and scores read right', async () => {
+  const url = await databaseWith(`DateStyle = 'SQL, DMY'`, 'extra_float_digits = -3');
+  const svc = await startTestService({ databaseUrl: url });
+  try {
+    const { api: user, apiKey } = await svc.newTenant();
+    const admin = api(svc.base, ADMIN_TOKEN);
+    const iso = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/;
+    const posted = await user.post('/v1/sessions/s1/messages?wait=true', {
+      messages: [{ role: 'user', content: 'the solar panels on the roof, the solar inverter in the shed' }],
+    });
+    assert.equal(posted.status, 201, posted.text);
+
+    const session = await user.get('/v1/sessions/s1');
+    assert.equal(session.status, 200, session.text);
+    assert.match(session.body.created_at, iso);
+    assert.match(session.body.last_message_at, iso);
+    const sessions = await user.get('/v1/sessions');
+    assert.equal(sessions.status, 200, sessions.text);
+    assert.match(sessions.body.sessions[0].created_at, iso);
+    const tenants = await admin.get('/v1/admin/tenants');
+    assert.equal(tenants.status, 200, tenants.text);
+    assert.match(tenants.body.tenants[0].created_at, iso);
+
+    // The rank in the score (ts_rank_cd's float4, 0.16976744) as Postgres prints it by default,
+    // not cut to 4 decimals (1.1698).
+    const search = await user.post('/v1/sessions/s1/search', { query: 'solar roof', match: 'keyword' });
+    assert.equal(search.status, 200, search.text);
+    assert.equal(search.body.hits.length, 1, search.text);
+    const score: number = search.body.hits[0].score;
+    assert.ok(Math.abs(score - Number(score.toFixed(4))) > 1e-7, `score ${score}`);
+
+    const keyId = apiKey.split('_')[1]!;
+    assert.equal((await admin.del(`/v1/admin/keys/${keyId}`)).status, 204);
+    assert.equal((await user.get('/v1/sessions/s1/messages')).status, 401);
+    const [key] = (await keyList(svc.deps.db)).items.filter((k) => k.key_id === keyId);
+    assert.match(key!.revoked_at ?? 'null', iso);
+    assert.match(key!.created_at, iso);
+  } finally {
+    await svc.stop();
+    await dropTestDatabase(url);
+  }
+});
+
+void test('behind a pooler, a database printing dates as SQL, DMY is refused at start, and no timestamp reads as null', async () => {
+  const url = await databaseWith(`DateStyle = 'SQL, DMY'`);
+  const bouncer = await startPgBouncer(url, 2);
+  try {
+    await assert.rejects(
+      startTestService({ databaseUrl: bouncer.urlOf(url), env: { PG_POOLER: 'transaction' } }),
+      /DateStyle is 'SQL, DMY'.*ALTER ROLE <role> SET DateStyle = 'ISO, MDY'/,
+    );
+    // Should it change after the start: a statement reading a timestamp fails; a revoked key
+    // stays refused, since revocation is no timestamp read.
+    const direct = makePgDb({ connectionString: url, max: 1 });
+    const db = makePgDb({ connectionString: bouncer.urlOf(url), max: 1, transactionPooler: true });
+    try {
+      const { api_key: key } = await createTenant(direct, 'revoked');
+      await revokeKey(direct, key.split('_')[1]!);
+      assert.equal(await makeKeyAuthenticator(db).authenticate(key), null);
+      await assert.rejects(
+        db.query('SELECT now() AS at'),
+        /cannot read the timestamp .*DateStyle must be ISO/,
+      );
+    } finally {
+      await Promise.all([db.close(), direct.close()]);
     }
   } finally {
     await bouncer.stop();

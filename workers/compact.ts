@@ -22,7 +22,7 @@ export async function compactSession(
 ): Promise<{ outcome: CompactOutcome; startSeq?: number; hotBytes?: number; vectorsDeleted?: number }> {
   return withTransaction(deps.db, async (tx) => {
     const session = await lockSession(tx, tenantId, sessionId);
-    if (!session || session.deleted_at) return { outcome: 'missing' as const };
+    if (!session || session.deleted) return { outcome: 'missing' as const };
     const rows = await hotHistory(tx, tenantId, sessionId, session.start_seq);
     const plan = planCompaction(rows, deps.config.maxHistoryBytes);
     if (plan.kind === 'blocked') {

@@ -3,6 +3,7 @@ import type { Job } from 'bullmq';
 import { withTransaction } from '../db/pool.js';
 import {
   getVectorIndex,
+  initVectorIndex,
   insertSessionVectors,
   insertVectorSkips,
   lockSessionForVectors,
@@ -91,7 +92,13 @@ export async function embedSession(
     total.skipped += skips.length;
     if (written === 0 && items.length > 0) {
       const index = await getVectorIndex(deps.db);
-      if (index && (index.model !== embedder.model || index.dimensions !== embedder.dimensions)) {
+      if (!index) {
+        // Not recorded: the process started on a read-only database (ensureVectorIndex). Recorded
+        // now, and the batch embedded again by the next round.
+        await initVectorIndex(deps.db, embedder.model, embedder.dimensions);
+        continue;
+      }
+      if (index.model !== embedder.model || index.dimensions !== embedder.dimensions) {
         throw new UnrecoverableError(
           `the recent index now holds ${index.model}/${index.dimensions} vectors but this process embeds with ` +
             `${embedder.model}/${embedder.dimensions}: restart it with the new EMBEDDING_MODEL/EMBEDDING_DIMENSIONS`,

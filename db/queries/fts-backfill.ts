@@ -14,12 +14,12 @@ export interface PassState {
 }
 
 export async function loadPass(q: Queryable, name: string): Promise<PassState | null> {
-  const r = await q.query<{ state: { cursor?: ArchiveKey }; done_at: Date | null }>(
-    'SELECT state, done_at FROM maintenance_state WHERE name = $1',
+  const r = await q.query<{ state: { cursor?: ArchiveKey }; done: boolean }>(
+    'SELECT state, done_at IS NOT NULL AS done FROM maintenance_state WHERE name = $1',
     [name],
   );
   const row = r.rows[0];
-  return row ? { cursor: row.state.cursor ?? null, done: row.done_at !== null } : null;
+  return row ? { cursor: row.state.cursor ?? null, done: row.done } : null;
 }
 
 export async function savePass(q: Queryable, name: string, cursor: ArchiveKey | null, done: boolean) {

@@ -11,13 +11,14 @@ export interface SessionRow {
   start_at_ns: string | null;
   created_at: Date;
   last_message_at: Date | null;
-  deleted_at: Date | null;
+  /** A tombstone (`deleted_at` set), decided in SQL as every boolean of a timestamp. */
+  deleted: boolean;
   /** Highest seq of the history the last reset/delete cleared (0 = never cleared). */
   cleared_through_seq: string;
 }
 
 const COLS = `tenant_id, id, generation, next_seq, message_count, hot_bytes, start_seq, start_at_ns,
-  created_at, last_message_at, deleted_at, cleared_through_seq`;
+  created_at, last_message_at, deleted_at IS NOT NULL AS deleted, cleared_through_seq`;
 
 /**
  * Locks the session row, creating it first if needed; the caller holds a transaction. The row

@@ -114,9 +114,17 @@ export async function stalledErasures(q: Queryable, olderThanMs: number, limit: 
   return r.rows.map((row) => row.id);
 }
 
-export async function findApiKey(q: Queryable, id: string): Promise<ApiKeyRow | null> {
-  const r = await q.query<ApiKeyRow>(
-    `SELECT id, tenant_id, name, secret_hash, created_at, last_used_at, revoked_at FROM api_keys WHERE id = $1`,
+/**
+ * What authenticating a key needs. Revocation is decided in SQL: a timestamp read into JavaScript
+ * depends on how the connection prints it, and a `revoked_at` that did not parse (DateStyle `SQL,
+ * DMY`, before db/pool.ts fixed the format) read as null, i.e. not revoked.
+ */
+export async function findApiKey(
+  q: Queryable,
+  id: string,
+): Promise<{ tenant_id: string; secret_hash: Buffer; revoked: boolean } | null> {
+  const r = await q.query<{ tenant_id: string; secret_hash: Buffer; revoked: boolean }>(
+    `SELECT tenant_id, secret_hash, revoked_at IS NOT NULL AS revoked FROM api_keys WHERE id = $1`,
     [id],
   );
   return r.rows[0] ?? null;

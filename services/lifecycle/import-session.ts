@@ -112,7 +112,7 @@ export async function importSession(
       // An earlier import whose transaction failed after publishing (its retry, most often).
       await settleImport(tx, deps.redis, keys);
       if (await sessionHasMessages(tx, tenantId, sessionId)) throw notEmpty('it already holds messages');
-      await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted_at !== null);
+      await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted);
       let [gen, seq] = await deps.redis.hmget(keys.sess, 'gen', 'seq');
       if (gen !== null && Number(gen) < row.generation) {
         // A reset/delete whose Redis step never ran: finish it (the lock makes this safe).
@@ -122,7 +122,7 @@ export async function importSession(
           deadLetterKey(deps.config.prefix, tenantId, sessionId),
           row.generation,
           Number(row.cleared_through_seq),
-          row.deleted_at !== null,
+          row.deleted,
         );
         await recordRedisCaughtUp(tx, {
           tenantId,

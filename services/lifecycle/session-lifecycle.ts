@@ -68,7 +68,7 @@ export async function clearSession(
     // finishes what a failed one left). Unless messages posted since wait in its inbox: they
     // would bring it back, so it is cleared like a live session.
     if (
-      row.deleted_at &&
+      row.deleted &&
       (await deps.redis.llen(inboxKeys(deps.config.prefix, tenantId, sessionId).inbox)) === 0
     ) {
       return {

@@ -220,7 +220,7 @@ export async function seedSession(deps: CoreDeps, tenantId: string, sessionId: s
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   await withTransaction(deps.db, async (tx) => {
     const row = await lockOrCreateSession(tx, tenantId, sessionId);
-    await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted_at !== null);
+    await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted);
   });
 }
 

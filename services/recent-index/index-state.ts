@@ -1,3 +1,4 @@
+import { PG, pgCode } from '../../db/pool.js';
 import type { Queryable } from '../../db/pool.js';
 import { getVectorIndex, initVectorIndex, sampleVectorDims } from '../../db/queries/vectors.js';
 
@@ -13,7 +14,10 @@ const REEMBED_HINT = 'run `npx mnemos reembed` to rebuild the recent index for t
 /**
  * The start-up guard: the recent index records the model and dimension of its vectors; a process
  * configured for another embedder would write vectors its neighbours cannot be compared with, so
- * it refuses to start and says how to fix it. An empty record is filled with the configuration.
+ * it refuses to start and says how to fix it. An empty record is filled with the configuration;
+ * on a database that takes no writes (a standby after a failover, `default_transaction_read_only`)
+ * the process starts without it, to serve reads as migrate lets it, and the first embed job that
+ * finds it empty fills it (embedSession).
  */
 export async function ensureVectorIndex(
   q: Queryable,
@@ -28,7 +32,12 @@ export async function ensureVectorIndex(
           `says ${want.model}/${want.dimensions} (EMBEDDING_MODEL/EMBEDDING_DIMENSIONS): ${REEMBED_HINT}`,
       );
     }
-    await initVectorIndex(q, want.model, want.dimensions);
+    try {
+      await initVectorIndex(q, want.model, want.dimensions);
+    } catch (err) {
+      if (pgCode(err) === PG.readOnlyTransaction) return;
+      throw err;
+    }
     index = await getVectorIndex(q);
     if (!index) throw new Error('vector_index could not be initialised');
   }
