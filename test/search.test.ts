@@ -649,6 +649,80 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       assert.deepEqual(await kw(query), [wide], `${query} (compacted)`);
   });
 
+  void test('keyword: a one-character run of a quoted CJK or Korean phrase is that run, except as its last', async () => {
+    const s = sid('cjkone');
+    // Neither `이번` nor `京東` ends or is the phrase's one-character run.
+    const [i, , eopsi, tokyo, , kyo, osaka, osakaFu, dai] = await archiveSpaced(api, s, [
+      user('이 문제는 어렵다'),
+      user('이번 문제는 어렵다'),
+      user('없이 문제는 쉽다'),
+      user('東京 大阪に行く'),
+      user('京東 大阪に行く'),
+      user('京 大阪に行く'),
+      user('東京 大阪 名古屋'),
+      user('東京 大阪府 名古屋'),
+      user('東京 大 名古屋'),
+    ]);
+    // [query, recent, compacted]: a message run that only ends with the first run's character is
+    // found by the substring match, in the recent part only.
+    const expectations: Array<[string, number[], number[]]> = [
+      ['"이 문제는"', sorted([i!, eopsi!]), [i!]],
+      ['"京 大阪"', sorted([tokyo!, kyo!, osaka!, osakaFu!]), [kyo!]],
+      ['"東京 大 名古屋"', [dai!], [dai!]],
+      // The last run begins a run of the message.
+      ['"東京 大"', sorted([tokyo!, osaka!, osakaFu!, dai!]), sorted([tokyo!, osaka!, osakaFu!, dai!])],
+    ];
+    const kw = (query: string) => hitSeqs(api, s, { query, match: 'keyword' }).then(sorted);
+    for (const [query, want] of expectations) assert.deepEqual(await kw(query), want, query);
+    await moveCutoff(s, dai! + 4);
+    for (const [query, , want] of expectations)
+      assert.deepEqual(await kw(query), want, `${query} (compacted)`);
+  });
+
+  void test('keyword: a typographic closing quote after a letter or digit (an inch mark) opens no phrase', async () => {
+    const s = sid('inch');
+    const [curved, flat, ascii, plain] = await archiveSpaced(api, s, [
+      user('a 27” monitor that is curved'),
+      user('a 27” monitor, flat panel'),
+      user('the 27" monitor is curved too'),
+      user('monitor curved 27'),
+    ]);
+    const all = sorted([curved!, flat!, ascii!, plain!]);
+    const expectations: Array<[string, number[]]> = [
+      ['27” monitor -curved', [flat!]],
+      ['monitor -curved 27”', [flat!]],
+      ['27” monitor', all],
+      // `“` opens, and `”` still closes: the phrase `27`.
+      ['“27” monitor', all],
+      ['“monitor curved” 27', [plain!]],
+      // An ASCII `"` after a digit opens a phrase, as it always did.
+      ['27" monitor -curved', [plain!]],
+    ];
+    const kw = (query: string) => hitSeqs(api, s, { query, match: 'keyword' }).then(sorted);
+    for (const [query, want] of expectations) assert.deepEqual(await kw(query), want, query);
+    await moveCutoff(s, plain! + 4);
+    for (const [query, want] of expectations) assert.deepEqual(await kw(query), want, `${query} (compacted)`);
+  });
+
+  void test('keyword: a query fragment with a soft hyphen, word joiner or U+FEFF inside matches recent messages as typed', async () => {
+    const s = sid('cfsub');
+    const [wide, soft, joiner] = await archiveSpaced(api, s, [
+      user('a wide\ufeffspread outage'),
+      user('soft\u00adware engineering'),
+      user('a word\u2060joiner here'),
+    ]);
+    const expectations: Array<[string, number[]]> = [
+      ['wide\ufeffspr', [wide!]],
+      ['soft\u00adwa', [soft!]],
+      ['word\u2060join', [joiner!]],
+      ['"soft\u00adware eng"', [soft!]],
+      // One at a term's end holds no word of it.
+      ['\ufeffsoft\u00adwa\u2060', [soft!]],
+    ];
+    for (const [query, want] of expectations)
+      assert.deepEqual(await hitSeqs(api, s, { query, match: 'keyword' }), want, query);
+  });
+
   void test('the backfill re-derives the tsvector of CJK rows archived before the gap and ー, and only theirs', async () => {
     const s = sid('backfill');
     const text = 'データベースのサーバーでエラーが発生しました';

@@ -1,4 +1,4 @@
-import { CJK_RUN, CJK_RUN_GAP, cjkBigrams, foldForIndex, withoutInWordFormat } from '../text/fts-text.js';
+import { CJK_RUN, CJK_RUN_GAP, IN_WORD_FORMAT, cjkBigrams, foldForIndex } from '../text/fts-text.js';
 
 /**
  * Web-search syntax for keyword search, parsed here instead of by Postgres's
@@ -13,7 +13,8 @@ import { CJK_RUN, CJK_RUN_GAP, cjkBigrams, foldForIndex, withoutInWordFormat } f
  * - `-word` / `-"a phrase"` excludes; a lone `-`, a leading/trailing/repeated `or`, and an `or`
  *   next to an excluded term are ignored
  * - the syntax may be typed full-width (`－`, `＂`, `ＯＲ`, as CJK input methods give them), with a
- *   minus sign `−` or with typographic quotes `“…”` / `„…“` (SYNTAX_FORMS)
+ *   minus sign `−` or with typographic quotes `“…”` / `„…“` (SYNTAX_FORMS); a `”` right after a
+ *   letter or digit opens no phrase (INCH_MARK)
  */
 
 export interface QueryTerm {
@@ -58,6 +59,17 @@ const SYNTAX_FORMS: Record<string, string> = {
 const SYNTAX_FORM = new RegExp(`[${Object.keys(SYNTAX_FORMS).join('')}]`, 'g');
 
 /**
+ * A `”` right after a letter or digit: the closing quote, which smart punctuation also gives for an
+ * inch mark (`27” monitor`). It closes a phrase but opens none; read as an opening quote, it turned
+ * `27” monitor -curved` into `27` and the phrase `"monitor -curved"`, and the exclusion was lost.
+ * An ASCII or full-width `"` there still opens one, as it always did.
+ */
+const INCH_MARK = '\u201d';
+
+/** The format characters the index drops inside a word, at a term's start or end. */
+const EDGE_FORMAT = new RegExp(`^${IN_WORD_FORMAT.source}+|${IN_WORD_FORMAT.source}+$`, 'g');
+
+/**
  * The query's tokens. The syntax is read from a copy of the query with SYNTAX_FORMS folded to
  * ASCII (of the same length); the terms are cut from the query as typed, which the substring
  * match tests.
@@ -67,7 +79,13 @@ function tokenize(query: string): Token[] {
   const syntax = query.replace(SYNTAX_FORM, (c) => SYNTAX_FORMS[c]!);
   const n = query.length;
   let i = 0;
-  const isSpace = (c: string | undefined) => c !== undefined && /\s/u.test(c);
+  // The format characters the index drops inside a word are no space (JavaScript's `\s` takes
+  // U+FEFF for one): `wide`+U+FEFF+`spread` is one word, as the index reads it.
+  const isSpace = (c: string | undefined) => c !== undefined && /\s/u.test(c) && !IN_WORD_FORMAT.test(c);
+  // Two units before: the letter or digit may be a surrogate pair.
+  const opensPhrase = (at: number) =>
+    syntax[at] === '"' &&
+    !(query[at] === INCH_MARK && /[\p{L}\p{N}]$/u.test(query.slice(Math.max(0, at - 2), at)));
   while (i < n) {
     if (isSpace(query[i])) {
       i++;
@@ -88,11 +106,11 @@ function tokenize(query: string): Token[] {
       if (dashes === i + 1) {
         negated = true;
         i++;
-      } else if (syntax[dashes] === '"') {
+      } else if (opensPhrase(dashes)) {
         i = dashes;
       }
     }
-    if (syntax[i] === '"') {
+    if (opensPhrase(i)) {
       const close = syntax.indexOf('"', i + 1);
       const end = close === -1 ? n : close;
       const text = query.slice(i + 1, end).trim();
@@ -101,10 +119,12 @@ function tokenize(query: string): Token[] {
       continue;
     }
     let j = i;
-    while (j < n && !isSpace(query[j]) && syntax[j] !== '"') j++;
-    const text = query.slice(i, j);
+    while (j < n && !isSpace(query[j]) && !opensPhrase(j)) j++;
+    // The term as typed, for the substring match (full text folds it: foldForIndex); only the
+    // format characters at its ends go, which hold no word of it.
+    const text = query.slice(i, j).replace(EDGE_FORMAT, '');
     i = j;
-    if (!negated && text.normalize('NFKC').toLowerCase() === 'or') {
+    if (!negated && foldForIndex(text).toLowerCase() === 'or') {
       out.push({ kind: 'or', text, phrase: false, negated });
     } else if (text !== '') out.push({ kind: 'term', text, phrase: false, negated });
   }
@@ -120,8 +140,7 @@ export function parseSearchQuery(query: string): ParsedQuery {
   let lastWasPositive = false;
   let kept = 0;
   let excludedPastLimit = 0;
-  // A word is read as the index reads it: without the format characters it drops inside words.
-  for (const t of tokenize(withoutInWordFormat(query))) {
+  for (const t of tokenize(query)) {
     if (t.kind === 'or') {
       pendingOr = lastWasPositive;
       continue;
@@ -239,11 +258,15 @@ export function ftsLeaves(term: QueryTerm): FtsLeaf[] {
   return leaves;
 }
 
-/** A CJK run's leaf, of at most `max` bigrams. */
-function runLeaf(run: string, max: number): FtsLeaf {
+/**
+ * A CJK run's leaf, of at most `max` bigrams. A run of one character is a prefix match on the
+ * bigrams, or with `exact` the archive's unigram of a one-character run, and only that.
+ */
+function runLeaf(run: string, max: number, exact = false): FtsLeaf {
   const chars = Array.from(run);
   // CJK letters are never a quote or a backslash: the lexemes need no escaping.
-  if (chars.length === 1) return { kind: 'cjk-prefix', text: `'${chars[0]}':*` };
+  if (chars.length === 1)
+    return exact ? { kind: 'cjk-phrase', text: `'${run}'` } : { kind: 'cjk-prefix', text: `'${run}':*` };
   const bigrams = cjkBigrams(run).slice(0, max);
   return { kind: 'cjk-phrase', text: bigrams.map((b) => `'${b}'`).join(' <-> ') };
 }
@@ -254,13 +277,19 @@ function runLeaf(run: string, max: number): FtsLeaf {
  * last bigram is followed by the next run's first at that distance plus one, whatever separated
  * them (a space, `、`, `・`, English words: these are not in the CJK positions). ANDing the runs
  * matched `"大阪 東京"` in "東京は晴れ、大阪は雨".
+ *
+ * A one-character run is its exact unigram except as the last run, which may begin a longer run
+ * of the message (the prefix finds it). A middle run stands for a whole run of the message; the
+ * first for a run that ends with the character, which no tsquery item can name (the bigram before
+ * it is any), so full text finds only a run of that one character there, and the substring match
+ * the rest in the recent part. As a prefix, `"京 大阪"` found "京東 大阪".
  */
 function cjkRunsPhrase(runs: string[]): string {
   const parts: string[] = [];
   let left = MAX_LEAF_TOKENS;
-  for (const run of runs) {
+  for (const [i, run] of runs.entries()) {
     if (left === 0) break;
-    const leaf = runLeaf(run, left);
+    const leaf = runLeaf(run, left, i < runs.length - 1);
     left -= leafTokens(leaf);
     parts.push(leaf.text);
   }

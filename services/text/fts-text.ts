@@ -136,19 +136,13 @@ export function foldForIndex(text: string): string {
  * break.
  */
 const COMPAT_SYMBOL = /[\p{No}\p{S}\p{Cf}]/gu;
-const IN_WORD_FORMAT = /[\u00ad\u2060\ufeff]/;
+/** The format characters dropped inside a word (a query does not split its words at them either). */
+export const IN_WORD_FORMAT = /[\u00ad\u2060\ufeff]/;
 const spacedForm = (c: string): string => {
   if (/\p{Cf}/u.test(c)) return IN_WORD_FORMAT.test(c) ? '' : ' ';
   const n = c.normalize('NFKC');
   return n === c ? c : ` ${n} `;
 };
-
-/**
- * `text` without the format characters that foldForIndex drops inside a word: a query reads a
- * word as the index does before splitting at spaces (JavaScript's `\s` takes U+FEFF for one).
- */
-export const withoutInWordFormat = (text: string): string =>
-  text.replace(new RegExp(IN_WORD_FORMAT.source, 'g'), '');
 
 /**
  * The two inputs of the stored tsvector: `to_tsvector('english', en) || cjk::tsvector`, the CJK
