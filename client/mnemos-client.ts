@@ -191,7 +191,8 @@ export function createMnemosClient(options: MnemosClientOptions) {
         method: 'POST',
         path: `${session(sid)}/reset`,
         query: { keep_summary: opts.keepSummary === false ? 'false' : undefined },
-        // Not repeated after a network error: a repeat would also clear messages posted meanwhile.
+        // Not repeated after a network error or a 503: a repeat would also clear messages posted
+        // meanwhile.
         idempotent: false,
       });
     },
@@ -233,8 +234,10 @@ export function createMnemosClient(options: MnemosClientOptions) {
         query: { wait: opts.wait === false ? 'false' : undefined },
         upload: { open: () => jsonLinesBytes(lines), once: !Array.isArray(lines) },
         contentType: 'application/x-ndjson',
-        // A repeat after a lost answer would meet a non-empty session (409), not import twice.
+        // A repeat after a lost answer would meet a non-empty session (409), not import twice;
+        // after a 503 (`import_busy` most often) nothing was imported, or the repeat meets that 409.
         idempotent: false,
+        retryUnavailable: true,
       });
       return { ...(reply.body as Omit<ImportResult, 'durable'>), durable: reply.status === 201 };
     },

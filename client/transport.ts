@@ -3,11 +3,15 @@
  * and the error type. Nothing but the platform `fetch` (Node ≥ 20): no dependencies.
  *
  * Retry policy (decided here once):
- * - 429 and 503 are retried for every request, after `retry-after` (seconds or an HTTP date,
- *   capped at `maxRetryAfterMs`, plus up to 10 % jitter so a crowd of clients spreads out), or
- *   after exponential backoff when the header is missing. mnemos sends them before it changed
- *   anything (rate limit, a dependency down), and the write that matters most, POST messages, is
- *   idempotent because the client gives every message an id.
+ * - 429 is retried for every request, after `retry-after` (seconds or an HTTP date, capped at
+ *   `maxRetryAfterMs`, plus up to 10 % jitter so a crowd of clients spreads out), or after
+ *   exponential backoff when the header is missing: mnemos's rate limiter answers it before any
+ *   route ran.
+ * - 503 is retried the same way for idempotent requests (the write that matters most, POST
+ *   messages, is idempotent because the client gives every message an id) and for those marked
+ *   `retryUnavailable`. A dependency can fail after part of a request was applied (Postgres gone
+ *   after a commit), so a 503 does not prove that nothing changed: a reset repeated after one
+ *   cleared messages accepted in between.
  * - Network errors, timeouts and 502/504 from a proxy are retried only for idempotent requests
  *   (the request may have been applied), with exponential backoff and full jitter.
  * - An upload streamed from a source that can be read only once (an import from an async
@@ -73,8 +77,13 @@ export interface RequestSpec extends CallOptions {
    */
   upload?: { open: () => AsyncIterable<Uint8Array>; once: boolean };
   contentType?: string;
-  /** Safe to repeat after a network error or timeout. */
+  /** Safe to repeat after a network error, a timeout or a 503. */
   idempotent: boolean;
+  /**
+   * Not idempotent, but safe to repeat after a 503: a repeat of one that was applied is refused,
+   * not applied twice (an import meets a non-empty session: 409).
+   */
+  retryUnavailable?: boolean;
   /** Statuses besides 2xx returned instead of thrown (e.g. 503 for readiness). */
   okStatuses?: number[];
 }
@@ -180,8 +189,7 @@ interface Sent {
   live: Attempt;
 }
 
-const RETRY_ALWAYS = new Set([429, 503]);
-const RETRY_IF_IDEMPOTENT = new Set([502, 504]);
+const RETRY_IF_IDEMPOTENT = new Set([502, 503, 504]);
 
 export function makeTransport(opts: TransportOptions): Transport {
   const doFetch = opts.fetch ?? globalThis.fetch;
@@ -271,7 +279,10 @@ export function makeTransport(opts: TransportOptions): Transport {
       live.end();
       const retryAfterMs = parseRetryAfter(res.headers.get('retry-after'));
       const retryable =
-        !once && (RETRY_ALWAYS.has(res.status) || (spec.idempotent && RETRY_IF_IDEMPOTENT.has(res.status)));
+        !once &&
+        (res.status === 429 ||
+          (res.status === 503 && spec.retryUnavailable === true) ||
+          (spec.idempotent && RETRY_IF_IDEMPOTENT.has(res.status)));
       if (retryable && attempt <= retries) {
         const delayMs =
           retryAfterMs !== null

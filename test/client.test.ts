@@ -362,6 +362,46 @@ void describe('client: retries', () => {
     assert.ok(calls[1]!.at - calls[0]!.at >= 990, 'calls[1]!.at - calls[0]!.at >= 990');
   });
 
+  void test('a 503 is not repeated for a request that is not idempotent: a reset that was applied is not applied again', async () => {
+    const s = sid('reset-503');
+    await mnemos.postMessages(s, [{ role: 'user', content: 'before the reset' }], { wait: true });
+    // The server applies the reset, another agent is told its message is stored, then the reset's
+    // answer is a 503 (Postgres gone after the commit, a proxy's 503).
+    let calls = 0;
+    const appliedThen503: typeof fetch = async (input, init) => {
+      calls++;
+      if (calls > 1) return fetch(input, init);
+      await (await fetch(input, init)).text();
+      await mnemos.postMessages(s, [{ role: 'user', content: 'posted after it' }], { wait: true });
+      return unavailable();
+    };
+    const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: appliedThen503 });
+    const err = await rejects(client.resetSession(s));
+    assert.equal(err.status, 503);
+    assert.equal(err.attempts, 1);
+    assert.equal(calls, 1);
+    // Before, the 503 was repeated after retry-after, and the repeat cleared this message too.
+    assert.deepEqual(
+      (await mnemos.listMessages(s)).messages.map((m) => m.content),
+      ['posted after it'],
+    );
+
+    const write = scriptedFetch(unavailable());
+    const writer = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: write.impl });
+    const werr = await rejects(
+      writer.writeError({ tool_name: 'shell', symptom: 'boom 503', action: 'none', outcome: 'failed' }),
+    );
+    assert.equal(werr.status, 503);
+    assert.equal(write.calls.length, 1);
+
+    // A 429 comes from the rate limiter before any route ran: repeated for every request.
+    const limitedOnce = scriptedFetch(limited('0'));
+    const resetter = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: limitedOnce.impl });
+    assert.equal((await resetter.resetSession(s)).reset, true);
+    assert.equal(limitedOnce.calls.length, 2);
+    assert.deepEqual((await mnemos.listMessages(s)).messages, []);
+  });
+
   void test('gives up after `retries` and reports the last answer', async () => {
     const { impl, calls } = scriptedFetch(limited('0'), limited('0'), limited('0'));
     const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: impl, retries: 2 });

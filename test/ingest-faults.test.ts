@@ -5,6 +5,7 @@ import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
+import { deleteSessionMessages, markSessionCleared } from '../db/queries/lifecycle.js';
 import { confirmArchived } from '../services/messages/accept-messages.js';
 import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/inbox.js';
 import { createTenant } from '../services/tenants.js';
@@ -513,6 +514,116 @@ void describe('ingestion under faults and many processes', () => {
         op,
       );
       assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 200, op);
+    }
+  });
+
+  void test('a reset or delete whose Redis step Redis does not answer after the commit is a 200/204: it happened, and the session works at once', async () => {
+    const { redis, prefix, svc } = await onPrivateRedis();
+    const t = await svc.newTenant();
+    const generations = async (s: string) =>
+      (
+        await svc.deps.db.query<{ generation: number; redis_generation: number }>(
+          'SELECT generation, redis_generation FROM sessions WHERE tenant_id = $1 AND id = $2',
+          [t.tenantId, s],
+        )
+      ).rows[0]!;
+    for (const op of ['reset', 'delete'] as const) {
+      const s = `stalled-${op}`;
+      const batch = { messages: [1, 2, 3].map((n) => user(`a${n}`, { id: `a${n}` })) };
+      assert.equal((await t.api.post(`/v1/sessions/${s}/messages?wait=true`, batch)).status, 201);
+      // Redis stalls once the clear's transaction has read it and before it commits.
+      const lock = await holdMessagesLock(svc.config.databaseUrl!);
+      await lock.locked;
+      const answer = op === 'reset' ? t.api.post(`/v1/sessions/${s}/reset`) : t.api.del(`/v1/sessions/${s}`);
+      await eventually(
+        async () =>
+          (
+            await svc.deps.db.query<{ n: number }>(
+              `SELECT count(*)::int AS n FROM pg_stat_activity
+               WHERE wait_event_type = 'Lock' AND query ILIKE 'DELETE FROM messages%'`,
+            )
+          ).rows[0]!.n > 0,
+        20_000,
+        `the ${op} waits on its DELETE`,
+      );
+      redis.pause();
+      let done: Res;
+      try {
+        await lock.release();
+        done = await answer;
+      } finally {
+        redis.resume();
+      }
+      // Before, a 503 "redis is unavailable, retry later" for a clear that had been done: its
+      // retry wiped what was posted meanwhile (reset) or answered 404 (delete).
+      assert.equal(done.status, op === 'reset' ? 200 : 204, `${op}: ${done.text}`);
+      const gone = await t.api.get(`/v1/sessions/${s}`);
+      if (op === 'reset') assert.equal(gone.body.message_count, 0, op);
+      else assert.equal(gone.status, 404, op);
+      // The cleared ids are new messages, and the session goes on after the cleared history
+      // (503s while the stalled Redis connection is replaced: retried, as they say).
+      await eventually(
+        async () => {
+          const again = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, batch);
+          if (again.status !== 503) assert.equal(again.status, 201, `${op}: ${again.text}`);
+          return again.status === 201;
+        },
+        20_000,
+        `${op}: the re-post`,
+      );
+      assert.deepEqual(
+        (await allMessages(t.api, s)).map((m) => `${m.seq}:${m.id}`),
+        ['4:a1', '5:a2', '6:a3'],
+        op,
+      );
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 200, op);
+      const g = await eventually(
+        async () => {
+          const r = await generations(s);
+          return r.redis_generation === r.generation ? r : null;
+        },
+        15_000,
+        `the ${op}'s Redis step recorded`,
+      );
+      assert.equal(g.generation, 2, op);
+      assert.equal(await svc.deps.redis.hget(inboxKeys(prefix, t.tenantId, s).sess, 'gen'), '2', op);
+    }
+  });
+
+  void test('a reset or delete whose Redis step has not run yet (the process died after the commit): a re-post of a cleared id is a new message', async () => {
+    const { prefix, svc } = await onPrivateRedis();
+    const t = await svc.newTenant();
+    for (const op of ['reset', 'delete'] as const) {
+      const s = `pending-${op}`;
+      const batch = { messages: [1, 2, 3].map((n) => user(`a${n}`, { id: `a${n}` })) };
+      assert.equal((await t.api.post(`/v1/sessions/${s}/messages?wait=true`, batch)).status, 201);
+      // The clear's transaction, committed; its Redis step (and the reconciler's, a minute away)
+      // has not run: Redis still holds generation 1 and the cleared ids.
+      await deleteSessionMessages(svc.deps.db, t.tenantId, s);
+      await markSessionCleared(svc.deps.db, {
+        tenantId: t.tenantId,
+        sessionId: s,
+        generation: 2,
+        deleted: op === 'delete',
+        clearedThroughSeq: 3,
+      });
+      // Before, a1 was a "duplicate" of the cleared seq 1 (a ?wait=true answered 409
+      // session_cleared, a plain post 202 for a message never stored), and a deleted session
+      // stayed gone until a drain.
+      const again = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, batch);
+      assert.equal(again.status, 201, `${op}: ${again.text}`);
+      assert.deepEqual(
+        again.body.messages.map((m: { seq: number }) => m.seq),
+        [4, 5, 6],
+        op,
+      );
+      assert.deepEqual(
+        (await allMessages(t.api, s)).map((m) => `${m.seq}:${m.id}`),
+        ['4:a1', '5:a2', '6:a3'],
+        op,
+      );
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 200, op);
+      assert.equal(await svc.deps.redis.hget(inboxKeys(prefix, t.tenantId, s).sess, 'gen'), '2', op);
     }
   });
 

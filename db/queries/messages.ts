@@ -86,22 +86,21 @@ export interface AcceptSessionState {
   /** The highest seq the archive has numbered (`next_seq - 1`). */
   archivedTop: number;
   /**
-   * The generation Redis must hold already: the session's, once its reset or delete recorded
-   * Redis as caught up (`redis_generation`); 0 while that Redis step is still to run (the reset
-   * itself or the reconciler runs it, with the rest of its clean-up).
+   * The session's generation, which Redis must hold before anything is accepted: behind it (a
+   * reset or delete whose Redis step has not run yet, or that Redis lost), its state still holds
+   * the cleared history's ids and lacks the delete's mark.
    */
-  settledGeneration: number;
+  generation: number;
   clearedThrough: number;
   deleted: boolean;
 }
 
-const ACCEPT_SESSION_COLS = `s.next_seq, s.generation, s.redis_generation, s.cleared_through_seq,
+const ACCEPT_SESSION_COLS = `s.next_seq, s.generation, s.cleared_through_seq,
   s.deleted_at IS NOT NULL AS deleted`;
 
 type AcceptSessionRow = {
   next_seq: string;
   generation: number;
-  redis_generation: number;
   cleared_through_seq: string;
   deleted: boolean;
 };
@@ -109,7 +108,7 @@ type AcceptSessionRow = {
 /** What an accept knows without a session row (one not yet created, or Postgres down). */
 export const NO_SESSION_STATE: AcceptSessionState = {
   archivedTop: 0,
-  settledGeneration: 0,
+  generation: 0,
   clearedThrough: 0,
   deleted: false,
 };
@@ -118,7 +117,7 @@ const acceptState = (row: AcceptSessionRow | undefined): AcceptSessionState =>
   row
     ? {
         archivedTop: Number(row.next_seq) - 1,
-        settledGeneration: row.redis_generation >= row.generation ? Number(row.generation) : 0,
+        generation: Number(row.generation),
         clearedThrough: Number(row.cleared_through_seq),
         deleted: row.deleted,
       }

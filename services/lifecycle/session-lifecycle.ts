@@ -116,16 +116,34 @@ export async function clearSession(
   // of such a message still queued behind a busy worker, they left it in the inbox until the
   // ingest sweeper came round (every 30 s).
   if (scan > 0) await removeQueuedJobs(deps.redis, deps.queues, match, scan, PENDING_STATES).catch(warn);
-  await syncRedisGeneration(
-    deps,
-    tenantId,
-    sessionId,
-    r.generation,
-    r.clearedThroughSeq,
-    mode.kind === 'delete',
-  );
-  if (mode.kind === 'delete' || dropSummary || r.kind === 'tombstone') {
-    await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
+  const finish = async () => {
+    await syncRedisGeneration(
+      deps,
+      tenantId,
+      sessionId,
+      r.generation,
+      r.clearedThroughSeq,
+      mode.kind === 'delete',
+    );
+    if (mode.kind === 'delete' || dropSummary || r.kind === 'tombstone') {
+      await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
+    }
+  };
+  try {
+    await finish();
+  } catch (err) {
+    // The clear committed: the session is reset or deleted whatever happens next. A 503 here
+    // (Redis stalled past its command timeout) said it was not, and a retried reset wiped what
+    // was accepted in between. Until the Redis step runs, the drain drops the cleared history
+    // (cleared_through_seq) and an accept moves the Redis state on first (STALE); the step itself
+    // is retried here, and by the reconciler if this process dies.
+    const e = asDependencyError(err);
+    if (!(e instanceof AppError && e.status === 503)) throw err;
+    deps.logger.warn(
+      { tenantId, sessionId, err: { message: (err as Error).message } },
+      'reset/delete committed, its Redis step did not finish: retrying it in the background',
+    );
+    finishLater(deps, finish);
   }
   if (scan > 0) {
     // Jobs that ran (ids only, never run again for the old generation) go behind the answer: up
@@ -140,6 +158,21 @@ export async function clearSession(
     summaryKept: r.summaryKept,
     messagesRemoved: r.messagesRemoved,
   };
+}
+
+/** Pauses between the background retries of a committed clear's Redis step (then the reconciler's). */
+const FINISH_RETRY_MS = [1000, 2000, 5000, 10_000, 20_000, 30_000];
+
+/** Retries `finish` (repeatable) behind the answer; the timers never hold the process open. */
+function finishLater(deps: Pick<LifecycleDeps, 'logger'>, finish: () => Promise<void>, attempt = 0): void {
+  const pause = FINISH_RETRY_MS[attempt];
+  if (pause === undefined) {
+    deps.logger.warn("a reset/delete's Redis step still fails: left to the reconciler");
+    return;
+  }
+  setTimeout(() => {
+    finish().catch(() => finishLater(deps, finish, attempt + 1));
+  }, pause).unref();
 }
 
 /**

@@ -119,7 +119,7 @@ export async function acceptMessages(
       const batch = pending.map((i) => messages[i]!);
       const given = batch.map((m) => (m.sent_at_given ? m.sent_at_ns : null));
       const accept = () =>
-        acceptIntoInbox(deps.redis, keys, batch, given, state.archivedTop, state.settledGeneration).catch(
+        acceptIntoInbox(deps.redis, keys, batch, given, state.archivedTop, state.generation).catch(
           (err: unknown) => {
             throw maybeStored(err);
           },
@@ -134,14 +134,16 @@ export async function acceptMessages(
           await settleImport(deps.db, deps.redis, keys).catch((err: unknown) => {
             throw asDependencyError(err);
           });
-        // Redis came back from before a reset or delete (an AOF that lost its last second): the
-        // cleared history's ids would take re-posts for duplicates of messages that are gone.
+        // A reset or delete whose Redis step has not run (Redis stalled past its timeout after
+        // the commit, the process died) or that Redis lost (an AOF that lost its last second):
+        // the cleared history's ids would take re-posts for duplicates of messages that are gone,
+        // and the first message after a delete would not revive the session.
         else
           await syncRedisGeneration(
             deps,
             tenantId,
             sessionId,
-            state.settledGeneration,
+            state.generation,
             state.clearedThrough,
             state.deleted,
           );

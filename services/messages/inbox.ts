@@ -56,8 +56,8 @@ const IDS_PRUNE_MS = 3600 * 1000;
 // lagging replica) would otherwise give archived seqs to new messages, which the drain skips as
 // replays of what it archived.
 // A state whose generation is below the session's in Postgres (ARGV[5]: a reset or delete whose
-// Redis step that lost second took back) answers STALE: the API moves it to that generation
-// (clearToGeneration) before anything is accepted against the cleared history's ids.
+// Redis step has not run yet, or that a lost second took back) answers STALE: the API moves it to
+// that generation (clearToGeneration) before anything is accepted against the cleared history's ids.
 // Every accepted id is recorded, the ids the server made up too: the answer hands them to the
 // client, whose re-post of one under that id before its drain must find its seq (it was given a
 // new one, which the archive's unique id then dropped, and a ?wait=true called the batch lost).
