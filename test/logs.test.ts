@@ -296,6 +296,36 @@ void describe('job and worker log lines', () => {
     }
   });
 
+  void test('a job of an erased tenant that fails ends as done, leaving no record of the tenant', async () => {
+    // Setup: a worker, and a job its processor refuses, of a tenant the database does not have
+    // (erased while its summary's LLM call ran: the erasure had swept before the job failed).
+    const { lines, logger } = capturedLogger('info');
+    const own = await startTestService({ mode: 'worker', logger });
+    try {
+      const job = await own.deps.queues.ingest.add('flush', {
+        v: 99,
+        tenantId: 't_erased_meanwhile',
+        sessionId: 'dave@example.com',
+      } as never);
+
+      // Action: the worker runs it.
+      await eventually(
+        async () =>
+          lines.some((l) => l.msg === 'dropped a failed job of an erased tenant' && l.jobId === job.id),
+        15_000,
+        'the job dropped',
+      );
+
+      // Assert: no failed record kept (ingest keeps failed jobs for good), nothing logged as failed.
+      assert.equal(await own.deps.queues.ingest.getJob(job.id!), undefined);
+      assert.equal(await own.deps.queues.ingest.getFailedCount(), 0);
+      assert.ok(!lines.some((l) => l.msg === 'job failed' && l.jobId === job.id), 'no failure logged');
+    } finally {
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
+  });
+
   void test('dead-lettered inbox entries are logged with the session, the list to read, and where the docs say what to do', async () => {
     // Setup: an inbox holding an entry that is no message.
     const { lines, logger } = capturedLogger('warn');
@@ -351,8 +381,13 @@ void describe('job and worker log lines', () => {
       );
 
       // Assert
+      // One line per 5 s: a Redis slow to come back (a loaded machine) may take a second window.
       const errors = lines.filter((l) => l.msg === 'error-memory redis connection error');
-      assert.equal(errors.length, 1, JSON.stringify(errors));
+      assert.ok(errors.length >= 1, JSON.stringify(errors));
+      for (let i = 1; i < errors.length; i++) {
+        const gap = Number(errors[i]!.time) - Number(errors[i - 1]!.time);
+        assert.ok(gap >= 4900, `lines ${gap} ms apart: ${JSON.stringify(errors)}`);
+      }
       const err = errors[0]!.err as Line;
       assert.ok(err.message && !String(err.stack ?? '').includes(' at '), JSON.stringify(errors));
       assert.ok(Number(restored.errors) >= 3, JSON.stringify(restored));

@@ -1,5 +1,6 @@
 import { Worker } from 'bullmq';
 import type { Job, Processor } from 'bullmq';
+import { tenantExists } from '../db/queries/tenants.js';
 import type { CoreDeps } from '../services/deps.js';
 import type { Extension } from '../services/extension.js';
 import { throttledKinds, throttledWarn } from '../services/logger.js';
@@ -112,6 +113,16 @@ export async function startWorkers(
         // stops between chunks).
         const stop = signal ? AbortSignal.any([signal, stopping.signal]) : stopping.signal;
         return await processor(job, token, stop);
+      } catch (err) {
+        // A job of a tenant erased meanwhile ends as done, not failed: a failed job's record
+        // (its tenant and session ids) is kept by count alone, for ever, and the erasure has
+        // already swept (a summary whose LLM answered, unusable, after the erasure; re-tester r4).
+        const tenantId = (job.data as { tenantId?: unknown } | undefined)?.tenantId;
+        if (typeof tenantId === 'string' && !(await tenantExists(deps.db, tenantId).catch(() => true))) {
+          deps.logger.info({ queue: name, jobId: job.id }, 'dropped a failed job of an erased tenant');
+          return undefined;
+        }
+        throw err;
       } finally {
         end();
       }
