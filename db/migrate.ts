@@ -42,12 +42,13 @@ export async function migrate(
 ): Promise<string[]> {
   const all = migrations ?? (await loadMigrations());
   try {
-    await refuseNonUtf8(db);
     // Read first, without writing: on a database that is read-only (a standby after a failover,
     // `default_transaction_read_only`), CREATE TABLE IF NOT EXISTS is a write, and a process with
     // nothing to migrate could not start to serve the reads that still work there.
     // (pendingMigrations reads the ledger; without one, it lists every migration.)
-    if ((await pendingMigrations(db, all)).length === 0) return [];
+    const pending = await pendingMigrations(db, all);
+    await refuseNonUtf8(db, pending.length === all.length);
+    if (pending.length === 0) return [];
     return await applyGivingWay(db, all, opts);
   } catch (err) {
     throw explainConnectError(err);
@@ -60,12 +61,16 @@ export async function migrate(
  * in encoding UTF8 has no equivalent in encoding LATIN1"; a SQL_ASCII one took everything as
  * bytes, and a keyword `σοφια` no longer found `ΣΟΦΙΑ`.
  */
-async function refuseNonUtf8(db: Db): Promise<void> {
+async function refuseNonUtf8(db: Db, fresh: boolean): Promise<void> {
   const r = await db.query<{ encoding: string; database: string }>(
     `SELECT current_setting('server_encoding') AS encoding, current_database() AS database`,
   );
   const { encoding, database } = r.rows[0]!;
   if (encoding === 'UTF8') return;
+  // A SQL_ASCII database migrated by an earlier build stores text byte for byte and ran: it is not
+  // refused now (export, every command, would have been; re-tester r5), only a new one is. No other
+  // encoding could ever take the migrations.
+  if (encoding === 'SQL_ASCII' && !fresh) return;
   throw new Error(
     `database "${database}" is encoded in ${encoding}; mnemos needs UTF8: create one with ` +
       `CREATE DATABASE <name> ENCODING 'UTF8' TEMPLATE template0 and point DATABASE_URL at it ` +

@@ -75,11 +75,16 @@ pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => v);
 const parseTimestamptz = pg.types.getTypeParser(pg.types.builtins.TIMESTAMPTZ, 'text');
 pg.types.setTypeParser(pg.types.builtins.TIMESTAMPTZ, (v: string) => {
   const parsed: unknown = parseTimestamptz(v);
-  if (parsed === null) {
-    throw new Error(`cannot read the timestamp "${v}": the connection's DateStyle must be ISO`);
-  }
+  if (parsed === null) throw new PgDateStyleError(v);
   return parsed;
 });
+
+/** A timestamp Postgres printed in another DateStyle than ISO (see parseTimestamptz). */
+export class PgDateStyleError extends Error {
+  constructor(readonly text: string) {
+    super(`cannot read the timestamp "${text}": the connection's DateStyle must be ISO`);
+  }
+}
 
 /**
  * Postgres gave no answer within a bound; the connection was closed. `during` says which bound:

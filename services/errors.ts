@@ -1,4 +1,4 @@
-import { PgNoAnswerError, isPgUnavailable, isPoolWaitTimeout, pgCode } from '../db/pool.js';
+import { PgDateStyleError, PgNoAnswerError, isPgUnavailable, isPoolWaitTimeout, pgCode } from '../db/pool.js';
 
 /**
  * The one application error class. Every 4xx/5xx the API sends is an AppError rendered as
@@ -101,6 +101,15 @@ export function asDependencyError(err: unknown): unknown {
       new AppError(503, code, message, { dependency: 'postgres' }, { 'retry-after': '5' }),
       { cause: err },
     );
+  }
+  // A DateStyle changed on the role or database behind a transaction pooler after the start:
+  // a configuration fault, not a server one (it answered 500 internal, beside a ready /readyz).
+  if (err instanceof PgDateStyleError) {
+    const e = unavailable('postgres');
+    e.message =
+      "Postgres printed a timestamp in another DateStyle than ISO, which mnemos cannot read: set the role's " +
+      "DateStyle to ISO (ALTER ROLE <role> SET DateStyle = 'ISO, MDY') and reconnect the pooler; retry later";
+    return Object.assign(e, { cause: err });
   }
   // No connection came free, or none could be opened (out of file descriptors): Postgres may be
   // fine. Told "postgres is unavailable", an operator looked at a healthy database.

@@ -506,8 +506,9 @@ async function refuseNonIsoDateStyle(db: Db, config: Config): Promise<void> {
   const style = r.rows[0]?.style ?? 'ISO';
   if (/^ISO\b/.test(style)) return;
   throw new Error(
-    `the database's DateStyle is '${style}': behind a transaction pooler (PG_POOLER) mnemos cannot ` +
-      `set it per connection and reads timestamps in ISO only; set it for mnemos's role: ` +
-      `ALTER ROLE <role> SET DateStyle = 'ISO, MDY'`,
+    `the connection's DateStyle (from the role's or the database's settings) is '${style}': behind ` +
+      `a transaction pooler (PG_POOLER) mnemos cannot set it per connection and reads timestamps in ` +
+      `ISO only; set it for mnemos's role: ALTER ROLE <role> SET DateStyle = 'ISO, MDY', then make the ` +
+      `pooler open new server connections (PgBouncer: RECONNECT in its admin console, or a restart)`,
   );
 }

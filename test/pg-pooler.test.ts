@@ -8,6 +8,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { makePgDb } from '../db/pool.js';
 import { createTenant, keyList, makeKeyAuthenticator, revokeKey } from '../services/tenants.js';
+import { asDependencyError, type AppError } from '../services/errors.js';
 import {
   ADMIN_TOKEN,
   api,
@@ -262,7 +263,7 @@ void test('behind a pooler, a database printing dates as SQL, DMY is refused at 
   try {
     await assert.rejects(
       startTestService({ databaseUrl: bouncer.urlOf(url), env: { PG_POOLER: 'transaction' } }),
-      /DateStyle is 'SQL, DMY'.*ALTER ROLE <role> SET DateStyle = 'ISO, MDY'/,
+      /DateStyle \(from the role's or the database's settings\) is 'SQL, DMY'.*ALTER ROLE <role> SET DateStyle = 'ISO, MDY', then make the pooler open new server connections/,
     );
     // Should it change after the start: a statement reading a timestamp fails; a revoked key
     // stays refused, since revocation is no timestamp read.
@@ -272,10 +273,15 @@ void test('behind a pooler, a database printing dates as SQL, DMY is refused at 
       const { api_key: key } = await createTenant(direct, 'revoked');
       await revokeKey(direct, key.split('_')[1]!);
       assert.equal(await makeKeyAuthenticator(db).authenticate(key), null);
-      await assert.rejects(
-        db.query('SELECT now() AS at'),
-        /cannot read the timestamp .*DateStyle must be ISO/,
+      const err: unknown = await db.query('SELECT now() AS at').then(
+        () => null,
+        (e: unknown) => e,
       );
+      assert.match(String(err), /cannot read the timestamp .*DateStyle must be ISO/);
+      // Answered as a 503 naming the setting, not a 500 "internal" beside a ready /readyz.
+      const answered = asDependencyError(err) as AppError;
+      assert.deepEqual([answered.status, answered.code], [503, 'unavailable']);
+      assert.match(answered.message, /DateStyle.*ALTER ROLE/);
     } finally {
       await Promise.all([db.close(), direct.close()]);
     }
