@@ -242,13 +242,14 @@ void describe('job and worker log lines', () => {
       },
     ]);
     try {
-      // Action: 30 jobs of two attempts each fail at once.
+      // Action: 30 jobs of two attempts each, of a tenant that exists (a job of an erased one ends
+      // as done), fail at once.
+      const { tenantId } = await own.newTenant();
       for (let i = 0; i < 30; i++) {
-        await own.deps.queues.embed.add(
-          'embed',
-          { v: 1, tenantId: 'tenant-x', sessionId: `s-${i}` } as never,
-          { attempts: 2, backoff: { type: 'fixed', delay: 10 } },
-        );
+        await own.deps.queues.embed.add('embed', { v: 1, tenantId, sessionId: `s-${i}` } as never, {
+          attempts: 2,
+          backoff: { type: 'fixed', delay: 10 },
+        });
       }
       const finals = () => lines.filter((l) => l.msg === 'job failed' && l.final === true);
       await eventually(async () => finals().length === 30, 20_000, 'every job to fail for good');
@@ -256,7 +257,7 @@ void describe('job and worker log lines', () => {
       // Assert: 30 lines for the 30 final failures; the 30 retried attempts took one or two.
       const retried = lines.filter((l) => l.msg === 'job failed' && l.final === false);
       assert.ok(retried.length >= 1 && retried.length <= 2, JSON.stringify(retried));
-      assert.equal(retried[0]!.tenantId, 'tenant-x');
+      assert.equal(retried[0]!.tenantId, tenantId);
     } finally {
       await workers.close(5000);
       await own.stop();
