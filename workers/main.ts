@@ -1,6 +1,6 @@
 import { Worker } from 'bullmq';
 import type { Job, Processor } from 'bullmq';
-import { tenantExists } from '../db/queries/tenants.js';
+import { getTenantById } from '../db/queries/lifecycle.js';
 import type { CoreDeps } from '../services/deps.js';
 import type { Extension } from '../services/extension.js';
 import { throttledKinds, throttledWarn } from '../services/logger.js';
@@ -118,7 +118,10 @@ export async function startWorkers(
         // (its tenant and session ids) is kept by count alone, for ever, and the erasure has
         // already swept (a summary whose LLM answered, unusable, after the erasure; re-tester r4).
         const tenantId = (job.data as { tenantId?: unknown } | undefined)?.tenantId;
-        if (typeof tenantId === 'string' && !(await tenantExists(deps.db, tenantId).catch(() => true))) {
+        if (
+          typeof tenantId === 'string' &&
+          (await getTenantById(deps.db, tenantId).catch(() => 'unknown')) === null
+        ) {
           deps.logger.info({ queue: name, jobId: job.id }, 'dropped a failed job of an erased tenant');
           return undefined;
         }

@@ -1,11 +1,5 @@
 import type { Queryable } from '../pool.js';
 
-/** Whether the tenant's row exists (erased tenants have none). */
-export async function tenantExists(q: Queryable, tenantId: string): Promise<boolean> {
-  const r = await q.query('SELECT 1 FROM tenants WHERE id = $1', [tenantId]);
-  return r.rows.length > 0;
-}
-
 export interface TenantRow {
   id: string;
   name: string;
