@@ -131,16 +131,16 @@ end
 if added > 0 then
   redis.call('HSET', KEYS[1], 'seq', seq)
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-  if redis.call('HGET', KEYS[1], 'armed') ~= '1' then
+  local arm = redis.call('HGET', KEYS[1], 'armed') ~= '1'
+  if arm then
     redis.call('HSET', KEYS[1], 'armed', '1')
     redis.call('ZADD', KEYS[4], tonumber(ARGV[1]), ARGV[2])
-    ${fairLua('KEYS[5]')}
-    out[2] = fair
-  elseif redis.call('HEXISTS', KEYS[1], 'impxid') == 1 and redis.call('HSETNX', KEYS[1], 'impwake', '1') == 1 then
-    -- Armed by an import not settled yet, which asks for its flush only once committed: aborted,
-    -- its settle removed its entries and left this message armed with no flush to come, for the
-    -- ingest sweeper (60-90 s). One flush per import is asked here; it waits for the import's
-    -- row lock, then settles it and drains.
+  end
+  -- Armed by an import not settled yet, which asks for its flush only once committed: aborted,
+  -- its settle removed its entries and left this message armed with no flush to come, for the
+  -- ingest sweeper (60-90 s). One flush per import is asked here; it waits for the import's row
+  -- lock, then settles it and drains.
+  if arm or (redis.call('HEXISTS', KEYS[1], 'impxid') == 1 and redis.call('HSETNX', KEYS[1], 'impwake', '1') == 1) then
     ${fairLua('KEYS[5]')}
     out[2] = fair
   end
