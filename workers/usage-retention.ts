@@ -18,14 +18,17 @@ export interface UsageRetentionState {
    * of walking the entries of rows deleted since the last vacuum.
    */
   clearedBefore: Map<string, Date>;
-  /** The tenants the current pass has seen: at its end, entries of the others (erased) go. */
-  seen: Set<string>;
+  /**
+   * The cutoffs of the pass under way, which replace `clearedBefore` when it ends: a tenant it did
+   * not clear (none of its rows was old, or it was erased) keeps no entry.
+   */
+  passing: Map<string, Date>;
 }
 
 export const newUsageRetentionState = (): UsageRetentionState => ({
   resumeAt: null,
   clearedBefore: new Map(),
-  seen: new Set(),
+  passing: new Map(),
 });
 
 /**
@@ -50,8 +53,8 @@ export async function pruneUsage(
   const end = (resumeAt: string | null) => {
     state.resumeAt = resumeAt;
     if (resumeAt === null) {
-      for (const id of state.clearedBefore.keys()) if (!state.seen.has(id)) state.clearedBefore.delete(id);
-      state.seen.clear();
+      state.clearedBefore = state.passing;
+      state.passing = new Map();
     }
     if (deleted > 0) {
       deps.logger.info(
@@ -69,12 +72,7 @@ export async function pruneUsage(
     // their rows, and a pass over 5,000 tenants took 25 runs, over 4 hours (tester t8).
     const tenants = await tenantIdsFrom(deps.db, from, inclusive, TENANT_PAGE, before);
     for (const { id: tenantId, old } of tenants) {
-      state.seen.add(tenantId);
-      if (!old) {
-        // Nothing to delete, nor any cutoff to keep.
-        state.clearedBefore.delete(tenantId);
-        continue;
-      }
+      if (!old) continue;
       let lower = state.clearedBefore.get(tenantId) ?? null;
       for (;;) {
         if (statements >= maxBatches) return end(tenantId);
@@ -84,7 +82,7 @@ export async function pruneUsage(
         if (r.deleted < batch) break;
         lower = r.lastAt;
       }
-      state.clearedBefore.set(tenantId, before);
+      state.passing.set(tenantId, before);
     }
     if (tenants.length < TENANT_PAGE) return end(null);
     from = tenants[tenants.length - 1]!.id;
