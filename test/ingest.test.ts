@@ -932,55 +932,62 @@ void describe('ingestion', () => {
     assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
   });
 
-  void test('an entry holding text Postgres cannot store, in any field, is dead-lettered, and the session goes on', async () => {
-    // Setup: a corrupt inbox of whole messages, each with a NUL or a lone surrogate in another
-    // field, and one whose content is a backslash and "u0000" (six characters, stored as they are).
+  /**
+   * A session archived up to seq 1 whose inbox then holds the entries `made(gen)` returns (made by
+   * hand, seqs from 2), and a post behind them: its answer, what was archived, the session's dead
+   * letters, and how far the dead-letter counter moved.
+   */
+  const postBehindHandMade = async (session: string, made: (gen: string | null) => string[]) => {
     const t = await svc.newTenant();
-    await t.api.post('/v1/sessions/nul/messages?wait=true', { messages: [user('before')] });
-    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'nul');
-    const gen = await svc.deps.redis.hget(keys.sess, 'gen');
+    await t.api.post(`/v1/sessions/${session}/messages?wait=true`, { messages: [user('before')] });
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, session);
+    const entries = made(await svc.deps.redis.hget(keys.sess, 'gen'));
+    await svc.deps.redis.rpush(keys.inbox, ...entries);
+    await svc.deps.redis.hset(keys.sess, 'seq', entries.length + 1);
+    const deadBefore = await deadLetterTotal(svc.base);
+    const posted = await t.api.post(`/v1/sessions/${session}/messages?wait=true`, {
+      messages: [user('after')],
+    });
+    return {
+      entries,
+      posted,
+      archived: (await archived(t.api, session)).map((m) => [m.seq, m.content]),
+      dead: await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:${session}`, 0, -1),
+      counted: (await deadLetterTotal(svc.base)) - deadBefore,
+    };
+  };
+
+  void test('an entry holding text Postgres cannot store, in any field, is dead-lettered, and the session goes on', async () => {
+    // Setup, action: a corrupt inbox of whole messages, each with a NUL or a lone surrogate in
+    // another field, and one whose content is a backslash and "u0000" (six characters, stored as
+    // they are); a post behind them.
     const call = (args: string) => [{ id: 'c1', type: 'function', function: { name: 'f', arguments: args } }];
-    const made = [
+    const r = await postBehindHandMade('nul', (gen) => [
       inboxEntry(2, gen, 'a\u0000b'),
       inboxEntry(3, gen, 'a\\u0000b'),
       inboxEntry(4, gen, 'x', { name: 'n\ud800' }),
       inboxEntry(5, gen, 'x', { metadata: { ok: { 'k\u0000': 1 } } }),
       inboxEntry(6, gen, 'x', { role: 'assistant', tool_calls: call('{"a":"\udc00"}') }),
       inboxEntry(7, gen, 'x', { tool_call_id: '\u0000', role: 'tool' }),
-    ];
-    await svc.deps.redis.rpush(keys.inbox, ...made);
-    await svc.deps.redis.hset(keys.sess, 'seq', 7);
-    const deadBefore = await deadLetterTotal(svc.base);
-
-    // Action: a post behind them.
-    const r = await t.api.post('/v1/sessions/nul/messages?wait=true', { messages: [user('after')] });
+    ]);
 
     // Assert: archived (before, the first entry's insert failed on every drain, for good, and held
     // every later message), and the unstorable entries are dead letters, counted.
-    assert.equal(r.status, 201, r.text);
-    assert.deepEqual(
-      (await archived(t.api, 'nul')).map((m) => [m.seq, m.content]),
-      [
-        [1, 'before'],
-        [3, 'a\\u0000b'],
-        [8, 'after'],
-      ],
-    );
-    assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:nul`, 0, -1), [
-      made[0],
-      ...made.slice(2),
+    assert.equal(r.posted.status, 201, r.posted.text);
+    assert.deepEqual(r.archived, [
+      [1, 'before'],
+      [3, 'a\\u0000b'],
+      [8, 'after'],
     ]);
-    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 5);
+    assert.deepEqual(r.dead, [r.entries[0], ...r.entries.slice(2)]);
+    assert.equal(r.counted, 5);
   });
 
   void test('an entry whose fields the archive cannot take (sizes, types) is dead-lettered, and the session goes on', async () => {
-    // Setup: a corrupt inbox of whole messages, each with one field past what the archive's
-    // columns hold or of another type than the API writes, then one good entry.
-    const t = await svc.newTenant();
-    await t.api.post('/v1/sessions/shape/messages?wait=true', { messages: [user('before')] });
-    const keys = inboxKeys(svc.config.prefix, t.tenantId, 'shape');
-    const gen = await svc.deps.redis.hget(keys.sess, 'gen');
-    const made = [
+    // Setup, action: a corrupt inbox of whole messages, each with one field past what the
+    // archive's columns hold or of another type than the API writes, then one good entry; a post
+    // behind them.
+    const r = await postBehindHandMade('shape', (gen) => [
       inboxEntry(2, gen, 'x', { bytes: 1.5 }),
       inboxEntry(3, gen, 'x', { bytes: 2 ** 31 }),
       inboxEntry(4, gen, 'x', { sent_at_ns: '9999999999999999999' }),
@@ -988,30 +995,18 @@ void describe('ingestion', () => {
       inboxEntry(6, gen, 'x', { role: 'assistant', tool_calls: { id: 'c1' } }),
       inboxEntry(7, gen, 'x', { role: 'assistant', tool_calls: [null] }),
       inboxEntry(8, gen, 'good'),
-    ];
-    await svc.deps.redis.rpush(keys.inbox, ...made);
-    await svc.deps.redis.hset(keys.sess, 'seq', 8);
-    const deadBefore = await deadLetterTotal(svc.base);
-
-    // Action: a post behind them.
-    const r = await t.api.post('/v1/sessions/shape/messages?wait=true', { messages: [user('after')] });
+    ]);
 
     // Assert: archived (before, each of the six failed its drain's insert, or its index text, on
     // every drain, for good, and held every later message), and the six are dead letters, counted.
-    assert.equal(r.status, 201, r.text);
-    assert.deepEqual(
-      (await archived(t.api, 'shape')).map((m) => [m.seq, m.content]),
-      [
-        [1, 'before'],
-        [8, 'good'],
-        [9, 'after'],
-      ],
-    );
-    assert.deepEqual(
-      await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:shape`, 0, -1),
-      made.slice(0, 6),
-    );
-    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 6);
+    assert.equal(r.posted.status, 201, r.posted.text);
+    assert.deepEqual(r.archived, [
+      [1, 'before'],
+      [8, 'good'],
+      [9, 'after'],
+    ]);
+    assert.deepEqual(r.dead, r.entries.slice(0, 6));
+    assert.equal(r.counted, 6);
   });
 
   void test('an entry whose seq is above the entries after it is dead-lettered; they are archived in order', async () => {
