@@ -1284,11 +1284,12 @@ void describe('usage retention', () => {
     assert.deepEqual(await ages(t.tenantId), [0]);
   });
 
-  void test('tenants without old rows take none of a run’s budget: one run reaches the 600th', async () => {
-    // 600 tenants sorting after every other, only the last with an old row. A run's budget was
-    // counted a statement per tenant, so a run reached its first few tenants only (200 by default:
-    // 5,000 tenants took 25 runs, over 4 hours, to clear).
-    const ids = Array.from({ length: 600 }, (_, i) => `v_retention_${String(i).padStart(3, '0')}`);
+  /**
+   * `count` tenants whose ids sort after every other's (`<tag>_000`…), the last of them with a row
+   * 1 hour and one 40 days old, for `fn`; removed after it.
+   */
+  const withManyTenants = async (tag: string, count: number, fn: (last: string) => Promise<void>) => {
+    const ids = Array.from({ length: count }, (_, i) => `${tag}_${String(i).padStart(3, '0')}`);
     await svc.deps.db.query(
       `INSERT INTO tenants (id, name) SELECT id, 'retention ' || id FROM unnest($1::text[]) AS id`,
       [ids],
@@ -1296,6 +1297,17 @@ void describe('usage retention', () => {
     try {
       const last = ids[ids.length - 1]!;
       await usageAged(last, [1, 40 * 24]);
+      await fn(last);
+    } finally {
+      await svc.deps.db.query('DELETE FROM tenants WHERE id = ANY($1::text[])', [ids]);
+    }
+  };
+
+  void test('tenants without old rows take none of a run’s budget: one run reaches the 600th', async () => {
+    // 600 tenants, only the last with an old row. A run's budget was counted a statement per
+    // tenant, so a run reached its first few tenants only (200 by default: 5,000 tenants took 25
+    // runs, over 4 hours, to clear).
+    await withManyTenants('v_retention', 600, async (last) => {
       const state = newUsageRetentionState();
       const run = await pruneUsage(svc.deps, state, { maxBatches: 3 });
       assert.deepEqual(run, { deleted: 1, finished: true });
@@ -1305,28 +1317,17 @@ void describe('usage retention', () => {
       await svc.deps.db.query('DELETE FROM tenants WHERE id = $1', [last]);
       await pruneUsage(svc.deps, state, { maxBatches: 3 });
       assert.equal(state.clearedBefore.has(last), false);
-    } finally {
-      await svc.deps.db.query('DELETE FROM tenants WHERE id = ANY($1::text[])', [ids]);
-    }
+    });
   });
 
   void test('a pass reaches every tenant, past the first page of 500 tenant ids', async () => {
-    // 501 tenants sorting after every other: the last one's old rows are on the second page.
-    const ids = Array.from({ length: 501 }, (_, i) => `u_retention_${String(i).padStart(3, '0')}`);
-    await svc.deps.db.query(
-      `INSERT INTO tenants (id, name) SELECT id, 'retention ' || id FROM unnest($1::text[]) AS id`,
-      [ids],
-    );
-    try {
-      const last = ids[ids.length - 1]!;
-      await usageAged(last, [1, 40 * 24]);
+    // 501 tenants: the last one's old rows are on the second page.
+    await withManyTenants('u_retention', 501, async (last) => {
       assert.deepEqual(await ages(last), [0, 40], 'fixture');
       // One run with room for every tenant: it walks both pages.
       const run = await pruneUsage(svc.deps, newUsageRetentionState(), { maxBatches: 10_000 });
       assert.deepEqual(run, { deleted: 1, finished: true });
       assert.deepEqual(await ages(last), [0], 'the old row of the 501st tenant is deleted');
-    } finally {
-      await svc.deps.db.query('DELETE FROM tenants WHERE id = ANY($1::text[])', [ids]);
-    }
+    });
   });
 });
