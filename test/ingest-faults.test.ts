@@ -531,7 +531,9 @@ void describe('ingestion under faults and many processes', () => {
       const s = `stalled-${op}`;
       const batch = { messages: [1, 2, 3].map((n) => user(`a${n}`, { id: `a${n}` })) };
       assert.equal((await t.api.post(`/v1/sessions/${s}/messages?wait=true`, batch)).status, 201);
-      // Redis stalls once the clear's transaction has read it and before it commits.
+      // Redis stalls once the clear's transaction has read it and before it commits. (Only this
+      // database's statements: another test file's DELETE waiting on a lock paused Redis before
+      // the clear had read it, and the clear answered a true 503 before anything was done.)
       const lock = await holdMessagesLock(svc.config.databaseUrl!);
       await lock.locked;
       const answer = op === 'reset' ? t.api.post(`/v1/sessions/${s}/reset`) : t.api.del(`/v1/sessions/${s}`);
@@ -540,7 +542,8 @@ void describe('ingestion under faults and many processes', () => {
           (
             await svc.deps.db.query<{ n: number }>(
               `SELECT count(*)::int AS n FROM pg_stat_activity
-               WHERE wait_event_type = 'Lock' AND query ILIKE 'DELETE FROM messages%'`,
+               WHERE datname = current_database() AND wait_event_type = 'Lock'
+                 AND query ILIKE 'DELETE FROM messages%'`,
             )
           ).rows[0]!.n > 0,
         20_000,
