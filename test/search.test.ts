@@ -2495,7 +2495,10 @@ void describe('table-locking maintenance passes', () => {
       s,
       Array.from({ length: 30 }, (_, i) => user(`note ${i} about the zebra crossing`)),
     );
-    const run = (kind: string) => svc.deps.queues.maintenance.add(kind, { v: 1, kind });
+    // Kept once complete: waitUntilFinished reads the job after subscribing, and a skipped pass can
+    // end (and be removed) before that read ("Missing key for job", a CI failure).
+    const run = (kind: string) =>
+      svc.deps.queues.maintenance.add(kind, { v: 1, kind }, { removeOnComplete: false });
     const snapshot = await holdOldSnapshot(svc.config.databaseUrl!);
     let first: Promise<unknown> | undefined;
     try {
