@@ -6,6 +6,15 @@ import { makePgDb } from '../../db/pool.js';
 const adminUrl = process.env.TEST_DATABASE_ADMIN_URL!;
 const template = process.env.MNEMOS_TEST_TEMPLATE!;
 const runId = process.env.MNEMOS_TEST_RUN!;
+// The services are shared: teardown drops what carries this run's id, so a missing id would match
+// every run's databases (a helper's stray teardown once dropped other runs' databases mid-test).
+for (const [name, value] of Object.entries({
+  TEST_DATABASE_ADMIN_URL: adminUrl,
+  MNEMOS_TEST_TEMPLATE: template,
+  MNEMOS_TEST_RUN: runId,
+})) {
+  if (!value) throw new Error(`global-setup: ${name} is not set (scripts/run-tests.js sets it)`);
+}
 const STALE_SECONDS = 3 * 3600;
 
 const dbUrl = (name: string) => {
@@ -61,6 +70,6 @@ if (process.argv[2] === 'setup') {
   await db.close();
   process.stdout.write(`[test] template database ${template} migrated\n`);
 } else {
-  await dropDatabases((n) => n.includes(runId));
+  await dropDatabases((n) => n === template || n.startsWith(`mnemos_t_${runId}_`));
   await deleteRedisKeys(() => true, `mt_${runId}_*`);
 }
