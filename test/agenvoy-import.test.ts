@@ -513,7 +513,7 @@ void describe('agenvoy import', () => {
       () => assert.fail('a missing --session succeeded'),
       (e: { code: number; stdout: string }) => e,
     );
-    assert.equal(nope.code, 1);
+    assert.equal(nope.code, 3, 'no session imported');
     assert.match(nope.stdout, /nope-x: failed \(no such session directory/);
     const missing = path.join(fx.root, 'no-such-dir', 'out.jsonl');
     assert.match(
@@ -523,6 +523,81 @@ void describe('agenvoy import', () => {
     const out = path.join(fx.root, 'plain-1.jsonl');
     await run(process.execPath, [cli, 'export', 'plain-1', '--tenant', name, '--out', out], { env });
     assert.equal(readFileSync(out, 'utf8').trim().split('\n').length, 5, 'four messages and the summary');
+  });
+
+  void test('mnemos import agenvoy exits 0 only when the sessions are in mnemos: 2 partial, 3 none, 1 on an empty folder', async () => {
+    // Setup: an empty folder; one with a good and a broken session; one where none can be imported.
+    const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-exit-'));
+    roots.push(root);
+    const session = (dir: string, sid: string, history: string) => {
+      mkdirSync(path.join(root, dir, sid), { recursive: true });
+      writeFileSync(path.join(root, dir, sid, 'history.json'), history);
+    };
+    mkdirSync(path.join(root, 'empty'));
+    session(
+      'mixed',
+      'good-1',
+      JSON.stringify([{ role: 'user', content: header('2025-04-01 09:00:00', 'hello') }]),
+    );
+    session('mixed', 'broken-2', '[{"role": "user", "content": ');
+    session('none', 'broken-3', '{not json');
+    session('none', 'hollow-4', '[]');
+    const name = `agenvoy-exit-${Date.now()}`;
+    const t = await svc.newTenant(name);
+    const env = {
+      ...process.env,
+      DATABASE_URL: svc.config.databaseUrl,
+      MNEMOS_PREFIX: svc.config.prefix,
+      REDIS_URL,
+      TZ,
+      LOG_LEVEL: 'silent',
+    };
+    const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
+    const importing = (dir: string, ...args: string[]) =>
+      run(process.execPath, [cli, 'import', 'agenvoy', path.join(root, dir), '--tenant', name, ...args], {
+        env,
+      }).then(
+        ({ stdout, stderr }) => ({ code: 0, stdout, stderr }),
+        (e: { code: number; stdout: string; stderr: string }) => e,
+      );
+
+    // Action + Assert: an empty folder is an error, with what it expected.
+    const empty = await importing('empty');
+    assert.equal(empty.code, 1, empty.stdout);
+    assert.match(empty.stderr, /^mnemos: .*empty holds no session directories .*nothing imported\n$/);
+
+    // One imported, one failed: partial, and said so on stderr; the same on a re-run.
+    const mixed = await importing('mixed');
+    assert.equal(mixed.code, 2, mixed.stdout);
+    assert.match(mixed.stdout, /good-1: imported, 1 messages/);
+    assert.match(mixed.stdout, /broken-2: failed/);
+    assert.match(mixed.stderr, /mnemos: import agenvoy: 1 of 2 sessions failed \(imported 1\)/);
+    assert.equal((await listed(t.api, 'good-1')).length, 1);
+    assert.equal((await importing('mixed')).code, 2, 'a re-run: good-1 is there, broken-2 fails again');
+    // Everything asked for already there: success.
+    const again = await importing('mixed', '--session', 'good-1');
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stdout, /good-1: skipped/);
+    assert.equal(again.stderr, '');
+
+    // Nothing could be imported: neither 0 nor a crash's 1.
+    const none = await importing('none', '--json');
+    assert.equal(none.code, 3, none.stdout);
+    assert.deepEqual(
+      (
+        JSON.parse(none.stdout) as {
+          sessions: Array<{ session_id: string; status: string; skip_reason: string | null }>;
+        }
+      ).sessions.map((s) => [s.session_id, s.status, s.skip_reason]),
+      [
+        ['broken-3', 'failed', null],
+        ['hollow-4', 'skipped', 'nothing_to_import'],
+      ],
+    );
+    assert.match(
+      none.stderr,
+      /mnemos: import agenvoy: no session imported of 2 \(1 failed, 1 had nothing to import\)/,
+    );
   });
 
   // Compacted sessions whose texts repeat: each history.json message must merge with its own copy

@@ -12,6 +12,8 @@ import type { SqliteDb } from './sqlite.js';
 export interface AgenvoySessionReport {
   session_id: string;
   status: 'imported' | 'skipped' | 'failed';
+  /** Why a skipped session was: mnemos already holds it (a re-run), or its files hold nothing. */
+  skip_reason: 'session_exists' | 'nothing_to_import' | null;
   imported: number;
   from_history_json: number;
   from_history_db: number;
@@ -42,6 +44,15 @@ export async function importAgenvoySessions(
   const timeZone = opts.timeZone ?? deps.config.timeZone;
   const dir = path.resolve(sessionsDir);
   const { ids, invalid } = await listAgenvoySessions(dir);
+  // Pointed at the wrong folder (an empty one, a config dir holding only .store), the import reported
+  // "imported 0 of 0 sessions" and exited 0: a migration script believed it had worked.
+  if (ids.length === 0 && invalid.length === 0) {
+    throw new AppError(
+      400,
+      'no_sessions',
+      `${dir} holds no session directories (Agenvoy keeps one per session: <sessions_dir>/<session id>/history.json); nothing imported`,
+    );
+  }
   const historyDb = findHistoryDb(dir);
   const db = historyDb ? openHistoryDb(historyDb) : null;
   const reports: AgenvoySessionReport[] = [];
@@ -68,6 +79,7 @@ export async function importAgenvoySessions(
       const report: AgenvoySessionReport = {
         session_id: sid,
         status: 'failed',
+        skip_reason: null,
         imported: 0,
         from_history_json: 0,
         from_history_db: 0,
@@ -88,6 +100,7 @@ export async function importAgenvoySessions(
         report.notes.push(...read.notes);
         if (read.input.messages.length === 0 && !read.input.summary) {
           report.status = 'skipped';
+          report.skip_reason = 'nothing_to_import';
           report.notes.push('nothing to import');
           continue;
         }
@@ -97,6 +110,7 @@ export async function importAgenvoySessions(
           read.input.messages.length === 0 ? await getSummaryRow(deps.db, tenantId, sid) : null;
         if (existing && Number(existing.version) > 0) {
           report.status = 'skipped';
+          report.skip_reason = 'session_exists';
           // What reading noted (the zone, skipped rows) is about an import that did not happen.
           report.notes = ['the session already has a summary'];
           continue;
@@ -110,6 +124,7 @@ export async function importAgenvoySessions(
       } catch (err) {
         if (err instanceof AppError && err.code === 'session_not_empty') {
           report.status = 'skipped';
+          report.skip_reason = 'session_exists';
           report.notes = [];
         }
         report.notes.push(err instanceof Error ? err.message : String(err));
@@ -120,6 +135,42 @@ export async function importAgenvoySessions(
   }
   const missing = (opts.only ?? []).filter((sid) => !ids.includes(sid));
   return { historyDb, invalidDirs: invalid, missing, historyDbOnly, notes, sessions: reports };
+}
+
+/**
+ * The command's exit status (README "Agenvoy import"): 0 when every session given is in mnemos
+ * (imported now, or before: a re-run) or had nothing to import, and at least one is; 2 when some
+ * are and others failed (a partial import: fix those and run again); 3 when none is (every session
+ * failed, held nothing, or had no valid id). 1 stays what every command's error exits with.
+ * `problem` says why for 2 and 3.
+ */
+export function agenvoyExitStatus(report: {
+  invalidDirs: string[];
+  missing: string[];
+  sessions: AgenvoySessionReport[];
+}): { code: 0 | 2 | 3; problem: string | null } {
+  const count = (f: (s: AgenvoySessionReport) => boolean) => report.sessions.filter(f).length;
+  const imported = count((s) => s.status === 'imported');
+  const present = imported + count((s) => s.skip_reason === 'session_exists');
+  const failed = count((s) => s.status === 'failed') + report.missing.length;
+  const given = report.sessions.length + report.missing.length + report.invalidDirs.length;
+  if (present === 0) {
+    const why = [
+      failed > 0 ? `${failed} failed` : '',
+      count((s) => s.skip_reason === 'nothing_to_import') > 0
+        ? `${count((s) => s.skip_reason === 'nothing_to_import')} had nothing to import`
+        : '',
+      report.invalidDirs.length > 0 ? `${report.invalidDirs.length} not a valid session id` : '',
+    ].filter(Boolean);
+    return { code: 3, problem: `no session imported of ${given} (${why.join(', ')})` };
+  }
+  if (failed > 0) {
+    return {
+      code: 2,
+      problem: `${failed} of ${given} sessions failed (imported ${imported}); see their notes`,
+    };
+  }
+  return { code: 0, problem: null };
 }
 
 /** Session ids named in the report's note on sessions only history.db holds (the rest counted). */

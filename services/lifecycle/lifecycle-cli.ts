@@ -17,7 +17,7 @@ import { makeLogger } from '../logger.js';
 import { assertSessionId } from '../messages/message-input.js';
 import { waitForRedis } from '../redis.js';
 import { closeDeps, openDeps } from '../runtime.js';
-import { importAgenvoySessions } from './agenvoy-migrate.js';
+import { agenvoyExitStatus, importAgenvoySessions } from './agenvoy-migrate.js';
 import type { AgenvoySessionReport } from './agenvoy-migrate.js';
 import { openSessionExport } from './export-session.js';
 import { parseImportLines, readJsonLines } from './import-input.js';
@@ -163,6 +163,14 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
     .option('--tz <zone>', 'time zone of the naive timestamps (default: TZ)')
     .option('--session <id...>', 'only these session directories')
     .option('--json', 'print the report as JSON')
+    .addHelpText(
+      'after',
+      '\nExit status: 0 when every session is in mnemos (imported now, or by an earlier run) or held\n' +
+        'nothing to import, and at least one is; 2 when some are and others failed (fix those, run\n' +
+        'again: the rest are skipped); 3 when none is (every session failed, held nothing, or had an\n' +
+        'invalid name); 1 on an error (no session directories in <sessions_dir>, an unknown tenant,\n' +
+        "a history.db that is not Agenvoy's).",
+    )
     .action(async (dir: string, o: { tenant: string; tz?: string; session?: string[]; json?: boolean }) => {
       if (o.tz !== undefined) assertTimeZone(o.tz);
       await withRuntime(factories, async ({ deps, extensions }) => {
@@ -190,8 +198,9 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
             `imported ${done.length} of ${report.sessions.length} sessions, ${done.reduce((a, s) => a + s.imported, 0)} messages`,
           );
         }
-        if (report.sessions.some((s) => s.status === 'failed') || report.missing.length > 0)
-          process.exitCode = 1;
+        const status = agenvoyExitStatus(report);
+        if (status.problem) process.stderr.write(`mnemos: import agenvoy: ${status.problem}\n`);
+        process.exitCode = status.code;
       });
     });
   imp
