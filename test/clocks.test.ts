@@ -8,6 +8,8 @@ import { reapTempSessions } from '../services/lifecycle/temp-reaper.js';
 import { KEY_CACHE_MS, makeKeyAuthenticator } from '../services/tenants.js';
 import { makeLogger } from '../services/logger.js';
 import { inboxKeys } from '../services/messages/inbox.js';
+import { makeEmbedder } from '../services/recent-index/embedder.js';
+import { ReembedBusyError, reembed } from '../services/recent-index/reembed.js';
 import { rateLimit } from '../services/rate-limit.js';
 import type { Redis } from '../services/redis.js';
 import { deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
@@ -106,6 +108,51 @@ void describe("clocks: shared time is the database's, deadlines are monotonic", 
     assert.equal((await t.api.get(`/v1/sessions/${idle}`)).status, 404, 'idle by Postgres time: reaped');
     assert.equal((await t.api.get(`/v1/sessions/${recent}`)).status, 200, 'posted a moment ago: kept');
     assert.equal((await t.api.get(`/v1/sessions/${recent}/messages`)).body.messages.length, 1);
+  });
+
+  void test("a reembed judges another run's lease by Postgres time, whatever this process's clock says", async () => {
+    const { db } = svc.deps;
+    const embedder = makeEmbedder(svc.config, null);
+    const index = async () =>
+      (
+        await db.query<{ state: string; reembed_id: string | null }>(
+          'SELECT state, reembed_id FROM vector_index',
+        )
+      ).rows[0];
+    /** The lease another process holds, its last heartbeat `minutesAgo` by Postgres's clock. */
+    const leaseBeatAgo = (minutesAgo: number) =>
+      db.query(
+        `UPDATE vector_index SET state = 'reembedding', target_model = $1, target_dimensions = $2,
+           reembed_id = 'other-run', reembed_started_at = now() - interval '1 hour',
+           updated_at = now() - make_interval(mins => $3)`,
+        [embedder.model, embedder.dimensions, minutesAgo],
+      );
+    const withClock = async <T>(ms: number, fn: () => Promise<T>): Promise<T> => {
+      const undo = shiftClock(ms);
+      try {
+        return await fn();
+      } finally {
+        undo();
+      }
+    };
+
+    // Alive (a beat a minute ago), seen from a clock an hour ahead: it still refuses.
+    await leaseBeatAgo(1);
+    await assert.rejects(
+      withClock(HOUR, () => reembed(db, svc.config, embedder)),
+      (err) => err instanceof ReembedBusyError && /another reembed .* is running/.test(err.message),
+    );
+    assert.deepEqual(
+      await index(),
+      { state: 'reembedding', reembed_id: 'other-run' },
+      'the live run keeps its lease',
+    );
+
+    // Dead (no beat for 20 minutes), seen from a clock an hour behind: it takes over and finishes.
+    await leaseBeatAgo(20);
+    const result = await withClock(-HOUR, () => reembed(db, svc.config, embedder));
+    assert.equal(result.status, 'rebuilt');
+    assert.deepEqual(await index(), { state: 'ready', reembed_id: null });
   });
 
   void test('a key revoked in another process stops working here within 5 s, also after the wall clock steps back', async () => {

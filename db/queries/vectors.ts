@@ -31,10 +31,16 @@ export interface VectorIndexRow {
   reembed_id: string | null;
   reembed_started_at: Date | null;
   updated_at: Date;
+  /**
+   * How long ago `updated_at` was, by the database's clock: a reembed's lease is judged by it, since
+   * the processes that compare it may have clocks minutes apart from the one that wrote it.
+   */
+  updated_ms_ago: number;
 }
 
 const VI_COLS =
-  'model, dimensions, state, target_model, target_dimensions, reembed_id, reembed_started_at, updated_at';
+  'model, dimensions, state, target_model, target_dimensions, reembed_id, reembed_started_at, updated_at, ' +
+  '(extract(epoch FROM now() - updated_at) * 1000)::float8 AS updated_ms_ago';
 
 export async function getVectorIndex(q: Queryable): Promise<VectorIndexRow | null> {
   const r = await q.query<VectorIndexRow>(`SELECT ${VI_COLS} FROM vector_index`);

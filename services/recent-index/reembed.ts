@@ -116,10 +116,10 @@ export async function reembed(
     }
     const same = index.model === target.model && index.dimensions === target.dimensions;
     if (same && index.state === 'ready' && !opts.force) return { kind: 'up_to_date' as const };
+    // Judged by the database's clock (the heartbeat's): another process's own clock may be
+    // minutes off, which made a live lease look stale (two runs at once) or a dead one live.
     const alive =
-      index.state === 'reembedding' &&
-      index.reembed_id !== null &&
-      Date.now() - index.updated_at.getTime() < REEMBED_LEASE_MS;
+      index.state === 'reembedding' && index.reembed_id !== null && index.updated_ms_ago < REEMBED_LEASE_MS;
     if (alive && !opts.force && !opts.exclusive) {
       throw new ReembedBusyError(
         `another reembed to ${index.target_model}/${index.target_dimensions} is running (last progress ` +
