@@ -52,6 +52,9 @@ export const REDIS_TRANSIENT_REPLY =
  */
 export const REDIS_WRITE_REFUSED = /(?:^|: -)(?:OOM|READONLY|MISCONF|EXECABORT)\b/;
 
+/** An ACL refusal, plain or from within a script (Redis 6.2 wraps it as above). */
+const REDIS_NO_PERMISSION = /(?:^|: -)NOPERM\b/;
+
 /**
  * Postgres states that pass (a tester saw each as a 500): a read-only database or a standby after a
  * failover (25006), a statement or lock timeout set on the role or database (57014, 55P03),
@@ -141,6 +144,16 @@ export function asDependencyError(err: unknown): unknown {
     return Object.assign(unavailable('postgres'), { cause: err });
   }
   const msg = err instanceof Error ? err.message : '';
+  // A Redis user refused a command or key (NOPERM; mnemos checks only EVAL and EVALSHA at start):
+  // the dependency refusing, as an ACL changed under the service does. It answered 500 internal.
+  if (REDIS_NO_PERMISSION.test(msg)) {
+    const command = /permissions to run the '([^']+)' command/.exec(msg)?.[1];
+    const e = unavailable('redis');
+    e.message =
+      `redis refuses mnemos's user ${command ? `the command ${command}` : 'a command or key'} (NOPERM): ` +
+      'grant it to the user of REDIS_URL (the README\'s "Redis users and managed Redis" lists what it needs); retry later';
+    return Object.assign(e, { cause: err });
+  }
   // The cause gives the log line its `redis_error` (the client's answer says only "unavailable").
   if (REDIS_TRANSIENT_REPLY.test(msg)) return Object.assign(unavailable('redis'), { cause: err });
   // ioredis's MaxRetriesPerRequestError says "Reached the max retries per request limit": matched

@@ -14,7 +14,7 @@ import type { CoreDeps } from './deps.js';
 import type { Extension, ExtensionFactory } from './extension.js';
 import { makeLogger } from './logger.js';
 import type { Logger } from './logger.js';
-import { redisDurabilityWarnings, waitForRedis } from './redis.js';
+import { redisDurabilityWarnings, refuseMissingScripting, waitForRedis } from './redis.js';
 import { closeDeps, embeddedBannerLines, openDeps } from './runtime.js';
 import { AppError } from './errors.js';
 import { errorBody } from './http-errors.js';
@@ -118,6 +118,7 @@ export async function startService(
     if (!(await waitForRedis(deps.redis, 5000))) {
       throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)} (is it running?)`);
     }
+    await refuseMissingScripting(deps.redis);
     for (const w of [
       ...config.warnings,
       ...(await redisDurabilityWarnings(deps.redis)),

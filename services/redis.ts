@@ -1,4 +1,4 @@
-import { Redis } from 'ioredis';
+import { Redis, ReplyError } from 'ioredis';
 import { throttledWarn, watchOutage } from './logger.js';
 import type { Logger } from './logger.js';
 
@@ -170,6 +170,55 @@ export async function waitForRedis(redis: Redis, timeoutMs: number): Promise<boo
     redis.once('ready', onReady);
     redis.on('error', onError);
   });
+}
+
+/**
+ * The scripting commands every mnemos process needs: EVALSHA runs each script, EVAL is what
+ * ioredis, BullMQ and error memory fall back to once Redis has lost its scripts (a restart, a
+ * `SCRIPT FLUSH`). A user without EVAL worked until then, and then every post answered 500. Tried
+ * once at start, with scripts that touch nothing; only a refusal for permission (NOPERM) stops it.
+ */
+export async function refuseMissingScripting(redis: Redis): Promise<void> {
+  const noperm = (name: string) => (err: Error) =>
+    /^NOPERM\b/.test(err.message) ? `${name} (${err.message})` : null;
+  const refused = (
+    await Promise.all([
+      redis.eval('return 1', 0).then(() => null, noperm('EVAL')),
+      // No script has this digest: NOSCRIPT, once the user may run EVALSHA at all.
+      redis.evalsha('0'.repeat(40), 0).then(() => null, noperm('EVALSHA')),
+    ])
+  ).filter((r) => r !== null);
+  if (refused.length === 0) return;
+  throw new Error(
+    `Redis refused mnemos's user the command${refused.length > 1 ? 's' : ''} ${refused.join(', ')}: ` +
+      `grant ${refused.length > 1 ? 'them' : 'it'} to the user of REDIS_URL (ACL SETUSER <user> +eval +evalsha); the README's ` +
+      '"Redis users and managed Redis" lists what that user needs',
+  );
+}
+
+/**
+ * Why a Redis that answers may still take no writes, by the first word of its refusal: out of
+ * memory under `noeviction`, a replica (as the old primary's address may lead to after a
+ * failover), a failing RDB snapshot with `stop-writes-on-bgsave-error`. /readyz pinged, and said
+ * ok to the first two (`down` to the third, which refuses PING too) while every post answered 503:
+ * a load balancer kept sending traffic there.
+ */
+const WRITE_REFUSALS: Record<string, string> = { OOM: 'full', READONLY: 'read_only', MISCONF: 'misconf' };
+
+/**
+ * Redis's state for /readyz: `ok`, a WRITE_REFUSALS state, another refusal's first word in lower
+ * case (`loading`, `busy`, `noperm`), or `down` (no connection, no answer). The probe is a write,
+ * so that it meets what a write meets: one SET of a key under the prefix that expires in 10 s,
+ * shared by the deployment's processes, as cheap as the PING it replaced.
+ */
+export async function redisWriteState(redis: Redis, prefix: string): Promise<string> {
+  try {
+    await redis.set(`${prefix}:readyz`, '1', 'PX', 10_000);
+    return 'ok';
+  } catch (err) {
+    const word = err instanceof ReplyError ? /^[A-Z]+\b/.exec((err as Error).message)?.[0] : undefined;
+    return word ? (WRITE_REFUSALS[word] ?? word.toLowerCase()) : 'down';
+  }
 }
 
 /** SPEC §1: production Redis should persist (AOF) and never evict queue keys. */

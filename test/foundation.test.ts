@@ -1,7 +1,10 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { request } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { pino } from 'pino';
 import { Redis } from 'ioredis';
 import { MIGRATION_LOCK_KEY, loadMigrations, migrate } from '../db/migrate.js';
@@ -22,7 +25,7 @@ import {
   testPrefix,
 } from './support/harness.js';
 import type { Res, TestService } from './support/harness.js';
-import { startPrivateRedis } from './support/private-redis.js';
+import { freePort, startPrivateRedis } from './support/private-redis.js';
 
 void describe('configuration', () => {
   void test('names every bad variable and how to fix it', () => {
@@ -1290,6 +1293,59 @@ void describe('readiness', () => {
     } finally {
       await svc.stop();
       await redis.stop();
+    }
+  });
+
+  void test('/readyz is 503 naming why a Redis that answers takes no writes (full, replica, failing snapshot)', async () => {
+    // Setup: a Redis of its own whose snapshots go to a directory where they cannot be written.
+    const dir = mkdtempSync(join(tmpdir(), 'mnemos-readyz-'));
+    const redis = await startPrivateRedis({ dir });
+    const admin = new Redis(redis.url);
+    const svc = await startTestService({ mode: 'api', env: { REDIS_URL: redis.url } });
+    const t = await svc.newTenant();
+    const post = () =>
+      t.api.post('/v1/sessions/s1/messages', { messages: [{ role: 'user', content: 'hi' }] });
+    const refused = async (state: string) => {
+      const r = await api(svc.base).get('/readyz');
+      assert.equal(r.status, 503, JSON.stringify(r.body));
+      assert.deepEqual(r.body.checks, { postgres: 'ok', redis: state, migrations: 'ok', llm: 'disabled' });
+      assert.equal(r.headers.get('retry-after'), '5');
+      assert.equal((await post()).status, 503, `a post while redis is ${state}`);
+    };
+    const ready = async () => {
+      const r = await api(svc.base).get('/readyz');
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      assert.equal(r.body.checks.redis, 'ok');
+    };
+    try {
+      await ready();
+
+      // Full: used memory over maxmemory under noeviction (OOM command not allowed).
+      await admin.config('SET', 'maxmemory', '1');
+      await refused('full');
+      await admin.config('SET', 'maxmemory', '0');
+      await ready();
+
+      // A replica, as the old primary's address may lead to after a failover (READONLY).
+      await admin.replicaof('127.0.0.1', String(await freePort()));
+      await refused('read_only');
+      await admin.replicaof('NO', 'ONE');
+      await ready();
+
+      // A snapshot that failed, with stop-writes-on-bgsave-error (MISCONF).
+      mkdirSync(join(dir, 'dump.rdb'));
+      await admin.config('SET', 'save', '3600 1');
+      await admin.bgsave();
+      await eventually(async () => /rdb_last_bgsave_status:err/.test(await admin.info('persistence')));
+      await refused('misconf');
+      await admin.config('SET', 'save', '');
+      await ready();
+      assert.equal((await post()).status, 202);
+    } finally {
+      await svc.stop();
+      admin.disconnect();
+      await redis.stop();
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

@@ -13,6 +13,7 @@ import {
   createTestDatabase,
   dropTestDatabase,
   eventually,
+  startTestService,
   testPrefix,
 } from './support/harness.js';
 import { startPrivateRedis } from './support/private-redis.js';
@@ -228,6 +229,50 @@ void test('a connection that comes back refused its database writes nothing to d
     assert.equal(await admin.dbsize(), 0);
   } finally {
     for (const c of Object.values(clients)) c.disconnect();
+    admin.disconnect();
+    await r.stop();
+  }
+});
+
+void test('a Redis user without EVAL is refused at start, naming it; losing it later makes posts a 503 saying so', async () => {
+  // Setup: a user with every command but EVAL, which ioredis, BullMQ and error memory fall back to
+  // when Redis has lost their scripts.
+  const r = await startPrivateRedis();
+  const admin = new Redis(r.url);
+  await admin.call('ACL', 'SETUSER', 'app', 'on', '>pw-0123456789', '~*', '&*', '+@all', '-eval');
+  const env = { REDIS_URL: `redis://app:pw-0123456789@127.0.0.1:${r.port}` };
+  try {
+    // Action and Assert: the start stops, naming the command and the README's list.
+    await assert.rejects(startTestService({ mode: 'api', env }), (err: Error) => {
+      assert.match(err.message, /Redis refused mnemos's user the command EVAL \(NOPERM [^)]*'eval'/);
+      assert.match(err.message, /README/);
+      return true;
+    });
+
+    // Setup: allowed at start, refused once running, and Redis's scripts gone (a restart, a flush).
+    await admin.call('ACL', 'SETUSER', 'app', '+eval');
+    const svc = await startTestService({ mode: 'api', env });
+    try {
+      const t = await svc.newTenant();
+      const post = () =>
+        t.api.post('/v1/sessions/s1/messages', { messages: [{ role: 'user', content: 'hi' }] });
+      assert.equal((await post()).status, 202);
+      await admin.call('ACL', 'SETUSER', 'app', '-eval');
+      await admin.script('FLUSH');
+
+      // Action
+      const refused = await post();
+
+      // Assert: a dependency refusing (503, retry-after), not a server fault (it was a 500).
+      assert.equal(refused.status, 503, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'unavailable');
+      assert.deepEqual(refused.body.error.details, { dependency: 'redis' });
+      assert.match(refused.body.error.message, /redis refuses mnemos's user the command eval/);
+      assert.ok(Number(refused.headers.get('retry-after')) > 0, 'retry-after');
+    } finally {
+      await svc.stop();
+    }
+  } finally {
     admin.disconnect();
     await r.stop();
   }

@@ -4,6 +4,7 @@ import { pendingMigrations } from '../../db/migrate.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound } from '../errors.js';
 import type { RouteMeta } from '../openapi.js';
+import { redisWriteState } from '../redis.js';
 import { noQuery, parseInput } from '../validate.js';
 import { QUEUE_NAMES } from '../../workers/queues.js';
 import type { QueueName } from '../../workers/queues.js';
@@ -66,8 +67,8 @@ export function makeOpsRoutes(deps: CoreDeps, openapi: () => unknown): Router {
         (state) => (checks.postgres = state),
         () => (checks.postgres = 'down'),
       ),
-      timed(deps.redis.ping(), 2000).then(
-        () => (checks.redis = 'ok'),
+      timed(redisWriteState(deps.redis, deps.config.prefix), 2000).then(
+        (state) => (checks.redis = state),
         () => (checks.redis = 'down'),
       ),
     ]);

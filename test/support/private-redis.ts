@@ -34,8 +34,9 @@ export async function startPrivateRedis(opts: { aof?: boolean; dir?: string } = 
   const port = await freePort();
   let child: ChildProcess | null = null;
   const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--daemonize', 'no'];
-  if (opts.aof) args.push('--appendonly', 'yes', '--appendfsync', 'always', '--dir', opts.dir ?? '/tmp');
+  if (opts.aof) args.push('--appendonly', 'yes', '--appendfsync', 'always');
   else args.push('--appendonly', 'no');
+  if (opts.aof || opts.dir) args.push('--dir', opts.dir ?? '/tmp');
   const url = `redis://127.0.0.1:${port}`;
   const start = async () => {
     child = spawn('redis-server', args, { stdio: 'ignore' });
