@@ -1169,6 +1169,57 @@ void describe('ingestion', () => {
     assert.ok(names.includes('ingest') && names.includes('summary'), names.join(','));
   });
 
+  void test('a flush job added in Bull Board creates no session: none for an empty inbox, none for an id the API refuses', async () => {
+    // Setup
+    const t = await svc.newTenant();
+    const board = api(svc.base, ADMIN_TOKEN);
+    const addFlush = async (sessionId: string) => {
+      const r = await board.post('/admin/queues/api/queues/ingest/add', {
+        name: 'flush',
+        data: { v: 1, tenantId: t.tenantId, sessionId },
+        // Kept once done, to read how it ended.
+        options: { removeOnComplete: false },
+      });
+      assert.equal(r.status, 200, r.text);
+      return r.body.job.id as string;
+    };
+    const ended = async (id: string) => {
+      await eventually(
+        async () => ['completed', 'failed'].includes(await svc.deps.queues.ingest.getJobState(id)),
+        15_000,
+        `job ${id} ended`,
+      );
+      return (await svc.deps.queues.ingest.getJob(id))!;
+    };
+
+    // Action: a session never posted to, and ids the API refuses (each was drained into a row
+    // that GET /v1/sessions listed and GET and DELETE refused with 400)
+    const ghost = await ended(await addFlush('ghost-never-posted'));
+    const refused = ['has space/and slash', '..', 'x'.repeat(300)];
+    const bad = await Promise.all(refused.map(async (sid) => ended(await addFlush(sid))));
+
+    // Assert
+    assert.equal(await ghost.getState(), 'completed');
+    assert.equal((await t.api.get('/v1/sessions/ghost-never-posted')).status, 404);
+    for (const job of bad) {
+      assert.equal(await job.getState(), 'failed', job.data.sessionId);
+      assert.equal(job.attemptsMade, 1, 'not retried');
+      assert.match(job.failedReason, /malformed ingest job payload \(sessionId\): not retried/);
+    }
+    const listed = await t.api.get('/v1/sessions?limit=100');
+    assert.equal(listed.status, 200);
+    assert.deepEqual(listed.body.sessions, []);
+    // A drain that finds entries still creates the session (an inbox without a session row, as a
+    // Redis restored beside an older database holds).
+    await svc.deps.redis.rpush(
+      inboxKeys(svc.config.prefix, t.tenantId, 'first').inbox,
+      inboxEntry(1, '1', 'hi'),
+    );
+    assert.equal((await drainSession(svc.deps, t.tenantId, 'first')).archived, 1);
+    assert.equal((await t.api.get('/v1/sessions/first')).body.message_count, 1);
+    await Promise.all([ghost, ...bad].map((j) => j.remove()));
+  });
+
   void test("a tenant posting to many sessions does not hold up another tenant's messages", async () => {
     const queue = svc.deps.queues.ingest;
     const [heavy, light] = [await svc.newTenant(), await svc.newTenant()];

@@ -2,7 +2,7 @@ import type { Job } from 'bullmq';
 import { pgCode, withTransaction } from '../db/pool.js';
 import { insertArchiveBatch } from '../db/queries/messages.js';
 import type { ArchiveInsertRow } from '../db/queries/messages.js';
-import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
+import { lockOrCreateSession, lockSession, recordArchived } from '../db/queries/sessions.js';
 import type { CoreDeps } from '../services/deps.js';
 import { throttledKinds, throttledLog } from '../services/logger.js';
 import {
@@ -230,8 +230,16 @@ export async function drainSession(
     } | null;
     try {
       batch = await withTransaction(deps.db, async (tx) => {
-        const session = await lockOrCreateSession(tx, tenantId, sessionId);
+        let session = await lockSession(tx, tenantId, sessionId);
         let head = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+        if (!session) {
+          // A flush with nothing to drain (a job added by hand for a session never posted to)
+          // created a live, empty session. Created only for entries (a session's first drain),
+          // then read again under the row lock, as every other drain reads.
+          if (head.entries.length === 0 && head.importXid === null) return null;
+          session = await lockOrCreateSession(tx, tenantId, sessionId);
+          head = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+        }
         if (head.importXid !== null) {
           // An import's messages wait here until its transaction is known to have committed.
           await settleImport(tx, deps.redis, keys, head.importXid);

@@ -2,6 +2,7 @@ import { Queue, UnrecoverableError } from 'bullmq';
 import type { ConnectionOptions, JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { throttledWarn } from '../services/logger.js';
+import { isSessionId } from '../services/messages/message-input.js';
 
 /**
  * The typed queue registry: the only place that constructs BullMQ `Queue`s. Every payload carries a
@@ -12,7 +13,9 @@ import { throttledWarn } from '../services/logger.js';
  * `<prefix>:<queue>:…`; see README "Redis key layout" for the rest.
  */
 
-const sessionRef = { tenantId: z.string().min(1), sessionId: z.string().min(1) };
+// A session id the API would refuse (a job added or edited by hand) fails the job at once: drained,
+// it created a session row that was listed but could never be read or deleted (both answer 400).
+const sessionRef = { tenantId: z.string().min(1), sessionId: z.string().refine(isSessionId) };
 
 export const payloads = {
   ingest: z.object({ v: z.literal(1), ...sessionRef }),

@@ -11,8 +11,11 @@ export const MAX_METADATA_BYTES = 16 * 1024;
 
 export const SESSION_ID_RE = /^[A-Za-z0-9._:@-]{1,256}$/;
 
+/** The API's session-id rule; also what a queued job's payload must name (workers/queues.ts). */
+export const isSessionId = (sid: string): boolean => SESSION_ID_RE.test(sid) && sid !== '.' && sid !== '..';
+
 export function assertSessionId(sid: string): string {
-  if (!SESSION_ID_RE.test(sid) || sid === '.' || sid === '..') {
+  if (!isSessionId(sid)) {
     throw new AppError(
       400,
       'invalid_session_id',
