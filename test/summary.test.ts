@@ -1173,6 +1173,38 @@ void describe('once per session', () => {
     assert.equal(r.body.error.code, 'not_found');
   });
 
+  void test('summarize?wait=true whose job an operator removes answers 202 with its job id, not a made-up outcome', async () => {
+    // Setup: the summary queue paused (Bull Board's Pause), so the job waits where Remove reaches it
+    const s = sid('removed');
+    await archive(s, [user('[T:rm1] q'), assistant('[T:rm2] a')]);
+    fake.onChat(echoSummary);
+    const queue = svc.deps.queues.summary;
+    await queue.pause();
+    try {
+      const waiting = api.post(`/v1/sessions/${s}/summarize?wait=true`);
+      const job = await eventually(
+        async () =>
+          (await queue.getJobs(['waiting', 'prioritized'])).find(
+            (j) => 'sessionId' in j.data && j.data.sessionId === s,
+          ),
+        5000,
+        'the queued summarize job',
+      );
+
+      // Action: an operator removes it (Remove, Clean, Empty or Obliterate in Bull Board)
+      await job.remove();
+      const r = await waiting;
+
+      // Assert: was 200 `"outcome": "unknown"` beside the summary state, as though a run had ended
+      assert.equal(r.status, 202, r.text);
+      assert.deepEqual(r.body, { job_id: `summary.${job.id}` });
+      assert.equal((await api.get(`/v1/jobs/summary.${job.id}`)).status, 404);
+      assert.equal((await api.get(`/v1/sessions/${s}/summary`)).status, 404, 'no run happened');
+    } finally {
+      await queue.resume();
+    }
+  });
+
   void test('a stale save can neither overwrite a newer version nor move the cursor backwards', async () => {
     const s = sid('guard');
     await archive(s, [user('[T:v1] q')]);

@@ -104,7 +104,8 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
   /**
    * Polls a job until it completes or fails; null on deadline, or once `signal` fires (the process
    * is shutting down: the request answers its 202 before its connection is cut). A vanished job
-   * counts as done. `deadline` is on the performance.now() clock.
+   * (removed by an operator in Bull Board) ends the wait with no result. `deadline` is on the
+   * performance.now() clock.
    */
   async function finished(
     id: string,
@@ -176,11 +177,16 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
       return;
     }
     const outcome =
-      done.state === 'failed'
-        ? 'failed'
-        : ((done.result as { outcome?: string } | null)?.outcome ?? 'unknown');
+      done.state === 'failed' ? 'failed' : (done.result as { outcome?: string } | null)?.outcome;
     // Deleted while it ran: the run's work was dropped and there is no session to describe.
     if (!(await getSession(deps.db, tenantId, sid))) throw notFound('session');
+    // The job was removed (Bull Board's remove, clean, empty or obliterate) before it ended: there
+    // is no result to report. Answered 200 `"outcome": "unknown"` with whatever summary was there,
+    // which read as a run that had happened; the 202 says, as on timeout, that it is not known.
+    if (outcome === undefined) {
+      res.status(202).json({ job_id: `summary.${id}` });
+      return;
+    }
     const row = await getSummaryRow(deps.db, tenantId, sid);
     res.status(200).json({
       job_id: `summary.${id}`,
