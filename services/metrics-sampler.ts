@@ -22,6 +22,9 @@ export async function sampleQueues(
     const q = deps.queues[name];
     const counts = await q.getJobCounts(...STATES);
     for (const s of STATES) deps.metrics.queueJobs.set({ queue: name, state: s }, counts[s] ?? 0);
+    // A queue paused by hand and forgotten holds its jobs with no error anywhere (an ingest queue
+    // paused shows only as the age below climbing).
+    deps.metrics.queuePaused.set({ queue: name }, (await q.isPaused()) ? 1 : 0);
     const [oldest] = await q.getJobs(['waiting', 'prioritized'], 0, 0, true);
     let since = oldest?.timestamp ?? now;
     if (name === 'ingest' && deps.redis && deps.config) {

@@ -76,6 +76,12 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
       labelNames: ['queue'] as const,
       registers: [registry],
     }),
+    queuePaused: new Gauge({
+      name: 'mnemos_queue_paused',
+      help: 'Whether the queue is paused (Bull Board or the BullMQ API), 1 or 0 (sampled): no worker takes its jobs',
+      labelNames: ['queue'] as const,
+      registers: [registry],
+    }),
     queueLongestActive: new Gauge({
       name: 'mnemos_queue_longest_active_job_seconds',
       help: 'How long the longest-running active job per queue has run, 0 when none (sampled): a job stuck on a dead connection',

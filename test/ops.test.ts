@@ -217,6 +217,30 @@ void describe('operations', () => {
     assert.ok(metricValue(after, 'mnemos_queue_longest_active_job_seconds', 'queue="ingest"') < 1, after);
   });
 
+  void test('a queue paused in Bull Board shows as mnemos_queue_paused 1 until it is resumed', async () => {
+    // Setup
+    const board = api(svc.base, ADMIN_TOKEN);
+    const paused = async () => {
+      await sampleQueues(svc.deps);
+      const text = await (await fetch(`${svc.base}/metrics`)).text();
+      return ['compact', 'ingest'].map((q) => metricValue(text, 'mnemos_queue_paused', `queue="${q}"`));
+    };
+    assert.deepEqual(await paused(), [0, 0]);
+
+    // Action: an operator pauses a queue, then resumes it
+    assert.equal((await board.raw('/admin/queues/api/queues/compact/pause', { method: 'PUT' })).status, 200);
+    try {
+      // Assert
+      assert.deepEqual(await paused(), [1, 0]);
+    } finally {
+      assert.equal(
+        (await board.raw('/admin/queues/api/queues/compact/resume', { method: 'PUT' })).status,
+        200,
+      );
+    }
+    assert.deepEqual(await paused(), [0, 0]);
+  });
+
   void test('a job that fails for good before its last attempt is counted as final', async () => {
     const failures = async (final: string) =>
       (await svc.deps.metrics.jobFailures.get()).values.find(
