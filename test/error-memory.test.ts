@@ -79,8 +79,9 @@ async function serveStore(store: ErrorMemory): Promise<{ base: string; close: ()
 
 /**
  * A TCP proxy in front of the shared Redis that can stop forwarding (a hung Redis: connections
- * stay open, nothing answers), delay traffic, or cut the connection when the client sends a
- * command matching a pattern (a connection lost between two steps of a write).
+ * stay open, nothing answers), delay traffic, cut the connection when the client sends a
+ * command matching a pattern (a connection lost between two steps of a write), or count the
+ * client's round trips: what it sends after an answer reached it (its health-check pings aside).
  */
 async function startRedisProxy() {
   const sockets = new Set<Socket>();
@@ -89,15 +90,26 @@ async function startRedisProxy() {
   let blackhole = false;
   let delayMs = 0;
   let cutOn: RegExp | null = null;
-  const forward = (to: Socket, data: Buffer) => {
+  let roundTrips = 0;
+  let answered = true;
+  const forward = (to: Socket, data: Buffer, answer: boolean) => {
     if (blackhole) return;
-    if (delayMs === 0) to.write(data);
-    else setTimeout(() => to.writable && to.write(data), delayMs);
+    const write = () => {
+      if (!to.writable) return;
+      to.write(data);
+      if (answer) answered = true;
+    };
+    if (delayMs === 0) write();
+    else setTimeout(write, delayMs);
   };
   const server = createServer((client) => {
     const upstream = connect(6379, '127.0.0.1');
     sockets.add(client).add(upstream);
     client.on('data', (data) => {
+      if (answered && data.toString('latin1') !== '*1\r\n$4\r\nPING\r\n') {
+        roundTrips++;
+        answered = false;
+      }
       const recent = ((sent.get(client) ?? '') + data.toString('latin1')).slice(-4096);
       sent.set(client, recent);
       if (cutOn?.test(recent)) {
@@ -106,9 +118,9 @@ async function startRedisProxy() {
         upstream.destroy();
         return;
       }
-      forward(upstream, data);
+      forward(upstream, data, false);
     });
-    upstream.on('data', (data) => forward(client, data));
+    upstream.on('data', (data) => forward(client, data, true));
     for (const [a, b] of [
       [client, upstream],
       [upstream, client],
@@ -130,6 +142,7 @@ async function startRedisProxy() {
     delay: (ms: number) => {
       delayMs = ms;
     },
+    roundTrips: () => roundTrips,
     /** Cuts the connection (once) when what the client sent so far matches. */
     cutWhen: (pattern: RegExp) => {
       sent.clear();
@@ -1296,6 +1309,74 @@ void describe('bounded work on hostile text', () => {
       }
     }
   });
+});
+
+void test('over a slow link a new write waits on Redis 4 times, a merge 3, a lookup 3 and a read by id once', async () => {
+  // Error memory is all Redis, so each answer the store waits for is a round trip of the link: a
+  // tester measured 637 ms per merge and 459 ms per lookup at 50 ms each way (6 and 4 of them;
+  // a new record's write was 6 too).
+  const proxy = await startRedisProxy();
+  const store = await openErrorMemory({ redisUrl: proxy.url, prefix: PREFIX, ttlDays: 90 });
+  const tenant = newTenant();
+  const counted = async <T>(fn: () => Promise<T>) => {
+    const from = proxy.roundTrips();
+    const value = await fn();
+    return { value, roundTrips: proxy.roundTrips() - from };
+  };
+  try {
+    const input = { tool_name: 'zl', outcome: 'resolved' as const };
+    proxy.delay(10);
+    const created = await counted(() =>
+      store.write(tenant, {
+        ...input,
+        symptom: 'zlib stream ended early at byte 1024',
+        action: 'apt install zqold',
+      }),
+    );
+    const first = created.value;
+    // The costliest merge: its new action takes the record out of the old action's term keys.
+    const merge = await counted(() =>
+      store.write(tenant, {
+        ...input,
+        symptom: 'zlib stream ended early at byte 2048',
+        action: 'pip install zqnew',
+      }),
+    );
+    const lookup = await counted(() =>
+      store.lookup(tenant, { tool_name: 'zl', error: 'zlib stream ended early' }),
+    );
+    const read = await counted(() => store.get(tenant, first.id));
+    assert.deepEqual(
+      {
+        created: created.roundTrips,
+        merge: merge.roundTrips,
+        lookup: lookup.roundTrips,
+        read: read.roundTrips,
+      },
+      { created: 4, merge: 3, lookup: 3, read: 1 },
+    );
+
+    // The answers are what they were: merged, found with the new fix, renewed by the hit.
+    assert.equal(first.deduplicated, false);
+    assert.deepEqual(merge.value, { id: first.id, deduplicated: true });
+    assert.deepEqual(
+      lookup.value.records.map((r) => [r.id, r.action, r.hits]),
+      [[first.id, 'pip install zqnew', 2]],
+    );
+    assert.match(lookup.value.related_errors, /pip install zqnew/);
+    assert.equal(read.value?.action, 'pip install zqnew');
+    // The read answers the record as its own renewal left it.
+    const stamped = Number(await redis.hget(recKey(tenant, first.id), 'last_hit_ms'));
+    assert.equal(read.value?.last_hit_at, new Date(stamped).toISOString());
+    assert.ok(stamped >= Date.parse(lookup.value.records[0]?.last_hit_at ?? ''), 'renewed by the read');
+    proxy.delay(0);
+    const found = async (query: string) => (await store.search(tenant, { query, limit: 4 })).map((r) => r.id);
+    assert.deepEqual(await found('zqnew'), [first.id]);
+    assert.deepEqual(await found('zqold'), [], 'the old action no longer finds it');
+    assert.equal(await redis.exists(`${PREFIX}:err:${tenant}:term:zqold`), 0);
+  } finally {
+    await closeBehindProxy(store, proxy);
+  }
 });
 
 void describe('listing', () => {

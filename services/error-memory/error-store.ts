@@ -23,6 +23,7 @@ import {
   FORGET_TENANT_SCRIPT,
   MERGE_SCRIPT,
   PENDING_SCRIPT,
+  READ_BY_DEDUPE_SCRIPT,
   RENEW_SCRIPT,
   SWEEP_KEY_SCRIPT,
 } from './redis-scripts.js';
@@ -276,6 +277,32 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   }
 
   /**
+   * A record a script returned (HGETALL's field, value, … list), converted as redis-om converts
+   * the hashes fetchMany reads, so that a script can hand back the record it found or changed in
+   * the same round trip. An empty list (no hash) is null.
+   */
+  function fromHashReply(id: string, reply: unknown): StoredError | null {
+    if (!Array.isArray(reply)) return null;
+    const hash = new Map<string, string>();
+    for (let i = 0; i + 1 < reply.length; i += 2) hash.set(String(reply[i]), String(reply[i + 1]));
+    const entity: Record<string, unknown> = Object.fromEntries(hash);
+    for (const field of schema.fields) {
+      const value = hash.get(field.hashField);
+      delete entity[field.hashField];
+      if (value === undefined) {
+        if (field.type === 'string[]') entity[field.name] = [];
+      } else if (field.type === 'number') {
+        if (Number.isNaN(Number(value)))
+          throw new Error(`error memory: ${field.name} of ${id} is not a number`);
+        entity[field.name] = Number.parseFloat(value);
+      } else {
+        entity[field.name] = field.type === 'string[]' ? value.split(field.separator) : value;
+      }
+    }
+    return toStoredError(id, entity);
+  }
+
+  /**
    * Lazily drops ids found gone from the keys they were found in; the sweep does the rest. One
    * step with their dead mark, as the sweep finds them by it once they leave `all`: refused
    * (upkeep), the ids stay where they are for a later read or the sweep.
@@ -327,31 +354,23 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   }
 
   /**
-   * A hit moves the records up in the term keys they are found through (scores are the last
-   * write or hit), so a record that keeps helping stays among the newest candidates of a term.
-   */
-  async function rescore(k: ErrorKeys, recs: readonly StoredError[], at: number): Promise<void> {
-    if (recs.length === 0) return;
-    const m = client.multi();
-    for (const rec of recs) {
-      for (const key of termKeysOf(k, rec)) m.zAdd(key, { score: at, value: rec.id }, { XX: true, GT: true });
-    }
-    await m.exec();
-  }
-
-  /**
    * Renews the records (a hit), per id: `renewed`, `gone`, or `kept` as it was when Redis refused
-   * the renewal (upkeep: a missed renewal only shortens the record's life).
+   * the renewal (upkeep: a missed renewal only shortens the record's life). A record given as read
+   * also moves up in the term keys it is found through (scores are the last write or hit), so a
+   * record that keeps helping stays among the newest candidates of a term; in the same script,
+   * so that a hit costs one round trip.
    */
   async function renew(
     k: ErrorKeys,
-    ids: readonly string[],
+    recs: ReadonlyArray<string | StoredError>,
     at: number,
   ): Promise<Array<'renewed' | 'gone' | 'kept'>> {
     return Promise.all(
-      ids.map(async (id) => {
+      recs.map(async (rec) => {
+        const id = typeof rec === 'string' ? rec : rec.id;
+        const termKeys = typeof rec === 'string' ? [] : termKeysOf(k, rec);
         const r = await bestEffort('renew', () =>
-          evalScript(RENEW_SCRIPT, [k.rec(id)], [id, String(ttlMs), String(at), k.dedupePrefix]),
+          evalScript(RENEW_SCRIPT, [k.rec(id), ...termKeys], [id, String(ttlMs), String(at), k.dedupePrefix]),
         );
         return r === undefined ? 'kept' : r === 1 ? 'renewed' : 'gone';
       }),
@@ -369,9 +388,10 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const dedupeKey = k.dedupePrefix + dedupe;
     for (let attempt = 0; attempt < WRITE_ATTEMPTS; attempt++) {
       const at = now();
-      const existing = await client.get(dedupeKey);
-      if (existing !== null) {
-        const [before] = await fetchMany(k, [existing]);
+      const found = await evalScript(READ_BY_DEDUPE_SCRIPT, [dedupeKey], [k.rec('')]);
+      if (Array.isArray(found)) {
+        const existing = String(found[0]);
+        const before = fromHashReply(existing, found[1]);
         // What the record's class and embedding become if this attempt's cause replaces its own.
         const text = `${before?.symptom ?? symptom}\n${cause ?? ''}`;
         const merged = await evalScript(
@@ -392,13 +412,11 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
             opts.embed ? storedEmbedding(opts.embed(text)) : '',
           ],
         );
-        if (merged === 1) {
+        if (Array.isArray(merged)) {
           // Re-indexing on every merge also heals a record whose creator died before indexing it.
-          const [rec] = await fetchMany(k, [existing]);
-          if (rec) {
-            await index(tenantId, k, rec);
-            if (before) await dropStaleTerms(k, before, rec);
-          }
+          // Indexing and dropping stale terms touch different term keys: one round trip.
+          const rec = fromHashReply(existing, merged);
+          if (rec) await Promise.all([index(tenantId, k, rec), before && dropStaleTerms(k, before, rec)]);
           return { id: existing, deduplicated: true };
         }
         // The key outlived its record by a moment (or the record was deleted): clear it, retry.
@@ -420,23 +438,30 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
         error_class: errorClass,
       };
       // Pending until indexed: a writer that dies before then leaves a record without an expiry
-      // or in no index, and this entry is how the sweep and purge find it.
-      await evalScript(
-        PENDING_SCRIPT,
-        [k.pending, tenantsKey, k.all, k.version],
-        [String(at), id, tenantId, LAYOUT_VERSION],
-      );
-      await repo.save(k.entity(id), {
-        ...fields,
-        cause: cause ?? undefined,
-        dedupe,
-        session_id: input.session_id,
-        embedding: vector ? storedEmbedding(vector) : undefined,
-      });
-      await client.pExpire(k.rec(id), ttlMs);
-      // The record exists before its dedupe key does, so a duplicate that finds the key always
-      // finds the record; the loser of this race drops its unindexed copy and merges instead.
-      const won = await client.set(dedupeKey, id, { NX: true, PX: ttlMs });
+      // or in no index, and this entry is how the sweep and purge find it. Each pair below is
+      // sent together, one round trip instead of two: Redis runs a connection's commands in
+      // order, so what a lost connection leaves done is still the steps up to some point.
+      await Promise.all([
+        evalScript(
+          PENDING_SCRIPT,
+          [k.pending, tenantsKey, k.all, k.version],
+          [String(at), id, tenantId, LAYOUT_VERSION],
+        ),
+        repo.save(k.entity(id), {
+          ...fields,
+          cause: cause ?? undefined,
+          dedupe,
+          session_id: input.session_id,
+          embedding: vector ? storedEmbedding(vector) : undefined,
+        }),
+      ]);
+      // The record exists (with its expiry) before its dedupe key does, so a duplicate that finds
+      // the key always finds the record; the loser of this race drops its unindexed copy and
+      // merges instead.
+      const [, won] = await Promise.all([
+        client.pExpire(k.rec(id), ttlMs),
+        client.set(dedupeKey, id, { NX: true, PX: ttlMs }),
+      ]);
       if (won === 'OK') {
         const rec = toStoredError(id, { ...fields, cause });
         if (rec) await index(tenantId, k, rec);
@@ -513,20 +538,17 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     ids = ids.slice(0, MAX_FETCHED);
     const fetched = await fetchMany(k, ids);
     const gone = ids.filter((_, i) => fetched[i] === null);
-    await forget(k, gone, [...new Set(gone.flatMap((id) => seen.get(id)?.keys ?? []))]);
     const ranked = rankRecords(
       fetched.filter((r): r is StoredError => r !== null),
       q,
       limit,
     );
     const at = now();
-    const states = await renew(
-      k,
-      ranked.map((r) => r.id),
-      at,
-    );
-    const renewed = ranked.filter((_, i) => states[i] === 'renewed');
-    await bestEffort('renew', () => rescore(k, renewed, at));
+    // Dropping the gone ids and renewing the hits touch different ids: one round trip.
+    const [, states] = await Promise.all([
+      forget(k, gone, [...new Set(gone.flatMap((id) => seen.get(id)?.keys ?? []))]),
+      renew(k, ranked, at),
+    ]);
     // A record whose renewal Redis refused is answered as read, its last hit unchanged.
     return ranked.flatMap((r, i) =>
       states[i] === 'gone' ? [] : states[i] === 'renewed' ? [{ ...r, last_hit_ms: at }] : [r],
@@ -792,9 +814,9 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       guard(async () => {
         if (!ERROR_ID_RE.test(id)) return null;
         const k = keys(tenantId);
-        const [state] = await renew(k, [id], now());
+        // Sent together, in this order: the record is read as renewed, in one round trip.
+        const [[state], [rec]] = await Promise.all([renew(k, [id], now()), fetchMany(k, [id])]);
         if (state === 'gone') return null;
-        const [rec] = await fetchMany(k, [id]);
         return rec ? toApiRecord(rec) : null;
       }),
 

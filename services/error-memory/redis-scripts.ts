@@ -3,7 +3,8 @@
  * write, renewal or delete is one script: a record is never resurrected by touching a key that
  * expired a moment ago (HSET/PEXPIRE only after EXISTS, inside the script), and a dedupe key is
  * only renewed or deleted while it still points at the record in hand. Scripts build a record's
- * dedupe key from its `dedupe` field, so they assume a standalone Redis (not Cluster).
+ * dedupe key from its `dedupe` field (and READ_BY_DEDUPE_SCRIPT the record's key from the id a
+ * dedupe key holds), so they assume a standalone Redis (not Cluster).
  */
 
 /**
@@ -16,7 +17,8 @@
  * KEYS: record, dedupe key. ARGV: id, ttl ms, now ms, action, outcome, has cause (0/1), cause,
  * keywords joined by \31, max keywords, session id ('' = keep), error class, embedding ('' =
  * keep).
- * Returns 1, or 0 when the record is gone.
+ * Returns the merged record (HGETALL's list: its caller re-indexes it without reading it again),
+ * or 0 when the record is gone.
  */
 export const MERGE_SCRIPT = String.raw`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -50,12 +52,25 @@ if ARGV[8] ~= '' then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-return 1
+return redis.call('HGETALL', KEYS[1])
 `;
 
 /**
- * A hit: renew the record and its dedupe key, stamp last_hit_ms.
- * KEYS: record. ARGV: id, ttl ms, now ms, dedupe key prefix. Returns 1, or 0 when gone.
+ * A write's first step: the id its dedupe key holds and that record as it is (HGETALL's list,
+ * empty when the record is gone), in one round trip.
+ * KEYS: dedupe key. ARGV: record key prefix (`T:rec:`). Returns nil when there is no such key.
+ */
+export const READ_BY_DEDUPE_SCRIPT = String.raw`
+local id = redis.call('GET', KEYS[1])
+if not id then return false end
+return {id, redis.call('HGETALL', ARGV[1] .. id)}
+`;
+
+/**
+ * A hit: renew the record and its dedupe key, stamp last_hit_ms, and move the record up to now
+ * in the term keys given (those it is found through; never adding it to one it has left).
+ * KEYS: record, term keys (none for a read by id). ARGV: id, ttl ms, now ms, dedupe key prefix.
+ * Returns 1, or 0 when gone.
  */
 export const RENEW_SCRIPT = String.raw`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -71,6 +86,7 @@ if d then
     redis.call('SET', dk, ARGV[1], 'PX', ARGV[2])
   end
 end
+for i = 2, #KEYS do redis.call('ZADD', KEYS[i], 'XX', 'GT', ARGV[3], ARGV[1]) end
 return 1
 `;
 
