@@ -329,12 +329,14 @@ void describe('migrations', () => {
     );
     try {
       // Action: migrate, and once its lock request on sessions is queued, write another session.
+      // (This database's: pg_locks is cluster-wide, and the test databases share their oids.)
       const migrating = migrate(db, withIndex, { logger });
       await eventually(
         async () =>
           (
             await db.query(
-              `SELECT 1 FROM pg_locks WHERE relation = 'sessions'::regclass AND NOT granted AND mode = 'ShareLock'`,
+              `SELECT 1 FROM pg_locks WHERE relation = 'sessions'::regclass AND NOT granted AND mode = 'ShareLock'
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
             )
           ).rows.length > 0,
         15_000,
@@ -550,18 +552,24 @@ void describe('tenants, keys and the admin API', () => {
     // The key's row is read, then its answer is held back while the key is revoked.
     let hold: Promise<void> | null = null;
     let release!: () => void;
+    let read!: () => void;
+    // Revoked once the row is read (a fixed 100 ms pause let a slow read see the revocation).
+    const wasRead = new Promise<void>((r) => (read = r));
     const gated: Db = {
       ...svc.deps.db,
       query: (async (text: string, params?: unknown[], opts?: Parameters<Db['query']>[2]) => {
         const r = await svc.deps.db.query(text, params, opts);
-        if (hold && text.includes('FROM api_keys WHERE id')) await hold;
+        if (hold && text.includes('FROM api_keys WHERE id')) {
+          read();
+          await hold;
+        }
         return r;
       }) as Db['query'],
     };
     const keys = makeKeyAuthenticator(gated);
     hold = new Promise<void>((r) => (release = r));
     const before = keys.authenticate(created.body.api_key);
-    await new Promise((r) => setTimeout(r, 100));
+    await wasRead;
     await svc.deps.db.query('UPDATE api_keys SET revoked_at = now() WHERE id = $1', [keyId]);
     keys.clear();
     release();

@@ -646,14 +646,19 @@ void describe('export under load and faults', () => {
     return { t, s };
   }
 
-  /** Until `n` statements wait on the lock `locker` holds on the messages table. */
+  /**
+   * Until `n` statements wait on the lock `locker` holds on the messages table. Of this database
+   * only: pg_locks is cluster-wide, and every test database, a clone of one template, has the same
+   * oid for `messages` (another file's waits counted, and the fifth export went before the four).
+   */
   const waitingOnLock = (locker: pg.Client, n: number, what: string) =>
     eventually(
       async () =>
         Number(
           (
             await locker.query(
-              `SELECT count(*) AS n FROM pg_locks WHERE relation = 'messages'::regclass AND NOT granted`,
+              `SELECT count(*) AS n FROM pg_locks WHERE relation = 'messages'::regclass AND NOT granted
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
             )
           ).rows[0].n,
         ) >= n,

@@ -98,9 +98,12 @@ void describe('ingestion under faults and many processes', () => {
     const drainBlocked = () =>
       eventually(
         async () => {
+          // This database's drain: pg_stat_activity is cluster-wide, and another file's drains
+          // wait on locks of their own.
           const r = await pg.query<{ n: number }>(
             `SELECT count(*)::int AS n FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO messages%'`,
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query ILIKE 'INSERT INTO messages%'`,
           );
           return r.rows[0]!.n > 0 ? true : null;
         },
@@ -715,7 +718,13 @@ void describe('ingestion under faults and many processes', () => {
     const cut = await t.api.post('/v1/sessions/cut/messages', body);
     assert.equal(cut.status, 503, JSON.stringify(cut.body));
     assert.equal(armed, false, 'the accept script went through the proxy');
-    await new Promise((r) => setTimeout(r, 1200));
+    // The API's connection back once the proxy takes connections again (its reconnects come 200,
+    // 600, 1,200 ms after the cut: a fixed 1.2 s pause sent the retry, under load, before the last).
+    await eventually(
+      async () => svc.deps.redis.status === 'ready',
+      10_000,
+      "the API's Redis connection back",
+    );
     // The client's retry: the message is in the inbox already (the script did run), with no flush
     // asked for (that was in the lost answer). The retry asks for one, so the message is archived
     // now rather than when the ingest sweeper finds the session (30–90 s).

@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import type { IncomingMessage } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import pg from 'pg';
@@ -515,7 +516,10 @@ void describe('graceful shutdown', () => {
     const inFlight = post('/v1/sessions/s/messages?wait=true', {
       messages: [{ role: 'user', content: 'x' }],
     });
-    await new Promise((r) => setTimeout(r, 200));
+    // Stopped once it is accepted (waiting for its drain): after a fixed 200 ms, a request not yet
+    // read found its idle connection closed by stop().
+    const inbox = inboxKeys(svc.config.prefix, t.tenantId, 's').inbox;
+    await eventually(async () => (await svc.deps.redis.llen(inbox)) === 2, 10_000, 'the message accepted');
     const stopped = svc.stop();
     const answer = await inFlight;
     assert.equal(answer.status, 202, 'answered, not cut off');
@@ -570,9 +574,16 @@ void describe('graceful shutdown', () => {
     try {
       const summarizing = t.api.post('/v1/sessions/s/summarize?wait=true');
       await eventually(async () => fake.chatRequests().length === 1, 10_000, 'the summary call');
-      // A seq that never comes: the context waits its 5 s, past the deadline.
+      // A seq that never comes: the context waits its 5 s, past the deadline. Stopped once the
+      // request is in (after a fixed 200 ms, one not yet arrived found the server closed). Heard
+      // before the app's own listener, which rewrites req.url to its router's part.
+      const arrived = new Promise<void>((resolve) =>
+        svc.server!.prependListener('request', (req: IncomingMessage) => {
+          if (req.url === '/v1/sessions/s/context') resolve();
+        }),
+      );
       const context = t.api.post('/v1/sessions/s/context', { min_seq: 99 });
-      await new Promise((r) => setTimeout(r, 200));
+      await arrived;
       const stopped = svc.stop();
       const [summary, ctx] = await Promise.all([summarizing, context]);
       assert.equal(summary.status, 202, summary.text);

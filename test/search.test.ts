@@ -2688,17 +2688,42 @@ void test('planner statistics: tables Postgres never analyzed are analyzed once 
 void describe('search time limit', () => {
   void test('a search that finds every search connection busy for 5 s is a 503 search_busy, not "postgres is unavailable"', async () => {
     // PG_POOL_SIZE 1: one search connection. A lock on the archive holds the first search on it.
-    const svc = await startTestService({ env: { PG_POOL_SIZE: '1' } });
+    // API only: a job of a worker in the same process (an embed, the fts-backfill pass) waiting on
+    // the lock held the one connection left for the rest, and the second search answered 503
+    // unavailable (every time under load). A worker of its own archives the message and stops first.
+    const svc = await startTestService({ mode: 'api', env: { PG_POOL_SIZE: '1' } });
     const { Client } = (await import('pg')).default;
     const locker = new Client({ connectionString: svc.config.databaseUrl });
     await locker.connect();
+    const watcher = makePgDb({ connectionString: svc.config.databaseUrl!, max: 1 });
     try {
       const { api } = await svc.newTenant();
-      await archive(api, 'busy', [user('a note about locks')]);
+      const worker = await startTestService({
+        mode: 'worker',
+        databaseUrl: svc.config.databaseUrl!,
+        prefix: svc.config.prefix,
+      });
+      try {
+        await archive(api, 'busy', [user('a note about locks')]);
+      } finally {
+        await worker.stop();
+      }
       await locker.query('BEGIN');
       await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
       const first = api.post<SearchBody>('/v1/sessions/busy/search', { query: 'locks', match: 'keyword' });
-      await new Promise((r) => setTimeout(r, 300));
+      // The second goes once the first waits on the lock (after a fixed 300 ms, a first search not
+      // yet there under load left the search connection to the second).
+      await eventually(
+        async () =>
+          (
+            await watcher.query(
+              `SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+                 AND wait_event_type = 'Lock' AND query LIKE 'WITH st AS%'`,
+            )
+          ).rowCount === 1,
+        10_000,
+        'the first search waiting on the lock',
+      );
       const second = await api.post<SearchBody>('/v1/sessions/busy/search', {
         query: 'note',
         match: 'keyword',
@@ -2712,6 +2737,7 @@ void describe('search time limit', () => {
     } finally {
       await locker.query('COMMIT').catch(() => undefined);
       await locker.end();
+      await watcher.close();
       await svc.stop();
     }
   });
