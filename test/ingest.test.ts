@@ -63,6 +63,8 @@ void describe('ingestion', () => {
     await svc.stop();
     await deleteRedisPrefix(svc.config.prefix);
   });
+  /** Inbox entries dropped so far (mnemos_messages_dropped_total). */
+  const droppedTotal = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
 
   void test('accepts a batch with 202, archives it in order, and ?wait=true answers 201 once durable', async () => {
     const t = await svc.newTenant();
@@ -990,36 +992,46 @@ void describe('ingestion', () => {
     const r = await postBehindHandMade('shape', (gen) => [
       inboxEntry(2, gen, 'x', { bytes: 1.5 }),
       inboxEntry(3, gen, 'x', { bytes: 2 ** 31 }),
-      inboxEntry(4, gen, 'x', { sent_at_ns: '9999999999999999999' }),
-      inboxEntry(5, gen, 'x', { sent_at_given: undefined }),
-      inboxEntry(6, gen, 'x', { role: 'assistant', tool_calls: { id: 'c1' } }),
-      inboxEntry(7, gen, 'x', { role: 'assistant', tool_calls: [null] }),
-      inboxEntry(8, gen, 'good'),
+      inboxEntry(4, gen, 'x', { bytes: -1 }),
+      inboxEntry(5, gen, 'x', { sent_at_ns: '9999999999999999999' }),
+      inboxEntry(6, gen, 'x', { sent_at_given: undefined }),
+      inboxEntry(7, gen, 'x', { role: 'assistant', tool_calls: { id: 'c1' } }),
+      inboxEntry(8, gen, 'x', { role: 'assistant', tool_calls: [null] }),
+      inboxEntry(9, gen, 'good'),
     ]);
 
-    // Assert: archived (before, each of the six failed its drain's insert, or its index text, on
-    // every drain, for good, and held every later message), and the six are dead letters, counted.
+    // Assert: archived (before, each of the seven failed its drain's insert, or its index text, on
+    // every drain, for good, and held every later message), and the seven are dead letters,
+    // counted.
     assert.equal(r.posted.status, 201, r.posted.text);
     assert.deepEqual(r.archived, [
       [1, 'before'],
-      [8, 'good'],
-      [9, 'after'],
+      [9, 'good'],
+      [10, 'after'],
     ]);
-    assert.deepEqual(r.dead, r.entries.slice(0, 6));
-    assert.equal(r.counted, 6);
+    assert.deepEqual(r.dead, r.entries.slice(0, 7));
+    assert.equal(r.counted, 7);
   });
 
   void test('an entry whose seq is above the entries after it is dead-lettered; they are archived in order', async () => {
     // Setup: a session archived up to seq 1, its counter at 3, and an inbox holding, in this order,
-    // a copy of a message at seq 4 (not handed out yet), the messages at seqs 2 and 3, and another
-    // message at seq 2.
+    // a copy of a message at seq 4 (not handed out yet), the messages at seqs 2 and 3, another
+    // message at seq 3, and another at seq 2.
     const t = await svc.newTenant();
     await t.api.post('/v1/sessions/order/messages?wait=true', { messages: [user('before')] });
     const keys = inboxKeys(svc.config.prefix, t.tenantId, 'order');
     const gen = await svc.deps.redis.hget(keys.sess, 'gen');
     const high = inboxEntry(4, gen, 'copy at 4');
+    const same = inboxEntry(3, gen, 'copy at 3');
     const low = inboxEntry(2, gen, 'copy at 2');
-    await svc.deps.redis.rpush(keys.inbox, high, inboxEntry(2, gen, 'two'), inboxEntry(3, gen, 'three'), low);
+    await svc.deps.redis.rpush(
+      keys.inbox,
+      high,
+      inboxEntry(2, gen, 'two'),
+      inboxEntry(3, gen, 'three'),
+      same,
+      low,
+    );
     await svc.deps.redis.hset(keys.sess, 'seq', 3);
     const deadBefore = await deadLetterTotal(svc.base);
 
@@ -1029,7 +1041,8 @@ void describe('ingestion', () => {
 
     // Assert: one drain archived 2 and 3 and emptied the inbox (it read the same head 40 times a
     // job, for good, the copy at 4 never trimmed), the post's message has seq 4 (the copy had
-    // taken it), and the two copies are dead letters, counted.
+    // taken it), and the three copies are dead letters, counted (the one repeating the seq before
+    // it is no message of its own, lost to an id conflict unseen).
     assert.deepEqual([drained.archived, drained.more], [2, false]);
     assert.equal(r.status, 201, r.text);
     assert.deepEqual(
@@ -1044,35 +1057,38 @@ void describe('ingestion', () => {
     assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
     assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:order`, 0, -1), [
       high,
+      same,
       low,
     ]);
-    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 2);
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 3);
   });
 
   void test('a delete removes an entry without a seq at the inbox tail: nothing of the session is left', async () => {
     // Setup: a session with a message waiting at seq 2 (not armed: no worker takes it) and, at
-    // the tail, an entry without its seq and generation.
+    // the tail, an entry with a seq and no generation, and one without either.
     const t = await svc.newTenant();
     await t.api.post('/v1/sessions/tail/messages?wait=true', { messages: [user('before')] });
     const keys = inboxKeys(svc.config.prefix, t.tenantId, 'tail');
     const dead = `${svc.config.prefix}:dead:${t.tenantId}:tail`;
     await svc.deps.redis.rpush(keys.inbox, inboxEntry(2, await svc.deps.redis.hget(keys.sess, 'gen'), 'two'));
     await svc.deps.redis.hset(keys.sess, 'seq', 2);
-    await svc.deps.redis.rpush(keys.inbox, '{"content":"private text, by hand"}');
+    await svc.deps.redis.rpush(keys.inbox, '99 junk', '{"content":"private text, by hand"}');
     const deadBefore = await deadLetterTotal(svc.base);
+    const droppedBefore = await droppedTotal();
 
     // Action: the delete, and a drain after it.
     assert.equal((await t.api.del('/v1/sessions/tail')).status, 204);
     await drainSession(svc.deps, t.tenantId, 'tail');
 
     // Assert: no inbox, no dead letter (the entry outlived the delete, and the drain made it a
-    // dead letter without expiry), the state expires as a deleted session's does, and the entry
-    // is counted as a dead letter.
+    // dead letter without expiry), the state expires as a deleted session's does, and the two
+    // entries are counted as dead letters, the message as dropped (not they too).
     assert.equal(await svc.deps.redis.exists(keys.inbox), 0);
     assert.equal(await svc.deps.redis.exists(dead), 0);
     const ttl = await svc.deps.redis.ttl(keys.sess);
     assert.ok(ttl > 0 && ttl <= 24 * 3600, `state ttl ${ttl}`);
-    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 1);
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 2);
+    assert.equal((await droppedTotal()) - droppedBefore, 1);
   });
 
   void test('the client-id hash drops ids archived over an hour ago; their re-posts still dedupe by the archive', async () => {

@@ -1747,6 +1747,51 @@ void describe('tenant erasure', () => {
     assert.equal(await redis.sismember(`${svc.config.prefix}:erasures`, victim.tenantId), 0);
   });
 
+  void test('an erasure whose Redis sweep fails after the tenants row went is finished by a retry, or by the tenant-erasures task', async () => {
+    const admin = api(svc.base, ADMIN_TOKEN);
+    // Setup: two tenants, each with a session's keys and a queued job, whose erasure's Redis fails
+    // at its sweep (SCAN), after the tenants row went.
+    const failingScan = new Proxy(svc.deps.redis, {
+      get(target, key) {
+        if (key === 'scan') return () => Promise.reject(new Error('Redis went away'));
+        const value: unknown = Reflect.get(target, key, target);
+        return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+    const left: Array<{ tenantId: string; keys: string[]; jobId: string }> = [];
+    for (const t of [await svc.newTenant(), await svc.newTenant()]) {
+      await archive(t.api, 'chat', [user('my address is 1 Main St')]);
+      const job = await svc.deps.queues.embed.add(
+        'embed',
+        { v: 1, tenantId: t.tenantId, sessionId: 'chat', generation: 1 },
+        { delay: 3_600_000 },
+      );
+      await assert.rejects(
+        eraseTenant({ ...svc.deps, redis: failingScan }, () => svc.extensions, t.tenantId, {
+          revocationGraceMs: 0,
+        }),
+        /Redis went away/,
+      );
+      const keys = (await allKeys()).filter((k) => k.includes(t.tenantId));
+      assert.equal((await tenantRows(t.tenantId)).tenants, 0, 'the tenants row went');
+      assert.ok(keys.length > 0, 'its keys are left');
+      left.push({ tenantId: t.tenantId, keys, jobId: job.id! });
+    }
+    const [retried, resumed] = left as [(typeof left)[0], (typeof left)[0]];
+    const gone = async ({ tenantId, keys, jobId }: (typeof left)[0]) =>
+      (await redis.exists(...keys)) === 0 &&
+      (await svc.deps.queues.embed.getJob(jobId)) === undefined &&
+      (await redis.sismember(`${svc.config.prefix}:erasures`, tenantId)) === 0;
+
+    // Action, assert: the retry the 503 asks for finishes the first (404: the tenant is gone)…
+    assert.equal((await admin.del(`/v1/admin/tenants/${retried.tenantId}`)).status, 404);
+    assert.ok(await gone(retried), "the retried erasure's keys and job are gone");
+    // …and the worker's task the second, nobody retrying it.
+    assert.equal(await gone(resumed), false);
+    await requestMaintenance(svc.deps.queues, 'tenant-erasures');
+    await eventually(() => gone(resumed), 30_000, 'a worker to finish the erasure past its tenants row');
+  });
+
   void test('a worker finishes an erasure whose process died mid-way; until then the admin list shows it erasing', async () => {
     const admin = api(svc.base, ADMIN_TOKEN);
     const listedTenant = async (id: string) =>
@@ -2092,12 +2137,13 @@ void describe('tenant erasure', () => {
         });
         assert.equal(err.status, 201, err.text);
       }
-      // The rest of a deployment: 20,000 keys of other tenants, and 300 summaries queued.
+      // The rest of a deployment: 20,000 keys of other tenants, and 1,200 summaries queued, more
+      // than a page (1,000) of the waiting list ahead of the victim's summary.
       const fill = r.pipeline();
       for (let i = 0; i < 20_000; i++) fill.set(`${p}:ids:other-${i % 50}:s${i}`, 'x');
       await fill.exec();
       await own.deps.queues.summary.addBulk(
-        Array.from({ length: 300 }, (_, i) => ({
+        Array.from({ length: 1200 }, (_, i) => ({
           name: 'summarize',
           data: {
             v: 1 as const,
@@ -2108,13 +2154,20 @@ void describe('tenant erasure', () => {
           },
         })),
       );
+      await own.deps.queues.summary.add('summarize', {
+        v: 1,
+        kind: 'summarize',
+        tenantId: victim.tenantId,
+        sessionId: 'chat',
+        reason: 'api',
+      });
       const theirJobs = await jobsOf(victim.tenantId, false);
-      assert.equal(theirJobs.length, 301, "the bystander's flush and summaries");
+      assert.equal(theirJobs.length, 1201, "the bystander's flush and summaries");
       const victimJobs = await jobsOf(victim.tenantId, true);
-      assert.equal(victimJobs.length, 1, "the victim's flush");
-      const victimJob = `${p}:${victimJobs[0]!.replace('/', ':')}`;
+      assert.equal(victimJobs.length, 2, "the victim's flush and summary");
+      const victimJobKeys = victimJobs.map((j) => `${p}:${j.replace('/', ':')}`);
       const theirs = (await r.keys(`${p}:*`)).filter(
-        (k) => !k.includes(victim.tenantId) && k !== victimJob && !k.startsWith(`${victimJob}:`),
+        (k) => !k.includes(victim.tenantId) && !victimJobKeys.some((j) => k === j || k.startsWith(`${j}:`)),
       );
       assert.ok((await r.keys(`${p}:*${victim.tenantId}*`)).length >= 5, "the victim's keys");
 
@@ -2134,7 +2187,7 @@ void describe('tenant erasure', () => {
       // Before: four passes (the context cache's purge, error memory's, and the sweep before and
       // after the tenants row), and every kept job read whole, twice.
       assert.ok(erasureScans <= pass + 1, `the erasure made ${erasureScans} SCAN calls; one pass is ${pass}`);
-      assert.ok(readWhole < 30, `the erasure read ${readWhole} job hashes whole (300 are queued)`);
+      assert.ok(readWhole < 30, `the erasure read ${readWhole} job hashes whole (1,201 are queued)`);
 
       // A DELETE of a tenant that is gone, or never was, walks nothing.
       scans = await calls('scan');

@@ -265,6 +265,43 @@ void describe('job and worker log lines', () => {
     }
   });
 
+  void test('a job failing while Postgres is unreachable is kept as failed, not dropped as an erased tenant’s', async () => {
+    // Setup: workers whose embed processor fails, and whose database cannot be reached: whether
+    // the job's tenant was erased cannot be read.
+    const { lines, logger } = capturedLogger('info');
+    const own = await startTestService({ mode: 'api' });
+    const unreachable = makePgDb({ connectionString: 'postgres://postgres@127.0.0.1:1/mnemos' });
+    const workers = await startWorkers({ ...own.deps, db: unreachable, logger }, [
+      {
+        name: 'failing',
+        processors: { embed: () => Promise.reject(new Error('connect ECONNREFUSED 127.0.0.1:5432')) },
+      },
+    ]);
+    try {
+      const { tenantId } = await own.newTenant();
+
+      // Action: a job of a tenant that exists fails.
+      const job = await own.deps.queues.embed.add('embed', { v: 1, tenantId, sessionId: 's' } as never, {
+        attempts: 1,
+      });
+
+      // Assert: its failure is logged and its record kept, to be retried (it was completed, as an
+      // erased tenant's job).
+      await eventually(
+        async () => lines.some((l) => l.msg === 'job failed' && l.jobId === job.id),
+        15_000,
+        'the job to fail',
+      );
+      assert.equal(await own.deps.queues.embed.getJobState(job.id!), 'failed');
+      assert.ok(!lines.some((l) => l.msg === 'dropped a failed job of an erased tenant'), 'not dropped');
+    } finally {
+      await workers.close(5000);
+      await unreachable.close();
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
+  });
+
   void test('a failed job names its tenant and session, nothing else of its payload', async () => {
     // Setup: a worker, and a job its processor refuses (a payload of a version it does not read).
     const { lines, logger } = capturedLogger('warn');

@@ -2,12 +2,13 @@
 // extension in a schema off the search_path, a Redis user without CONFIG.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import { test } from 'node:test';
 import { Redis } from 'ioredis';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
-import { makeRedis, redisDurabilityWarnings } from '../services/redis.js';
+import { makeRedis, redisDurabilityWarnings, waitForRedis } from '../services/redis.js';
 import {
   ADMIN_URL,
   createTestDatabase,
@@ -179,6 +180,27 @@ void test('a database Redis refuses in REDIS_URL stops the start, naming it, and
   } finally {
     await r.stop();
     await dropTestDatabase(url);
+  }
+});
+
+void test('waiting for Redis names the database it refuses, refused before the wait or during it', async () => {
+  // Setup: a Redis with the default 16 databases (0-15), and a REDIS_URL naming database 16.
+  const r = await startPrivateRedis();
+  const url = `${r.url}/16`;
+  const refused = /Redis refused to select database 16 of REDIS_URL \(ERR DB index is out of range\)/;
+  const during = makeRedis(url, 'producer');
+  const before = makeRedis(url, 'producer');
+  try {
+    // Refused while waiting: at once, not after the wait as an unreachable Redis.
+    await assert.rejects(waitForRedis(during, 30_000), refused);
+    // Refused twice before the wait (the next reconnect is 400 ms away): at once, not after it.
+    await once(before, 'error');
+    await once(before, 'error');
+    await assert.rejects(waitForRedis(before, 100), refused);
+  } finally {
+    during.disconnect();
+    before.disconnect();
+    await r.stop();
   }
 });
 

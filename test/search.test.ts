@@ -626,6 +626,7 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       ['“memory system”', []],
       ['“system memory”', [sysmem!]],
       ['„system memory“', [sysmem!]],
+      ['„memory system“', []],
       ['nothinghere ＯＲ memory', sorted([sysmem!, memory!])],
       ['nothinghere ｏｒ 大阪', [osaka!]],
       // A dash inside a word is no exclusion, however it is typed.
@@ -690,6 +691,8 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     const all = sorted([curved!, flat!, ascii!, plain!]);
     const expectations: Array<[string, number[]]> = [
       ['27” monitor -curved', [flat!]],
+      // A digit outside the BMP (two UTF-16 units) is a digit too.
+      ['𝟐𝟕” monitor -curved', [flat!]],
       ['monitor -curved 27”', [flat!]],
       ['27” monitor', all],
       // `“` opens, and `”` still closes: the phrase `27`.
@@ -1216,6 +1219,24 @@ void describe('POST /v1/sessions/{sid}/search', () => {
       (await hitSeqs(api, s, { query, match: 'keyword', limit: 32 })).sort((x, y) => x - y),
       seqs.slice(0, 8),
     );
+    // The same of quoted phrases of 30 two-character runs (30 bigrams each, across the gaps
+    // between runs; too long for the substring match).
+    const runs = (k: number, n: number) =>
+      Array.from({ length: n }, (_, i) =>
+        String.fromCodePoint(0x6000 + k * 128 + 2 * i, 0x6001 + k * 128 + 2 * i),
+      ).join(' ');
+    const spaced = await archiveSpaced(
+      api,
+      s,
+      Array.from({ length: 11 }, (_, k) => user(`see ${runs(k, k === 10 ? 40 : 30)} here`)),
+    );
+    const phrases = Array.from({ length: 10 }, (_, k) => `"${runs(k, 30)}"`).join(' or ');
+    assert.deepEqual(
+      (await hitSeqs(api, s, { query: phrases, match: 'keyword', limit: 32 })).sort((x, y) => x - y),
+      spaced.slice(0, 8),
+    );
+    // A phrase of 40 runs reaches full text as its first 32.
+    assert.deepEqual(await hitSeqs(api, s, { query: `"${runs(10, 40)}"`, match: 'keyword' }), [spaced[10]]);
   });
 
   void test('with a trigram index of its own, the substring match reads past the newest 500 rows only when needed', async () => {
