@@ -52,8 +52,14 @@ export const REDIS_TRANSIENT_REPLY =
  */
 export const REDIS_WRITE_REFUSED = /(?:^|: -)(?:OOM|READONLY|MISCONF|EXECABORT)\b/;
 
-/** An ACL refusal, plain or from within a script (Redis 6.2 wraps it as above). */
-const REDIS_NO_PERMISSION = /(?:^|: -)NOPERM\b/;
+/**
+ * An ACL refusal, plain or from within a script. A command a script calls is refused without the
+ * NOPERM word: Redis 6.2 and 7.0 say `The user executing the script can't run this command or
+ * subcommand` (or `can't access at least one of the keys mentioned in the command arguments`),
+ * Redis 7.2+ `ACL failure in script: User x has no permissions to run the 'time' command`.
+ */
+const REDIS_NO_PERMISSION =
+  /(?:^|: -)NOPERM\b|The user executing the script can't (?:run this command|access at least one of the keys|publish to the channel)|\bACL failure in script\b/;
 
 /**
  * Postgres states that pass (a tester saw each as a 500): a read-only database or a standby after a
@@ -144,18 +150,13 @@ export function asDependencyError(err: unknown): unknown {
     return Object.assign(unavailable('postgres'), { cause: err });
   }
   const msg = err instanceof Error ? err.message : '';
-  // A Redis user refused a command or key (NOPERM; mnemos checks only EVAL and EVALSHA at start):
-  // the dependency refusing, as an ACL changed under the service does. It answered 500 internal.
-  if (REDIS_NO_PERMISSION.test(msg)) {
-    const command = /permissions to run the '([^']+)' command/.exec(msg)?.[1];
-    const e = unavailable('redis');
-    e.message =
-      `redis refuses mnemos's user ${command ? `the command ${command}` : 'a command or key'} (NOPERM): ` +
-      'grant it to the user of REDIS_URL (the README\'s "Redis users and managed Redis" lists what it needs); retry later';
-    return Object.assign(e, { cause: err });
-  }
   // The cause gives the log line its `redis_error` (the client's answer says only "unavailable").
-  if (REDIS_TRANSIENT_REPLY.test(msg)) return Object.assign(unavailable('redis'), { cause: err });
+  // A Redis user refused a command or key (mnemos checks only EVAL and EVALSHA at start) is the
+  // dependency refusing, as an ACL changed under the service does: it answered 500 internal. The
+  // log names the command; the client is not told Redis's commands or users.
+  if (REDIS_NO_PERMISSION.test(msg) || REDIS_TRANSIENT_REPLY.test(msg)) {
+    return Object.assign(unavailable('redis'), { cause: err });
+  }
   // ioredis's MaxRetriesPerRequestError says "Reached the max retries per request limit": matched
   // by its name too, since its message does not carry it.
   if (

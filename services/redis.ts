@@ -175,23 +175,39 @@ export async function waitForRedis(redis: Redis, timeoutMs: number): Promise<boo
 /**
  * The scripting commands every mnemos process needs: EVALSHA runs each script, EVAL is what
  * ioredis, BullMQ and error memory fall back to once Redis has lost its scripts (a restart, a
- * `SCRIPT FLUSH`). A user without EVAL worked until then, and then every post answered 500. Tried
- * once at start, with scripts that touch nothing; only a refusal for permission (NOPERM) stops it.
+ * `SCRIPT FLUSH`). A user without EVAL worked until then, and then every post answered 500; so did
+ * a Redis where EVAL is disabled or renamed for everyone (`rename-command`, as some managed Redis
+ * do), at once. Tried once at start, with scripts that touch nothing; a refusal for permission
+ * (NOPERM) or an unknown command stops it, anything else (a busy Redis) is left to later calls.
  */
 export async function refuseMissingScripting(redis: Redis): Promise<void> {
-  const noperm = (name: string) => (err: Error) =>
-    /^NOPERM\b/.test(err.message) ? `${name} (${err.message})` : null;
+  const refusal = (name: string) => (err: Error) =>
+    /^NOPERM\b/.test(err.message)
+      ? { name, why: 'noperm', message: err.message }
+      : /^ERR unknown command\b/.test(err.message)
+        ? { name, why: 'unknown', message: err.message }
+        : null;
   const refused = (
     await Promise.all([
-      redis.eval('return 1', 0).then(() => null, noperm('EVAL')),
+      redis.eval('return 1', 0).then(() => null, refusal('EVAL')),
       // No script has this digest: NOSCRIPT, once the user may run EVALSHA at all.
-      redis.evalsha('0'.repeat(40), 0).then(() => null, noperm('EVALSHA')),
+      redis.evalsha('0'.repeat(40), 0).then(() => null, refusal('EVALSHA')),
     ])
   ).filter((r) => r !== null);
+  const names = (rs: typeof refused) => rs.map((r) => `${r.name} (${r.message.trim()})`).join(', ');
+  const s = (rs: typeof refused, one: string, many: string) => (rs.length > 1 ? many : one);
+  const unknown = refused.filter((r) => r.why === 'unknown');
+  if (unknown.length > 0) {
+    throw new Error(
+      `Redis has no command ${names(unknown)}: ${s(unknown, 'it is', 'they are')} disabled or renamed ` +
+        '(rename-command, as some managed Redis do), and mnemos runs its scripts with EVALSHA and EVAL: ' +
+        'use a Redis that allows them; the README\'s "Redis users and managed Redis" lists what mnemos needs',
+    );
+  }
   if (refused.length === 0) return;
   throw new Error(
-    `Redis refused mnemos's user the command${refused.length > 1 ? 's' : ''} ${refused.join(', ')}: ` +
-      `grant ${refused.length > 1 ? 'them' : 'it'} to the user of REDIS_URL (ACL SETUSER <user> +eval +evalsha); the README's ` +
+    `Redis refused mnemos's user the command${s(refused, '', 's')} ${names(refused)}: ` +
+      `grant ${s(refused, 'it', 'them')} to the user of REDIS_URL (ACL SETUSER <user> +eval +evalsha); the README's ` +
       '"Redis users and managed Redis" lists what that user needs',
   );
 }

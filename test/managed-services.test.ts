@@ -6,6 +6,7 @@ import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import { test } from 'node:test';
 import { Redis } from 'ioredis';
+import { pino } from 'pino';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import { makeRedis, redisDurabilityWarnings, waitForRedis } from '../services/redis.js';
@@ -256,7 +257,7 @@ void test('a connection that comes back refused its database writes nothing to d
   }
 });
 
-void test('a Redis user without EVAL is refused at start, naming it; losing it later makes posts a 503 saying so', async () => {
+void test('a Redis user without EVAL is refused at start, naming it; losing it later makes posts a 503, the log naming it', async () => {
   // Setup: a user with every command but EVAL, which ioredis, BullMQ and error memory fall back to
   // when Redis has lost their scripts.
   const r = await startPrivateRedis();
@@ -273,7 +274,9 @@ void test('a Redis user without EVAL is refused at start, naming it; losing it l
 
     // Setup: allowed at start, refused once running, and Redis's scripts gone (a restart, a flush).
     await admin.call('ACL', 'SETUSER', 'app', '+eval');
-    const svc = await startTestService({ mode: 'api', env });
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const svc = await startTestService({ mode: 'api', env, logger });
     try {
       const t = await svc.newTenant();
       const post = () =>
@@ -285,12 +288,18 @@ void test('a Redis user without EVAL is refused at start, naming it; losing it l
       // Action
       const refused = await post();
 
-      // Assert: a dependency refusing (503, retry-after), not a server fault (it was a 500).
+      // Assert: a dependency refusing (503, retry-after), not a server fault (it was a 500). The
+      // client is told what other Redis 503s tell it, not Redis's commands and users (it was); the
+      // log names the command.
       assert.equal(refused.status, 503, JSON.stringify(refused.body));
-      assert.equal(refused.body.error.code, 'unavailable');
-      assert.deepEqual(refused.body.error.details, { dependency: 'redis' });
-      assert.match(refused.body.error.message, /redis refuses mnemos's user the command eval/);
+      assert.deepEqual(refused.body.error, {
+        code: 'unavailable',
+        message: 'redis is unavailable, retry later',
+        details: { dependency: 'redis' },
+      });
       assert.ok(Number(refused.headers.get('retry-after')) > 0, 'retry-after');
+      const logged = lines.find((l) => l.code === 'unavailable');
+      assert.match(String(logged?.redis_error), /NOPERM .*'eval'/, JSON.stringify(lines));
     } finally {
       await svc.stop();
     }
@@ -299,3 +308,60 @@ void test('a Redis user without EVAL is refused at start, naming it; losing it l
     await r.stop();
   }
 });
+
+void test("a Redis user refused a command mnemos's scripts call makes posts a 503, not a 500", async () => {
+  // Setup: a user with everything but RPUSH and LPUSH, which the scripts queueing a post call
+  // (Redis 7.0 refuses them inside a script without the NOPERM word: "ERR The user executing the
+  // script can't run this command"); the start checks only EVAL and EVALSHA, and lets it start.
+  const r = await startPrivateRedis();
+  const admin = new Redis(r.url);
+  await admin.call('ACL', 'SETUSER', 'app', 'on', '>pw-0123456789', '~*', '&*', '+@all', '-rpush', '-lpush');
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+  const env = { REDIS_URL: `redis://app:pw-0123456789@127.0.0.1:${r.port}` };
+  const svc = await startTestService({ mode: 'api', env, logger });
+  try {
+    const t = await svc.newTenant();
+
+    // Action
+    const refused = await t.api.post('/v1/sessions/s1/messages', {
+      messages: [{ role: 'user', content: 'hi' }],
+    });
+
+    // Assert: a dependency refusing (it was a 500 internal); the log says what Redis refused.
+    assert.equal(refused.status, 503, JSON.stringify(refused.body));
+    assert.deepEqual(refused.body.error, {
+      code: 'unavailable',
+      message: 'redis is unavailable, retry later',
+      details: { dependency: 'redis' },
+    });
+    assert.ok(Number(refused.headers.get('retry-after')) > 0, 'retry-after');
+    const logged = lines.find((l) => l.code === 'unavailable');
+    assert.match(
+      String(logged?.redis_error),
+      /can't run this command|ACL failure in script/,
+      JSON.stringify(lines),
+    );
+  } finally {
+    await svc.stop();
+    admin.disconnect();
+    await r.stop();
+  }
+});
+
+for (const command of ['EVAL', 'EVALSHA']) {
+  void test(`a Redis with ${command} disabled for everyone (rename-command) is refused at start, saying so`, async () => {
+    // Setup: as some managed Redis do; every post answered 500 ("ERR unknown command 'eval'").
+    const r = await startPrivateRedis({ args: ['--rename-command', command, ''] });
+    try {
+      // Action and Assert
+      await assert.rejects(startTestService({ mode: 'api', env: { REDIS_URL: r.url } }), (err: Error) => {
+        assert.match(err.message, new RegExp(`^Redis has no command ${command} \\(ERR unknown command`));
+        assert.match(err.message, /disabled or renamed/);
+        return true;
+      });
+    } finally {
+      await r.stop();
+    }
+  });
+}

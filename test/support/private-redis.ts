@@ -30,13 +30,16 @@ export interface PrivateRedis {
 }
 
 /** A Redis of the test's own, for tests that must stop or flush Redis (never the shared one). */
-export async function startPrivateRedis(opts: { aof?: boolean; dir?: string } = {}): Promise<PrivateRedis> {
+export async function startPrivateRedis(
+  opts: { aof?: boolean; dir?: string; /** More redis-server options. */ args?: string[] } = {},
+): Promise<PrivateRedis> {
   const port = await freePort();
   let child: ChildProcess | null = null;
   const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--daemonize', 'no'];
   if (opts.aof) args.push('--appendonly', 'yes', '--appendfsync', 'always');
   else args.push('--appendonly', 'no');
   if (opts.aof || opts.dir) args.push('--dir', opts.dir ?? '/tmp');
+  args.push(...(opts.args ?? []));
   const url = `redis://127.0.0.1:${port}`;
   const start = async () => {
     child = spawn('redis-server', args, { stdio: 'ignore' });
