@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
+import { Redis } from 'ioredis';
 import { findHistoryDb, readAgenvoySession } from '../services/lifecycle/agenvoy-import.js';
 import { parseCursorValue, splitTimeHeader } from '../services/lifecycle/agenvoy-time.js';
 import { importAgenvoySessions } from '../services/lifecycle/agenvoy-migrate.js';
@@ -13,6 +14,7 @@ import { openSqlite } from '../services/lifecycle/sqlite.js';
 import { parseSentAt } from '../services/time.js';
 import { REDIS_URL, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
+import { startPrivateRedis } from './support/private-redis.js';
 
 const run = promisify(execFile);
 const TZ = 'Asia/Taipei'; // UTC+8, no DST
@@ -319,7 +321,8 @@ void describe('agenvoy import', () => {
     const t = await svc.newTenant();
     const report = await importAgenvoySessions(svc.deps, t.tenantId, fx.sessions, { timeZone: TZ });
     assert.equal(report.historyDb, path.join(fx.sessions, '..', '.store', 'history.db'));
-    assert.deepEqual(report.invalidDirs, ['not a session id']);
+    // 'not a session id' holds no session files: no session, not reported.
+    assert.deepEqual(report.invalidDirs, []);
     const by = Object.fromEntries(report.sessions.map((s) => [s.session_id, s]));
     assert.deepEqual(
       Object.fromEntries(
@@ -598,6 +601,114 @@ void describe('agenvoy import', () => {
       none.stderr,
       /mnemos: import agenvoy: no session imported of 2 \(1 failed, 1 had nothing to import\)/,
     );
+  });
+
+  /** Runs `mnemos import agenvoy <root>/<dir> --tenant <tenant> …`; never rejects. */
+  const importer = (root: string, tenant: string, env: Record<string, string | undefined> = {}) => {
+    const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
+    const fullEnv = {
+      ...process.env,
+      DATABASE_URL: svc.config.databaseUrl,
+      MNEMOS_PREFIX: svc.config.prefix,
+      REDIS_URL,
+      TZ,
+      LOG_LEVEL: 'silent',
+      ...env,
+    };
+    return (dir: string, ...args: string[]) =>
+      run(process.execPath, [cli, 'import', 'agenvoy', path.join(root, dir), '--tenant', tenant, ...args], {
+        env: fullEnv,
+      }).then(
+        ({ stdout, stderr }) => ({ code: 0, stdout, stderr }),
+        (e: { code: number; stdout: string; stderr: string }) => e,
+      );
+  };
+  const good = (text: string) =>
+    JSON.stringify([{ role: 'user', content: header('2025-04-01 09:00:00', text) }]);
+
+  void test('a directory holding a session but no valid session id is a session not imported; --session counts only what it names', async () => {
+    // Setup: a good session, one with nothing to import, one whose name is no session id but
+    // holds a message, and a directory that is no session (no session files, an invalid name).
+    const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-names-'));
+    roots.push(root);
+    const file = (sid: string, name: string, text: string) => {
+      mkdirSync(path.join(root, 'dir', sid), { recursive: true });
+      writeFileSync(path.join(root, 'dir', sid, name), text);
+    };
+    file('ok-1', 'history.json', good('kept'));
+    file('hollow-2', 'history.json', '[]');
+    file('bad name', 'history.json', good('lost'));
+    file('old notes', 'README.txt', 'not a session');
+    const name = `agenvoy-names-${Date.now()}`;
+    const t = await svc.newTenant(name);
+    const importing = importer(root, name);
+
+    // Action + Assert: the invalid name is a failure (it exited 0), the other directory ignored.
+    const all = await importing('dir');
+    assert.equal(all.code, 2, all.stdout);
+    assert.match(all.stdout, /^bad name: failed \(its name is not a valid session id\)$/m);
+    assert.doesNotMatch(all.stdout, /old notes/);
+    assert.match(
+      all.stderr,
+      /^mnemos: import agenvoy: 1 of 3 sessions failed \(imported 1; 1 not a valid session id\); see their notes\n$/,
+    );
+    assert.equal((await listed(t.api, 'ok-1')).length, 1);
+
+    // --session counts and reports only what it names (it named "bad name" too, "of 2").
+    const hollow = await importing('dir', '--session', 'hollow-2');
+    assert.equal(hollow.code, 3, hollow.stdout);
+    assert.doesNotMatch(hollow.stdout, /bad name/);
+    assert.match(hollow.stderr, /no session imported of 1 \(1 had nothing to import\)\n$/);
+
+    // An invalid name given to --session is said to be one, once (it was "no such session
+    // directory" beside "not a valid session id", "of 2").
+    const bad = await importing('dir', '--session', 'bad name');
+    assert.equal(bad.code, 3, bad.stdout);
+    assert.deepEqual(
+      bad.stdout.split('\n').filter((l) => l.startsWith('bad name')),
+      ['bad name: failed (its name is not a valid session id)'],
+    );
+    assert.match(bad.stderr, /no session imported of 1 \(1 not a valid session id\)\n$/);
+  });
+
+  void test('mnemos import agenvoy stops and exits 1 when a store refuses mid-run, not 3 as for bad data', async () => {
+    // Setup: two good sessions, and a Redis of the command's own that refuses every write (full
+    // under noeviction), as a store that is down for now.
+    const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-down-'));
+    roots.push(root);
+    for (const sid of ['f-1', 'f-2']) {
+      mkdirSync(path.join(root, 'dir', sid), { recursive: true });
+      writeFileSync(path.join(root, 'dir', sid, 'history.json'), good(sid));
+    }
+    const name = `agenvoy-down-${Date.now()}`;
+    const t = await svc.newTenant(name);
+    const r = await startPrivateRedis();
+    const admin = new Redis(r.url);
+    try {
+      await admin.config('SET', 'maxmemory', '1');
+      const importing = importer(root, name, { REDIS_URL: r.url });
+
+      // Action
+      const down = await importing('dir');
+
+      // Assert: "try again later" (1), and it says so; the session after it was not tried.
+      assert.equal(down.code, 1, `${down.stdout}\n${down.stderr}`);
+      assert.match(
+        down.stderr,
+        /^mnemos: import agenvoy: stopped after 1 session\(s\), imported 0: redis is unavailable, retry later; run it again later/,
+      );
+      assert.match(down.stdout, /f-1: failed/);
+      assert.doesNotMatch(down.stdout, /f-2/);
+
+      // Once Redis takes writes again, a re-run imports both.
+      await admin.config('SET', 'maxmemory', '0');
+      const later = await importing('dir');
+      assert.equal(later.code, 0, `${later.stdout}\n${later.stderr}`);
+      assert.equal((await listed(t.api, 'f-2')).length, 1);
+    } finally {
+      admin.disconnect();
+      await r.stop();
+    }
   });
 
   // Compacted sessions whose texts repeat: each history.json message must merge with its own copy

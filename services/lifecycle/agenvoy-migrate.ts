@@ -1,7 +1,8 @@
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { getSummaryRow } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
-import { AppError } from '../errors.js';
+import { AppError, asDependencyError } from '../errors.js';
 import { findHistoryDb, listAgenvoySessions, readAgenvoySession } from './agenvoy-import.js';
 import { importSession } from './import-session.js';
 import { openSqlite } from './sqlite.js';
@@ -32,6 +33,7 @@ export async function importAgenvoySessions(
   opts: { timeZone?: string; only?: string[] } = {},
 ): Promise<{
   historyDb: string | null;
+  /** Directories that hold a session's files (or `only` names) but no valid session id. */
   invalidDirs: string[];
   /** `only` ids with no session directory. */
   missing: string[];
@@ -40,13 +42,23 @@ export async function importAgenvoySessions(
   /** About the whole import (not one session), e.g. the sessions only history.db holds. */
   notes: string[];
   sessions: AgenvoySessionReport[];
+  /**
+   * Why the run stopped early: Postgres or Redis refused or could not be reached (the 503 a
+   * request would get), so the sessions after the one that met it were not tried.
+   */
+  unavailable: string | null;
 }> {
   const timeZone = opts.timeZone ?? deps.config.timeZone;
   const dir = path.resolve(sessionsDir);
   const { ids, invalid } = await listAgenvoySessions(dir);
+  // A directory whose name is no session id is a session not imported when it looks like one
+  // (it holds a file the import reads) or `only` names it; other directories (a backup, notes)
+  // are no sessions. Such a session was reported "skipped" and the run exited 0.
+  const sessionLike = invalid.filter((d) => SESSION_FILES.some((f) => existsSync(path.join(dir, d, f))));
+  const invalidDirs = opts.only ? invalid.filter((d) => opts.only?.includes(d)) : sessionLike;
   // Pointed at the wrong folder (an empty one, a config dir holding only .store), the import reported
   // "imported 0 of 0 sessions" and exited 0: a migration script believed it had worked.
-  if (ids.length === 0 && invalid.length === 0) {
+  if (ids.length === 0 && sessionLike.length === 0 && invalidDirs.length === 0) {
     throw new AppError(
       400,
       'no_sessions',
@@ -58,6 +70,7 @@ export async function importAgenvoySessions(
   const reports: AgenvoySessionReport[] = [];
   const notes: string[] = [];
   let historyDbOnly: string[] = [];
+  let unavailable: string | null = null;
   try {
     if (db && historyDb) {
       // A session is a directory (its history.json, summary and cursor); history.db rows of a
@@ -127,36 +140,53 @@ export async function importAgenvoySessions(
           report.skip_reason = 'session_exists';
           report.notes = [];
         }
-        report.notes.push(err instanceof Error ? err.message : String(err));
+        // A store refusing is no fault of the session: every session after it would fail the
+        // same way, each counted as bad data (exit 3 or 2). Stop, so that it is told apart.
+        const e = asDependencyError(err);
+        report.notes.push(e instanceof Error ? e.message : String(e));
+        if (e instanceof AppError && e.status === 503) {
+          unavailable = e.message;
+          break;
+        }
       }
     }
   } finally {
     db?.close();
   }
-  const missing = (opts.only ?? []).filter((sid) => !ids.includes(sid));
-  return { historyDb, invalidDirs: invalid, missing, historyDbOnly, notes, sessions: reports };
+  const missing = (opts.only ?? []).filter((sid) => !ids.includes(sid) && !invalid.includes(sid));
+  return { historyDb, invalidDirs, missing, historyDbOnly, notes, sessions: reports, unavailable };
 }
 
 /**
  * The command's exit status (README "Agenvoy import"): 0 when every session given is in mnemos
  * (imported now, or before: a re-run) or had nothing to import, and at least one is; 2 when some
  * are and others failed (a partial import: fix those and run again); 3 when none is (every session
- * failed, held nothing, or had no valid id). 1 stays what every command's error exits with.
- * `problem` says why for 2 and 3.
+ * failed, held nothing, or had no valid id). 1 stays what every command's error exits with, and
+ * is what a store that refused or went away mid-run gives (try again later, not "bad data").
+ * `problem` says why for 1, 2 and 3.
  */
 export function agenvoyExitStatus(report: {
   invalidDirs: string[];
   missing: string[];
   sessions: AgenvoySessionReport[];
-}): { code: 0 | 2 | 3; problem: string | null } {
+  unavailable: string | null;
+}): { code: 0 | 1 | 2 | 3; problem: string | null } {
   const count = (f: (s: AgenvoySessionReport) => boolean) => report.sessions.filter(f).length;
   const imported = count((s) => s.status === 'imported');
+  if (report.unavailable !== null) {
+    return {
+      code: 1,
+      problem:
+        `stopped after ${report.sessions.length} session(s), imported ${imported}: ${report.unavailable}; ` +
+        'run it again later (sessions already imported are skipped)',
+    };
+  }
   const present = imported + count((s) => s.skip_reason === 'session_exists');
-  const failed = count((s) => s.status === 'failed') + report.missing.length;
+  const failed = count((s) => s.status === 'failed') + report.missing.length + report.invalidDirs.length;
   const given = report.sessions.length + report.missing.length + report.invalidDirs.length;
   if (present === 0) {
     const why = [
-      failed > 0 ? `${failed} failed` : '',
+      failed > report.invalidDirs.length ? `${failed - report.invalidDirs.length} failed` : '',
       count((s) => s.skip_reason === 'nothing_to_import') > 0
         ? `${count((s) => s.skip_reason === 'nothing_to_import')} had nothing to import`
         : '',
@@ -167,11 +197,16 @@ export function agenvoyExitStatus(report: {
   if (failed > 0) {
     return {
       code: 2,
-      problem: `${failed} of ${given} sessions failed (imported ${imported}); see their notes`,
+      problem:
+        `${failed} of ${given} sessions failed (imported ${imported}` +
+        `${report.invalidDirs.length > 0 ? `; ${report.invalidDirs.length} not a valid session id` : ''}); see their notes`,
     };
   }
   return { code: 0, problem: null };
 }
+
+/** What makes a directory a session (the files a session's import reads first). */
+const SESSION_FILES = ['history.json', 'summary.json'];
 
 /** Session ids named in the report's note on sessions only history.db holds (the rest counted). */
 const MAX_NAMED = 10;

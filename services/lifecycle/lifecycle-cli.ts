@@ -169,7 +169,8 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
         'nothing to import, and at least one is; 2 when some are and others failed (fix those, run\n' +
         'again: the rest are skipped); 3 when none is (every session failed, held nothing, or had an\n' +
         'invalid name); 1 on an error (no session directories in <sessions_dir>, an unknown tenant,\n' +
-        "a history.db that is not Agenvoy's).",
+        "a history.db that is not Agenvoy's, Postgres or Redis refusing or gone: the run stops there;\n" +
+        'run it again later).',
     )
     .action(async (dir: string, o: { tenant: string; tz?: string; session?: string[]; json?: boolean }) => {
       if (o.tz !== undefined) assertTimeZone(o.tz);
@@ -187,7 +188,7 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
           print(`history.db: ${report.historyDb ?? 'not found'}`);
           for (const n of report.notes) print(`note: ${n}`);
           for (const s of report.sessions) print(describe(s));
-          for (const d of report.invalidDirs) print(`${d}: skipped (not a valid session id)`);
+          for (const d of report.invalidDirs) print(`${d}: failed (its name is not a valid session id)`);
           for (const d of report.missing) print(`${d}: failed (no such session directory in ${dir})`);
           const nested = path.join(dir, 'sessions');
           if (!report.sessions.some((s) => s.status === 'imported') && existsSync(nested)) {
