@@ -31,8 +31,8 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { float4ArrayParam, makePgDb, withTransaction } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
-import { ARCHIVE_TSVECTOR_SQL, insertArchiveBatch } from '../db/queries/messages.js';
-import { lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
+import { ARCHIVE_TSVECTOR_SQL, archiveBatch, insertArchiveBatch } from '../db/queries/messages.js';
+import { lockOrCreateSession } from '../db/queries/sessions.js';
 import { localEmbed } from '../services/llm/local-embedder.js';
 import { parseMessages } from '../services/messages/message-input.js';
 import type { AcceptedMessage } from '../services/messages/message-input.js';
@@ -253,18 +253,13 @@ async function phaseStorage(txShape: boolean): Promise<void> {
         return withTransaction(db, async (tx) => {
           await lockOrCreateSession(tx, tenantId, sid);
           const rows = archiveRows(b.messages, b.firstSeq);
-          const inserted = await insertArchiveBatch(tx, tenantId, sid, rows);
-          let bytes = 0;
-          for (const r of inserted) bytes += r.bytes;
-          await recordArchived(tx, {
+          const { archived } = await archiveBatch(tx, {
             tenantId,
             sessionId: sid,
             nextSeq: b.firstSeq + STORAGE_BATCH,
-            count: inserted.length,
-            bytes,
-            lastSentNs: inserted[inserted.length - 1]?.sent_at_ns ?? null,
+            rows,
           });
-          return inserted.length;
+          return archived;
         });
       },
       classify: (n) =>
@@ -278,7 +273,7 @@ async function phaseStorage(txShape: boolean): Promise<void> {
     const r: PhaseResult = {
       phase,
       label: txShape
-        ? `storage limit in the drain's transaction shape (lock session, insert ${STORAGE_BATCH}, update counters, commit), ${WRITERS_A} connections`
+        ? `storage limit in the drain's transaction shape (lock session, insert ${STORAGE_BATCH} and update counters in one statement, commit), ${WRITERS_A} connections`
         : `storage limit: insertArchiveBatch of ${STORAGE_BATCH} rows, ${WRITERS_A} connections`,
       messages: stored,
       wallMs,

@@ -81,7 +81,7 @@ void describe('ingestion under faults and many processes', () => {
   /**
    * Holds `LOCK TABLE messages IN EXCLUSIVE MODE` on a connection of its own (a slow commit, as
    * testers staged it): `locked` once it is held; `drainBlocked()` waits until a drain's INSERT
-   * waits on it; `release()` ends it.
+   * (archiveBatch's statement) waits on it; `release()` ends it.
    */
   async function holdMessagesLock(databaseUrl: string) {
     const pg = makePgDb({ connectionString: databaseUrl, max: 2 });
@@ -103,7 +103,7 @@ void describe('ingestion under faults and many processes', () => {
           const r = await pg.query<{ n: number }>(
             `SELECT count(*)::int AS n FROM pg_stat_activity
              WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND query ILIKE 'INSERT INTO messages%'`,
+               AND query ILIKE 'WITH ins AS (INSERT INTO messages%'`,
           );
           return r.rows[0]!.n > 0 ? true : null;
         },

@@ -1,8 +1,8 @@
 import type { Job } from 'bullmq';
 import { pgCode, withTransaction } from '../db/pool.js';
-import { insertArchiveBatch } from '../db/queries/messages.js';
+import { archiveBatch } from '../db/queries/messages.js';
 import type { ArchiveInsertRow } from '../db/queries/messages.js';
-import { lockOrCreateSession, lockSession, recordArchived } from '../db/queries/sessions.js';
+import { lockOrCreateSession, lockSession } from '../db/queries/sessions.js';
 import type { CoreDeps } from '../services/deps.js';
 import { throttledKinds, throttledLog } from '../services/logger.js';
 import {
@@ -95,7 +95,7 @@ const JSON_TOKEN = /"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|fals
 const ARGUMENTS_DECODE_MAX = 256 * 1024;
 
 /**
- * The capped full-text inputs of an archive row (insertArchiveBatch) from its searchable text.
+ * The capped full-text inputs of an archive row (archiveBatch) from its searchable text.
  * Most messages are plain text without CJK: their full-text input is the content itself, sent
  * once instead of twice, and they need no CJK tsvector.
  */
@@ -271,22 +271,8 @@ export async function drainSession(
         if (unreadable.length > 0) throw new DeadEntries(unreadable);
         const stale = entries.filter((e) => !isCurrent(e)).length;
         const rows = keep.map((e) => toArchiveRow(e.seq, e.message));
-        const inserted = rows.length > 0 ? await insertArchiveBatch(tx, tenantId, sessionId, rows) : [];
         const lastRead = entries[entries.length - 1]!.seq;
-        let lastSentNs: string | null = null;
-        let bytes = 0;
-        for (const r of inserted) {
-          bytes += r.bytes;
-          if (lastSentNs === null || BigInt(r.sent_at_ns) > BigInt(lastSentNs)) lastSentNs = r.sent_at_ns;
-        }
-        const counters = await recordArchived(tx, {
-          tenantId,
-          sessionId,
-          nextSeq: lastRead + 1,
-          count: inserted.length,
-          bytes,
-          lastSentNs,
-        });
+        const counters = await archiveBatch(tx, { tenantId, sessionId, nextSeq: lastRead + 1, rows });
         // Redis may have come back behind this drain (an AOF without its last second) while it
         // waited on Postgres, and handed the seqs it read to new messages: committing would
         // archive lost messages at those seqs, and drop the new ones as replays. The lost ones go
@@ -298,10 +284,10 @@ export async function drainSession(
         }
         return {
           lastRead,
-          archived: inserted.length,
+          archived: counters.archived,
           dropped: stale,
           // Replays (seq < next_seq) were left out above: a row not inserted is an id conflict.
-          idTaken: rows.length - inserted.length,
+          idTaken: rows.length - counters.archived,
           read: entries.length,
           hotBytes: Number(counters.hot_bytes),
           generation: session.generation,
@@ -357,6 +343,22 @@ export async function drainSession(
       await finishDrain(deps.redis, keys, 0);
       return { ...total, more: false };
     }
+    // The hook (enqueueing the batch's embed job) does not wait for the trim: the batch is
+    // committed, and the two round trips overlap instead of holding the worker slot one after the
+    // other.
+    const hooked =
+      batch.archived > 0 && afterArchive
+        ? afterArchive({
+            tenantId,
+            sessionId,
+            generation: batch.generation,
+            hotBytes: batch.hotBytes,
+            firstSeq: batch.firstSeq,
+            lastSeq: batch.lastRead,
+          }).catch((err: unknown) =>
+            deps.logger.warn({ err: { message: (err as Error).message } }, 'post-archive hook failed'),
+          )
+        : undefined;
     const { left, trimmed } = await finishDrainCounted(deps.redis, keys, batch.lastRead);
     // Stale entries a reset's Redis step removed before this trim were counted by the reset
     // (syncRedisGeneration): the entries this drain read but did not trim are those.
@@ -368,18 +370,7 @@ export async function drainSession(
     deps.metrics.messagesArchived.inc(batch.archived);
     if (batch.dropped > 0) deps.metrics.messagesDropped.inc(batch.dropped);
     if (batch.idTaken > 0) idTakenDrops(deps, tenantId, sessionId, batch.idTaken);
-    if (batch.archived > 0 && afterArchive) {
-      await afterArchive({
-        tenantId,
-        sessionId,
-        generation: batch.generation,
-        hotBytes: batch.hotBytes,
-        firstSeq: batch.firstSeq,
-        lastSeq: batch.lastRead,
-      }).catch((err: unknown) =>
-        deps.logger.warn({ err: { message: (err as Error).message } }, 'post-archive hook failed'),
-      );
-    }
+    await hooked;
     if (left === 0) return { ...total, more: false };
   }
   return { ...total, more: true };

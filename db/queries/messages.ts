@@ -1,4 +1,5 @@
 import type { Queryable } from '../pool.js';
+import { archivedSetSql, recordArchived } from './sessions.js';
 import { FTS_EN_SAFE } from '../../services/text/fts-text.js';
 
 export interface ArchiveInsertRow {
@@ -33,6 +34,18 @@ export const ARCHIVE_TSVECTOR_SQL = `CASE
          WHEN x.fts_cjk IS NULL THEN to_tsvector('english', coalesce(x.fts_en, x.content))
          ELSE to_tsvector('english', coalesce(x.fts_en, x.content)) || x.fts_cjk::tsvector END`;
 
+/** insertArchiveBatch's statement without its RETURNING: $1 tenant, $2 session, $3 the rows. */
+const INSERT_ARCHIVE_SQL = `INSERT INTO messages (tenant_id, session_id, seq, id, role, content, parts, name, tool_call_id,
+       tool_calls, metadata, sent_at_ns, sent_at_given, bytes, fingerprint, search_tsv)
+     SELECT $1, $2, x.seq, x.id, x.role, x.content, x.parts, x.name, x.tool_call_id, x.tool_calls,
+       x.metadata, x.sent_at_ns, x.sent_at_given, x.bytes, x.fingerprint,
+       ${ARCHIVE_TSVECTOR_SQL}
+     FROM jsonb_to_recordset($3::jsonb) AS x(seq bigint, id text, role text, content text, parts jsonb,
+       name text, tool_call_id text, tool_calls jsonb, metadata jsonb, sent_at_ns bigint,
+       sent_at_given boolean, bytes integer, fingerprint text, fts_en text, fts_cjk text)
+     ORDER BY x.seq
+     ON CONFLICT DO NOTHING`;
+
 /**
  * Archives a batch in one statement. `on conflict do nothing` makes a replayed drain a no-op
  * (the primary key on seq and the unique client id are the last guard of exactly-once). The
@@ -48,20 +61,41 @@ export async function insertArchiveBatch(
   rows: ArchiveInsertRow[],
 ): Promise<Array<{ seq: string; bytes: number; sent_at_ns: string }>> {
   const r = await q.query<{ seq: string; bytes: number; sent_at_ns: string }>(
-    `INSERT INTO messages (tenant_id, session_id, seq, id, role, content, parts, name, tool_call_id,
-       tool_calls, metadata, sent_at_ns, sent_at_given, bytes, fingerprint, search_tsv)
-     SELECT $1, $2, x.seq, x.id, x.role, x.content, x.parts, x.name, x.tool_call_id, x.tool_calls,
-       x.metadata, x.sent_at_ns, x.sent_at_given, x.bytes, x.fingerprint,
-       ${ARCHIVE_TSVECTOR_SQL}
-     FROM jsonb_to_recordset($3::jsonb) AS x(seq bigint, id text, role text, content text, parts jsonb,
-       name text, tool_call_id text, tool_calls jsonb, metadata jsonb, sent_at_ns bigint,
-       sent_at_given boolean, bytes integer, fingerprint text, fts_en text, fts_cjk text)
-     ORDER BY x.seq
-     ON CONFLICT DO NOTHING
+    `${INSERT_ARCHIVE_SQL}
      RETURNING seq, bytes, sent_at_ns`,
     [tenantId, sessionId, JSON.stringify(rows)],
   );
   return r.rows;
+}
+
+/**
+ * A drain's batch in one statement: insertArchiveBatch's insert, and recordArchived's update of
+ * the session row from what the insert returned (a data-modifying CTE; the update does not read
+ * `messages`, so it needs nothing of the insert but its RETURNING). Two statements were two
+ * round trips with the session's row lock held. A batch without rows to insert (replays and
+ * cleared entries only) updates the row alone, and never waits for the `messages` table.
+ */
+export async function archiveBatch(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; nextSeq: number; rows: ArchiveInsertRow[] },
+): Promise<{ archived: number; hot_bytes: string }> {
+  if (a.rows.length === 0) {
+    const counters = await recordArchived(q, { ...a, count: 0, bytes: 0, lastSentNs: null });
+    return { archived: 0, hot_bytes: counters.hot_bytes };
+  }
+  const r = await q.query<{ archived: number; hot_bytes: string }>(
+    `WITH ins AS (${INSERT_ARCHIVE_SQL}
+       RETURNING bytes, sent_at_ns),
+     n AS (SELECT count(*)::int AS count, coalesce(sum(bytes), 0)::bigint AS bytes,
+             max(sent_at_ns) AS last_ns FROM ins)
+     UPDATE sessions SET
+       ${archivedSetSql('$4::bigint', 'n.count', 'n.bytes', 'n.last_ns')}
+     FROM n
+     WHERE tenant_id = $1 AND id = $2
+     RETURNING n.count AS archived, hot_bytes`,
+    [a.tenantId, a.sessionId, JSON.stringify(a.rows), a.nextSeq],
+  );
+  return r.rows[0]!;
 }
 
 export interface StoredMessageRow {

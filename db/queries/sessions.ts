@@ -80,6 +80,23 @@ export async function listSessions(
   return r.rows;
 }
 
+/**
+ * The SET list of what a drain archived (recordArchived, archiveBatch), from SQL expressions of
+ * the seq after the batch, the count and bytes archived and the highest `sent_at_ns` among them
+ * (null when none).
+ */
+export function archivedSetSql(nextSeq: string, count: string, bytes: string, lastNs: string): string {
+  return `next_seq = GREATEST(next_seq, ${nextSeq}),
+       message_count = message_count + ${count},
+       hot_bytes = hot_bytes + ${bytes},
+       last_message_at = CASE WHEN ${lastNs} IS NULL THEN last_message_at
+         ELSE GREATEST(last_message_at, to_timestamp(${lastNs} / 1000000000)
+           + (${lastNs} % 1000000000 / 1000) * interval '1 microsecond') END,
+       deleted_at = CASE WHEN ${count} > 0 THEN NULL ELSE deleted_at END,
+       -- A deleted session written to again is a new session: it starts now (SET reads old values).
+       created_at = CASE WHEN ${count} > 0 AND deleted_at IS NOT NULL THEN now() ELSE created_at END`;
+}
+
 /** Records what a drain archived: the mark readers respect, counters, and the session's liveness. */
 export async function recordArchived(
   q: Queryable,
@@ -94,15 +111,7 @@ export async function recordArchived(
 ): Promise<{ hot_bytes: string; message_count: number }> {
   const r = await q.query<{ hot_bytes: string; message_count: number }>(
     `UPDATE sessions SET
-       next_seq = GREATEST(next_seq, $3::bigint),
-       message_count = message_count + $4::int,
-       hot_bytes = hot_bytes + $5::bigint,
-       last_message_at = CASE WHEN $6::bigint IS NULL THEN last_message_at
-         ELSE GREATEST(last_message_at, to_timestamp($6::bigint / 1000000000)
-           + ($6::bigint % 1000000000 / 1000) * interval '1 microsecond') END,
-       deleted_at = CASE WHEN $4::int > 0 THEN NULL ELSE deleted_at END,
-       -- A deleted session written to again is a new session: it starts now (SET reads old values).
-       created_at = CASE WHEN $4::int > 0 AND deleted_at IS NOT NULL THEN now() ELSE created_at END
+       ${archivedSetSql('$3::bigint', '$4::int', '$5::bigint', '$6::bigint')}
      WHERE tenant_id = $1 AND id = $2
      RETURNING hot_bytes, message_count`,
     [a.tenantId, a.sessionId, a.nextSeq, a.count, a.bytes, a.lastSentNs],
