@@ -340,6 +340,7 @@ export async function waitArchived(
   let seenGen: string | null | undefined;
   let askedArchive = -Infinity;
   for (;;) {
+    const polledAt = performance.now();
     const [mark, gen] = await deps.redis
       .hmget(keys.sess, 'archived', 'gen')
       .catch((): Array<string | null> => [null, null]);
@@ -357,7 +358,10 @@ export async function waitArchived(
     }
     seenGen = gen ?? null;
     if (timedOut || signal?.aborted) return false;
-    await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(1, deadline - performance.now()))));
+    // The next poll starts `delay` after this one started: on a slow link its own round trip is
+    // part of the pause, not added to it (at 25 ms each way a poll every 100 ms, not every 50).
+    const now = performance.now();
+    await new Promise((r) => setTimeout(r, Math.max(1, Math.min(delay - (now - polledAt), deadline - now))));
     delay = Math.min(delay * 2, 50);
   }
 }
