@@ -214,6 +214,11 @@ const schema = z.object({
     3_600_000,
     'how long embedding may wait while archiving is behind, 0 = never',
   ).default(10_000),
+  EMBED_DEFER_BEHIND_MS: int(
+    1,
+    3_600_000,
+    'how long accepted messages may wait for their drain before embedding is deferred',
+  ).default(250),
   PG_POOL_SIZE: int(1, 1000, 'Postgres connections per process').default(16),
   PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: int(
     0,
@@ -283,11 +288,17 @@ export interface Config {
   /** Embed jobs per worker process: below WORKER_CONCURRENCY so archiving keeps the pool and CPU. */
   embedConcurrency: number;
   /**
-   * While archiving is behind (some session's accepted messages have waited over 250 ms for their
-   * drain), an embed job younger than this goes back to the delayed set instead of running
-   * (workers/embed.ts): archiving first, the recent index catches up after.
+   * While archiving is behind (some session's accepted messages have waited over
+   * embedDeferBehindMs for their drain), an embed job younger than this goes back to the delayed
+   * set instead of running (workers/embed.ts): archiving first, the recent index catches up after.
    */
   embedMaxDeferMs: number;
+  /**
+   * How long a session's accepted messages may wait for a drain before archiving counts as behind.
+   * A drain takes several round trips to Postgres and Redis: on a slow link it must be above the
+   * time an accept takes to be drained, or archiving always looks behind (workers/embed.ts).
+   */
+  embedDeferBehindMs: number;
   /** Postgres connections per process (jobs hold one for a whole transaction; requests need some too). */
   pgPoolSize: number;
   /** Postgres ends a transaction of ours left idle this long (0 = never): a stalled process's locks go. */
@@ -529,6 +540,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     workerConcurrency: e.WORKER_CONCURRENCY,
     embedConcurrency: e.EMBED_CONCURRENCY,
     embedMaxDeferMs: e.EMBED_MAX_DEFER_MS,
+    embedDeferBehindMs: e.EMBED_DEFER_BEHIND_MS,
     pgPoolSize: e.PG_POOL_SIZE,
     pgIdleInTransactionTimeoutMs: e.PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     pgRequestTimeoutMs: e.PG_REQUEST_TIMEOUT_MS,

@@ -966,6 +966,44 @@ void describe('the recent index yields to archiving during a burst', () => {
   });
 });
 
+void describe('EMBED_DEFER_BEHIND_MS: when archiving counts as behind', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService({ env: { EMBED_MAX_DEFER_MS: '60000', EMBED_DEFER_BEHIND_MS: '5000' } });
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('a drain wait below the threshold (a slow link) does not defer embedding', async () => {
+    const t = await svc.newTenant();
+    const armed = `${svc.config.prefix}:armed`;
+    // A session whose accepted messages have waited a second for their drain: behind under the
+    // default 250 ms, as every session is on a link where a drain takes that long, but not under
+    // the 5 s configured here.
+    const waiting = `${t.tenantId} waiting`;
+    const keepWaiting = () => svc.deps.redis.zadd(armed, Date.now() - 1000, waiting);
+    await keepWaiting();
+    const keeper = setInterval(() => void keepWaiting(), 200);
+    try {
+      assert.equal(await archivingBehind(svc.deps.redis, svc.config.prefix, 250), true);
+      const seqs = await post(t.api, 'slow-link', [user('embedded while a drain takes a second')]);
+      // Deferred, the job would wait up to EMBED_MAX_DEFER_MS (60 s) for its vectors.
+      await eventually(
+        async () => (await vectors(svc, t.tenantId, 'slow-link')).size === seqs.length,
+        10_000,
+        'vectors written without deferral',
+      );
+      assert.equal(await svc.deps.queues!.embed.getDelayedCount(), 0, 'no embed job deferred');
+    } finally {
+      clearInterval(keeper);
+      await svc.deps.redis.zrem(armed, waiting);
+    }
+  });
+});
+
 void describe('embed job coalescing (BullMQ deduplication per session)', () => {
   void test('one waiting job per session; adds while it runs leave exactly one follow-up', async () => {
     const prefix = testPrefix();

@@ -115,8 +115,6 @@ export async function embedSession(
 
 /** How long a deferred embed job waits before it looks at the ingest backlog again. */
 const DEFER_STEP_MS = 1000;
-/** Archiving is behind when some session's accepted messages have waited this long. */
-const BEHIND_AFTER_MS = 250;
 /** How long one look at the backlog is reused (many embed jobs ask at once). */
 const BEHIND_TTL_MS = 250;
 
@@ -127,7 +125,9 @@ function archivingBehindCached(deps: Pick<CoreDeps, 'redis' | 'config'>): () => 
   return () => {
     if (Date.now() - askedAt >= BEHIND_TTL_MS) {
       askedAt = Date.now();
-      answer = archivingBehind(deps.redis, deps.config.prefix, BEHIND_AFTER_MS).catch(() => false);
+      answer = archivingBehind(deps.redis, deps.config.prefix, deps.config.embedDeferBehindMs).catch(
+        () => false,
+      );
     }
     return answer;
   };
@@ -135,8 +135,8 @@ function archivingBehindCached(deps: Pick<CoreDeps, 'redis' | 'config'>): () => 
 
 /**
  * The embed job processor. Archiving goes first: while archiving is behind (some session's
- * accepted messages have waited more than BEHIND_AFTER_MS for their drain: a burst beyond the
- * workers' pace), an embed job created less than EMBED_MAX_DEFER_MS ago goes back to the delayed
+ * accepted messages have waited more than EMBED_DEFER_BEHIND_MS for their drain: a burst beyond
+ * the workers' pace), an embed job created less than EMBED_MAX_DEFER_MS ago goes back to the delayed
  * set for a second instead of taking CPU and connections from the durable write that clients
  * wait for. The recent index catches up when the backlog is gone, and a vector never waits longer
  * than that bound for it. The deduplicated job still covers every later batch of its session: it
