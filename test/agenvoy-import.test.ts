@@ -528,6 +528,29 @@ void describe('agenvoy import', () => {
     assert.equal(readFileSync(out, 'utf8').trim().split('\n').length, 5, 'four messages and the summary');
   });
 
+  /** Runs `mnemos import agenvoy <root>/<dir> --tenant <tenant> …`; never rejects. */
+  const importer = (root: string, tenant: string, env: Record<string, string | undefined> = {}) => {
+    const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
+    const fullEnv = {
+      ...process.env,
+      DATABASE_URL: svc.config.databaseUrl,
+      MNEMOS_PREFIX: svc.config.prefix,
+      REDIS_URL,
+      TZ,
+      LOG_LEVEL: 'silent',
+      ...env,
+    };
+    return (dir: string, ...args: string[]) =>
+      run(process.execPath, [cli, 'import', 'agenvoy', path.join(root, dir), '--tenant', tenant, ...args], {
+        env: fullEnv,
+      }).then(
+        ({ stdout, stderr }) => ({ code: 0, stdout, stderr }),
+        (e: { code: number; stdout: string; stderr: string }) => e,
+      );
+  };
+  const good = (text: string) =>
+    JSON.stringify([{ role: 'user', content: header('2025-04-01 09:00:00', text) }]);
+
   void test('mnemos import agenvoy exits 0 only when the sessions are in mnemos: 2 partial, 3 none, 1 on an empty folder', async () => {
     // Setup: an empty folder; one with a good and a broken session; one where none can be imported.
     const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-exit-'));
@@ -537,32 +560,13 @@ void describe('agenvoy import', () => {
       writeFileSync(path.join(root, dir, sid, 'history.json'), history);
     };
     mkdirSync(path.join(root, 'empty'));
-    session(
-      'mixed',
-      'good-1',
-      JSON.stringify([{ role: 'user', content: header('2025-04-01 09:00:00', 'hello') }]),
-    );
+    session('mixed', 'good-1', good('hello'));
     session('mixed', 'broken-2', '[{"role": "user", "content": ');
     session('none', 'broken-3', '{not json');
     session('none', 'hollow-4', '[]');
     const name = `agenvoy-exit-${Date.now()}`;
     const t = await svc.newTenant(name);
-    const env = {
-      ...process.env,
-      DATABASE_URL: svc.config.databaseUrl,
-      MNEMOS_PREFIX: svc.config.prefix,
-      REDIS_URL,
-      TZ,
-      LOG_LEVEL: 'silent',
-    };
-    const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
-    const importing = (dir: string, ...args: string[]) =>
-      run(process.execPath, [cli, 'import', 'agenvoy', path.join(root, dir), '--tenant', name, ...args], {
-        env,
-      }).then(
-        ({ stdout, stderr }) => ({ code: 0, stdout, stderr }),
-        (e: { code: number; stdout: string; stderr: string }) => e,
-      );
+    const importing = importer(root, name);
 
     // Action + Assert: an empty folder is an error, with what it expected.
     const empty = await importing('empty');
@@ -602,29 +606,6 @@ void describe('agenvoy import', () => {
       /mnemos: import agenvoy: no session imported of 2 \(1 failed, 1 had nothing to import\)/,
     );
   });
-
-  /** Runs `mnemos import agenvoy <root>/<dir> --tenant <tenant> …`; never rejects. */
-  const importer = (root: string, tenant: string, env: Record<string, string | undefined> = {}) => {
-    const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
-    const fullEnv = {
-      ...process.env,
-      DATABASE_URL: svc.config.databaseUrl,
-      MNEMOS_PREFIX: svc.config.prefix,
-      REDIS_URL,
-      TZ,
-      LOG_LEVEL: 'silent',
-      ...env,
-    };
-    return (dir: string, ...args: string[]) =>
-      run(process.execPath, [cli, 'import', 'agenvoy', path.join(root, dir), '--tenant', tenant, ...args], {
-        env: fullEnv,
-      }).then(
-        ({ stdout, stderr }) => ({ code: 0, stdout, stderr }),
-        (e: { code: number; stdout: string; stderr: string }) => e,
-      );
-  };
-  const good = (text: string) =>
-    JSON.stringify([{ role: 'user', content: header('2025-04-01 09:00:00', text) }]);
 
   void test('a directory holding a session but no valid session id is a session not imported; --session counts only what it names', async () => {
     // Setup: a good session, one with nothing to import, one whose name is no session id but

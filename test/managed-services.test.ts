@@ -291,15 +291,7 @@ void test('a Redis user without EVAL is refused at start, naming it; losing it l
       // Assert: a dependency refusing (503, retry-after), not a server fault (it was a 500). The
       // client is told what other Redis 503s tell it, not Redis's commands and users (it was); the
       // log names the command.
-      assert.equal(refused.status, 503, JSON.stringify(refused.body));
-      assert.deepEqual(refused.body.error, {
-        code: 'unavailable',
-        message: 'redis is unavailable, retry later',
-        details: { dependency: 'redis' },
-      });
-      assert.ok(Number(refused.headers.get('retry-after')) > 0, 'retry-after');
-      const logged = lines.find((l) => l.code === 'unavailable');
-      assert.match(String(logged?.redis_error), /NOPERM .*'eval'/, JSON.stringify(lines));
+      assertRedisRefusal(refused, lines, /NOPERM .*'eval'/);
     } finally {
       await svc.stop();
     }
@@ -308,6 +300,26 @@ void test('a Redis user without EVAL is refused at start, naming it; losing it l
     await r.stop();
   }
 });
+
+/**
+ * A Redis refusal answered as a dependency refusing (503 with retry-after, as other Redis 503s:
+ * not naming Redis's commands or users), with what Redis refused in the log line's redis_error.
+ */
+function assertRedisRefusal(
+  refused: { status: number; body: any; headers: Headers },
+  lines: Array<Record<string, unknown>>,
+  logged: RegExp,
+): void {
+  assert.equal(refused.status, 503, JSON.stringify(refused.body));
+  assert.deepEqual(refused.body.error, {
+    code: 'unavailable',
+    message: 'redis is unavailable, retry later',
+    details: { dependency: 'redis' },
+  });
+  assert.ok(Number(refused.headers.get('retry-after')) > 0, 'retry-after');
+  const line = lines.find((l) => l.code === 'unavailable');
+  assert.match(String(line?.redis_error), logged, JSON.stringify(lines));
+}
 
 void test("a Redis user refused a command mnemos's scripts call makes posts a 503, not a 500", async () => {
   // Setup: a user with everything but RPUSH and LPUSH, which the scripts queueing a post call
@@ -329,19 +341,7 @@ void test("a Redis user refused a command mnemos's scripts call makes posts a 50
     });
 
     // Assert: a dependency refusing (it was a 500 internal); the log says what Redis refused.
-    assert.equal(refused.status, 503, JSON.stringify(refused.body));
-    assert.deepEqual(refused.body.error, {
-      code: 'unavailable',
-      message: 'redis is unavailable, retry later',
-      details: { dependency: 'redis' },
-    });
-    assert.ok(Number(refused.headers.get('retry-after')) > 0, 'retry-after');
-    const logged = lines.find((l) => l.code === 'unavailable');
-    assert.match(
-      String(logged?.redis_error),
-      /can't run this command|ACL failure in script/,
-      JSON.stringify(lines),
-    );
+    assertRedisRefusal(refused, lines, /can't run this command|ACL failure in script/);
   } finally {
     await svc.stop();
     admin.disconnect();
