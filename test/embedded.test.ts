@@ -75,7 +75,8 @@ function runCli(args: string[], env: NodeJS.ProcessEnv) {
     cwd: root,
     env,
     encoding: 'utf8',
-    timeout: 60_000,
+    // A CLI start (tsx, PGlite) is seconds; on a loaded machine one took over 60 s (status null).
+    timeout: 180_000,
   });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
