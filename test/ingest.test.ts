@@ -4,6 +4,7 @@ import { after, before, describe, test } from 'node:test';
 import { makePgDb } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { drainSession } from '../workers/ingest.js';
+import { runIngestSweep } from '../workers/ingest-sweep.js';
 import { inboxKeys } from '../services/messages/inbox.js';
 import { UNSTORABLE } from '../services/text/unstorable.js';
 import { fairKey, nextFairPriority } from '../services/fair-priority.js';
@@ -1234,6 +1235,44 @@ void describe('ingestion', () => {
     assert.equal((await drainSession(svc.deps, t.tenantId, 'first')).archived, 1);
     assert.equal((await t.api.get('/v1/sessions/first')).body.message_count, 1);
     await Promise.all([ghost, ...bad].map((j) => j.remove()));
+  });
+
+  void test('an inbox under a session id the API refuses goes to its dead letters once, not to a flush job every sweep', async () => {
+    // Setup: a hand-made inbox, armed, under an id no flush job may name.
+    const t = await svc.newTenant();
+    const sid = 'bad sid/x';
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, sid);
+    const entry = inboxEntry(1, '1', 'hand');
+    await svc.deps.redis.rpush(keys.inbox, entry);
+    await svc.deps.redis.hset(keys.sess, 'seq', '1', 'gen', '1', 'archived', '0', 'armed', '1');
+    await svc.deps.redis.zadd(`${svc.config.prefix}:armed`, Date.now() - 120_000, keys.member);
+    const deadBefore = await deadLetterTotal(svc.base);
+
+    // Action: sweeps (the service's own sweeper may come round too)
+    for (let i = 0; i < 3; i++) await runIngestSweep(svc.deps, 0);
+
+    // Assert: moved once to the session's dead letters, disarmed, no flush job, no session.
+    // (Before, every sweep asked for a flush that failed at once, one more dead letter a minute,
+    // and the session stayed armed: archiving was behind for good, and every embed job waited.)
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+    assert.deepEqual(await svc.deps.redis.lrange(`${svc.config.prefix}:dead:${t.tenantId}:${sid}`, 0, -1), [
+      entry,
+    ]);
+    assert.equal(await svc.deps.redis.zscore(`${svc.config.prefix}:armed`, keys.member), null);
+    assert.equal(await svc.deps.redis.hget(keys.sess, 'armed'), '0');
+    assert.equal((await deadLetterTotal(svc.base)) - deadBefore, 1);
+    const jobs = await svc.deps.queues.ingest.getJobs([
+      'failed',
+      'waiting',
+      'prioritized',
+      'active',
+      'delayed',
+    ]);
+    assert.deepEqual(
+      jobs.filter((j) => j?.data.tenantId === t.tenantId),
+      [],
+    );
+    assert.deepEqual((await t.api.get('/v1/sessions?limit=100')).body.sessions, []);
   });
 
   void test("a tenant posting to many sessions does not hold up another tenant's messages", async () => {
