@@ -30,6 +30,7 @@ import { pageSummaryCandidates } from '../db/queries/summaries.js';
 import { SESSION_STATE_TTL_SECONDS, inboxKeys } from '../services/messages/inbox.js';
 import { settleImport } from '../services/lifecycle/lifecycle-redis.js';
 import { QUEUE_NAMES, requestMaintenance } from '../workers/queues.js';
+import { drainSession } from '../workers/ingest.js';
 import {
   ADMIN_TOKEN,
   REDIS_URL,
@@ -991,6 +992,37 @@ void describe('export and import', () => {
     );
     const sum = await t.api.get(`/v1/sessions/${s}/summary`);
     assert.deepEqual([sum.body.summary, sum.body.cursor_seq], [SUMMARY, 2]);
+  });
+
+  void test('a drain that waits on an import whose COMMIT fails leaves no session behind', async () => {
+    // Setup: this session's COMMIT waits 2 s, then fails, once its messages are in the inbox.
+    const t = await svc.newTenant();
+    const s = sid('drain-waits');
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
+    const restore = await atCommit(s, `PERFORM pg_sleep(2); RAISE EXCEPTION 'commit refused';`);
+    let failed;
+    let drained;
+    try {
+      const importing = t.api.post(`/v1/sessions/${s}/import`, importLines('dw'), ndjson);
+      await eventually(async () => (await redis.llen(keys.inbox)) === 3, 30_000, 'the import published');
+
+      // Action: a drain meanwhile (a flush asked for by the ingest sweeper, or added by hand):
+      // no row yet, an import pending; it waits for the import's transaction.
+      const draining = drainSession(svc.deps, t.tenantId, s);
+      failed = await importing;
+      drained = await draining;
+    } finally {
+      await restore();
+    }
+
+    // Assert: nothing archived, no session (before, the drain's row was committed after the
+    // import rolled back: a live, empty session, listed, that the failed import never made).
+    assert.ok(failed.status >= 500, `${failed.status} ${failed.text}`);
+    assert.equal(drained.archived, 0);
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
+    assert.deepEqual((await t.api.get('/v1/sessions?limit=100')).body.sessions, []);
+    assert.equal(await redis.llen(keys.inbox), 0);
+    assert.equal(await redis.zscore(`${svc.config.prefix}:armed`, keys.member), null);
   });
 
   void test('a message posted while an import is committing is archived at once when that COMMIT fails', async () => {

@@ -237,8 +237,18 @@ export async function drainSession(
           // created a live, empty session. Created only for entries (a session's first drain),
           // then read again under the row lock, as every other drain reads.
           if (head.entries.length === 0 && head.importXid === null) return null;
+          // An import's row is not visible until it commits: the insert waits for it to end. One
+          // that failed left only its own entries, which its settle removes, and the row made here
+          // is taken back (it was committed: a live, empty session for a failed import).
+          const importing = head.importXid;
+          if (importing !== null) await tx.query('SAVEPOINT before_row');
           session = await lockOrCreateSession(tx, tenantId, sessionId);
+          if (importing !== null) await settleImport(tx, deps.redis, keys, importing);
           head = await readInbox(deps.redis, keys, DRAIN_BATCH, DRAIN_MAX_BYTES);
+          if (importing !== null && head.entries.length === 0 && head.importXid === null) {
+            await tx.query('ROLLBACK TO SAVEPOINT before_row');
+            return null;
+          }
         }
         if (head.importXid !== null) {
           // An import's messages wait here until its transaction is known to have committed.
