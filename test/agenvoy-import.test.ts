@@ -550,20 +550,26 @@ void describe('agenvoy import', () => {
   };
   const good = (text: string) =>
     JSON.stringify([{ role: 'user', content: header('2025-04-01 09:00:00', text) }]);
+  /** A temporary folder holding `files` (a path under it: its text), removed after the suite. */
+  const folderOf = (prefix: string, files: Record<string, string>) => {
+    const root = mkdtempSync(path.join(tmpdir(), prefix));
+    roots.push(root);
+    for (const [file, text] of Object.entries(files)) {
+      mkdirSync(path.dirname(path.join(root, file)), { recursive: true });
+      writeFileSync(path.join(root, file), text);
+    }
+    return root;
+  };
 
   void test('mnemos import agenvoy exits 0 only when the sessions are in mnemos: 2 partial, 3 none, 1 on an empty folder', async () => {
     // Setup: an empty folder; one with a good and a broken session; one where none can be imported.
-    const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-exit-'));
-    roots.push(root);
-    const session = (dir: string, sid: string, history: string) => {
-      mkdirSync(path.join(root, dir, sid), { recursive: true });
-      writeFileSync(path.join(root, dir, sid, 'history.json'), history);
-    };
+    const root = folderOf('agenvoy-exit-', {
+      'mixed/good-1/history.json': good('hello'),
+      'mixed/broken-2/history.json': '[{"role": "user", "content": ',
+      'none/broken-3/history.json': '{not json',
+      'none/hollow-4/history.json': '[]',
+    });
     mkdirSync(path.join(root, 'empty'));
-    session('mixed', 'good-1', good('hello'));
-    session('mixed', 'broken-2', '[{"role": "user", "content": ');
-    session('none', 'broken-3', '{not json');
-    session('none', 'hollow-4', '[]');
     const name = `agenvoy-exit-${Date.now()}`;
     const t = await svc.newTenant(name);
     const importing = importer(root, name);
@@ -610,16 +616,12 @@ void describe('agenvoy import', () => {
   void test('a directory holding a session but no valid session id is a session not imported; --session counts only what it names', async () => {
     // Setup: a good session, one with nothing to import, one whose name is no session id but
     // holds a message, and a directory that is no session (no session files, an invalid name).
-    const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-names-'));
-    roots.push(root);
-    const file = (sid: string, name: string, text: string) => {
-      mkdirSync(path.join(root, 'dir', sid), { recursive: true });
-      writeFileSync(path.join(root, 'dir', sid, name), text);
-    };
-    file('ok-1', 'history.json', good('kept'));
-    file('hollow-2', 'history.json', '[]');
-    file('bad name', 'history.json', good('lost'));
-    file('old notes', 'README.txt', 'not a session');
+    const root = folderOf('agenvoy-names-', {
+      'dir/ok-1/history.json': good('kept'),
+      'dir/hollow-2/history.json': '[]',
+      'dir/bad name/history.json': good('lost'),
+      'dir/old notes/README.txt': 'not a session',
+    });
     const name = `agenvoy-names-${Date.now()}`;
     const t = await svc.newTenant(name);
     const importing = importer(root, name);
@@ -655,12 +657,10 @@ void describe('agenvoy import', () => {
   void test('mnemos import agenvoy stops and exits 1 when a store refuses mid-run, not 3 as for bad data', async () => {
     // Setup: two good sessions, and a Redis of the command's own that refuses every write (full
     // under noeviction), as a store that is down for now.
-    const root = mkdtempSync(path.join(tmpdir(), 'agenvoy-down-'));
-    roots.push(root);
-    for (const sid of ['f-1', 'f-2']) {
-      mkdirSync(path.join(root, 'dir', sid), { recursive: true });
-      writeFileSync(path.join(root, 'dir', sid, 'history.json'), good(sid));
-    }
+    const root = folderOf('agenvoy-down-', {
+      'dir/f-1/history.json': good('f-1'),
+      'dir/f-2/history.json': good('f-2'),
+    });
     const name = `agenvoy-down-${Date.now()}`;
     const t = await svc.newTenant(name);
     const r = await startPrivateRedis();
