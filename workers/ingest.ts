@@ -21,7 +21,7 @@ import type { InboxEntry } from '../services/messages/inbox.js';
 import { ftsDocument } from '../services/text/fts-text.js';
 import { parsePayload } from './queues.js';
 import { enqueueFlush } from '../services/fair-priority.js';
-import { settleImport } from '../services/lifecycle/lifecycle-redis.js';
+import { deadLetterKey, settleImport } from '../services/lifecycle/lifecycle-redis.js';
 
 /** Entries per transaction: big enough to amortise the commit, small enough to keep locks short. */
 export const DRAIN_BATCH = 500;
@@ -308,7 +308,7 @@ export async function drainSession(
       if (err instanceof DeadEntries) {
         // Nothing was written: moved aside, the batch is read again. None moved: another drain
         // moved them, or a reset or delete removed them (and the dead letters) meanwhile.
-        const key = `${deps.config.prefix}:dead:${tenantId}:${sessionId}`;
+        const key = deadLetterKey(deps.config.prefix, tenantId, sessionId);
         const moved = await moveToDeadLetters(deps.redis, keys, key, err.raw);
         deps.metrics.ingestDeadLetter.inc(moved);
         if (moved > 0) logDeadLetters(deps.logger, { tenantId, sessionId, count: moved, key });
