@@ -17,6 +17,7 @@ import type { Api, TestService } from './support/harness.js';
 import { startPrivateRedis } from './support/private-redis.js';
 
 const run = promisify(execFile);
+const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
 const TZ = 'Asia/Taipei'; // UTC+8, no DST
 /** Naive Taipei wall-clock time → unix ns (as a decimal string). */
 const taipei = (naive: string) => String(BigInt(Date.parse(`${naive.replace(' ', 'T')}+08:00`)) * 1_000_000n);
@@ -31,6 +32,16 @@ const SUMMARY = {
 };
 
 let svc: TestService;
+/** The CLI's environment: this suite's database, key prefix and Redis, quiet logs. */
+const cliEnv = (extra: Record<string, string | undefined> = {}) => ({
+  ...process.env,
+  DATABASE_URL: svc.config.databaseUrl,
+  MNEMOS_PREFIX: svc.config.prefix,
+  REDIS_URL,
+  TZ,
+  LOG_LEVEL: 'silent',
+  ...extra,
+});
 const roots: string[] = [];
 
 const header = (time: string, body: string) =>
@@ -463,15 +474,7 @@ void describe('agenvoy import', () => {
     roots.push(fx.root);
     const name = `agenvoy-cli-${Date.now()}`;
     const t = await svc.newTenant(name);
-    const env = {
-      ...process.env,
-      DATABASE_URL: svc.config.databaseUrl,
-      MNEMOS_PREFIX: svc.config.prefix,
-      REDIS_URL,
-      TZ,
-      LOG_LEVEL: 'silent',
-    };
-    const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
+    const env = cliEnv();
     const { stdout } = await run(
       process.execPath,
       [cli, 'import', 'agenvoy', fx.sessions, '--tenant', name, '--json'],
@@ -530,16 +533,7 @@ void describe('agenvoy import', () => {
 
   /** Runs `mnemos import agenvoy <root>/<dir> --tenant <tenant> …`; never rejects. */
   const importer = (root: string, tenant: string, env: Record<string, string | undefined> = {}) => {
-    const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
-    const fullEnv = {
-      ...process.env,
-      DATABASE_URL: svc.config.databaseUrl,
-      MNEMOS_PREFIX: svc.config.prefix,
-      REDIS_URL,
-      TZ,
-      LOG_LEVEL: 'silent',
-      ...env,
-    };
+    const fullEnv = cliEnv(env);
     return (dir: string, ...args: string[]) =>
       run(process.execPath, [cli, 'import', 'agenvoy', path.join(root, dir), '--tenant', tenant, ...args], {
         env: fullEnv,
