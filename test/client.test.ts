@@ -1262,6 +1262,7 @@ const PLANNED_METRICS = [
   'mnemos_messages_archived_total',
   'mnemos_queue_jobs',
   'mnemos_queue_oldest_job_age_seconds',
+  'mnemos_queue_paused',
   'mnemos_job_duration_seconds',
   'mnemos_job_failures_total',
   'mnemos_ingest_dead_letter_total',
