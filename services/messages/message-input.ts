@@ -14,14 +14,17 @@ export const SESSION_ID_RE = /^[A-Za-z0-9._:@-]{1,256}$/;
 /** The API's session-id rule; also what a queued job's payload must name (workers/queues.ts). */
 export const isSessionId = (sid: string): boolean => SESSION_ID_RE.test(sid) && sid !== '.' && sid !== '..';
 
+const SESSION_ID_RULE = 'must be 1-256 characters of A-Z a-z 0-9 . _ : @ - (and not "." or "..")';
+
+/** The same rule for a session id given in a body or query field (`session_id`). */
+export const sessionIdField = z
+  .string()
+  .regex(SESSION_ID_RE, SESSION_ID_RULE)
+  .refine((sid) => sid !== '.' && sid !== '..', SESSION_ID_RULE);
+
 export function assertSessionId(sid: string): string {
   if (!isSessionId(sid)) {
-    throw new AppError(
-      400,
-      'invalid_session_id',
-      'session id must be 1-256 characters of A-Z a-z 0-9 . _ : @ - (and not "." or "..")',
-      { path: 'sid' },
-    );
+    throw new AppError(400, 'invalid_session_id', `session id ${SESSION_ID_RULE}`, { path: 'sid' });
   }
   return sid;
 }

@@ -2,7 +2,7 @@ import express from 'express';
 import type { Response } from 'express';
 import { z } from 'zod';
 import { notFound } from '../errors.js';
-import { hasBadChars } from '../messages/message-input.js';
+import { hasBadChars, sessionIdField } from '../messages/message-input.js';
 import { assertNoBody, emptyAsAbsent, limitParam, noQuery, parseInput } from '../validate.js';
 import { ERROR_ID_RE, LIST_CURSOR_RE, OUTCOMES } from '../error-memory/types.js';
 import type { ErrorMemory } from '../error-memory/types.js';
@@ -28,10 +28,6 @@ const text = (max: number) =>
     .refine(...noBadChars);
 
 const toolName = text(128);
-const sessionId = z
-  .string()
-  .regex(/^[A-Za-z0-9._:@-]{1,256}$/, 'must be 1–256 characters of [A-Za-z0-9._:@-]')
-  .refine((s) => s !== '.' && s !== '..', 'must not be "." or ".."');
 
 /** Also the arguments of the `write_error` agent tool. */
 export const errorWriteBody = z
@@ -42,7 +38,7 @@ export const errorWriteBody = z
     outcome: z.enum(OUTCOMES),
     cause: cleanText(4000).nullable().optional(),
     keywords: z.array(cleanText(64)).max(32).optional(),
-    session_id: sessionId.optional(),
+    session_id: sessionIdField.optional(),
   })
   .strict();
 

@@ -15,7 +15,7 @@ import { usageByWindow } from '../../db/queries/usage.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, notFound, unavailable } from '../errors.js';
 import { waitSignal } from '../messages/accept-messages.js';
-import { assertSessionId } from '../messages/message-input.js';
+import { assertSessionId, sessionIdField } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { enqueueSummarize } from '../summary/enqueue-summarize.js';
 import { assertNoBody, noQuery, parseInput } from '../validate.js';
@@ -29,11 +29,7 @@ const summarizeQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).
 const usageQuery = z
   .object({
     window: z.enum(['24h', '7d', '28d']).optional(),
-    session_id: z
-      .string()
-      .regex(/^[A-Za-z0-9._:@-]{1,256}$/, 'must be 1-256 characters of A-Z a-z 0-9 . _ : @ -')
-      .refine((s) => s !== '.' && s !== '..', 'must not be "." or ".."')
-      .optional(),
+    session_id: sessionIdField.optional(),
   })
   .strict();
 
