@@ -657,6 +657,8 @@ void describe('dedupe', () => {
       ['Error 1 of 3: upload timed out', 'Error 2 of 3: upload timed out'],
       ['got 3 rows from server', 'got 7 rows from server'],
       ['retry -1 of 5', 'retry -2 of 5'],
+      ['index -1 out of bounds', 'index 5 out of bounds'],
+      ['offset=-3 is invalid', 'offset=12 is invalid'],
       ['status (1 of 3) failed', 'status (2 of 3) failed'],
     ];
     for (const [a, b] of same) assert.equal(normaliseSymptom(a), normaliseSymptom(b), `${a} vs ${b}`);

@@ -186,7 +186,10 @@ export function normaliseSymptom(symptom: string): string {
     .replace(DURATION_RE, '<n>');
   s = s.replace(/\b0x[0-9a-f]+\b/g, maskHex);
   for (const [re, mask] of MASKS) s = s.replace(re, mask);
-  return held.restore(s.replace(NUMBER_RE, maskNumber).replace(/\s+/g, ' ').trim());
+  // A masked number's sign goes with it (`index -1` is `index 5`); a dash between words or
+  // numbers (`a-1`, `5-10`) stays.
+  s = s.replace(NUMBER_RE, maskNumber).replace(/(?<=^|[\s([{=,:])-(?=<n>)/g, '');
+  return held.restore(s.replace(/\s+/g, ' ').trim());
 }
 
 const PRIVATE_USE = /\p{Co}/gu;
