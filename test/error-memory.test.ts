@@ -379,6 +379,26 @@ void describe('TTL', () => {
     }
   });
 
+  void test('a lowered ERROR_MEMORY_TTL_DAYS reaches records nobody hits at the next sweep', async () => {
+    const tenant = newTenant();
+    const rec = await errors.write(tenant, {
+      tool_name: 'terraform',
+      symptom: 'Error acquiring the state lock',
+      action: 'terraform force-unlock',
+      outcome: 'resolved',
+    });
+    assert.ok((await redis.pttl(recKey(tenant, rec.id))) > 89 * 86_400_000, 'written for 90 days');
+    const shorter = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 1 });
+    extraStores.push(shorter);
+    await shorter.sweepExpired();
+    const pttl = await redis.pttl(recKey(tenant, rec.id));
+    assert.ok(pttl > 0 && pttl <= 86_400_000, `ttl of ${pttl} ms after the sweep`);
+    // A longer lifetime is not pressed on a record by the sweep: only its next hit renews it.
+    await errors.sweepExpired();
+    assert.ok((await redis.pttl(recKey(tenant, rec.id))) <= 86_400_000, 'still at most a day');
+    assert.equal((await errors.get(tenant, rec.id))?.id, rec.id);
+  });
+
   void test('an expired record is gone from get, search, lookup, list and every index key', async () => {
     const shortLived = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 1 / 86_400 });
     extraStores.push(shortLived);

@@ -774,8 +774,12 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
     const dead = new Set<string>();
     for (let i = 0; i < indexed.length; i += BATCH) {
       const chunk = indexed.slice(i, i + BATCH);
-      const exists = await Promise.all(chunk.map((id) => client.exists(k.rec(id))));
-      chunk.forEach((id, j) => exists[j] === 0 && dead.add(id));
+      const ttls = await Promise.all(chunk.map((id) => client.pTTL(k.rec(id))));
+      // A record written under a longer ERROR_MEMORY_TTL_DAYS than today's gets today's: a lowered
+      // lifetime (for retention) reached only records written or hit since.
+      const longLived = chunk.filter((_, j) => ttls[j]! > ttlMs);
+      await Promise.all(longLived.map((id) => client.pExpire(k.rec(id), ttlMs)));
+      chunk.forEach((id, j) => ttls[j] === -2 && dead.add(id));
     }
     const marked = await client.sMembers(k.dead);
     for (const id of marked) dead.add(id);
