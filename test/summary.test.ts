@@ -5,7 +5,8 @@ import { pageSummaryCandidates, updateSummaryGuarded } from '../db/queries/summa
 import { codePoints } from '../services/text/code-points.js';
 import { extractJsonObject, parseSummaryAnswer } from '../services/summary/summary-shape.js';
 import { planChunks } from '../services/summary/chunking.js';
-import type { Block } from '../services/summary/render.js';
+import { renderBlock } from '../services/summary/render.js';
+import type { Block, SourceMessage } from '../services/summary/render.js';
 import { summarizeSession } from '../workers/summarize.js';
 import { newUsageRetentionState, pruneUsage } from '../workers/usage-retention.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -23,6 +24,17 @@ const assistant = (content: string): Msg => ({ role: 'assistant', content, sent_
 /** Content of exactly `chars` code points that starts with a findable token. */
 const sized = (token: string, chars: number, fill = 'x') =>
   `${token} ${fill.repeat(Math.max(0, chars - token.length - 1))}`;
+
+/** A message as the summarize job reads it, for rendering without the service. */
+const sourceMessage = (seq: number, role: string, content: string): SourceMessage => ({
+  seq,
+  role,
+  name: null,
+  sentAtNs: '1767323045000000000',
+  content,
+  contentChars: codePoints(content),
+  toolCalls: null,
+});
 
 let fake: FakeOpenAI;
 let svc: TestService;
@@ -173,6 +185,80 @@ void describe('summary shape', () => {
       seqs(planChunks([block(1, 'user', 40), block(2, 'user', 40), block(3, 'assistant', 90)], 100, stiff)),
       [[1], [2, 3]],
     );
+  });
+
+  void test('questions beside their reply: the short ones stay whole, the longer ones are cut to one cap', () => {
+    const block = (seq: number, role: string, size: number) =>
+      ({ seq, role, text: 'x'.repeat(size), size, source: {} }) as unknown as Block;
+    const refit = (b: Block, max: number) => ({ ...b, size: Math.min(b.size, max) });
+    const sizes = (users: number[], reply: number) =>
+      planChunks(
+        [...users.map((n, k) => block(k + 1, 'user', n)), block(users.length + 1, 'assistant', reply)],
+        100,
+        refit,
+      ).map((c) => c.map((b) => b.size));
+    // The reply takes half; of the other 50 the 10 stays whole and the 50 and the 30 get 20 each
+    // (in proportion to size they got 5, 27 and 16).
+    assert.deepEqual(sizes([10, 50, 30], 80), [[10, 20, 20, 50]]);
+    // The reply is whole (49), 51 is left: the cap is 20 and the point over goes to the shorter cut.
+    assert.deepEqual(sizes([10, 45, 40], 49), [[10, 20, 21, 49]]);
+  });
+
+  void test('a short instruction beside a pasted log reaches the model whole at the default budget', () => {
+    const budget = 32_000;
+    const instruction = 'Fix this, and from now on always target PostgreSQL 16, never MySQL.';
+    const messages = [
+      sourceMessage(1, 'user', 'ERROR at build step: ' + 'stack frame line\n'.repeat(1176)),
+      sourceMessage(2, 'user', instruction),
+      sourceMessage(3, 'assistant', 'Here is the analysis. ' + 'explanation '.repeat(1665)),
+    ];
+    const render = (m: SourceMessage, max: number) => renderBlock(m, 'UTC', max);
+    const chunks = planChunks(
+      messages.map((m) => render(m, budget)),
+      budget,
+      (b, max) => render(b.source, max),
+    );
+    assert.deepEqual(
+      chunks.map((c) => c.map((b) => b.seq)),
+      [[1, 2, 3]],
+    );
+    const [log, question, reply] = chunks[0]!;
+    // Cut in proportion to its size it became `Fix this, …[truncated 57 characters]`.
+    assert.ok(question!.text.endsWith(`:\n  ${instruction}`), question!.text);
+    assert.match(log!.text, /…\[truncated \d+ characters\]$/);
+    assert.match(reply!.text, /…\[truncated \d+ characters\]$/);
+    assert.ok(log!.size > 15_000, `the log keeps ${log!.size}`);
+    const total = log!.size + question!.size + reply!.size;
+    assert.ok(total <= budget, `chunk of ${total}`);
+  });
+
+  void test('questions that would keep nothing of their text beside the reply are cut apart instead', () => {
+    const budget = 394;
+    const questions = [1, 2, 3].map((k) => `Question ${k}: ${'q'.repeat(48)}`);
+    const messages = [
+      ...questions.map((q, k) => sourceMessage(k + 1, 'user', q)),
+      sourceMessage(4, 'assistant', 'a'.repeat(300)),
+    ];
+    const render = (m: SourceMessage, max: number) => renderBlock(m, 'UTC', max);
+    const chunks = planChunks(
+      messages.map((m) => render(m, budget)),
+      budget,
+      (b, max) => render(b.source, max),
+    );
+    // Sharing half the budget, each would have been its header and `…[truncated 60 characters]`.
+    assert.deepEqual(
+      chunks.map((c) => c.map((b) => b.seq)),
+      [
+        [1, 2],
+        [3, 4],
+      ],
+    );
+    for (const [k, q] of questions.entries())
+      assert.ok(chunks.flat()[k]!.text.endsWith(q), `question ${k + 1}`);
+    for (const c of chunks) {
+      const total = c.reduce((n, b) => n + b.size, 0);
+      assert.ok(total <= budget, `chunk of ${total}`);
+    }
   });
 
   void test("rejects decisions without the Do:/Don't: marker and more than 8 of them", () => {

@@ -62,9 +62,9 @@ export function planChunks(
 
 /**
  * User messages and their reply, shortened so all fit: the reply keeps at least half the budget
- * if it needs it, the user messages share the rest in proportion to their sizes. Null when
- * several user messages cannot be shortened that far (each keeps at least its header); a lone
- * one is always paired.
+ * if it needs it, the user messages share the rest (`shares`). Null when several user messages
+ * cannot be shortened that far: one that is cut would keep none of its text (only its header and
+ * the marker); a lone one is always paired.
  */
 function fitWithReply(
   users: Block[],
@@ -72,19 +72,56 @@ function fitWithReply(
   budget: number,
   refit: (b: Block, maxSize: number) => Block,
 ): Block[] | null {
-  const usersSize = users.reduce((n, b) => n + b.size, 0);
+  const sizes = users.map((b) => b.size);
+  const usersSize = sizes.reduce((n, s) => n + s, 0);
   if (usersSize + reply.size <= budget) return [...users, reply];
   const half = Math.floor(budget / 2);
-  const shrink = (room: number) =>
-    users.length === 1
-      ? [refit(users[0]!, room)]
-      : users.map((b) => refit(b, Math.floor((room * b.size) / usersSize)));
+  let bare = false;
+  const shrink = (room: number) => {
+    const caps = shares(sizes, room);
+    return users.map((b, k) => {
+      if (caps[k]! >= b.size) return b;
+      const cut = refit(b, caps[k]!);
+      // Refit to nothing, a message keeps its header and the marker: cut that far, it says nothing.
+      if (cut.size <= refit(b, 0).size) bare = true;
+      return cut;
+    });
+  };
   const group =
     usersSize <= half
       ? [...users, refit(reply, budget - usersSize)]
       : reply.size <= half
         ? [...shrink(budget - reply.size), reply]
         : [...shrink(half), refit(reply, budget - half)];
-  if (users.length > 1 && group.reduce((n, b) => n + b.size, 0) > budget) return null;
+  if (users.length > 1 && (bare || group.reduce((n, b) => n + b.size, 0) > budget)) return null;
   return group;
+}
+
+/**
+ * How much of `room` each user message may take (sizes count the header, the indentation and
+ * the separator, as `Block.size` does): every message up to a common cap stays whole, and the
+ * longer ones are cut to that cap, the largest that fits (water-filling). Shares in proportion
+ * to size left a short instruction beside a pasted log less room than its header and the
+ * truncation marker: "target PostgreSQL 16, never MySQL" reached the model as `Fix this,
+ * …[truncated 57 characters]` while the log kept 15,700 characters. What the cap's rounding
+ * leaves goes, one code point each, to the shortest of the cut messages.
+ */
+function shares(sizes: number[], room: number): number[] {
+  const order = sizes.map((_, k) => k).sort((a, b) => sizes[a]! - sizes[b]! || a - b);
+  const out = [...sizes];
+  let left = room;
+  for (let n = 0; n < order.length; n++) {
+    const k = order[n]!;
+    const rest = order.length - n;
+    if (sizes[k]! * rest <= left) {
+      left -= sizes[k]!;
+      continue;
+    }
+    // This message and every longer one are over an even split of what is left: all get the cap.
+    const cap = Math.floor(left / rest);
+    let extra = left - cap * rest;
+    for (const m of order.slice(n)) out[m] = cap + (extra-- > 0 ? 1 : 0);
+    break;
+  }
+  return out;
 }
