@@ -1037,6 +1037,23 @@ void describe('stripPriorSummary', () => {
     assert.equal(stripPriorSummary(`Text. ${TURN_CONTEXT_HEADER}\n{"never":"closed"`), 'Text.');
     assert.equal(stripPriorSummary('Plain {"json": true} reply.'), 'Plain {"json": true} reply.');
   });
+
+  void test('leaves a mention of the header in prose alone: only a header followed by JSON goes', () => {
+    for (const prose of [
+      `I cannot show the ${TURN_CONTEXT_HEADER}, sorry.`,
+      `See \`${TURN_CONTEXT_HEADER}\` in the docs; the rest of my answer follows. {"config": true}`,
+      `${TURN_CONTEXT_HEADER}\n\`\`\`sh\nls\n\`\`\``,
+    ]) {
+      assert.equal(stripPriorSummary(prose), prose);
+    }
+    // A mention before a leaked block: the mention stays, the block goes.
+    assert.equal(
+      stripPriorSummary(
+        `No ${TURN_CONTEXT_HEADER} here.\n${TURN_CONTEXT_HEADER}\n{"key_decisions":[]}\nBye.`,
+      ),
+      `No ${TURN_CONTEXT_HEADER} here.\n\nBye.`,
+    );
+  });
 });
 
 void test('generic rules kept whatever the decision model says include length and brevity', () => {

@@ -505,6 +505,31 @@ void describe('llm client: real providers', () => {
     assert.equal(usages.length, 6, 'each is billed');
   });
 
+  void test('an answer with a refusal is refused also when it carries text', async () => {
+    fake.queueChat(
+      completion({
+        message: {
+          role: 'assistant',
+          content: "I'm sorry",
+          refusal: "I can't help with my password hunter2",
+        },
+      }),
+      completion({
+        message: { role: 'assistant', content: '{"key_decisions":[', refusal: 'I cannot continue.' },
+      }),
+    );
+    const usages: LlmUsage[] = [];
+    const llm = client({ onUsage: (u) => void usages.push(u) });
+    for (let i = 0; i < 2; i++) {
+      await rejectsWith(llm.chat(chatReq()), (err) => {
+        assert.deepEqual([err.kind, err.code, err.retryable], ['invalid_response', 'refusal', false]);
+        assert.doesNotMatch(err.message, /hunter2|sorry/);
+      });
+    }
+    assert.equal(fake.chatRequests().length, 2, 'none is retried');
+    assert.equal(usages.length, 2, 'each is billed');
+  });
+
   void test('an answer cut at the token limit is returned with finishReason length', async () => {
     fake.queueChat(
       completion({ message: { role: 'assistant', content: '{"summary": "half' }, finish_reason: 'length' }),

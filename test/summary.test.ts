@@ -301,6 +301,27 @@ void describe('summary shape', () => {
       assert.deepEqual(r.ok ? r.value.key_decisions : r.error, [d]);
     }
   });
+
+  void test('a decision marker as models write it is stored in its canonical form', () => {
+    const base = JSON.parse(validSummary([])) as Record<string, unknown>;
+    const decisions = (d: string) => parseSummaryAnswer(JSON.stringify({ ...base, key_decisions: [d] }));
+    for (const [written, stored] of [
+      ['Do：使用繁體中文', 'Do: 使用繁體中文'],
+      ['Do： 使用繁體中文', 'Do: 使用繁體中文'],
+      ["Don't：用表情符號", "Don't: 用表情符號"],
+      ['Do:  use tabs', 'Do: use tabs'],
+      ['Do:\tuse tabs', 'Do: use tabs'],
+      ['Do:\u00a0use tabs', 'Do: use tabs'],
+      ['Don‘t: use emoji', "Don't: use emoji"],
+      ["Don't:\u3000use emoji", "Don't: use emoji"],
+    ]) {
+      const r = decisions(written!);
+      assert.deepEqual(r.ok ? r.value.key_decisions : r.error, [stored], JSON.stringify(written));
+    }
+    for (const d of ['Do：', 'Do:\nuse tabs', 'Do：\n使用', 'Do；使用', 'Don‘t use emoji']) {
+      assert.equal(decisions(d).ok, false, JSON.stringify(d));
+    }
+  });
 });
 
 void describe('summarize job', () => {
@@ -631,6 +652,45 @@ void describe('summarize job', () => {
       summaryCalls().map((c) => tokensIn(transcriptOf(c))),
       [['[T:p7]', '[T:p8]']],
     );
+  });
+
+  void test('a refusal that comes with some text is a refusal: the message is left out, the rest merged', async () => {
+    const s = sid('refusaltext');
+    const seqs = await archive(s, [
+      user(sized('[T:q1]', 150)),
+      assistant(sized('[T:q2]', 150)),
+      user(sized('[T:q3] POISON', 150)),
+      assistant(sized('[T:q4]', 150)),
+    ]);
+    // OpenAI's refusal, as a gateway passes it on: the refusal with text in `content` too.
+    const refused = {
+      status: 200,
+      body: {
+        id: 'x',
+        object: 'chat.completion',
+        choices: [
+          {
+            index: 0,
+            finish_reason: 'stop',
+            message: {
+              role: 'assistant',
+              content: "I'm sorry",
+              refusal: "I'm sorry, I can't help with that.",
+            },
+          },
+        ],
+      },
+    };
+    fake.onChat((body: any) =>
+      transcriptOf({ body } as RecordedRequest).includes('POISON') ? refused : echoSummary(body),
+    );
+
+    const done = await summarize(s);
+
+    assert.equal(done.outcome, 'summarized');
+    assert.equal(done.cursor_seq, seqs[3]);
+    assert.equal(done.failures, 0);
+    assert.equal(done.summary.current_discussion.description, '[T:q4]');
   });
 
   void test('an endpoint that refuses every request leaves nothing out: the run fails, within a few calls', async () => {

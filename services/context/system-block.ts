@@ -26,14 +26,22 @@ export function turnContextMessage(summary: unknown): { role: 'user'; content: s
 }
 
 /**
- * Removes a leaked turn-context block from model output: the header, the JSON value after it
+ * Removes a leaked turn-context block from model output: the header, the JSON object after it
  * (matched by bracket depth, strings respected; to the end of the text if it never closes) and a
- * markdown fence around them. Text without the header comes back unchanged.
+ * markdown fence around them. A header that no JSON object follows is a mention in prose ("I
+ * cannot show the Prior summary JSON, sorry.") and stays, as does text without the header.
  */
 export function stripPriorSummary(text: string): string {
   if (!text.includes(TURN_CONTEXT_HEADER)) return text;
   let out = text;
-  for (let at = out.indexOf(TURN_CONTEXT_HEADER); at >= 0; at = out.indexOf(TURN_CONTEXT_HEADER)) {
+  let from = 0;
+  for (let at = out.indexOf(TURN_CONTEXT_HEADER); at >= 0; at = out.indexOf(TURN_CONTEXT_HEADER, from)) {
+    let i = at + TURN_CONTEXT_HEADER.length;
+    const after = /^[ \t]*:?\s*(```[\w-]*\s*)?/.exec(out.slice(i))!;
+    if (out[i + after[0].length] !== '{') {
+      from = i;
+      continue;
+    }
     const lineStart = out.lastIndexOf('\n', at - 1) + 1;
     const lead = /^\s*(```[\w-]*\s*|>\s*)?$/.exec(out.slice(lineStart, at));
     let start = lead ? lineStart : at;
@@ -46,8 +54,6 @@ export function stripPriorSummary(text: string): string {
         fenced = true;
       }
     }
-    let i = at + TURN_CONTEXT_HEADER.length;
-    const after = /^[ \t]*:?\s*(```[\w-]*\s*)?/.exec(out.slice(i))!;
     if (after[1]) fenced = true;
     i += after[0].length;
     i = jsonEnd(out, i);
@@ -58,6 +64,7 @@ export function stripPriorSummary(text: string): string {
     const head = out.slice(0, start).trimEnd();
     const tail = out.slice(i).trimStart();
     out = head && tail ? `${head}\n\n${tail}` : head + tail;
+    from = head.length;
   }
   return out;
 }

@@ -331,8 +331,10 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
       throwIfErrorBody(raw, 'choices');
       const answer = readFirstChoice(raw);
       const usage = readUsage(raw);
-      if (answer.content === undefined) {
-        // An answer without text is billed like any other: its usage is recorded.
+      // A refusal is one also when it comes with text ("I'm sorry", or part of an answer that
+      // gateways pass along): that text is not an answer, and the input will be refused again.
+      if (answer.content === undefined || answer.refused) {
+        // An unusable answer is billed like any other: its usage is recorded.
         await reportUsage({
           purpose: req.purpose,
           model: req.model,
@@ -770,8 +772,8 @@ function messageText(content: unknown): string | undefined {
 }
 
 /**
- * Why an answer without text is of no use, as an error whose code tells a refused or filtered
- * input (which will be refused again) from an answer cut short or a broken endpoint. The
+ * Why an answer is of no use (a refusal, or no text), as an error whose code tells a refused or
+ * filtered input (which will be refused again) from an answer cut short or a broken endpoint. The
  * refusal's own text stays out: it may quote the input.
  */
 function unusableAnswer(answer: FirstChoice): LlmError {

@@ -11,8 +11,14 @@ export const MAX_KEY_DECISIONS = 8;
 export const MAX_PAST_DISCUSSIONS = 8;
 const MAX_FIELD_CHARS = 4000;
 
-// Models like typographic apostrophes; the marker is defined with a plain one.
-const normaliseMarker = (s: string) => s.trim().replace(/^Don[\u2019\u02bc`´]t:/, "Don't:");
+// The marker as models write it: a typographic apostrophe, a full-width colon (zh-TW and ja text,
+// often with no space after it), more than one space, a tab or a no-break space after the colon.
+// Stored in the canonical `Do: ` / `Don't: ` form. A colon without any space after it, or no
+// colon, is no marker.
+const MARKER =
+  /^(Do|Don['\u2018\u2019\u02bc\uff07`´]t)(?::[^\S\r\n\u2028\u2029]+|\uff1a[^\S\r\n\u2028\u2029]*)(?=\S)/;
+const normaliseMarker = (s: string) =>
+  s.trim().replace(MARKER, (_, word: string) => (word === 'Do' ? 'Do: ' : "Don't: "));
 
 // Postgres's jsonb cannot hold NUL or a lone surrogate: text with them is not a summary (a model's
 // answer with them is a failed chunk, an import's a 400), never a statement that fails to save.
