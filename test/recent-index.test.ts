@@ -308,6 +308,64 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     }
   });
 
+  void test('an input refused with an error under HTTP 200, or left out of the answer, is skipped alone; the session goes on', async () => {
+    const t = await svc.newTenant();
+    // OpenRouter and proxies refuse an input with a 200 whose body is an error; another endpoint
+    // leaves the text it cannot embed out of its answer.
+    fake.onEmbeddings((body: { input: string[]; dimensions?: number }) => {
+      if (body.input.some((text) => text.includes('poisonbody'))) {
+        return { status: 200, body: { error: { code: 400, message: 'input rejected' } } };
+      }
+      if (!body.input.some((text) => text.includes('poisondrop'))) return undefined;
+      const data = body.input
+        .filter((text) => !text.includes('poisondrop'))
+        .map((text, index) => ({
+          object: 'embedding',
+          index,
+          embedding: localEmbed(text, body.dimensions ?? 1536).map((v) => Math.fround(v)),
+        }));
+      return { status: 200, body: { object: 'list', data, usage: { prompt_tokens: 1, total_tokens: 1 } } };
+    });
+    try {
+      const seqs = await post(t.api, 'dropped', [
+        user('kiwi fruit'),
+        assistant('poisonbody answer'),
+        user('poisondrop question'),
+        assistant('mango salad'),
+      ]);
+      const [later] = await post(t.api, 'dropped', [user('lemon tart')]);
+      const v = await vectorsFor(svc, t.tenantId, 'dropped', [seqs[0]!, seqs[3]!, later!]);
+      assert.deepEqual([...v.keys()], [seqs[0], seqs[3], later]);
+      assert.deepEqual(await skipsFor(t.tenantId, 'dropped', 2), [
+        { seq: seqs[1], reason: 'error_body' },
+        { seq: seqs[2], reason: 'missing_vectors' },
+      ]);
+
+      // Every answer an error under HTTP 200 (a gateway that serves no such model): the canary
+      // is refused too and nothing is marked; the messages get their vectors once it is fixed.
+      fake.onEmbeddings(() => ({ status: 200, body: { error: { code: 400, message: 'no such model' } } }));
+      const before = fake.embeddingRequests().length;
+      const notes = await post(t.api, 'gateway', [user('first note'), user('second note')]);
+      const sent = () => fake.embeddingRequests().slice(before);
+      await eventually(async () => sent().length >= 4);
+      await new Promise((r) => setTimeout(r, 500));
+      assert.deepEqual(
+        sent().map((r) => (r.body as { input: string[] }).input),
+        [['first note', 'second note'], ['first note'], ['second note'], ['mnemos embedding probe']],
+      );
+      const marks = await svc.deps.db.query(
+        `SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = 'gateway'`,
+        [t.tenantId],
+      );
+      assert.deepEqual(marks.rows, []);
+      fake.onEmbeddings(null);
+      const [third] = await post(t.api, 'gateway', [user('third note')]);
+      await vectorsFor(svc, t.tenantId, 'gateway', [...notes, third!]);
+    } finally {
+      fake.onEmbeddings(null);
+    }
+  });
+
   void test('a whole batch refused input by input is skipped when the endpoint takes other text; a configuration fault marks nothing', async () => {
     const t = await svc.newTenant();
     // Each of these is refused, alone or not (too long for the model, say): 130 in a row, more than
@@ -453,6 +511,87 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
       await next.stop();
       await deleteRedisPrefix(next.config.prefix);
     }
+  });
+});
+
+void describe('recent index with a model that is not sent `dimensions` (nomic-embed-text, 8 dims)', () => {
+  const D = 8;
+  let fake: FakeOpenAI;
+  let svc: TestService;
+  /** The length of the vector the fake answers for a text. */
+  let lengthFor: (text: string) => number = () => D;
+
+  before(async () => {
+    fake = await startFakeOpenAI();
+    // Such a model answers its native size; no `dimensions` reaches it.
+    fake.onEmbeddings((body: { input: string[] }) => {
+      const data = body.input.map((text, index) => ({
+        object: 'embedding',
+        index,
+        embedding: Array.from({ length: lengthFor(text) }, (_, j) => (j + 1) / 10),
+      }));
+      return { status: 200, body: { object: 'list', data, usage: { prompt_tokens: 1, total_tokens: 1 } } };
+    });
+    svc = await startTestService({
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        EMBEDDING_MODEL: 'nomic-embed-text',
+        EMBEDDING_DIMENSIONS: String(D),
+      },
+    });
+  });
+  after(async () => {
+    await svc.stop();
+    await fake.close();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('one input answered with a vector of another length is skipped alone; a model of another size fails loudly and marks nothing', async () => {
+    const t = await svc.newTenant();
+    lengthFor = (text) => (text.includes('poisonshort') ? D - 1 : D);
+    const seqs = await post(t.api, 'short', [
+      user('kiwi fruit'),
+      assistant('poisonshort answer'),
+      user('mango salad'),
+    ]);
+    const [later] = await post(t.api, 'short', [user('lemon tart')]);
+    const v = await vectorsFor(svc, t.tenantId, 'short', [seqs[0]!, seqs[2]!, later!]);
+    assert.deepEqual([...v.keys()], [seqs[0], seqs[2], later]);
+    const skips = await svc.deps.db.query<{ seq: string; reason: string }>(
+      'SELECT seq, reason FROM message_vector_skips WHERE tenant_id = $1',
+      [t.tenantId],
+    );
+    assert.deepEqual(skips.rows, [{ seq: String(seqs[1]), reason: 'bad_vector' }]);
+
+    // Every vector of another length (EMBEDDING_DIMENSIONS does not match the model): the canary's
+    // too, so the job fails naming both numbers and no message is marked.
+    lengthFor = () => D - 1;
+    const before = fake.embeddingRequests().length;
+    const notes = await post(t.api, 'resized', [user('first note'), user('second note')]);
+    const failed = await eventually(async () => {
+      const jobs = await svc.deps.queues.embed.getFailed();
+      return jobs.find((j) => j.data.tenantId === t.tenantId && j.data.sessionId === 'resized') ?? null;
+    });
+    assert.match(
+      failed.failedReason,
+      /embedder nomic-embed-text returned 7 dimensions but EMBEDDING_DIMENSIONS is 8/,
+    );
+    assert.deepEqual(
+      fake
+        .embeddingRequests()
+        .slice(before)
+        .map((r) => (r.body as { input: string[] }).input),
+      [['first note', 'second note'], ['first note'], ['second note'], ['mnemos embedding probe']],
+    );
+    const marks = await svc.deps.db.query(
+      `SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = 'resized'`,
+      [t.tenantId],
+    );
+    assert.deepEqual(marks.rows, []);
+    lengthFor = () => D;
+    const [third] = await post(t.api, 'resized', [user('third note')]);
+    await vectorsFor(svc, t.tenantId, 'resized', [...notes, third!]);
   });
 });
 

@@ -81,7 +81,8 @@ export class LlmError extends Error {
    * What went wrong, machine-readable and never endpoint text: the endpoint's error code
    * (`model_not_found`, `content_filter`, `context_length_exceeded`: words and underscores only),
    * or, for an answer that could not be used, one of `refusal`, `content_filter`, `length`,
-   * `no_choices`, `no_text`, `error_body`.
+   * `no_choices`, `no_text`, `error_body`; for embeddings, `missing_vectors` (fewer vectors than
+   * inputs).
    */
   readonly code?: string;
 
@@ -797,11 +798,20 @@ function readUsage(body: unknown): { prompt: number; completion: number } {
 }
 
 function readEmbeddings(body: unknown, expected: number, dimensions: number | undefined): number[][] {
-  const invalid = (why: string): LlmError =>
-    new LlmError(`invalid embeddings response: ${why}`, { kind: 'invalid_response', retryable: false });
+  const invalid = (why: string, code?: string): LlmError =>
+    new LlmError(`invalid embeddings response: ${why}`, {
+      kind: 'invalid_response',
+      retryable: false,
+      ...(code === undefined ? {} : { code }),
+    });
   if (!isRecord(body) || !Array.isArray(body['data'])) throw invalid('no data array');
   const data: unknown[] = body['data'];
-  if (data.length !== expected) throw invalid(`expected ${expected} vectors, got ${data.length}`);
+  // Fewer vectors may be one input's fault (an endpoint that leaves out a text it cannot embed):
+  // the code lets the recent index isolate it.
+  if (data.length !== expected) {
+    const why = `expected ${expected} vectors, got ${data.length}`;
+    throw invalid(why, data.length < expected ? 'missing_vectors' : undefined);
+  }
 
   const vectors = new Array<number[] | undefined>(expected).fill(undefined);
   for (const [position, item] of data.entries()) {
@@ -816,7 +826,7 @@ function readEmbeddings(body: unknown, expected: number, dimensions: number | un
     if (!Array.isArray(embedding)) throw invalid(`vector ${index} is not a number array`);
     // An empty vector or one of another dimension may be one input's fault too (a re-tester's
     // endpoint answered [] for one text, and the session's index stalled): isolated like the rest.
-    // Wrong for every input (a model of another dimension) fails the recent index's probe too.
+    // Wrong for every input (a model of another dimension) fails the recent index's canary too.
     const fault =
       embedding.length === 0
         ? 'is empty'
@@ -833,12 +843,13 @@ function readEmbeddings(body: unknown, expected: number, dimensions: number | un
 }
 
 /**
- * An embeddings answer whose vector `index` is unusable: a value that is no number, is not
- * finite, or is beyond float4's range (the stored type: 1e39 is a valid JSON double that becomes
- * Infinity, and Postgres refuses the row), or a vector whose length is zero in float4 (all zeros,
- * or values that round to 0 such as 1e-50: its cosine distance to anything is NaN). Like any
- * invalid_response it is not retried; unlike the others (a wrong count, a wrong dimension) it may
- * be the fault of one input, so the recent index isolates it (embedIsolating).
+ * An embeddings answer whose vector `index` is unusable: empty or of another dimension than
+ * configured, a value that is no number, is not finite, or is beyond float4's range (the stored
+ * type: 1e39 is a valid JSON double that becomes Infinity, and Postgres refuses the row), or a
+ * vector whose length is zero in float4 (all zeros, or values that round to 0 such as 1e-50: its
+ * cosine distance to anything is NaN). Like any invalid_response it is not retried; as it may be
+ * the fault of one input, the recent index isolates it (embedIsolating), as it does an answer with
+ * fewer vectors than inputs (`missing_vectors`) and an error sent with a 200 (`error_body`).
  */
 export class BadVectorError extends LlmError {
   readonly index: number;

@@ -133,10 +133,13 @@ export function makeEmbedder(
           ...(sendDimensions ? { dimensions } : {}),
         });
         vectors.forEach((v, j) => {
+          // A BadVectorError: one input's vector may be the only one of another length (an
+          // endpoint's fault for that text). A model of another size fails the canary too, and the
+          // job with this message (embedIsolating).
           if (v.length !== dimensions) {
-            throw new LlmError(
+            throw new BadVectorError(
               `embedder ${model} returned ${v.length} dimensions but EMBEDDING_DIMENSIONS is ${dimensions}`,
-              { kind: 'invalid_response', retryable: false },
+              chunk.start + j,
             );
           }
           out[chunk.start + j] = v;
@@ -157,22 +160,36 @@ export interface EmbedOutcome {
 export const CANARY_TEXT = 'mnemos embedding probe';
 
 /**
+ * Codes of answers that may be one input's fault: an error sent with HTTP 200 that is no outage
+ * (OpenRouter and proxies refuse an input so: `{"error":{"code":400}}`), and fewer vectors than
+ * inputs (an endpoint that leaves out a text it cannot embed).
+ */
+const INPUT_FAULT_CODES = new Set(['error_body', 'missing_vectors']);
+
+/**
  * An answer that may be the fault of one input: a 400 (too long for a model whose limit we do not
- * know, say) or a vector that cannot be stored (see BadVectorError). Retryable errors are not.
+ * know, say), one of INPUT_FAULT_CODES, or a vector that cannot be stored or is of another length
+ * (see BadVectorError). Retryable errors are not.
  */
 function refusesInput(err: unknown): err is LlmError {
   return (
-    err instanceof LlmError && !err.retryable && (err.kind === 'bad_request' || err instanceof BadVectorError)
+    err instanceof LlmError &&
+    !err.retryable &&
+    (err.kind === 'bad_request' ||
+      err instanceof BadVectorError ||
+      (err.code !== undefined && INPUT_FAULT_CODES.has(err.code)))
   );
 }
 
 function skipReason(err: LlmError): string {
   if (err instanceof BadVectorError) return 'bad_vector';
+  if (err.kind === 'invalid_response' && err.code !== undefined) return err.code;
   return `${err.kind}${err.status ? ` ${err.status}` : ''}`;
 }
 
 /**
- * Embeds a batch; when the endpoint refuses it (a 400, or an unusable vector: refusesInput),
+ * Embeds a batch; when the endpoint refuses it (a 400, an error sent with a 200, a missing or an
+ * unusable vector: refusesInput),
  * embeds the inputs one by one so a single poison input cannot block the rest. When every input
  * is refused alone (a batch of one included), a fixed short text (CANARY_TEXT) is embedded: if the
  * endpoint accepts it, the inputs are at fault and are all marked skipped, however many; if it is
