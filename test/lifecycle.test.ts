@@ -394,8 +394,8 @@ void describe('reset', () => {
 const quietService = () =>
   startTestService({ worker: { ingestSweepEveryMs: 3_600_000, ingestSweepAfterMs: 3_600_000 } });
 
-async function stopQuiet(own: TestService, locker: pg.Client): Promise<void> {
-  await locker.end();
+async function stopQuiet(own: TestService, locker?: pg.Client): Promise<void> {
+  await locker?.end();
   await own.stop();
   await deleteRedisPrefix(own.config.prefix);
   await dropTestDatabase(own.config.databaseUrl!);
@@ -479,6 +479,55 @@ void describe('delete', () => {
       await archivedAlone(own, t, s, 'posted during the delete');
     } finally {
       await stopQuiet(own, locker);
+    }
+  });
+
+  void test("a message posted between a delete's commit and its job scan is archived at once, not left to the sweeper", async () => {
+    const own = await quietService();
+    type Scanned = { getRanges: (...a: unknown[]) => Promise<string[]> };
+    const queues = QUEUE_NAMES.map((n) => own.deps.queues[n] as unknown as Scanned);
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    let scanning = false;
+    try {
+      const t = await own.newTenant();
+      const s = sid('after-commit');
+      await archive(t.api, s, [user('before the delete')]);
+      // The delete has committed and waits before scanning the session's queued jobs (a busy
+      // Redis, long queues); the worker is behind, so a flush job queued meanwhile is still there.
+      for (const queue of queues) {
+        const scan = queue.getRanges.bind(queue);
+        queue.getRanges = async (...a: unknown[]) => {
+          if (!scanning) {
+            scanning = true;
+            await gate;
+          }
+          return scan(...a);
+        };
+      }
+      const ingest = own.workers!.workers.find((w) => w.name === 'ingest')!;
+      await ingest.pause();
+      try {
+        const deleting = t.api.del(`/v1/sessions/${s}`);
+        await eventually(async () => scanning, 10_000, 'the delete to reach its job scan');
+        // X finds Redis behind the archive, moves it to the new generation itself and queues its
+        // flush, which the scan then removes with the old session's jobs; the delete's own Redis
+        // step has nothing left to do.
+        const x = await t.api.post(`/v1/sessions/${s}/messages`, {
+          messages: [user('posted after the delete committed', { id: 'X' })],
+        });
+        assert.equal(x.status, 202, JSON.stringify(x.body));
+        assert.equal(x.body.messages[0].seq, 2);
+        release();
+        assert.equal((await deleting).status, 204);
+      } finally {
+        release();
+        for (const queue of queues) delete (queue as Partial<Scanned>).getRanges;
+        await ingest.resume();
+      }
+      await archivedAlone(own, t, s, 'posted after the delete committed');
+    } finally {
+      await stopQuiet(own);
     }
   });
 
@@ -602,6 +651,41 @@ void describe('delete', () => {
     assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404);
     assert.equal((await sessionRows(t.tenantId, s)).messages, 0);
     assert.equal((await t.api.del(`/v1/sessions/${s}`)).status, 404);
+  });
+
+  void test('a reset sent to a half-deleted session answers 404 and leaves it deleted: the next post brings it back at once', async () => {
+    const t = await svc.newTenant();
+    const s = sid('half-deleted');
+    await archive(t.api, s, [user('before the delete')]);
+    // The delete's transaction committed, then its process died before the Redis step.
+    await deleteSessionMessages(svc.deps.db, t.tenantId, s);
+    await markSessionCleared(svc.deps.db, {
+      tenantId: t.tenantId,
+      sessionId: s,
+      generation: 2,
+      deleted: true,
+      clearedThroughSeq: 1,
+    });
+    assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 404);
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    try {
+      assert.deepEqual(await accepted(t.api, s, [user('a fresh session')]), [2]);
+      // Visible (GET, lists) from that post on, before its first message is archived.
+      assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 200);
+      const list = await t.api.get('/v1/sessions');
+      assert.deepEqual(
+        list.body.sessions.map((x: { id: string }) => x.id),
+        [s],
+      );
+    } finally {
+      await ingest.resume();
+    }
+    await settled(t.tenantId, s);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => [m.seq, m.content]),
+      [[2, 'a fresh session']],
+    );
   });
 
   void test('a delete racing queued ingest work: nothing of the old generation reappears', async () => {

@@ -23,7 +23,9 @@ export const DELETED_STATE_TTL_SECONDS = 24 * 3600;
 // 409), also before its drain, when the archive cannot tell. A compare-and-set, so
 // it is safe to repeat at any time (by a retried request or the reconciler): it never touches a
 // state that already holds the target generation. Returns {cleared, top seq, entries left,
-// entries removed, entries without a seq removed}.
+// entries removed, entries without a seq removed}; a state already there returns {0, '', inbox
+// length}: what waits there was accepted after the clear (by a post that moved the state itself,
+// STALE), and the caller asks for its flush, whose job a delete may have removed meanwhile.
 // An entry without its "<seq> <gen> " (written by hand) is no message of any generation, and goes
 // with the cleared history and the dead letters: one at the tail stopped the trim, outlived a
 // delete, and was dead-lettered after it, for good (the delete had removed the dead letters).
@@ -37,7 +39,7 @@ export const DELETED_STATE_TTL_SECONDS = 24 * 3600;
 // deleted ('1' for a delete), the deleted state's lifetime in seconds.
 const CLEAR_TO = `
 local cur = redis.call('HGET', KEYS[1], 'gen')
-if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, '', 0} end
+if cur and tonumber(cur) >= tonumber(ARGV[1]) then return {0, '', redis.call('LLEN', KEYS[2])} end
 local top = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local tail = redis.call('LINDEX', KEYS[2], -1)
 local last = tail and tonumber(string.match(tail, '^(%d+) '))
@@ -219,7 +221,8 @@ export interface ClearResult {
   cleared: boolean;
   /** Highest seq handed out before the clear (null when nothing was cleared or nothing known). */
   topSeq: number | null;
-  /** Inbox entries accepted after the cleared history (kept, armed for a flush). */
+  /** Inbox entries accepted after the cleared history (kept, armed for a flush): when nothing was
+   * cleared (the state was there already), the whole inbox. */
   left: number;
   /** Inbox entries of the cleared history removed before they were archived. */
   removed: number;

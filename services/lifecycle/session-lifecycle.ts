@@ -65,8 +65,10 @@ export async function clearSession(
     const row = await lockSession(tx, tenantId, sessionId);
     if (!row) return { kind: 'not_found' as const };
     // A tombstone is gone for the client: its Redis step is only re-run below (a retried DELETE
-    // finishes what a failed one left). Unless messages posted since wait in its inbox: they
-    // would bring it back, so it is cleared like a live session.
+    // finishes what a failed one left), as the delete's, whatever was asked: run as a reset's by a
+    // reset sent to a half-deleted session, it dropped the `deleted` mark, and the next post did
+    // not revive the session (404, unlisted, until archived). Unless messages posted since wait in
+    // its inbox: they would bring it back, so it is cleared like a live session.
     if (
       row.deleted &&
       (await deps.redis.llen(inboxKeys(deps.config.prefix, tenantId, sessionId).inbox)) === 0
@@ -75,6 +77,7 @@ export async function clearSession(
         kind: 'tombstone' as const,
         generation: row.generation,
         clearedThroughSeq: Number(row.cleared_through_seq),
+        deleted: true,
       };
     }
     if (opts.guard && !(await opts.guard(row, tx))) return { kind: 'skipped' as const };
@@ -100,7 +103,14 @@ export async function clearSession(
       deleted: mode.kind === 'delete',
       clearedThroughSeq,
     });
-    return { kind: 'done' as const, generation, summaryKept, messagesRemoved, clearedThroughSeq };
+    return {
+      kind: 'done' as const,
+      generation,
+      summaryKept,
+      messagesRemoved,
+      clearedThroughSeq,
+      deleted: mode.kind === 'delete',
+    };
   });
   if (r.kind === 'not_found' || r.kind === 'skipped') return r;
 
@@ -114,17 +124,12 @@ export async function clearSession(
   // The deleted session's queued jobs go before the Redis step, not after: that step asks for a
   // flush of what was accepted after the cut (kept), and removed afterwards, with the flush job
   // of such a message still queued behind a busy worker, they left it in the inbox until the
-  // ingest sweeper came round (every 30 s).
+  // ingest sweeper came round (every 30 s). Jobs carry no generation: a post between the commit
+  // and this scan (which moved the Redis state itself) loses its flush job here too, and the
+  // Redis step, then a no-op, still asks for a flush of what waits in the inbox.
   if (scan > 0) await removeQueuedJobs(deps.redis, deps.queues, match, scan, PENDING_STATES).catch(warn);
   const finish = async () => {
-    await syncRedisGeneration(
-      deps,
-      tenantId,
-      sessionId,
-      r.generation,
-      r.clearedThroughSeq,
-      mode.kind === 'delete',
-    );
+    await syncRedisGeneration(deps, tenantId, sessionId, r.generation, r.clearedThroughSeq, r.deleted);
     if (mode.kind === 'delete' || dropSummary || r.kind === 'tombstone') {
       await purgeSessionEverywhere(deps, extensions, tenantId, sessionId);
     }
@@ -177,7 +182,8 @@ function finishLater(deps: Pick<LifecycleDeps, 'logger'>, finish: () => Promise<
 
 /**
  * Moves the session's Redis state to `generation` (compare-and-set: repeatable), keeps the seq
- * numbers it had handed out from ever being reused, and records that Redis caught up.
+ * numbers it had handed out from ever being reused, and records that Redis caught up. Messages
+ * waiting in the inbox afterwards are flushed, also when the state was there already.
  */
 export async function syncRedisGeneration(
   deps: Pick<LifecycleDeps, 'db' | 'redis' | 'config' | 'queues' | 'metrics'>,
