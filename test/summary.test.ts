@@ -1208,6 +1208,102 @@ void describe('decision model', () => {
     assert.deepEqual(tokensIn(transcriptOf(summaryCalls()[0]!)), ['[T:g5]']);
   });
 
+  /** The conversations of a noise prompt, without its heading and closing line. */
+  const logOf = (r: RecordedRequest) =>
+    userOf(r).slice('Conversations:\n\n'.length, -'\n\nReturn the JSON.'.length);
+  /** An agent turn: a request, `steps` tool calls with their results, an answer. */
+  function agentTurn(token: string, steps: number): Msg[] {
+    const out = [user(`[T:${token}q] refactor the billing module, run the tests after each step`)];
+    for (let i = 0; i < steps; i++) {
+      const id = `call_${i}`;
+      const args = JSON.stringify({ cmd: `step ${i} ${'x'.repeat(150)}` });
+      out.push(
+        {
+          role: 'assistant',
+          content: null,
+          tool_calls: [{ id, type: 'function', function: { name: 'shell', arguments: args } }],
+          sent_at: SENT_AT,
+        },
+        {
+          role: 'tool',
+          tool_call_id: id,
+          content: `output of step ${i}: ${'y'.repeat(250)}`,
+          sent_at: SENT_AT,
+        },
+      );
+    }
+    return [...out, assistant(`[T:${token}a] done, all tests pass`)];
+  }
+  async function archiveAll(session: string, messages: Msg[]) {
+    for (let i = 0; i < messages.length; i += 1000) await archive(session, messages.slice(i, i + 1000));
+  }
+
+  void test('long agent turns: no decision prompt over 24,000 code points, no conversation in it over 4,000', async () => {
+    const s = sid('longturns');
+    // One turn of 300 tool calls (123,000 code points in one noise prompt before), six of 40.
+    const turns = [agentTurn('lt0', 300), ...[1, 2, 3, 4, 5, 6].map((i) => agentTurn(`lt${i}`, 40))];
+    await archiveAll(s, turns.flat());
+    script('{"noise": []}');
+    const wide = { ...deps, config: { ...deps.config, summaryRunes: 32_000 } };
+    const r = await summarizeSession(wide, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'summarized');
+    const logs = decisionCalls(/filter noise/).map(logOf);
+    for (const log of logs)
+      assert.ok(codePoints(log) <= 24_000, `a noise prompt of ${codePoints(log)} code points`);
+    const blocks = logs.flatMap((log) => log.split(/\n\n(?=\[c\d+\] )/));
+    // Every turn is judged once, whole: its request first, its answer last, the middle counted.
+    assert.deepEqual(
+      blocks.map((b) => tokensIn(b)),
+      turns.map((_, i) => [`[T:lt${i}q]`, `[T:lt${i}a]`]),
+    );
+    for (const [i, b] of blocks.entries()) {
+      assert.ok(codePoints(b) <= 4000, `conversation ${i} takes ${codePoints(b)} code points`);
+      const lines = b.split('\n');
+      const gap = /^… (\d+) messages left out …$/.exec(lines.find((l) => l.startsWith('… ')) ?? '');
+      assert.ok(gap, b.slice(0, 300));
+      assert.equal(lines.length - 2 + Number(gap[1]), turns[i]!.length, 'shown and left out: every message');
+    }
+    // The summary still gets every message.
+    const summarized = summaryCalls().flatMap((c) => tokensIn(transcriptOf(c)));
+    assert.deepEqual(
+      summarized,
+      turns.flatMap((_, i) => [`[T:lt${i}q]`, `[T:lt${i}a]`]),
+    );
+  });
+
+  void test('a conversation the unit cap of 2,000 messages cuts is judged on with its request', async () => {
+    const s = sid('capcut');
+    const turn = agentTurn('cap', 1100); // 2,202 messages
+    await archiveAll(s, [...turn, user('[T:cap2] thanks!'), assistant('[T:cap3] you are welcome')]);
+    // The thanks are noise; the replies after the cut are judged with the request they answer.
+    fake.onChat((body) => {
+      if (body.model !== DECIDER) return echoSummary(body);
+      const thanks = /\[(c\d+)\] [^\n]*\nuser: \[T:cap2\]/.exec(String(body.messages[1].content));
+      return { content: JSON.stringify({ noise: thanks ? [{ id: thanks[1], confidence: 0.9 }] : [] }) };
+    });
+    const wide = { ...deps, config: { ...deps.config, summaryRunes: 32_000 } };
+    const r = await summarizeSession(wide, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'summarized');
+    const logs = decisionCalls(/filter noise/).map(logOf);
+    for (const block of logs.flatMap((log) => log.split(/\n\n(?=\[c\d+\] )/))) {
+      assert.match(
+        block.split('\n')[1]!,
+        /^user: /,
+        `a conversation shown without its request:\n${block.slice(0, 300)}`,
+      );
+    }
+    assert.equal(logs.length, 2);
+    const second = logs[1]!.split('\n');
+    assert.match(second[1]!, /^user: \[T:capq\] refactor the billing module/);
+    assert.equal(second[2], '… 1999 earlier messages left out (judged before) …');
+    assert.match(second[3]!, /^tool: output of step 999: y/);
+    for (const log of logs)
+      assert.ok(codePoints(log) <= 24_000, `a noise prompt of ${codePoints(log)} code points`);
+    assert.equal(r.dropped, 1);
+    const summarized = summaryCalls().flatMap((c) => tokensIn(transcriptOf(c)));
+    assert.deepEqual(summarized, ['[T:capq]', '[T:capa]'], 'the request once, the thanks dropped');
+  });
+
   void test('when every conversation is noise, the cursor moves with no summary call', async () => {
     const s = sid('allnoise');
     const seqs = await archive(s, [user('[T:z1] hi'), assistant('[T:z2] hello'), user('[T:z3] thx')]);

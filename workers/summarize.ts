@@ -20,7 +20,14 @@ import {
 import type { CoreDeps } from '../services/deps.js';
 import { LlmError } from '../services/llm/llm-client.js';
 import { planChunks } from '../services/summary/chunking.js';
-import { findSuperseded, groupConversations, judgeNoise } from '../services/summary/decision.js';
+import {
+  conversationChars,
+  DECISION_CONVERSATIONS,
+  DECISION_LOG_CHARS,
+  findSuperseded,
+  judgeNoise,
+} from '../services/summary/decision.js';
+import type { Conversation } from '../services/summary/decision.js';
 import { summaryPrompt } from '../services/summary/prompts.js';
 import { joinBlocks, renderBlock } from '../services/summary/render.js';
 import type { Block, SourceMessage } from '../services/summary/render.js';
@@ -44,11 +51,12 @@ export const STALL_AFTER_FAILURES = 5;
 const BACKOFF_BASE_SECONDS = 600;
 const BACKOFF_MAX_SECONDS = 6 * 3600;
 const PAGE_SIZE = 200;
-/** A work unit ends at a conversation boundary once it holds this many estimated code points… */
+/**
+ * A work unit ends at a conversation boundary once it holds this many estimated code points (with
+ * a decision model: as many conversations as one decision prompt takes, decision.ts)…
+ */
 const UNIT_CHUNKS = 4;
-/** …or, with a decision model, this much decision-prompt text or this many conversations. */
-const DECISION_UNIT_CHARS = 24_000;
-const DECISION_UNIT_CONVERSATIONS = 100;
+/** …and holds at most this many messages, even within a conversation. */
 const UNIT_MAX_MESSAGES = 2000;
 const TOOL_ARGUMENT_CHARS = 1000;
 
@@ -207,6 +215,7 @@ async function runLocked(
   const decisionModel = config.decisionModel;
   const render = (m: SourceMessage, max: number) => renderBlock(m, tz, max);
   const reader = makeReader(deps, tenantId, sessionId, startCursor, budget);
+  const readUnit = makeUnitReader(reader, budget, decisionModel === undefined ? undefined : tz);
   const loaded: number[] = [];
   let pending: SourceMessage[] = [];
   let working: unknown = state.summary;
@@ -290,7 +299,7 @@ async function runLocked(
   };
 
   for (;;) {
-    const unit = await readUnit(reader, budget, decisionModel !== undefined);
+    const { messages: unit, conversations } = await readUnit();
     const atEnd = (await reader.peek()) === null;
     if (unit.length === 0) break;
     for (const m of unit) loaded.push(m.seq);
@@ -300,7 +309,6 @@ async function runLocked(
     let survivors = unit;
     if (decisionModel) {
       const call = { tenantId, sessionId, model: decisionModel, timeZone: tz, signal };
-      const conversations = groupConversations(unit);
       const before = await stale();
       if (before) return before;
       const noise = await judgeNoise(deps, call, conversations);
@@ -483,6 +491,8 @@ function largestBelow(sorted: number[], bound: number): number {
 interface Reader {
   peek(): Promise<SourceMessage | null>;
   next(): Promise<SourceMessage | null>;
+  /** Puts messages just read back in front, to be read again. */
+  unread(messages: SourceMessage[]): void;
 }
 
 /** Streams the archive after `afterSeq` in pages (a backlog never has to fit in memory at once). */
@@ -531,17 +541,72 @@ function makeReader(
       if (m) at++;
       return m;
     },
+    unread(messages) {
+      buffer = messages.concat(buffer.slice(at));
+      at = 0;
+    },
   };
 }
 
+interface Unit {
+  messages: SourceMessage[];
+  /** With a decision model: the unit's conversations, their prompts within DECISION_LOG_CHARS. */
+  conversations: Conversation[];
+}
+
 /**
- * The next work unit: whole conversations (it ends just before a user message) up to a size that
- * keeps memory and decision prompts bounded.
+ * Work units: whole conversations (a unit ends just before a user message) up to a size that
+ * keeps memory and decision prompts bounded. `timeZone` is set when a decision model judges them.
  */
-async function readUnit(reader: Reader, budget: number, deciding: boolean): Promise<SourceMessage[]> {
+function makeUnitReader(reader: Reader, budget: number, timeZone: string | undefined): () => Promise<Unit> {
+  if (timeZone === undefined) {
+    return async () => ({ messages: await readUnit(reader, budget), conversations: [] });
+  }
+  // The conversation the message cap cut, carried into the next unit.
+  let carried: Conversation['continues'];
+  return async () => {
+    const messages: SourceMessage[] = [];
+    const conversations: Conversation[] = [];
+    let chars = 0;
+    while (conversations.length < DECISION_CONVERSATIONS) {
+      const room = UNIT_MAX_MESSAGES - messages.length;
+      const part: SourceMessage[] = [];
+      for (let m = await reader.peek(); m && part.length < room; m = await reader.peek()) {
+        if (part.length > 0 && m.role === 'user') break;
+        await reader.next();
+        part.push(m);
+      }
+      if (part.length === 0) break;
+      const next = await reader.peek();
+      const cut = next !== null && next.role !== 'user';
+      const first = conversations.length === 0;
+      const c: Conversation = {
+        id: `c${conversations.length + 1}`,
+        messages: part,
+        ...(first && carried ? { continues: carried } : {}),
+      };
+      const size = conversationChars(c, timeZone) + (first ? 0 : 2);
+      // What does not fit, and a conversation the cap would cut, start the next unit.
+      if (!first && (cut || chars + size > DECISION_LOG_CHARS)) {
+        reader.unread(part);
+        break;
+      }
+      messages.push(...part);
+      conversations.push(c);
+      chars += size;
+      carried = cut
+        ? { opener: carried?.opener ?? part[0]!, earlier: (carried?.earlier ?? 0) + part.length }
+        : undefined;
+      if (cut) break;
+    }
+    return { messages, conversations };
+  };
+}
+
+/** A unit without a decision model: up to UNIT_CHUNKS chunks' worth of messages. */
+async function readUnit(reader: Reader, budget: number): Promise<SourceMessage[]> {
   const unit: SourceMessage[] = [];
   let estimate = 0;
-  let conversations = 0;
   let full = false;
   for (;;) {
     const m = await reader.peek();
@@ -549,12 +614,8 @@ async function readUnit(reader: Reader, budget: number, deciding: boolean): Prom
     if (full && m.role === 'user') break;
     await reader.next();
     unit.push(m);
-    if (m.role === 'user' || unit.length === 1) conversations++;
-    const chars = m.contentChars + (m.toolCalls?.length ?? 0);
-    estimate += deciding ? Math.min(chars, 200) + 24 : Math.min(chars, budget) + 48;
-    full = deciding
-      ? estimate >= DECISION_UNIT_CHARS || conversations >= DECISION_UNIT_CONVERSATIONS
-      : estimate >= UNIT_CHUNKS * budget;
+    estimate += Math.min(m.contentChars + (m.toolCalls?.length ?? 0), budget) + 48;
+    full = estimate >= UNIT_CHUNKS * budget;
   }
   return unit;
 }

@@ -28,34 +28,46 @@ const NOISE_MESSAGE_CHARS = 200;
 const SUPERSEDE_USER_CHARS = 300;
 const SUPERSEDE_REPLY_CHARS = 120;
 const DECISION_ENTRY_CHARS = 400;
+/**
+ * The conversations of one decision prompt, rendered and joined, are at most this many code points
+ * (the work units are cut to fit): a small decision model rejects a prompt past its context, and
+ * the step then keeps everything on every run. The rules and, for supersede, the previous
+ * summary's entries come on top.
+ */
+export const DECISION_LOG_CHARS = 24_000;
+export const DECISION_CONVERSATIONS = 100;
+/**
+ * One conversation in a decision prompt, at most: a long agent turn (hundreds of tool calls) is
+ * shown by its first messages and its last, around a line saying how many were left out. What the
+ * model judges shows there: the request, how the turn went, how it ended.
+ */
+export const CONVERSATION_CHARS = 4_000;
 
-/** A user message and the replies after it (messages before the first user message form one too). */
+/**
+ * A user message and the replies after it (messages before the first user message form one too;
+ * the work units of workers/summarize.ts group them). `continues`: the conversation began in an
+ * earlier unit (the unit's message cap cut it); its opening message is shown again, so the
+ * replies are judged with the request they answer.
+ */
 export interface Conversation {
   id: string;
   messages: SourceMessage[];
-}
-
-export function groupConversations(messages: SourceMessage[]): Conversation[] {
-  const out: Conversation[] = [];
-  for (const m of messages) {
-    const last = out[out.length - 1];
-    if (!last || m.role === 'user') out.push({ id: `c${out.length + 1}`, messages: [m] });
-    else last.messages.push(m);
-  }
-  return out;
+  continues?: { opener: SourceMessage; earlier: number };
 }
 
 const clip = (s: string, n: number) => (codePoints(s) > n ? `${takeCodePoints(s, n)}…` : s);
+const supersedeCap = (role: string) => (role === 'user' ? SUPERSEDE_USER_CHARS : SUPERSEDE_REPLY_CHARS);
 
-/** The compact rendering the decision model judges (per message capped, in code points). */
+/**
+ * The compact rendering the decision model judges (per message capped, in code points), at most
+ * CONVERSATION_CHARS code points.
+ */
 export function renderConversation(
   c: Conversation,
   timeZone: string,
   cap: (role: string) => number = () => NOISE_MESSAGE_CHARS,
 ): string {
-  const first = c.messages[0];
-  const when = first ? formatMessageTime(first.sentAtNs, timeZone).slice(0, 16) : '';
-  const lines = c.messages.map((m) => {
+  const line = (m: SourceMessage) => {
     const body = [
       m.content,
       m.toolCalls ? `→ tool call: ${m.toolCalls.split(TOOL_CALL_SEPARATOR).join('; ')}` : '',
@@ -64,8 +76,47 @@ export function renderConversation(
       .join(' ');
     const more = m.contentChars > codePoints(m.content) ? '…' : '';
     return `${m.role}: ${clip(oneLine(body), cap(m.role))}${more}`;
-  });
-  return `[${c.id}] ${when}\n${lines.join('\n')}`;
+  };
+  const first = c.continues?.opener ?? c.messages[0];
+  const when = first ? formatMessageTime(first.sentAtNs, timeZone).slice(0, 16) : '';
+  const head = [`[${c.id}] ${when}`];
+  if (c.continues) {
+    head.push(
+      line(c.continues.opener),
+      `… ${c.continues.earlier - 1} earlier messages left out (judged before) …`,
+    );
+  }
+  const lines = c.messages.map(line);
+  const text = [...head, ...lines].join('\n');
+  return codePoints(text) <= CONVERSATION_CHARS ? text : abbreviate(head, lines).join('\n');
+}
+
+/**
+ * A conversation past CONVERSATION_CHARS: its first message, then its last and next-first
+ * messages in turn while they fit, around a line counting the messages left out.
+ */
+function abbreviate(head: string[], lines: string[]): string[] {
+  const cost = (s: string) => codePoints(s) + 1;
+  const gap = (n: number) => `… ${n} messages left out …`;
+  let used = [...head, lines[0] ?? '', gap(lines.length)].reduce((n, s) => n + cost(s), -1);
+  let front = 1;
+  let back = lines.length;
+  for (let fromBack = true; front < back; fromBack = !fromBack) {
+    const next = lines[fromBack ? back - 1 : front]!;
+    if (used + cost(next) > CONVERSATION_CHARS) break;
+    used += cost(next);
+    if (fromBack) back--;
+    else front++;
+  }
+  return [...head, ...lines.slice(0, front), gap(back - front), ...lines.slice(back)];
+}
+
+/** Code points `c` takes in a decision prompt, noise or supersede (the larger). */
+export function conversationChars(c: Conversation, timeZone: string): number {
+  return Math.max(
+    codePoints(renderConversation(c, timeZone)),
+    codePoints(renderConversation(c, timeZone, supersedeCap)),
+  );
 }
 
 interface DecisionCall {
@@ -138,13 +189,7 @@ export async function findSuperseded(
   const prompt = supersedePrompt({
     keyDecisions: keyDecisions.map(entryText),
     pastDiscussions: pastDiscussions.map(entryText),
-    conversations: conversations
-      .map((c) =>
-        renderConversation(c, call.timeZone, (role) =>
-          role === 'user' ? SUPERSEDE_USER_CHARS : SUPERSEDE_REPLY_CHARS,
-        ),
-      )
-      .join('\n\n'),
+    conversations: conversations.map((c) => renderConversation(c, call.timeZone, supersedeCap)).join('\n\n'),
   });
   const answer = await ask(deps, call, 'supersede', prompt, supersedeAnswer);
   if (!answer) return null;
