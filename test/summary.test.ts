@@ -1447,6 +1447,43 @@ void describe('once per session', () => {
     }
   });
 
+  void test('summarize?wait=true that joins a run ending as it joins runs once more: its answer covers the messages before it', async () => {
+    // Setup: a run reads the first two messages and is still at its LLM call when two more arrive
+    const s = sid('joinend');
+    await archive(s, [user('[T:je1] q'), assistant('[T:je2] a')]);
+    fake.onChat(slowEcho(600));
+    const started = await api.post(`/v1/sessions/${s}/summarize`);
+    assert.equal(started.status, 202, started.text);
+    const runA = String(started.body.job_id).replace(/^summary\./, '');
+    await eventually(async () => summaryCalls().length === 1, 5000, 'the first run reading two messages');
+    await archive(s, [user('[T:je3] q'), assistant('[T:je4] a')]);
+
+    // Action: the request joins that run, which ends between the add and the look at its state
+    const queue = svc.deps.queues.summary;
+    const getJob = queue.getJob.bind(queue);
+    let held = false;
+    queue.getJob = async (id: string) => {
+      const job = await getJob(id);
+      if (!held && id === runA) {
+        held = true;
+        await eventually(async () => (await queue.getJobState(id)) === 'completed', 10_000, 'the run to end');
+      }
+      return job;
+    };
+    let r;
+    try {
+      r = await api.post(`/v1/sessions/${s}/summarize?wait=true`);
+    } finally {
+      queue.getJob = getJob;
+    }
+
+    // Assert: was the joined run's answer, cursor 2: the two messages archived before it were left out
+    assert.ok(held, 'the request joined the first run');
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.body.cursor_seq, 4);
+    assert.notEqual(r.body.job_id, started.body.job_id);
+  });
+
   void test('a stale save can neither overwrite a newer version nor move the cursor backwards', async () => {
     const s = sid('guard');
     await archive(s, [user('[T:v1] q')]);

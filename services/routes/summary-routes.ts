@@ -23,6 +23,9 @@ import { assertNoBody, noQuery, parseInput } from '../validate.js';
 /** How long `POST …/summarize?wait=true` waits before answering 202 with the job id. */
 export const SUMMARIZE_WAIT_MS = 60_000;
 
+/** Job states of a run that has not read the archive yet: joining it includes this request. */
+const NOT_STARTED = new Set(['waiting', 'prioritized', 'delayed', 'waiting-children']);
+
 const WINDOWS = { '24h': 24, '7d': 24 * 7, '28d': 24 * 28 } as const;
 
 const summarizeQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
@@ -155,12 +158,15 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
     // Monotonic (performance.now()): a wall clock stepped back would hold the wait for as long.
     const deadline = performance.now() + SUMMARIZE_WAIT_MS;
     const signal = waitSignal(res);
-    // Joined a run that was already going: it may have read the archive before this request, so
-    // wait for it and then run once more to include everything archived now.
+    // Joined a run that had started: it may have read the archive before this request, so wait
+    // for it and then run once more to include everything archived now. One that has started
+    // includes one that ended between the add and this look (only `active` was taken for started,
+    // and that run's result came back as this request's answer), and one already gone.
     const existing = first.job;
-    const joined =
-      existing !== undefined && (existing.data as { requestId?: string }).requestId !== requestId;
-    if (joined && (await existing.getState().catch(() => 'unknown')) === 'active') {
+    const joined = id !== requestId;
+    const started =
+      joined && !NOT_STARTED.has(existing ? await existing.getState().catch(() => 'unknown') : 'unknown');
+    if (started) {
       if (!(await finished(id, deadline, signal))) {
         res.status(202).json({ job_id: `summary.${id}` });
         return;
