@@ -1,3 +1,5 @@
+import { readdirSync } from 'node:fs';
+import path from 'node:path';
 import { CronExpressionParser } from 'cron-parser';
 import { z } from 'zod';
 
@@ -455,6 +457,25 @@ export function pgConnectionOptions(config: Config, connectionString: string) {
   };
 }
 
+/**
+ * An embedded database (PGlite, the quick start's) in MNEMOS_DATA_DIR while DATABASE_URL names
+ * Postgres: its tenants, keys and sessions are not there, and the old keys answered 401 without a
+ * word at start.
+ */
+function unusedEmbeddedWarning(dataDir: string): string | null {
+  const dir = path.resolve(dataDir);
+  try {
+    if (readdirSync(path.join(dir, 'pgdata')).length === 0) return null;
+  } catch {
+    return null;
+  }
+  return (
+    `MNEMOS_DATA_DIR ${dir} holds an embedded database, which is not used while DATABASE_URL is set: ` +
+    'its tenants, API keys and sessions are not in this Postgres (move sessions with mnemos export and ' +
+    'import: docs/embedded.md)'
+  );
+}
+
 export function loadConfig(env: Record<string, string | undefined>): Config {
   // Empty strings count as unset, as in most twelve-factor tooling (compose passes `VAR=` through).
   const present = Object.fromEntries(
@@ -501,6 +522,8 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
   if (e.DATABASE_URL) {
     const unnamed = databaseNameWarning(e.DATABASE_URL, env);
     if (unnamed) warnings.push(unnamed);
+    const unused = unusedEmbeddedWarning(e.MNEMOS_DATA_DIR);
+    if (unused) warnings.push(unused);
   }
   warnings.push(...unknownVariableWarnings(env));
   // SPEC §1: without an LLM, LLM-dependent work reports itself disabled rather than failing.

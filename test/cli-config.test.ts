@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
@@ -243,6 +243,25 @@ void describe('start-up configuration', () => {
     );
     assert.deepEqual(warned({ DATABASE_URL: 'postgres://postgres@127.0.0.1:5432/mnemos' }), []);
     assert.deepEqual(warned({ DATABASE_URL: 'postgres://u@/mnemos?host=/run/postgresql' }), []);
+  });
+
+  void test('DATABASE_URL beside a data directory that holds an embedded database warns that it is not used', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'mnemos-datadir-'));
+    try {
+      const warned = (env: Record<string, string>) =>
+        loadConfig({ MNEMOS_DATA_DIR: dir, ...env }).warnings.filter((w) => w.startsWith('MNEMOS_DATA_DIR'));
+      const url = 'postgres://postgres@127.0.0.1:5432/mnemos';
+      assert.deepEqual(warned({ DATABASE_URL: url }), [], 'no embedded database there yet');
+      mkdirSync(path.join(dir, 'pgdata'));
+      writeFileSync(path.join(dir, 'pgdata', 'PG_VERSION'), '17\n');
+      assert.match(
+        warned({ DATABASE_URL: url })[0] ?? '',
+        /holds an embedded database, which is not used while DATABASE_URL is set: its tenants, API keys and sessions/,
+      );
+      assert.deepEqual(warned({}), [], 'embedded mode uses it');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   void test('an unknown MNEMOS_ variable is warned about, with the closest setting when it is a typo', () => {
