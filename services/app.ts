@@ -20,7 +20,7 @@ import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
 import { byteBudget } from './byte-budget.js';
 import type { ByteBudget } from './byte-budget.js';
-import { contentCoding, decodedBody } from './lifecycle/import-input.js';
+import { MAX_IMPORT_BYTES, clientBody, contentCoding, decodedBody } from './lifecycle/import-input.js';
 import { markZeroLengthBody } from './validate.js';
 import { MAX_BODY_DEPTH, jsonNestedDeeperThan } from './json-depth.js';
 import type { Mounted, RouteMeta } from './openapi.js';
@@ -117,18 +117,32 @@ const requireJson: RequestHandler = (req, _res, next) => {
   // (Routing ignores case and a trailing slash: so does this. The path, not the request line: an
   // absolute-form `POST http://host/v1/…` is routed by its path too.)
   const lines = req.method === 'POST' && /^\/v1\/sessions\/[^/]+\/import\/?$/i.test(req.baseUrl + req.path);
+  // A declared length over the limit is refused at once: body-parser would read (and wait for)
+  // the whole body before its 413, so a client sending 1 GB, or stalling, would wait for it (and
+  // an import's reader read 64 MiB of it).
+  const identity = contentCoding(req.headers['content-encoding']) === 'identity';
+  const declared = Number(req.headers['content-length'] ?? 0);
   if (req.is(['application/json', 'application/*+json'])) {
-    // A declared length over the limit is refused at once: body-parser would read (and wait for)
-    // the whole body before its 413, so a client sending 1 GB, or stalling, would wait for it.
-    const identity = contentCoding(req.headers['content-encoding']) === 'identity';
-    if (identity && Number(req.headers['content-length'] ?? 0) > MAX_BODY_BYTES) {
+    if (identity && declared > MAX_BODY_BYTES) {
       throw new AppError(413, 'body_too_large', `request body exceeds ${MAX_BODY_BYTES} bytes`, undefined, {
         connection: 'close',
       });
     }
     return next();
   }
-  if (lines && req.is(['application/x-ndjson', 'application/jsonl'])) return next();
+  if (lines && req.is(['application/x-ndjson', 'application/jsonl'])) {
+    if (identity && declared > MAX_IMPORT_BYTES) {
+      // What the import's reader answers past its limit (readJsonLines).
+      throw new AppError(
+        413,
+        'body_too_large',
+        `the import exceeds ${MAX_IMPORT_BYTES} bytes`,
+        { limit: MAX_IMPORT_BYTES },
+        { connection: 'close' },
+      );
+    }
+    return next();
+  }
   throw new AppError(
     415,
     'unsupported_media_type',
@@ -243,23 +257,33 @@ function checkJsonBytes(req: IncomingMessage, buf: Buffer): void {
 }
 
 /**
- * A compressed JSON body (`Content-Encoding` gzip, deflate or br) is decoded here, as an import's
- * is, rather than by body-parser: its decoder stops where a deflate or br stream ends and drops
- * what follows, so a body of two streams (or one and some garbage) stored its first part only and
- * answered 2xx. The limit counts the decoded bytes. body-parser then finds the request read and
- * leaves `req.body` as set here.
+ * A JSON body of no declared length is read here, as an import's is, rather than by body-parser:
+ * a compressed one (`Content-Encoding` gzip, deflate or br), as body-parser's decoder stops where a
+ * deflate or br stream ends and drops what follows, so a body of two streams (or one and some
+ * garbage) stored its first part only and answered 2xx; a chunked one, as body-parser read all of
+ * it, past its limit, before its 413 (a client sending 150 MB had them all read). The limit counts
+ * the decoded bytes, and one past it is refused at once, the connection closed. Once read, the
+ * body's room in the budget is cut to its decoded size (reserveBodyMemory). A leading UTF-8 BOM is
+ * dropped, as body-parser drops it. body-parser then finds the request read and leaves `req.body`
+ * as set here.
  */
-const inflateJsonBody: RequestHandler = (req, _res, next) => {
+const readUnsizedJsonBody: RequestHandler = (req, _res, next) => {
   const coding = contentCoding(req.headers['content-encoding']);
   // Read already, on this request's way through an earlier router of the same mount (the
   // tenant chain runs again for each router at `/v1/sessions`): decoding its consumed stream
   // again found no data and answered 400 on every route of a later router.
-  if (coding === 'identity' || req.readableEnded) return next();
+  if (req.readableEnded) return next();
+  const chunked =
+    req.headers['transfer-encoding'] !== undefined && req.headers['content-length'] === undefined;
+  if (coding === 'identity' && !chunked) return next();
   if (!req.is(['application/json', 'application/*+json'])) return next();
   void (async () => {
     const parts: Buffer[] = [];
     let size = 0;
-    for await (const chunk of decodedBody(req, coding)) {
+    // Left as it is when the reading stops (past the limit): destroyed, it took the connection
+    // down before the 413 was sent.
+    const body = clientBody(req.iterator({ destroyOnReturn: false }) as AsyncIterable<Buffer>);
+    for await (const chunk of decodedBody(body, coding)) {
       size += chunk.length;
       if (size > MAX_BODY_BYTES)
         throw new AppError(413, 'body_too_large', `request body exceeds ${MAX_BODY_BYTES} bytes`, undefined, {
@@ -268,10 +292,11 @@ const inflateJsonBody: RequestHandler = (req, _res, next) => {
       parts.push(chunk);
     }
     const buf = Buffer.concat(parts);
+    bodyRead.get(req)?.(buf.length);
     checkJsonBytes(req, buf);
     try {
       // body-parser's reading of an empty body, and strict: false.
-      req.body = buf.length === 0 ? {} : (JSON.parse(buf.toString('utf8')) as unknown);
+      req.body = buf.length === 0 ? {} : (JSON.parse(buf.toString('utf8').replace(/^\uFEFF/, '')) as unknown);
     } catch {
       throw new AppError(400, 'malformed_json', 'request body is not valid JSON');
     }
@@ -280,15 +305,20 @@ const inflateJsonBody: RequestHandler = (req, _res, next) => {
 
 /**
  * JSON request bodies one API process reads and holds at once, in declared bytes (a body of
- * unknown length, chunked or compressed, counts as the 8 MiB limit), and one tenant's share of
- * them. A parsed body costs about three times its size until its answer is sent: 40 concurrent
- * posts of 7 MB each took a process to 828 MB, and 10 of them killed one limited to a 96 MB heap
- * (a tester, 2026-12-03), taking every other tenant's requests and, in `serve`, the workers with it.
- * A request that finds no room waits up to BODY_MEMORY_WAIT_MS, before its body is read (nor is
- * a client that sent `Expect: 100-continue` invited to send it), then answers 503 `body_busy`.
+ * unknown length, chunked or compressed, counts as the 8 MiB limit until it is read, then as its
+ * decoded size: counted as 8 MiB until their answers, four tiny compressed `?wait=true` posts held
+ * a tenant's whole share for their 10 s wait), and one tenant's share of them. A parsed body costs
+ * about three times its size until its answer is sent: 40 concurrent posts of 7 MB each took a
+ * process to 828 MB, and 10 of them killed one limited to a 96 MB heap (a tester, 2026-12-03),
+ * taking every other tenant's requests and, in `serve`, the workers with it. A request that finds
+ * no room waits up to BODY_MEMORY_WAIT_MS, before its body is read (nor is a client that sent
+ * `Expect: 100-continue` invited to send it), then answers 503 `body_busy`.
  */
 export const BODY_MEMORY_BYTES = 64 * 1024 * 1024;
 const BODY_MEMORY_WAIT_MS = 5_000;
+
+/** For a request holding room for a body of unknown length: cuts it to the body's size, once read. */
+const bodyRead = new WeakMap<object, (bytes: number) => void>();
 
 function reserveBodyMemory(budget: ByteBudget): RequestHandler {
   return (req, res, next) => {
@@ -299,10 +329,16 @@ function reserveBodyMemory(budget: ByteBudget): RequestHandler {
     if (!req.is(['application/json', 'application/*+json'])) return next();
     res.locals.bodyReserved = true;
     const identity = contentCoding(req.headers['content-encoding']) === 'identity';
-    const declared = Number(req.headers['content-length']);
-    // (A larger declared length is a 413 before this, or past the limit as the body is read.)
-    const bytes =
-      identity && Number.isSafeInteger(declared) ? Math.min(declared, MAX_BODY_BYTES) : MAX_BODY_BYTES;
+    const length = req.headers['content-length'];
+    const declared = Number(length);
+    // (A larger declared length is a 413 before this, or past the limit as the body is read.) A
+    // request with neither a length nor chunks has no body.
+    let bytes =
+      length === undefined && req.headers['transfer-encoding'] === undefined
+        ? 0
+        : identity && Number.isSafeInteger(declared)
+          ? Math.min(declared, MAX_BODY_BYTES)
+          : MAX_BODY_BYTES;
     if (bytes <= 0) return next();
     const key = typeof res.locals.tenantId === 'string' ? res.locals.tenantId : '';
     // Given back when the answer is done or the connection goes: a pipelined request whose
@@ -321,6 +357,11 @@ function reserveBodyMemory(budget: ByteBudget): RequestHandler {
     };
     res.once('close', done);
     socket.once('close', done);
+    bodyRead.set(req, (read) => {
+      if (state !== 'held' || read >= bytes) return;
+      budget.give(key, bytes - read);
+      bytes = read;
+    });
     budget.take(key, bytes, BODY_MEMORY_WAIT_MS).then((got) => {
       if (got !== true) {
         done();
@@ -354,7 +395,7 @@ const readJsonBody = (memory: ByteBudget): RequestHandler[] => [
   requireJson,
   reserveBodyMemory(memory),
   continueAfterAuth,
-  inflateJsonBody,
+  readUnsizedJsonBody,
   express.json({
     limit: MAX_BODY_BYTES,
     strict: false,

@@ -159,6 +159,16 @@ function request(
 
 const jsonHeaders = { 'content-type': 'application/json' };
 
+/** A request whose body is sent in chunks (`transfer-encoding: chunked`, no declared length). */
+function chunkedRequest(method: string, path: string, key: string, chunks: Buffer[], headers = {}): Buffer {
+  const head = request(method, path, key, '', { ...jsonHeaders, 'transfer-encoding': 'chunked', ...headers });
+  return Buffer.concat([
+    Buffer.from(head),
+    ...chunks.flatMap((c) => [Buffer.from(`${c.length.toString(16)}\r\n`), c, Buffer.from('\r\n')]),
+    Buffer.from('0\r\n\r\n'),
+  ]);
+}
+
 /** Archives `n` messages of about 1 MiB each (ASCII), seven to a post. */
 async function archiveBig(t: Api, session: string, n: number): Promise<void> {
   for (let i = 0; i < n; i += 7) {
@@ -332,6 +342,69 @@ void describe('request framing and headers', () => {
     );
     assert.equal(r!.status, 201, r!.body.toString());
     assert.equal(r!.json.imported, 1);
+  });
+
+  void test('a JSON Lines import declaring more than 64 MiB is a 413 before its client is invited to send it', async () => {
+    const t = await newTenant();
+    const s = sid('big-lines');
+    const [r] = await rawExchange(
+      request('POST', `/v1/sessions/${s}/import`, t.key, '', {
+        'content-type': 'application/x-ndjson',
+        'content-length': String(64 * 1024 * 1024 + 1),
+        expect: '100-continue',
+      }),
+    );
+    // It was invited (100 Continue), and 64 MiB of it read before the 413.
+    assert.equal(r!.status, 413, r!.body.toString());
+    assert.equal(r!.json.error.code, 'body_too_large');
+    assert.equal(r!.headers.connection, 'close');
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404, 'nothing stored');
+  });
+
+  void test('a chunked JSON body past 8 MiB is a 413 that closes the connection, the rest unread', async () => {
+    const t = await newTenant();
+    const s = sid('big-chunked');
+    const socket = net.connect(port, '127.0.0.1');
+    try {
+      await once(socket, 'connect');
+      const server = await eventually(
+        async () => serverSockets.get(socket.localPort!),
+        5000,
+        'the server socket',
+      );
+      const closed = once(server, 'close');
+      // (The server stops reading: what the client still writes is refused.)
+      socket.on('error', () => undefined);
+      const mib = Buffer.alloc(1024 * 1024, 'x');
+      const raw = chunkedRequest('POST', `/v1/sessions/${s}/messages`, t.key, [
+        Buffer.from('{"messages":[{"role":"user","content":"'),
+        ...Array.from({ length: 40 }, () => mib),
+        Buffer.from('"}]}'),
+      ]);
+      let got = Buffer.alloc(0);
+      const answered = new Promise<RawAnswer | undefined>((resolve) => {
+        socket.on('data', (d: Buffer) => {
+          got = Buffer.concat([got, d]);
+          const [first] = parseAnswers(got).answers;
+          if (first) resolve(first);
+        });
+        socket.on('close', () => resolve(undefined));
+      });
+      socket.write(raw);
+      const r = await answered;
+      assert.equal(r?.status, 413, got.toString('latin1').slice(0, 300));
+      assert.equal(r.json.error.code, 'body_too_large');
+      // body-parser read all 40 MiB before its 413, and kept the connection open.
+      assert.equal(r.headers.connection, 'close');
+      await closed;
+      assert.ok(
+        server.bytesRead < raw.length / 2,
+        `the server read ${server.bytesRead} of ${raw.length} bytes`,
+      );
+    } finally {
+      socket.destroy();
+    }
+    assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404, 'nothing stored');
   });
 
   void test('charset us-ascii is UTF-8 enough; a charset inside a quoted parameter is no charset', async () => {
@@ -520,6 +593,30 @@ void describe('JSON body encodings', () => {
     assert.equal(notJson.body.error.code, 'malformed_json');
     assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404, 'nothing stored');
   });
+
+  void test('a UTF-8 BOM before a compressed or chunked body is dropped, as before a plain one', async () => {
+    const t = await newTenant();
+    const s = sid('bom');
+    const bom = (content: string) => Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), json(content)]);
+    const plain = await post(t.api, s, bom('plain'), 'identity');
+    assert.equal(plain.status, 202, plain.text);
+    const gzipped = await post(t.api, s, gzipSync(bom('gzip')), 'gzip');
+    assert.equal(gzipped.status, 202, gzipped.text);
+    const [chunked] = await rawExchange(
+      chunkedRequest('POST', `/v1/sessions/${s}/messages`, t.key, [bom('chunked')], { connection: 'close' }),
+    );
+    assert.equal(chunked!.status, 202, chunked!.body.toString());
+    await eventually(
+      async () => (await t.api.get(`/v1/sessions/${s}/messages`)).body.messages?.length === 3,
+      15000,
+      'the three messages archived',
+    );
+    const got = await t.api.get(`/v1/sessions/${s}/messages`);
+    assert.deepEqual(
+      got.body.messages.map((m: { content: string }) => m.content),
+      ['plain', 'gzip', 'chunked'],
+    );
+  });
 });
 
 void describe('request body memory', () => {
@@ -631,6 +728,59 @@ void describe('request body memory', () => {
     } finally {
       for (const h of again) h.destroy();
     }
+  });
+  void test('a compressed or chunked body, once read, holds its decoded size while its route waits: the tenant goes on', async () => {
+    const a = await newTenant();
+    const queue = svc.deps.queues.ingest;
+    const sessions = [0, 1, 2, 3].map((i) => sid(`hold${i}`));
+    const body = (i: number) =>
+      Buffer.from(JSON.stringify({ messages: [{ role: 'user', content: `tiny ${i}` }] }));
+    // No worker drains: each ?wait=true post waits its 10 s for its messages to be archived.
+    await queue.pause();
+    let waits: Array<Promise<number | undefined>> = [];
+    try {
+      // Four posts of unknown length, each counted as 8 MiB while it is read: the tenant's share.
+      waits = sessions.map((s, i) => {
+        const path = `/v1/sessions/${s}/messages?wait=true`;
+        const raw =
+          i % 2 === 0
+            ? Buffer.concat([
+                Buffer.from(
+                  request('POST', path, a.key, '', {
+                    ...jsonHeaders,
+                    'content-encoding': 'gzip',
+                    'content-length': String(gzipSync(body(i)).length),
+                  }),
+                ),
+                gzipSync(body(i)),
+              ])
+            : chunkedRequest('POST', path, a.key, [body(i)]);
+        return rawExchange(raw).then(([r]) => r?.status);
+      });
+      await eventually(
+        async () =>
+          (await queue.getJobs(['wait', 'prioritized'])).filter((j) =>
+            sessions.includes((j.data as { sessionId: string }).sessionId),
+          ).length === 4,
+        15_000,
+        'the four posts accepted, waiting',
+      );
+      // Counted as 8 MiB each until their answers, they held the share: this waited, then 503.
+      const r = await a.api.post(`/v1/sessions/${sid('next')}/messages`, {
+        messages: [{ role: 'user', content: 'next' }],
+      });
+      assert.equal(r.status, 202, r.text);
+      // And three bodies of 8 MiB are each invited at once: the four hold their few bytes alone.
+      const held: net.Socket[] = [];
+      try {
+        for (let i = 0; i < 3; i++) held.push(await heldBody(a.key, sid('big')));
+      } finally {
+        for (const h of held) h.destroy();
+      }
+    } finally {
+      await queue.resume();
+    }
+    assert.deepEqual(await Promise.all(waits), [201, 201, 201, 201]);
   });
 });
 

@@ -11,6 +11,7 @@ import { byteBudget } from '../byte-budget.js';
 import type { ByteBudget } from '../byte-budget.js';
 import {
   MAX_IMPORT_BYTES,
+  clientBody,
   decodedBody,
   parseImportJson,
   parseImportLines,
@@ -25,19 +26,6 @@ import { confirmArchived, waitArchived, waitSignal } from '../messages/accept-me
 import { assertSessionId, messageSchema } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { assertNoBody, noQuery, parseInput } from '../validate.js';
-
-/**
- * The request's bytes, as the client sends them. A client that goes away mid-body makes the stream
- * fail with ECONNRESET, which the error handler would read as Postgres being down: it is the
- * client's doing, a 400 (that nobody receives) logged as such.
- */
-async function* clientBody(req: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
-  try {
-    for await (const chunk of req) yield chunk;
-  } catch {
-    throw new AppError(400, 'request_aborted', 'request aborted by the client');
-  }
-}
 
 /** How long an import waits for its messages to be durable before answering 202 instead of 201. */
 const IMPORT_WAIT_MS = 60_000;
