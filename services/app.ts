@@ -425,6 +425,9 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   const app = express();
   const bodyMemory = byteBudget(BODY_MEMORY_BYTES, BODY_MEMORY_BYTES / 2);
   app.disable('x-powered-by');
+  // Answers are one tenant's current state: no validator to revalidate a copy against (Express's
+  // weak ETag answered If-None-Match with a 304), and /v1 says no-store below.
+  app.set('etag', false);
   app.set('trust proxy', false);
   // Node's querystring keeps the first 1,000 pieces and drops the rest without a word (empty ones
   // count): `DELETE /v1/errors?` + 1,000 `&` + `tool_name=psql` purged every tool's records. Every
@@ -457,6 +460,12 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.use(['/v1', '/admin'], (req, _res, next) => {
     if (req.method === 'HEAD' || req.method === 'OPTIONS')
       throw new AppError(404, 'not_found', `no route for ${req.method} ${req.baseUrl}${req.path}`);
+    next();
+  });
+  // A tenant's answers (and the admin API's keys) are for their caller only, and stale the moment
+  // a message is posted: no shared cache or client may keep or serve a copy.
+  app.use('/v1', (_req, res, next) => {
+    res.setHeader('cache-control', 'no-store');
     next();
   });
 

@@ -139,6 +139,9 @@ export function errorBody(err: AppError): { error: { code: string; message: stri
 
 export function sendError(res: Parameters<RequestHandler>[1], err: AppError): void {
   if (err.headers) for (const [k, v] of Object.entries(err.headers)) res.setHeader(k, v);
+  // A 401 names the scheme it wants (RFC 9110 §15.5.2): a bearer token, on every route but Bull
+  // Board, whose Basic challenge is set where it is refused.
+  if (err.status === 401 && !res.hasHeader('www-authenticate')) res.setHeader('www-authenticate', 'Bearer');
   res.status(err.status).json(errorBody(err));
 }
 

@@ -159,8 +159,8 @@ function pageAfter(cursor: string | undefined): PageAfter | null {
   // 16 digits of microseconds reach the year 2286; more would overflow Postgres's bigint and interval.
   const m = /^(\d{1,16}):([A-Za-z0-9_]{1,64})$/.exec(Buffer.from(cursor, 'base64url').toString());
   if (!m) {
-    throw new AppError(400, 'validation_failed', 'query.cursor: not a cursor of this list', {
-      problems: [{ path: 'query.cursor', message: 'not a cursor of this list' }],
+    throw new AppError(400, 'validation_failed', 'cursor: not a cursor of this list', {
+      problems: [{ path: 'cursor', message: 'not a cursor of this list' }],
     });
   }
   return { createdUs: m[1]!, id: m[2]! };

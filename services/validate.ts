@@ -106,8 +106,9 @@ export function assertNoBody(body: unknown, message: string, opts: { strict?: bo
   throw new AppError(400, 'validation_failed', `body: ${message}`, { problems: [{ path: 'body', message }] });
 }
 
-/** An empty `?cursor=` is the first page, as no cursor is, on every list. */
-export const emptyAsAbsent = (v: string | undefined): string | undefined => (v === '' ? undefined : v);
+/** An empty query parameter is an absent one: `?cursor=` is the first page, as no cursor is, on every list. */
+export const emptyAsAbsent = <T extends string>(v: T | undefined): Exclude<T, ''> | undefined =>
+  v === '' ? undefined : (v as Exclude<T, ''> | undefined);
 
 /**
  * A page out of rows fetched with `limit + 1`: the first `limit`, and whether anything follows

@@ -625,6 +625,12 @@ void describe('tenants, keys and the admin API', () => {
       assert.equal(r.status, 400, bad);
       assert.equal(r.body.error.code, 'validation_failed');
     }
+    // The parameter is named as on every other list.
+    const notCursor = await admin().get('/v1/admin/tenants?cursor=bm9wZQ');
+    assert.deepEqual(notCursor.body.error.details.problems, [
+      { path: 'cursor', message: 'not a cursor of this list' },
+    ]);
+    assert.equal(notCursor.body.error.message, 'cursor: not a cursor of this list');
     // Keys page the same way, by tenant id or name.
     for (let i = 0; i < 2; i++) await admin().post(`/v1/admin/tenants/${made[0]}/keys`, { name: `k${i}` });
     const first = await admin().get('/v1/admin/tenants/pager-0/keys?limit=2');
@@ -727,13 +733,20 @@ void describe('tenants, keys and the admin API', () => {
       const r = await api(svc.base, key).get('/v1/sessions');
       assert.equal(r.status, 401, `key ${key}`);
       assert.equal(r.body.error.code, 'unauthorized');
+      // The challenge RFC 9110 asks of a 401: which scheme to authenticate with.
+      assert.equal(r.headers.get('www-authenticate'), 'Bearer', `key ${key}`);
     }
   });
 
   void test('admin routes: 401 with a wrong token, 403 for a tenant key; Basic auth opens Bull Board', async () => {
     const t = await svc.newTenant();
-    assert.equal((await api(svc.base, 'wrong-token-wrong-token').get('/v1/admin/tenants')).status, 401);
-    assert.equal((await api(svc.base).get('/v1/admin/tenants')).status, 401);
+    for (const r of [
+      await api(svc.base, 'wrong-token-wrong-token').get('/v1/admin/tenants'),
+      await api(svc.base).get('/v1/admin/tenants'),
+    ]) {
+      assert.equal(r.status, 401);
+      assert.equal(r.headers.get('www-authenticate'), 'Bearer');
+    }
     const asTenant = await api(svc.base, t.apiKey).get('/v1/admin/tenants');
     assert.equal(asTenant.status, 403);
     assert.equal(asTenant.body.error.code, 'forbidden');

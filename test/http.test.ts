@@ -16,6 +16,7 @@ import { startService } from '../services/main.js';
 import type { RunningService } from '../services/main.js';
 import { createTenant } from '../services/tenants.js';
 import {
+  ADMIN_TOKEN,
   api,
   createTestDatabase,
   deleteRedisPrefix,
@@ -25,7 +26,7 @@ import {
   testConfig,
   testPrefix,
 } from './support/harness.js';
-import type { Api } from './support/harness.js';
+import type { Api, Res } from './support/harness.js';
 
 /** How long a write may stall here before its connection is cut (WRITE_STALL_MS in production). */
 const STALL_MS = 1000;
@@ -428,6 +429,37 @@ void describe('request framing and headers', () => {
     );
     assert.equal(utf16.status, 415);
   });
+
+  void test("a tenant's answers are not kept by caches: no-store, no ETag, and If-None-Match gets the answer, not a 304", async () => {
+    // Setup: a session with a message, read once.
+    const t = await newTenant();
+    const s = sid('cache');
+    assert.equal(
+      (
+        await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
+          messages: [{ role: 'user', content: 'one' }],
+        })
+      ).status,
+      201,
+    );
+    const first = await t.api.get(`/v1/sessions/${s}/messages`);
+
+    // Action: the same read with the validator a cache would send, and an error answer.
+    const again = await t.api.raw(`/v1/sessions/${s}/messages`, {
+      method: 'GET',
+      headers: { 'if-none-match': first.headers.get('etag') ?? '*' },
+    });
+    const missing = await t.api.get(`/v1/sessions/${sid('none')}`);
+    const admin = await api(svc.url!, ADMIN_TOKEN).get('/v1/admin/tenants');
+
+    // Assert
+    assert.equal(again.status, 200);
+    assert.equal(again.body.messages[0].content, 'one');
+    for (const r of [first, again, missing, admin]) {
+      assert.equal(r.headers.get('cache-control'), 'no-store');
+      assert.equal(r.headers.get('etag'), null);
+    }
+  });
 });
 
 void describe('JSON Lines import encodings', () => {
@@ -816,22 +848,37 @@ void describe('export under load and faults', () => {
       what,
     );
 
-  void test('while the archive is locked: a fifth export answers 503 export_busy, and one whose first page times out, or a delete, a 503 that says Postgres gave no answer', async () => {
+  void test("while the archive is locked: a tenant's third export, or any export past the process's four, answers 503 export_busy; one whose first page times out, or a delete, a 503 that says Postgres gave no answer", async () => {
     const { t, s } = await sessionWithOneMessage('locked');
+    const other = await sessionWithOneMessage('locked-other');
+    const third = await sessionWithOneMessage('locked-third');
     const locker = new pg.Client({ connectionString: dbUrl });
     await locker.connect();
     try {
       await locker.query('BEGIN');
       await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
-      // Four exports take the slots and wait on the lock (PG_REQUEST_TIMEOUT_MS is 8 s here), and
-      // so does a delete of the session, as one of a huge session's runs past the bound.
-      const held = Array.from({ length: 4 }, () => t.api.get(`/v1/sessions/${s}/export`));
+      // Two tenants' exports take the four slots and wait on the lock (PG_REQUEST_TIMEOUT_MS is 8 s
+      // here), and so does a delete of the session, as one of a huge session's runs past the bound.
+      const held = [
+        ...Array.from({ length: 2 }, () => t.api.get(`/v1/sessions/${s}/export`)),
+        ...Array.from({ length: 2 }, () => other.t.api.get(`/v1/sessions/${other.s}/export`)),
+      ];
       const deleted = t.api.del(`/v1/sessions/${s}`);
       await waitingOnLock(locker, 5, 'four exports and a delete waiting on the lock');
-      const fifth = await t.api.get(`/v1/sessions/${s}/export`);
-      assert.equal(fifth.status, 503, fifth.text);
-      assert.equal(fifth.body.error.code, 'export_busy');
-      assert.equal(fifth.headers.get('retry-after'), '5');
+      // Both wait for a slot at once, and give up before the held exports time out.
+      const [own, fifth] = await Promise.all([
+        t.api.get(`/v1/sessions/${s}/export`),
+        third.t.api.get(`/v1/sessions/${third.s}/export`),
+      ]);
+      for (const [r, scope, limit] of [
+        [own, 'tenant', 2],
+        [fifth, 'process', 4],
+      ] as const) {
+        assert.equal(r.status, 503, r.text);
+        assert.equal(r.body.error.code, 'export_busy');
+        assert.deepEqual(r.body.error.details, { limit, scope });
+        assert.equal(r.headers.get('retry-after'), '5');
+      }
       for (const h of [...(await Promise.all(held)), await deleted]) {
         assert.equal(h.status, 503, h.text);
         assert.equal(h.body.error.code, 'unavailable', h.text);
@@ -848,9 +895,49 @@ void describe('export under load and faults', () => {
       await locker.query('ROLLBACK').catch(() => undefined);
       await locker.end();
     }
-    const after = await t.api.get(`/v1/sessions/${s}/export`);
+    const after = await other.t.api.get(`/v1/sessions/${other.s}/export`);
     assert.equal(after.status, 200);
     assert.equal(after.text.trim().split('\n').length, 1);
+  });
+
+  void test("one tenant's exports that run past its share leave other tenants' exports a slot", async () => {
+    // Setup: tenant A's four exports, waiting on the locked archive as slow readers wait on
+    // their clients.
+    const a = await sessionWithOneMessage('hog');
+    const b = await sessionWithOneMessage('fair');
+    const locker = new pg.Client({ connectionString: dbUrl });
+    await locker.connect();
+    const answered: Res[] = [];
+    let hogs: Res[];
+    let fair: Res;
+    try {
+      await locker.query('BEGIN');
+      await locker.query('LOCK TABLE messages IN ACCESS EXCLUSIVE MODE');
+      const held = Array.from({ length: 4 }, () =>
+        a.t.api.get(`/v1/sessions/${a.s}/export`).then((r) => (answered.push(r), r)),
+      );
+      await waitingOnLock(locker, 2, "A's exports reading the archive");
+
+      // Action: B exports while A's hold their slots; the archive comes back once A's exports
+      // past its share have been answered.
+      const pending = b.t.api.get(`/v1/sessions/${b.s}/export`);
+      await waitingOnLock(locker, 3, 'three exports reading the archive');
+      await eventually(async () => answered.length >= 2, 10_000, "A's exports past its share answered");
+      await locker.query('ROLLBACK');
+      [hogs, fair] = await Promise.all([Promise.all(held), pending]);
+    } finally {
+      await locker.query('ROLLBACK').catch(() => undefined);
+      await locker.end();
+    }
+
+    // Assert: B's export is whole; A's past its share were told to wait for its own to end.
+    assert.equal(fair.status, 200, fair.text);
+    assert.equal(JSON.parse(fair.text.trim()).content, 'hello');
+    assert.deepEqual(hogs.map((r) => r.status).sort(), [200, 200, 503, 503]);
+    for (const r of hogs.filter((h) => h.status === 503)) {
+      assert.equal(r.body.error.code, 'export_busy');
+      assert.deepEqual(r.body.error.details, { limit: 2, scope: 'tenant' });
+    }
   });
 
   void test('a reset that lands while the first page is read answers 409 session_changed, not a 500', async () => {

@@ -950,6 +950,15 @@ void describe('summarize job', () => {
     assert.equal((await api.get('/v1/usage?window=1y')).status, 400);
     const all = await api.get('/v1/usage');
     assert.equal(all.body.window, '24h');
+    // README's `?window=24h&session_id=` typed as it reads: an empty parameter is an absent one.
+    const summaryCalls = (b: any) => b.rows.find((x: any) => x.purpose === 'summary').calls as number;
+    for (const q of ['window=24h&session_id=', 'window=&session_id=', 'window=']) {
+      const empty = await api.get(`/v1/usage?${q}`);
+      assert.equal(empty.status, 200, `${q}: ${empty.text}`);
+      assert.equal(empty.body.window, '24h', q);
+      // The tenant's total, as without the parameters.
+      assert.ok(summaryCalls(empty.body) >= summaryCalls(all.body), q);
+    }
     assert.ok(
       all.body.rows.find((x: any) => x.purpose === 'summary').calls > 1,
       'the tenant total spans sessions',

@@ -430,6 +430,10 @@ void describe('agent tools', () => {
       (await a.api.post('/v1/sessions/win/tools/chat_history?window_from_seq=x', args)).status,
       400,
     );
+    // Empty is absent, as on every other parameter: the default window, which holds #20.
+    const empty = await a.api.post('/v1/sessions/win/tools/chat_history?window_from_seq=', args);
+    assert.equal(empty.status, 200, empty.text);
+    assert.match(empty.body.content, /No earlier messages match/);
     // The same on the search route.
     const search = (body: object) =>
       a.api.post('/v1/sessions/win/search', { query: 'marker020', match: 'keyword', ...body });
@@ -476,6 +480,22 @@ void describe('agent tools', () => {
     });
     assert.match(found, /the closest first/);
     assert.match(found, /tool: nulltool/);
+  });
+
+  void test('a JSON null body is not an object of arguments: guidance, where no body lists the last messages', async () => {
+    assert.equal(
+      (await a.api.post('/v1/sessions/nullbody/messages?wait=true', { messages: [user('kept')] })).status,
+      201,
+    );
+    const nullBody = await a.api.post('/v1/sessions/nullbody/tools/chat_history', 'null');
+    assert.equal(nullBody.status, 200, nullBody.text);
+    assert.equal(
+      nullBody.body.content,
+      "Invalid arguments for chat_history: send a JSON object of arguments (see the tool's parameters).",
+    );
+    const noBody = await a.api.post('/v1/sessions/nullbody/tools/chat_history');
+    assert.equal(noBody.status, 200, noBody.text);
+    assert.match(noBody.body.content, /#1\] kept/);
   });
 
   void test('output stays bounded however many long hits match', async () => {

@@ -44,10 +44,13 @@ const IMPORT_SLOT_WAIT_MS = 10_000;
 /**
  * Exports at a time per API process. Each reads the archive a page at a time (a pool connection,
  * up to 4 MiB and a message in memory): 600 at once took the whole Postgres pool (285 answered
- * 503 "postgres is unavailable") and the heap. One more waits up to EXPORT_SLOT_WAIT_MS for a
- * slot, then answers 503 `export_busy`.
+ * 503 "postgres is unavailable") and the heap. A tenant holds at most half of them, as it does of
+ * the import and body memory: one tenant's four slow readers held every slot for as long as they
+ * liked, and every other tenant's export answered 503. One more waits up to EXPORT_SLOT_WAIT_MS
+ * for a slot, then answers 503 `export_busy`.
  */
 export const EXPORT_SLOTS = 4;
+const EXPORT_SLOTS_PER_TENANT = EXPORT_SLOTS / 2;
 const EXPORT_SLOT_WAIT_MS = 5_000;
 
 /** No room came: the tenant's own share (one import's worth) or the whole process's was held. */
@@ -66,6 +69,24 @@ const importBusy = (full: 'key' | 'total') =>
         'import_busy',
         `imports hold this process's import memory (${IMPORT_SLOTS} imports' worth): retry`,
         { limit: IMPORT_SLOTS, scope: 'process' },
+        { 'retry-after': '5' },
+      );
+
+/** No slot came: the tenant's own share of this process's exports, or every slot, was held. */
+const exportBusy = (full: 'key' | 'total') =>
+  full === 'key'
+    ? new AppError(
+        503,
+        'export_busy',
+        `${EXPORT_SLOTS_PER_TENANT} exports of this tenant are running in this process (its share): retry when one ends`,
+        { limit: EXPORT_SLOTS_PER_TENANT, scope: 'tenant' },
+        { 'retry-after': '5' },
+      )
+    : new AppError(
+        503,
+        'export_busy',
+        `${EXPORT_SLOTS} exports are running in this process: retry`,
+        { limit: EXPORT_SLOTS, scope: 'process' },
         { 'retry-after': '5' },
       );
 
@@ -170,25 +191,18 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     res.status(204).end();
   });
 
-  // A counting semaphore: a budget of EXPORT_SLOTS units, one per export, under one key.
-  const exportSlots = byteBudget(EXPORT_SLOTS, EXPORT_SLOTS);
+  // A counting semaphore: a budget of EXPORT_SLOTS units, one per export, a tenant's own key.
+  const exportSlots = byteBudget(EXPORT_SLOTS, EXPORT_SLOTS_PER_TENANT);
   router.get('/:sid/export', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     parseInput(noQuery, req.query, 'query');
     const tenantId = res.locals.tenantId as string;
-    if ((await exportSlots.take('export', 1, EXPORT_SLOT_WAIT_MS)) !== true) {
-      throw new AppError(
-        503,
-        'export_busy',
-        `${EXPORT_SLOTS} exports are running in this process: retry`,
-        { limit: EXPORT_SLOTS },
-        { 'retry-after': '5' },
-      );
-    }
+    const got = await exportSlots.take(tenantId, 1, EXPORT_SLOT_WAIT_MS);
+    if (got !== true) throw exportBusy(got);
     try {
       await exportInSlot(res, tenantId, sid);
     } finally {
-      exportSlots.give('export', 1);
+      exportSlots.give(tenantId, 1);
     }
   });
 

@@ -18,7 +18,7 @@ import { waitSignal } from '../messages/accept-messages.js';
 import { assertSessionId, sessionIdField } from '../messages/message-input.js';
 import type { RouteMeta } from '../openapi.js';
 import { enqueueSummarize } from '../summary/enqueue-summarize.js';
-import { assertNoBody, noQuery, parseInput } from '../validate.js';
+import { assertNoBody, emptyAsAbsent, noQuery, parseInput } from '../validate.js';
 
 /** How long `POST …/summarize?wait=true` waits before answering 202 with the job id. */
 export const SUMMARIZE_WAIT_MS = 60_000;
@@ -29,10 +29,14 @@ const NOT_STARTED = new Set(['waiting', 'prioritized', 'delayed', 'waiting-child
 const WINDOWS = { '24h': 24, '7d': 24 * 7, '28d': 24 * 28 } as const;
 
 const summarizeQuery = z.object({ wait: z.enum(['true', 'false']).optional() }).strict();
+// Empty is absent, as on the lists: README's `?window=24h&session_id=` typed as it reads.
 const usageQuery = z
   .object({
-    window: z.enum(['24h', '7d', '28d']).optional(),
-    session_id: sessionIdField.optional(),
+    window: z.enum(['24h', '7d', '28d', '']).optional().transform(emptyAsAbsent),
+    session_id: z
+      .union([z.literal(''), sessionIdField])
+      .optional()
+      .transform(emptyAsAbsent),
   })
   .strict();
 

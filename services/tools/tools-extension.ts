@@ -17,10 +17,11 @@ import { strictToolDefinitions, toolDefinitions } from './tool-definitions.js';
  */
 const runQuery = z
   .object({
+    // Empty is absent (the default window), as on every other parameter.
     window_from_seq: z
       .string()
-      .regex(/^\d{1,15}$/, 'must be a non-negative integer')
-      .transform(Number)
+      .regex(/^(\d{1,15})?$/, 'must be a non-negative integer')
+      .transform((v) => (v === '' ? undefined : Number(v)))
       .optional(),
   })
   .strict();
@@ -66,7 +67,8 @@ export const toolsExtension: ExtensionFactory = async (deps, opened): Promise<Ex
   run.post('/:sid/tools/:name', async (req, res) => {
     const sid = assertSessionId(req.params.sid!);
     const q = parseInput(runQuery, req.query, 'query');
-    const args: unknown = req.body ?? {};
+    // No body is no arguments; a JSON `null` is not an object, as on every other route.
+    const args: unknown = req.body === undefined ? {} : req.body;
     const content = await runTool(
       { core, errors },
       res.locals.tenantId as string,
