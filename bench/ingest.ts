@@ -29,7 +29,7 @@ import { availableParallelism, loadavg } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { float4ArrayParam, makePgDb, withTransaction } from '../db/pool.js';
+import { makePgDb, vectorArrayParam, withTransaction } from '../db/pool.js';
 import type { Db } from '../db/pool.js';
 import { ARCHIVE_TSVECTOR_SQL, archiveBatch, insertArchiveBatch } from '../db/queries/messages.js';
 import { lockOrCreateSession } from '../db/queries/sessions.js';
@@ -881,12 +881,13 @@ function phaseParts(): void {
     ],
     [
       'embed',
-      'local-hash embedding (384-d) + binary float4[] parameter',
+      'local-hash embedding (384-d) + binary vector[] parameter',
+      // The type's OID is read from the database by the writer; any number costs the same here.
       () =>
         void accepted.map((ms) =>
-          float4ArrayParam(
-            { binaryParams: true, query: () => Promise.reject(new Error('unused')) },
+          vectorArrayParam(
             ms.map((m) => localEmbed(m.content ?? '', 384)),
+            0,
           ),
         ),
     ],

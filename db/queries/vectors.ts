@@ -1,11 +1,13 @@
-import { float4ArrayParam, vectorParam } from '../pool.js';
+import { float4ArrayParam, vectorArrayParam, vectorParam } from '../pool.js';
 import type { Queryable } from '../pool.js';
 
 /**
  * The recent index (tier 2): `message_vectors` rows for messages at or after a session's cutoff,
- * all made by the model and dimension recorded in `vector_index`. Vectors are written as one flat
- * `float4[]` parameter (binary over node-postgres: see float4ArrayParam) cut into rows in SQL
- * (vectorOfRow); query vectors travel in pgvector's binary format (vectorParam).
+ * all made by the model and dimension recorded in `vector_index`. A session's vectors are written
+ * as one binary `vector[]` parameter over node-postgres (vectorArrayParam); a reembed's, and
+ * everything over PGlite, as one flat `float4[]` parameter (binary over node-postgres: see
+ * float4ArrayParam) cut into rows in SQL (vectorOfRow); query vectors travel in pgvector's binary
+ * format (vectorParam).
  */
 
 /**
@@ -190,10 +192,14 @@ export async function insertSessionVectors(
 ): Promise<number> {
   if (a.items.length === 0) return 0;
   const vectors = a.items.map((i) => i.embedding);
+  const dimensions = commonLength(vectors);
+  // Over node-postgres the rows travel as one binary vector[] (vectorArrayParam); elsewhere as
+  // one flat float4[], cut into rows in SQL.
+  const binary = q.binaryParams === true;
   const r = await q.query(
     `INSERT INTO message_vectors (tenant_id, session_id, seq, embedding)
-     SELECT $1, $2, x.seq, ${vectorOfRow('$4', '$8::int')}
-     FROM unnest($3::bigint[]) WITH ORDINALITY AS x(seq, i)
+     SELECT $1, $2, x.seq, ${binary ? 'x.embedding' : vectorOfRow('$4', '$8::int')}
+     FROM ${binary ? 'unnest($3::bigint[], $4::vector[]) AS x(seq, embedding)' : 'unnest($3::bigint[]) WITH ORDINALITY AS x(seq, i)'}
      WHERE x.seq >= $5::bigint
        AND EXISTS (SELECT 1 FROM messages m WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq = x.seq)
        AND EXISTS (SELECT 1 FROM vector_index vi WHERE vi.model = $6 AND vi.dimensions = $7)
@@ -202,14 +208,24 @@ export async function insertSessionVectors(
       a.tenantId,
       a.sessionId,
       a.items.map((i) => i.seq),
-      float4ArrayParam(q, vectors),
+      binary ? vectorArrayParam(vectors, await vectorTypeOid(q)) : float4ArrayParam(q, vectors),
       a.startSeq,
       a.model,
       a.dimensions,
-      commonLength(vectors),
+      ...(binary ? [] : [dimensions]),
     ],
   );
   return r.rowCount ?? 0;
+}
+
+/**
+ * The OID of pgvector's `vector` type in this database (as `$n::vector[]` resolves it), which a
+ * binary vector[] parameter names (vectorArrayParam). Read in the writer's own transaction, so
+ * that an extension dropped and created again (a new OID) never meets an OID read before.
+ */
+async function vectorTypeOid(q: Queryable): Promise<number> {
+  const r = await q.query<{ oid: string | number }>(`SELECT 'vector'::regtype::oid AS oid`);
+  return Number(r.rows[0]!.oid);
 }
 
 export async function insertVectorSkips(
