@@ -514,6 +514,13 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   const admin = makeAdminRoutes({
     db: routeDeps.db,
     onKeysChanged: () => keys.clear(),
+    ...(deps.llm
+      ? {
+          sweepSummaries: async () => {
+            await deps.queues.summary.add('sweep', { v: 1, kind: 'sweep' });
+          },
+        }
+      : {}),
     // An erasure deletes rows by the thousand: its statements are not bounded as a request's.
     ...(opts.eraseTenant ? { eraseTenant: opts.eraseTenant } : {}),
   });

@@ -250,6 +250,9 @@ export const tenantListAnswer = z.strictObject({
   ),
   next: nextCursor('tenants'),
 });
+export const summaryRetryAnswer = z.strictObject({
+  sessions: z.number().int().describe('failed or stalled summaries now due at the next sweep'),
+});
 export const keyCreated = z.strictObject({
   key_id: z.string(),
   tenant_id: z.string(),

@@ -6,7 +6,7 @@ import { relevanceCacheKey } from '../services/context/relevance.js';
 import { isGenericRule } from '../services/context/summary-parts.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
-import { REDIS_URL, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
+import { REDIS_URL, api, deleteRedisPrefix, eventually, startTestService } from './support/harness.js';
 import { startTcpProxy } from './support/tcp-proxy.js';
 import type { Api, TestService } from './support/harness.js';
 
@@ -976,6 +976,31 @@ void describe('context with a decision model', () => {
     const deleted = await t.api.del(`/v1/sessions/${s}`);
     assert.ok(deleted.status >= 200 && deleted.status < 300, `DELETE answered ${deleted.status}`);
     assert.equal(await svc.deps.redis.exists(relevanceCacheKey(svc.config.prefix, t.tenantId, s)), 0);
+  });
+
+  void test('a judgement cached under one decision model is not served after DECISION_MODEL changes', async () => {
+    const s = await sessionWithSummary(SUMMARY, 1);
+    const input = 'what did we decide about the pricing page?';
+    fake.queueChat({ content: answer([], [1], true) });
+    const first = await context(t.api, s, { input });
+    assert.deepEqual(first.body.summary.past_discussions, [SUMMARY.past_discussions[1]]);
+
+    // The same database and prefix (so the same cache), another decision model.
+    const other = await startTestService({
+      databaseUrl: svc.config.databaseUrl,
+      prefix: svc.config.prefix,
+      env: { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'sk-test', DECISION_MODEL: 'decider-better' },
+    });
+    try {
+      fake.queueChat({ content: answer([], [0], true) });
+      const again = await context(api(other.base, t.apiKey), s, { input });
+      const asked = relevanceCalls().filter((c) => (c.body as { model?: string }).model === 'decider-better');
+      assert.equal(asked.length, 1, 'the new model is asked');
+      assert.equal(again.body.relevance, 'filtered');
+      assert.deepEqual(again.body.summary.past_discussions, [SUMMARY.past_discussions[0]]);
+    } finally {
+      await other.stop();
+    }
   });
 
   void test('a judgement that arrives after the session was deleted is not left in the cache', async () => {

@@ -30,6 +30,7 @@ import { pageSummaryCandidates } from '../db/queries/summaries.js';
 import { SESSION_STATE_TTL_SECONDS, inboxKeys } from '../services/messages/inbox.js';
 import { settleImport } from '../services/lifecycle/lifecycle-redis.js';
 import { QUEUE_NAMES, requestMaintenance } from '../workers/queues.js';
+import { summaryConfigFingerprint } from '../workers/summary-sweep.js';
 import { drainSession } from '../workers/ingest.js';
 import {
   ADMIN_TOKEN,
@@ -1822,7 +1823,12 @@ void describe('tenant erasure', () => {
     await archive(victim.api, 'chat', [user('hello'), assistant('hi')]);
     const unsummarised = async () =>
       (
-        await pageSummaryCandidates(svc.deps.db, { afterTenantId: '', afterSessionId: '', limit: 100_000 })
+        await pageSummaryCandidates(svc.deps.db, {
+          afterTenantId: '',
+          afterSessionId: '',
+          limit: 100_000,
+          config: summaryConfigFingerprint(svc.config),
+        })
       ).some((c) => c.tenant_id === victim.tenantId);
     assert.ok(await unsummarised(), 'a candidate before the erasure');
 

@@ -456,11 +456,27 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
     await svc.stop();
     stopped.svc = true;
 
-    // No LLM configured: the local-hash embedder at 384 dimensions.
+    // No LLM configured: the local-hash embedder at 384 dimensions. The missing LLM setting is named
+    // first (a reembed would move the index to the lexical embedder for good).
     await assert.rejects(startTestService({ databaseUrl: dbUrl }), (err: Error) => {
-      assert.match(err.message, /built with text-embedding-3-small\/1536/);
-      assert.match(err.message, /configuration says local-hash\/384/);
+      assert.match(err.message, /^no LLM is configured \(OPENAI_API_KEY and OPENAI_BASE_URL are unset\)/);
+      assert.match(err.message, /embedder is the built-in lexical local-hash\/384, but/);
+      assert.match(
+        err.message,
+        /built with text-embedding-3-small\/1536: set OPENAI_API_KEY or OPENAI_BASE_URL/,
+      );
       assert.match(err.message, /npx mnemos reembed/);
+      return true;
+    });
+    // The same with the model and dimension the index was built with, and still no LLM: before,
+    // this said "the configuration says local-hash/1536 … run `npx mnemos reembed`".
+    const withoutLlm = { EMBEDDING_MODEL: 'text-embedding-3-small', EMBEDDING_DIMENSIONS: '1536' };
+    await assert.rejects(startTestService({ databaseUrl: dbUrl, env: withoutLlm }), (err: Error) => {
+      assert.match(err.message, /^no LLM is configured/);
+      assert.match(
+        err.message,
+        /local-hash\/1536 \(EMBEDDING_MODEL=text-embedding-3-small is ignored without them\)/,
+      );
       return true;
     });
 

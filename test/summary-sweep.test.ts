@@ -8,7 +8,9 @@ import { makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { ChatScript, FakeOpenAI } from './support/fake-openai.js';
 import {
+  ADMIN_TOKEN,
   REDIS_URL,
+  api,
   createTestDatabase,
   eventually,
   startTestService,
@@ -322,6 +324,161 @@ void describe('two worker processes', () => {
       sent.flatMap((x) => x.tokens),
       messages.map((m) => tokensIn(m.content)[0]!),
       'every message sent exactly once, in order',
+    );
+  });
+});
+
+void describe('after the LLM configuration is fixed', () => {
+  let svc: TestService | undefined;
+  after(async () => {
+    await svc?.stop();
+  });
+
+  void test('the sweep retries stalled summaries at once under the new configuration; one that fails again backs off from the first step', async () => {
+    fake.reset();
+    // A wrong model name fails everything; under the right one, `[T:refused]` is still refused.
+    fake.onChat((body: any) => {
+      if (body?.model === 'bad-model') {
+        return {
+          status: 404,
+          body: {
+            error: { code: 'model_not_found', type: 'invalid_request_error', message: 'no such model' },
+          },
+        };
+      }
+      if (userText(body).includes('[T:refused]')) {
+        return {
+          status: 400,
+          body: { error: { code: 'invalid_value', type: 'invalid_request_error', message: 'no' } },
+        };
+      }
+      return echoSummary(body);
+    });
+    const databaseUrl = await createTestDatabase();
+    const prefix = testPrefix();
+    const llm = { OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'test', SUMMARY_RUNES: '500' };
+    // Every run fails; five of them stall the sessions (back-off from 10 min).
+    svc = await startTestService({
+      databaseUrl,
+      prefix,
+      env: { ...llm, SUMMARY_MODEL: 'bad-model', SUMMARY_CRON: '0 0 1 1 *' },
+    });
+    const t = await svc.newTenant();
+    const [healed, failing] = [sid('healed'), sid('failing')];
+    const healedSeqs = await archive(t.api, healed, [user('[T:h1] question'), assistant('[T:h2] answer')]);
+    await archive(t.api, failing, [user('[T:refused] question'), assistant('[T:f2] answer')]);
+    for (const s of [healed, failing]) {
+      let last: any;
+      for (let i = 0; i < 5; i++) last = (await t.api.post(`/v1/sessions/${s}/summarize?wait=true`)).body;
+      assert.equal(last.status, 'stalled');
+      assert.equal(last.last_error, 'llm bad_request (HTTP 404: model_not_found)');
+    }
+    await svc.stop();
+
+    // The operator fixes the model and restarts; no tenant's key is needed.
+    svc = await startTestService({ databaseUrl, prefix, env: { ...llm, SUMMARY_CRON: '*/1 * * * * *' } });
+    const a = api(svc.base, t.apiKey);
+    const summary = await eventually(
+      async () => {
+        const r = await a.get(`/v1/sessions/${healed}/summary`);
+        return r.status === 200 ? r.body : null;
+      },
+      20_000,
+      'the sweep to summarise the stalled session under the fixed model',
+    );
+    assert.equal(summary.status, 'ok');
+    assert.equal(summary.failures, 0);
+    assert.equal(summary.cursor_seq, healedSeqs[1]);
+    assert.equal(summary.summary.current_discussion.description, '[T:h1] [T:h2]');
+
+    // The other fails again under the new configuration: its count starts from 1, and five
+    // failures stall it with the first back-off step (10 min).
+    const again = await eventually(
+      async () => {
+        const details = (await a.get(`/v1/sessions/${failing}/summary`)).body.error?.details;
+        return details?.status === 'stalled' &&
+          details.last_error === 'llm bad_request (HTTP 400: invalid_value)'
+          ? details
+          : null;
+      },
+      30_000,
+      'the failing session to stall again under the new model',
+    );
+    assert.equal(again.failures, 5);
+    // Both from one statement's now(): the back-off is exactly the first step.
+    assert.equal(Date.parse(again.next_attempt_at) - Date.parse(again.updated_at), 600_000);
+  });
+});
+
+void describe('POST /v1/admin/summaries/retry', () => {
+  let svc: TestService;
+  before(async () => {
+    svc = await startTestService({
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        OPENAI_API_KEY: 'test',
+        SUMMARY_RUNES: '500',
+        SUMMARY_CRON: '0 0 1 1 *',
+      },
+    });
+  });
+  after(async () => {
+    await svc?.stop();
+  });
+
+  void test("clears the back-off of a tenant's stalled summaries, or of all, and the sweep retries them", async () => {
+    fake.reset();
+    // A key the endpoint refused (fixed at the endpoint since): the configuration is unchanged.
+    let refused = true;
+    fake.onChat((body: any) =>
+      refused
+        ? {
+            status: 401,
+            body: { error: { code: 'invalid_api_key', type: 'invalid_request_error', message: 'no' } },
+          }
+        : echoSummary(body),
+    );
+    const [one, two] = [await svc.newTenant(), await svc.newTenant()];
+    const s = sid('retry');
+    for (const t of [one, two]) {
+      await archive(t.api, s, [user('[T:r1] question'), assistant('[T:r2] answer')]);
+      let last: any;
+      for (let i = 0; i < 5; i++) last = (await t.api.post(`/v1/sessions/${s}/summarize?wait=true`)).body;
+      assert.equal(last.status, 'stalled');
+    }
+    refused = false;
+    const admin = api(svc.base, ADMIN_TOKEN);
+    assert.equal(
+      (await admin.post('/v1/admin/summaries/retry', { tenant_id: 'no-such-tenant' })).status,
+      404,
+    );
+    assert.equal((await one.api.post('/v1/admin/summaries/retry')).status, 403, 'a tenant key is no admin');
+
+    const mine = await admin.post('/v1/admin/summaries/retry', { tenant_id: one.tenantId });
+    assert.equal(mine.status, 200, mine.text);
+    assert.deepEqual(mine.body, { sessions: 1 });
+    const healed = await eventually(
+      async () => {
+        const r = await one.api.get(`/v1/sessions/${s}/summary`);
+        return r.status === 200 ? r.body : null;
+      },
+      20_000,
+      "the sweep to summarise the first tenant's session",
+    );
+    assert.equal(healed.status, 'ok');
+    // The other tenant's session is still in its back-off.
+    const other = (await two.api.get(`/v1/sessions/${s}/summary`)).body.error.details;
+    assert.equal(other.status, 'stalled');
+    assert.ok(other.next_attempt_at !== null, 'other.next_attempt_at !== null');
+
+    // Without a tenant: all of them (a body is optional).
+    const all = await admin.post('/v1/admin/summaries/retry');
+    assert.equal(all.status, 200, all.text);
+    assert.ok(all.body.sessions >= 1, `sessions ${all.body.sessions}`);
+    await eventually(
+      async () => (await two.api.get(`/v1/sessions/${s}/summary`)).status === 200,
+      20_000,
+      "the sweep to summarise the second tenant's session",
     );
   });
 });

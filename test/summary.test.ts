@@ -8,6 +8,7 @@ import { planChunks } from '../services/summary/chunking.js';
 import { renderBlock } from '../services/summary/render.js';
 import type { Block, SourceMessage } from '../services/summary/render.js';
 import { summarizeSession } from '../workers/summarize.js';
+import { summaryConfigFingerprint } from '../workers/summary-sweep.js';
 import { newUsageRetentionState, pruneUsage } from '../workers/usage-retention.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { ChatScript, FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
@@ -808,9 +809,16 @@ void describe('summarize job', () => {
     await archive(s, [user('[T:x1] question'), assistant('[T:x2] answer')]);
     fake.onChat(() => ({ content: 'garbage' }));
     let last: any;
-    for (let i = 0; i < 5; i++) last = await summarize(s);
+    for (let i = 0; i < 4; i++) last = await summarize(s);
+    // updated_at moves with each failure (it stayed at the first one's).
+    await svc.deps.db.query(
+      `UPDATE summaries SET updated_at = '2020-01-01T00:00:00Z' WHERE tenant_id = $1 AND session_id = $2`,
+      [tenantId, s],
+    );
+    last = await summarize(s);
     assert.equal(last.status, 'stalled');
     assert.equal(last.failures, 5);
+    assert.ok(last.updated_at > '2021', `updated_at ${last.updated_at}`);
     assert.ok(Date.parse(last.next_attempt_at) > Date.now(), 'Date.parse(last.next_attempt_at) > Date.now()');
 
     // No summary text yet: a 404 (SPEC), whose details keep the state.
@@ -825,6 +833,7 @@ void describe('summarize job', () => {
       afterTenantId: '',
       afterSessionId: '',
       limit: 1000,
+      config: summaryConfigFingerprint(svc.config),
     });
     assert.ok(!candidates.some((c) => c.id === s), 'the sweep skips a stalled session in back-off');
 
@@ -839,7 +848,12 @@ void describe('summarize job', () => {
   void test('a reset that keeps a stalled summary clears its failures, so new messages are summarised next', async () => {
     const inBackOff = async (session: string) =>
       !(
-        await pageSummaryCandidates(svc.deps.db, { afterTenantId: '', afterSessionId: '', limit: 1000 })
+        await pageSummaryCandidates(svc.deps.db, {
+          afterTenantId: '',
+          afterSessionId: '',
+          limit: 1000,
+          config: summaryConfigFingerprint(svc.config),
+        })
       ).some((c) => c.id === session);
     // A written summary that stalled afterwards, and a placeholder that holds only failures.
     const written = sid('stall-written');

@@ -35,7 +35,7 @@ import { parseSummaryAnswer, pruneSummary, summaryEntries } from '../services/su
 import type { ParseOutcome, Summary } from '../services/summary/summary-shape.js';
 import type { SummaryMetrics } from '../services/summary/summary-metrics.js';
 import { parsePayload } from './queues.js';
-import { runSummarySweep } from './summary-sweep.js';
+import { runSummarySweep, summaryConfigFingerprint } from './summary-sweep.js';
 
 /**
  * The summarize job (SPEC §6): merges every archived message after the session's summary cursor
@@ -245,6 +245,7 @@ async function runLocked(
       sessionId,
       generation: ctx.generation,
       error,
+      config: summaryConfigFingerprint(config),
       stallAfter: STALL_AFTER_FAILURES,
       backoffBaseSeconds: BACKOFF_BASE_SECONDS,
       backoffMaxSeconds: BACKOFF_MAX_SECONDS,

@@ -75,7 +75,8 @@ export async function clearSummaryFailures(q: Queryable, tenantId: string, sessi
     sessionId,
   ]);
   await q.query(
-    `UPDATE summaries SET status = 'ok', failures = 0, last_error = NULL, next_attempt_at = NULL
+    `UPDATE summaries SET status = 'ok', failures = 0, last_error = NULL, next_attempt_at = NULL,
+       failed_config = NULL
      WHERE tenant_id = $1 AND session_id = $2
        AND (status <> 'ok' OR failures > 0 OR next_attempt_at IS NOT NULL)`,
     [tenantId, sessionId],
@@ -198,7 +199,7 @@ export async function upsertImportedSummary(
      VALUES ($1, $2, $3::jsonb, $4::bigint, 1, 'ok', 0, now())
      ON CONFLICT (tenant_id, session_id) DO UPDATE SET summary = EXCLUDED.summary,
        cursor_seq = EXCLUDED.cursor_seq, version = summaries.version + 1, status = 'ok', failures = 0,
-       last_error = NULL, next_attempt_at = NULL, updated_at = now()
+       last_error = NULL, next_attempt_at = NULL, failed_config = NULL, updated_at = now()
      RETURNING version`,
     [a.tenantId, a.sessionId, JSON.stringify(a.summary), a.cursorSeq],
   );

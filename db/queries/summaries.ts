@@ -229,7 +229,8 @@ export async function updateSummaryGuarded(
 ): Promise<boolean> {
   const r = await q.query(
     `UPDATE summaries SET summary = $5::jsonb, version = $6::int, cursor_seq = $7::bigint,
-       status = 'ok', failures = 0, last_error = NULL, next_attempt_at = NULL, updated_at = now()
+       status = 'ok', failures = 0, last_error = NULL, next_attempt_at = NULL, failed_config = NULL,
+       updated_at = now()
      WHERE tenant_id = $1 AND session_id = $2 AND version = $3::int
        AND cursor_seq IS NOT DISTINCT FROM $4::bigint
        AND ($7::bigint >= coalesce(cursor_seq, 0))
@@ -251,6 +252,8 @@ export async function updateSummaryGuarded(
  * Counts a failed run. The first failure of a session without a summary creates a placeholder
  * row (version 0, summary null, cursor 0) so the failure is visible. From `stallAfter`
  * consecutive failures on, the row is `stalled` with an exponential back-off the sweep respects.
+ * Failures count under one LLM configuration (`config`, a fingerprint): the first failure under
+ * another starts the count, and the back-off, again from 1. `updated_at` moves with each failure.
  * Only while the session is still at `generation`: a run over messages that a reset cleared
  * meanwhile counts for nothing (its failure would outlive them).
  */
@@ -261,29 +264,60 @@ export async function recordSummaryFailure(
     sessionId: string;
     generation: number;
     error: string;
+    /** The LLM configuration the run failed under (summaryConfigFingerprint). */
+    config: string;
     stallAfter: number;
     backoffBaseSeconds: number;
     backoffMaxSeconds: number;
   },
 ): Promise<{ failures: number; status: string; next_attempt_at: Date | null } | null> {
+  // The failure count with this one: from 1 again when the last failure had another configuration.
+  const n = '(CASE WHEN summaries.failed_config IS DISTINCT FROM $8 THEN 0 ELSE summaries.failures END + 1)';
   const r = await q.query<{ failures: number; status: string; next_attempt_at: Date | null }>(
-    `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version, status, failures, last_error, updated_at)
-     SELECT $1, $2, 'null'::jsonb, 0, 0, CASE WHEN 1 >= $4::int THEN 'stalled' ELSE 'ok' END, 1, $3, now()
+    `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version, status, failures, last_error,
+       failed_config, updated_at)
+     SELECT $1, $2, 'null'::jsonb, 0, 0, CASE WHEN 1 >= $4::int THEN 'stalled' ELSE 'ok' END, 1, $3, $8, now()
      WHERE EXISTS (SELECT 1 FROM sessions
                    WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL AND generation = $7)
      ON CONFLICT (tenant_id, session_id) DO UPDATE SET
-       failures = summaries.failures + 1,
+       failures = ${n},
        last_error = EXCLUDED.last_error,
-       status = CASE WHEN summaries.failures + 1 >= $4::int THEN 'stalled' ELSE summaries.status END,
-       next_attempt_at = CASE WHEN summaries.failures + 1 >= $4::int
+       failed_config = EXCLUDED.failed_config,
+       updated_at = now(),
+       status = CASE WHEN ${n} >= $4::int THEN 'stalled'
+         WHEN summaries.failed_config IS DISTINCT FROM $8 THEN 'ok' ELSE summaries.status END,
+       next_attempt_at = CASE WHEN ${n} >= $4::int
          THEN now() + make_interval(secs => least($6::double precision,
-           $5::double precision * power(2, summaries.failures + 1 - $4::int)))
+           $5::double precision * power(2, ${n} - $4::int)))
          ELSE NULL END
      WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 AND generation = $7)
      RETURNING failures, status, next_attempt_at`,
-    [a.tenantId, a.sessionId, a.error, a.stallAfter, a.backoffBaseSeconds, a.backoffMaxSeconds, a.generation],
+    [
+      a.tenantId,
+      a.sessionId,
+      a.error,
+      a.stallAfter,
+      a.backoffBaseSeconds,
+      a.backoffMaxSeconds,
+      a.generation,
+      a.config,
+    ],
   );
   return r.rows[0] ?? null;
+}
+
+/**
+ * The admin retry (POST /v1/admin/summaries/retry): every failed or stalled summary, of all tenants
+ * or of one, is due at the next sweep. Its failures count as under another configuration, so the
+ * next failure counts from 1 again (recordSummaryFailure); a success resets all. How many rows.
+ */
+export async function clearSummaryBackoff(q: Queryable, tenantId: string | null): Promise<number> {
+  const r = await q.query(
+    `UPDATE summaries SET next_attempt_at = NULL, failed_config = NULL
+     WHERE failures > 0 AND ($1::text IS NULL OR tenant_id = $1)`,
+    [tenantId],
+  );
+  return r.rowCount ?? 0;
 }
 
 export interface SummaryCandidate {
@@ -294,13 +328,14 @@ export interface SummaryCandidate {
 /**
  * One keyset page of sessions the sweep should summarise: live, of a tenant not under erasure, not
  * `temp-`, with an archived
- * message past the summary cursor (or no summary yet), and not stalled in back-off. The cheap
+ * message past the summary cursor (or no summary yet), and not stalled in back-off unless its
+ * failures were under another LLM configuration than `config` (the sweep's). The cheap
  * `next_seq` test filters first; the EXISTS probe on the primary key makes it exact (a reset
  * removes archive rows without lowering next_seq).
  */
 export async function pageSummaryCandidates(
   q: Queryable,
-  a: { afterTenantId: string; afterSessionId: string; limit: number },
+  a: { afterTenantId: string; afterSessionId: string; limit: number; config: string },
 ): Promise<SummaryCandidate[]> {
   const r = await q.query<SummaryCandidate>(
     `SELECT s.tenant_id, s.id
@@ -311,13 +346,13 @@ export async function pageSummaryCandidates(
        AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = s.tenant_id AND t.erasing_at IS NOT NULL)
        AND left(s.id, 5) <> 'temp-'
        AND s.next_seq - 1 > coalesce(m.cursor_seq, 0)
-       AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now())
+       AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= now() OR m.failed_config IS DISTINCT FROM $4)
        AND EXISTS (SELECT 1 FROM messages x
                    WHERE x.tenant_id = s.tenant_id AND x.session_id = s.id
                      AND x.seq > coalesce(m.cursor_seq, 0))
      ORDER BY s.tenant_id, s.id
      LIMIT $3::int`,
-    [a.afterTenantId, a.afterSessionId, a.limit],
+    [a.afterTenantId, a.afterSessionId, a.limit, a.config],
   );
   return r.rows;
 }

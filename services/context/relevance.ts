@@ -141,8 +141,14 @@ export function makeRelevanceJudge(
     if (!deps.llm || !model) return { relevance: 'all', summary: a.summary };
     const key = relevanceCacheKey(deps.config.prefix, a.tenantId, a.sessionId);
     // The summary's own bytes are hashed too: a version number restarts at 1 after a reset
-    // without the summary, and indexes of another summary must never be applied.
-    const digest = createHash('sha256').update(JSON.stringify(a.summary)).update('\0').update(a.input);
+    // without the summary, and indexes of another summary must never be applied. So is the model:
+    // after DECISION_MODEL is changed (the old one judged badly) its judgements are not served.
+    const digest = createHash('sha256')
+      .update(model)
+      .update('\0')
+      .update(JSON.stringify(a.summary))
+      .update('\0')
+      .update(a.input);
     const field = `${a.version}:${digest.digest('hex')}`;
     const flightKey = `${key} ${field}`;
     let pending = inFlight.get(flightKey);

@@ -1,6 +1,7 @@
 import { PG, pgCode } from '../../db/pool.js';
 import type { Queryable } from '../../db/pool.js';
 import { getVectorIndex, initVectorIndex, sampleVectorDims } from '../../db/queries/vectors.js';
+import { LOCAL_EMBEDDING_MODEL } from '../llm/local-embedder.js';
 
 export class VectorIndexMismatchError extends Error {
   constructor(message: string) {
@@ -18,10 +19,16 @@ const REEMBED_HINT = 'run `npx mnemos reembed` to rebuild the recent index for t
  * on a database that takes no writes (a standby after a failover, `default_transaction_read_only`)
  * the process starts without it, to serve reads as migrate lets it, and the first embed job that
  * finds it empty fills it (embedSession).
+ *
+ * `withoutLlm`: the embedder is local-hash because no LLM is configured (the EMBEDDING_MODEL given,
+ * `configuredModel`, is then ignored). An index built with a model the LLM endpoint served is then
+ * most likely a missing OPENAI_* setting, and the refusal says so first: a reembed would move the
+ * index to the lexical embedder for good.
  */
 export async function ensureVectorIndex(
   q: Queryable,
   want: { model: string; dimensions: number },
+  opts: { withoutLlm?: boolean; configuredModel?: string } = {},
 ): Promise<void> {
   let index = await getVectorIndex(q);
   if (!index) {
@@ -52,6 +59,19 @@ export async function ensureVectorIndex(
         `${index.reembed_started_at?.toISOString() ?? 'recently'}, last progress ${index.updated_at.toISOString()}); ` +
         `the index still holds ${index.model}/${index.dimensions}. Wait for \`npx mnemos reembed\` to finish ` +
         `(or run it again if it was interrupted), then start the service.`,
+    );
+  }
+  if (opts.withoutLlm && index.model !== LOCAL_EMBEDDING_MODEL) {
+    const ignored =
+      opts.configuredModel !== undefined && opts.configuredModel !== LOCAL_EMBEDDING_MODEL
+        ? ` (EMBEDDING_MODEL=${opts.configuredModel} is ignored without them)`
+        : '';
+    throw new VectorIndexMismatchError(
+      `no LLM is configured (OPENAI_API_KEY and OPENAI_BASE_URL are unset), so the embedder is the built-in ` +
+        `lexical ${want.model}/${want.dimensions}${ignored}, but the recent index was built with ` +
+        `${index.model}/${index.dimensions}: set OPENAI_API_KEY or OPENAI_BASE_URL as when it was built. ` +
+        `Only to move the index to ${want.model} for good (lexical, not semantic search), run ` +
+        '`npx mnemos reembed` with this configuration. The service refuses to start until they match.',
     );
   }
   throw new VectorIndexMismatchError(

@@ -59,7 +59,10 @@ export async function sweepMissingVectors(
  */
 export const recentIndexExtension: ExtensionFactory = async (deps) => {
   const embedder = makeEmbedder(deps.config, deps.llm, deps.logger);
-  await ensureVectorIndex(deps.db, embedder);
+  await ensureVectorIndex(deps.db, embedder, {
+    withoutLlm: !deps.config.llm.configured,
+    configuredModel: deps.config.embedding.model,
+  });
 
   const registry = deps.metrics.registry;
   const written = counter(registry, 'mnemos_embeddings_written_total', 'Vectors written to the recent index');

@@ -1,11 +1,18 @@
 import { Router } from 'express';
-import { keyCreated, keyListAnswer, tenantCreated, tenantListAnswer } from '../openapi-responses.js';
+import {
+  keyCreated,
+  keyListAnswer,
+  summaryRetryAnswer,
+  tenantCreated,
+  tenantListAnswer,
+} from '../openapi-responses.js';
 import { z } from 'zod';
 import type { Db } from '../../db/pool.js';
 import { AppError, notFound } from '../errors.js';
 import type { RouteMeta } from '../openapi.js';
 import { MAX_NAME_CHARS, createKey, createTenant, keyList, revokeKey, tenantList } from '../tenants.js';
 import { assertNoBody, listQuery, noQuery, parseInput } from '../validate.js';
+import { clearSummaryBackoff } from '../../db/queries/summaries.js';
 import { findTenant } from '../../db/queries/tenants.js';
 import { hasBadChars } from '../messages/message-input.js';
 
@@ -14,6 +21,11 @@ import { hasBadChars } from '../messages/message-input.js';
 const name = () => z.string().meta({ maxLength: MAX_NAME_CHARS });
 const tenantBody = z.object({ name: name().min(1) }).strict();
 const keyBody = z.object({ name: name().optional() }).strict();
+const summaryRetryBody = z
+  .object({
+    tenant_id: z.string().min(1).describe("a tenant's id or name; all tenants when left out").optional(),
+  })
+  .strict();
 export const adminRoutesMeta: Record<string, RouteMeta> = {
   'POST /tenants': {
     summary: 'Create a tenant and its first API key',
@@ -48,6 +60,14 @@ export const adminRoutesMeta: Record<string, RouteMeta> = {
     responses: { 200: keyListAnswer },
   },
   'DELETE /keys/:key_id': { summary: 'Revoke an API key', auth: 'admin', success: 204 },
+  'POST /summaries/retry': {
+    summary:
+      'Clear the back-off of every failed or stalled summary (of all tenants, or of one): the sweep retries them now',
+    body: summaryRetryBody,
+    bodyOptional: true,
+    auth: 'admin',
+    responses: { 200: summaryRetryAnswer },
+  },
 };
 
 /** A tenant or key id (or tenant name) from the path: one Postgres text cannot hold is no id. */
@@ -62,6 +82,8 @@ export function makeAdminRoutes(deps: {
   eraseTenant?: (tenantId: string) => Promise<boolean>;
   /** Called after a key is revoked or a tenant erased (drops cached key verifications). */
   onKeysChanged?: () => void;
+  /** Queues a summary sweep now (absent without an LLM: there is no sweep). */
+  sweepSummaries?: () => Promise<void>;
 }): Router {
   const router = Router();
 
@@ -110,6 +132,22 @@ export function makeAdminRoutes(deps: {
     deps.onKeysChanged?.();
     if (!revoked) throw notFound('key');
     res.status(204).end();
+  });
+
+  router.post('/summaries/retry', async (req, res) => {
+    parseInput(noQuery, req.query, 'query');
+    const body = parseInput(summaryRetryBody, req.body === undefined ? {} : req.body);
+    let tenantId: string | null = null;
+    if (body.tenant_id !== undefined) {
+      const tenant = await findTenant(deps.db, idParam(body.tenant_id));
+      if (!tenant) throw notFound('tenant');
+      tenantId = tenant.id;
+    }
+    const sessions = await clearSummaryBackoff(deps.db, tenantId);
+    // The sweep retries them: now rather than at SUMMARY_CRON's next run (which still comes when
+    // Redis does not take the job: the back-off is cleared in Postgres either way).
+    if (sessions > 0) await deps.sweepSummaries?.().catch(() => undefined);
+    res.json({ sessions });
   });
 
   return router;
