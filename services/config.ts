@@ -211,6 +211,7 @@ const schema = z.object({
   TZ: optionalText,
   WORKER_CONCURRENCY: int(1, 1000, 'jobs per worker process').default(8),
   EMBED_CONCURRENCY: int(1, 1000, 'embed jobs per worker process').default(2),
+  SUMMARY_CONCURRENCY: int(1, 1000, 'summary jobs per worker process').default(4),
   EMBED_MAX_DEFER_MS: int(
     0,
     3_600_000,
@@ -289,6 +290,11 @@ export interface Config {
   workerConcurrency: number;
   /** Embed jobs per worker process: below WORKER_CONCURRENCY so archiving keeps the pool and CPU. */
   embedConcurrency: number;
+  /**
+   * Summary jobs per worker process (at most WORKER_CONCURRENCY): each holds an LLM call in flight,
+   * and the endpoint's limits, not the CPU, bound them.
+   */
+  summaryConcurrency: number;
   /**
    * While archiving is behind (some session's accepted messages have waited over
    * embedDeferBehindMs for their drain), an embed job younger than this goes back to the delayed
@@ -562,6 +568,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     timeZone,
     workerConcurrency: e.WORKER_CONCURRENCY,
     embedConcurrency: e.EMBED_CONCURRENCY,
+    summaryConcurrency: e.SUMMARY_CONCURRENCY,
     embedMaxDeferMs: e.EMBED_MAX_DEFER_MS,
     embedDeferBehindMs: e.EMBED_DEFER_BEHIND_MS,
     pgPoolSize: e.PG_POOL_SIZE,

@@ -221,20 +221,24 @@ void describe('llm client: chat', () => {
     assert.ok(Date.now() - started < 2000, 'Date.now() - started < 2000');
   });
 
-  void test('retry-after is capped at maxDelayMs and exposed on the final error', async () => {
+  void test('a retry-after longer than maxDelayMs is not retried sooner: the call ends with the wait asked for', async () => {
     fake.queueChat(
       { status: 429, headers: { 'retry-after': '60' } },
-      { status: 429, headers: { 'retry-after': '60' } },
+      { status: 503, headers: { 'retry-after-ms': '41' } },
+      { content: 'never' },
     );
     const started = Date.now();
-    await rejectsWith(client({ maxAttempts: 2, maxDelayMs: 40 }).chat(chatReq()), (err) => {
+    await rejectsWith(client({ maxAttempts: 3, maxDelayMs: 40 }).chat(chatReq()), (err) => {
       assert.equal(err.kind, 'rate_limited');
       assert.equal(err.retryable, true);
       assert.equal(err.status, 429);
-      assert.equal(err.retryAfterMs, 40);
+      assert.equal(err.retryAfterMs, 60_000);
+    });
+    await rejectsWith(client({ maxAttempts: 3, maxDelayMs: 40 }).chat(chatReq()), (err) => {
+      assert.deepEqual([err.kind, err.status, err.retryAfterMs], ['server', 503, 41]);
     });
     assert.ok(Date.now() - started < 1000, 'Date.now() - started < 1000');
-    assert.equal(fake.chatRequests().length, 2);
+    assert.equal(fake.chatRequests().length, 2, 'one request per call: a retry 8 s into 60 is refused again');
   });
 
   void test('500 x3 fails retryable with kind server after exactly maxAttempts requests', async () => {

@@ -1530,6 +1530,186 @@ void describe('once per session', () => {
   });
 });
 
+void describe('when the LLM endpoint pushes back or fails', () => {
+  // Services of their own: a wait of the summary queue holds only their queue (their prefix).
+  const services: TestService[] = [];
+  const start = async (env: Record<string, string> = {}) => {
+    const s = await startTestService({
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        OPENAI_API_KEY: 'test',
+        SUMMARY_RUNES: String(BUDGET),
+        SUMMARY_CRON: '0 0 1 1 *',
+        ...env,
+      },
+    });
+    services.push(s);
+    return { svc: s, ...(await s.newTenant()) };
+  };
+  after(async () => {
+    await Promise.all(services.map((s) => s.stop()));
+  });
+  const summaryOf = async (t: { api: Api }, session: string) =>
+    (await t.api.get(`/v1/sessions/${session}`)).body.summary as Record<string, unknown> | undefined;
+  const rowOf = async (s: TestService, tenant: string, session: string) =>
+    (
+      await s.deps.db.query<{ failures: number; status: string; last_error: string | null; version: number }>(
+        'SELECT failures, status, last_error, version FROM summaries WHERE tenant_id = $1 AND session_id = $2',
+        [tenant, session],
+      )
+    ).rows[0];
+
+  void test('SUMMARY_CONCURRENCY bounds the summary calls in flight per worker process', async () => {
+    const t = await start({ SUMMARY_CONCURRENCY: '2' });
+    let inFlight = 0;
+    let most = 0;
+    fake.onChat((body: any) => {
+      most = Math.max(most, ++inFlight);
+      // The fake answers after 300 ms; this timer was set first, so it fires first.
+      setTimeout(() => inFlight--, 300);
+      return { delayMs: 300, then: echoSummary(body) };
+    });
+    const sessions = Array.from({ length: 6 }, (_, i) => sid(`conc${i}`));
+    const last = new Map<string, number>();
+    for (const s of sessions) {
+      const r = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
+        messages: [user(`[T:c] ${s}`), assistant('[T:c] ok')],
+      });
+      assert.equal(r.status, 201, r.text);
+      last.set(s, (r.body.messages as Array<{ seq: number }>)[1]!.seq);
+    }
+    for (const s of sessions) assert.equal((await t.api.post(`/v1/sessions/${s}/summarize`)).status, 202);
+    await eventually(
+      async () => {
+        for (const s of sessions) if ((await summaryOf(t, s))?.cursor_seq !== last.get(s)) return false;
+        return true;
+      },
+      30_000,
+      'every session summarised',
+    );
+    assert.equal(most, 2, `${most} summary calls in flight at once`);
+  });
+
+  void test('a 429 with retry-after makes the whole summary queue wait as asked; no session counts a failure', async () => {
+    const t = await start();
+    const WAIT_S = 18; // past the client's 8 s and its two retries
+    let until = 0;
+    const refused: number[] = [];
+    const answered: number[] = [];
+    fake.onChat((body: any) => {
+      const now = Date.now();
+      if (until === 0) until = now + WAIT_S * 1000;
+      if (now < until) {
+        refused.push(now);
+        return { status: 429, headers: { 'retry-after': String(Math.ceil((until - now) / 1000)) } };
+      }
+      answered.push(now);
+      return echoSummary(body);
+    });
+    const sessions = [sid('herd-a'), sid('herd-b'), sid('herd-c')];
+    const last = new Map<string, number>();
+    for (const s of sessions) {
+      const r = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
+        messages: [user(`[T:h] ${s}`), assistant('[T:h] ok')],
+      });
+      assert.equal(r.status, 201, r.text);
+      last.set(s, (r.body.messages as Array<{ seq: number }>)[1]!.seq);
+    }
+    const [first, ...rest] = sessions;
+    for (const s of rest) assert.equal((await t.api.post(`/v1/sessions/${s}/summarize`)).status, 202);
+    const waited = await t.api.post(`/v1/sessions/${first!}/summarize?wait=true`);
+    assert.equal(waited.status, 200, waited.text);
+    assert.equal(waited.body.outcome, 'summarized');
+    assert.deepEqual([waited.body.failures, waited.body.last_error], [0, null]);
+    await eventually(
+      async () => {
+        for (const s of sessions) if ((await summaryOf(t, s))?.cursor_seq !== last.get(s)) return false;
+        return true;
+      },
+      30_000,
+      'every session summarised',
+    );
+    for (const s of sessions) {
+      assert.deepEqual(await rowOf(t.svc, t.tenantId, s), {
+        failures: 0,
+        status: 'ok',
+        last_error: null,
+        version: 1,
+      });
+    }
+    // Refused: only the calls already in flight when the first 429 came; none retried before the
+    // time the endpoint gave (each slot used to retry after 8 s, and the next session after it).
+    assert.ok(refused.length >= 1 && refused.length <= sessions.length, `${refused.length} refused calls`);
+    assert.ok(
+      refused.every((at) => at - refused[0]! < 1000),
+      `refused at +${refused.map((at) => at - refused[0]!).join(', +')} ms`,
+    );
+    assert.equal(answered.length, sessions.length, 'one answered call per session');
+    assert.ok(
+      answered.every((at) => at >= until),
+      'answered.every((at) => at >= until)',
+    );
+  });
+
+  void test('an outage stalls no session: its errors are recorded, not counted, and the queue waits', async () => {
+    const t = await start();
+    const s = sid('outage');
+    const seqs = await (async () => {
+      const r = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, {
+        messages: [user('[T:o1] q'), assistant('[T:o2] a')],
+      });
+      assert.equal(r.status, 201, r.text);
+      return (r.body.messages as Array<{ seq: number }>).map((m) => m.seq);
+    })();
+    const run = () => summarizeSession(t.svc.deps, { tenantId: t.tenantId, sessionId: s });
+
+    // Down (500s after the client's retries), for more runs than STALL_AFTER_FAILURES.
+    fake.onChat(() => ({ status: 500 }));
+    const waits: Array<number | undefined> = [];
+    for (let i = 0; i < 6; i++) {
+      const r = await run();
+      assert.equal(r.outcome, 'failed');
+      waits.push(r.waitMs);
+    }
+    assert.deepEqual(await rowOf(t.svc, t.tenantId, s), {
+      failures: 0,
+      status: 'ok',
+      last_error: 'llm server (HTTP 500: server_error)',
+      version: 0,
+    });
+    assert.deepEqual(waits, Array(6).fill(30_000), 'each run asks the queue to wait 30 s');
+    // Overloaded, saying when to come back: the run is deferred and nothing is recorded.
+    fake.onChat(() => ({ status: 503, headers: { 'retry-after': '20' } }));
+    const deferred = await run();
+    assert.deepEqual([deferred.outcome, deferred.waitMs], ['deferred', 20_000]);
+    assert.equal((await rowOf(t.svc, t.tenantId, s))?.failures, 0);
+
+    // Back: the session is summarised at once (nothing to wait out), and its error is cleared.
+    fake.onChat(echoSummary);
+    const healed = await run();
+    assert.equal(healed.outcome, 'summarized');
+    assert.equal(healed.cursor_seq, seqs[1]);
+    assert.deepEqual(await rowOf(t.svc, t.tenantId, s), {
+      failures: 0,
+      status: 'ok',
+      last_error: null,
+      version: 1,
+    });
+
+    // Through the queue: a failing endpoint fails the job (visible), records the error without
+    // counting it, and makes the queue wait rather than move on to the next session.
+    fake.onChat(() => ({ status: 502 }));
+    const more = sid('outage-q');
+    await t.api.post(`/v1/sessions/${more}/messages?wait=true`, { messages: [user('[T:o3] q')] });
+    const failed = await t.api.post(`/v1/sessions/${more}/summarize?wait=true`);
+    assert.equal(failed.status, 200, failed.text);
+    assert.deepEqual([failed.body.outcome, failed.body.failures, failed.body.status], ['failed', 0, 'ok']);
+    assert.equal(failed.body.last_error, 'llm server (HTTP 502: server_error)');
+    const ttl = await t.svc.deps.queues.summary.getRateLimitTtl();
+    assert.ok(ttl > 20_000 && ttl <= 30_000, `the summary queue waits ${ttl} ms`);
+  });
+});
+
 void describe('usage retention', () => {
   /** One usage row per age, in hours before now, for `tenant`. */
   async function usageAged(tenant: string, hours: number[]) {

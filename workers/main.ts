@@ -39,6 +39,13 @@ function jobSubject(data: unknown): { tenantId?: string; sessionId?: string } {
   };
 }
 
+/**
+ * The summary queue's limiter never limits by itself (a million jobs a second): BullMQ applies a
+ * queue's manual rate limit (`Queue.rateLimit`, set by a summarize job the LLM endpoint pushed
+ * back on, workers/summarize.ts) only in workers that have one, and then in every process.
+ */
+const SUMMARY_LIMITER = { max: 1_000_000, duration: 1000 };
+
 /** How long a maintenance pass asked for (requestMaintenance) waits for a pass on its tables. */
 const REQUESTED_WAIT_MS = 10 * 60_000;
 
@@ -131,9 +138,18 @@ export async function startWorkers(
       }
     };
     // The recent index is derived and catches up in bigger batches; archiving gets the rest.
+    // Summaries are bound by the LLM endpoint's limits (SUMMARY_CONCURRENCY calls in flight).
     const queueConcurrency =
-      name === 'embed' ? Math.min(concurrency, deps.config.embedConcurrency) : concurrency;
-    const w = new Worker(name, timedProcessor, { ...common, concurrency: queueConcurrency });
+      name === 'embed'
+        ? Math.min(concurrency, deps.config.embedConcurrency)
+        : name === 'summary'
+          ? Math.min(concurrency, deps.config.summaryConcurrency)
+          : concurrency;
+    const w = new Worker(name, timedProcessor, {
+      ...common,
+      concurrency: queueConcurrency,
+      ...(name === 'summary' ? { limiter: SUMMARY_LIMITER } : {}),
+    });
     // While Redis refuses commands (out of memory, say) BullMQ emits an error per poll: one line
     // per queue per 5 s, with the count left out.
     const warnError = throttledWarn(deps.logger, 'worker error');

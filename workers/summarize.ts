@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { DelayedError, UnrecoverableError } from 'bullmq';
+import { DelayedError, RateLimitError, UnrecoverableError } from 'bullmq';
 import type { Job } from 'bullmq';
 import { withTransaction } from '../db/pool.js';
 import { maxArchivedSeq } from '../db/queries/messages.js';
@@ -12,6 +12,7 @@ import {
   lockForSummarySave,
   pageSummarySource,
   recordSummaryFailure,
+  recordSummaryProviderError,
   releaseSummaryLease,
   renewSummaryLease,
   summaryRunCurrent,
@@ -19,6 +20,8 @@ import {
 } from '../db/queries/summaries.js';
 import type { CoreDeps } from '../services/deps.js';
 import { LlmError } from '../services/llm/llm-client.js';
+import type { LlmErrorKind } from '../services/llm/llm-client.js';
+import { throttledWarn } from '../services/logger.js';
 import { planChunks } from '../services/summary/chunking.js';
 import {
   conversationChars,
@@ -50,6 +53,14 @@ import { runSummarySweep, summaryConfigFingerprint } from './summary-sweep.js';
 export const STALL_AFTER_FAILURES = 5;
 const BACKOFF_BASE_SECONDS = 600;
 const BACKOFF_MAX_SECONDS = 6 * 3600;
+/**
+ * How long the whole summary queue waits after the LLM endpoint failed for its own reasons: its
+ * `retry-after`, else PROVIDER_WAIT_MS, at least a second and at most PROVIDER_WAIT_MAX_MS (a
+ * worker then retries sooner than asked, and is told again).
+ */
+export const PROVIDER_WAIT_MS = 30_000;
+export const PROVIDER_WAIT_MAX_MS = 5 * 60_000;
+const PROVIDER_WAIT_MIN_MS = 1000;
 const PAGE_SIZE = 200;
 /**
  * A work unit ends at a conversation boundary once it holds this many estimated code points (with
@@ -66,6 +77,7 @@ export type SummarizeOutcome =
   | 'cursor_set'
   | 'noop'
   | 'failed'
+  | 'deferred'
   | 'busy'
   | 'lost_race'
   | 'gone'
@@ -82,9 +94,15 @@ export interface SummarizeResult {
   dropped: number;
   version: number | null;
   cursor_seq: number | null;
-  /** For `failed`: what was recorded in last_error (never message content). */
+  /** For `failed` and `deferred`: what went wrong (never message content). */
   error?: string;
   status?: string;
+  /**
+   * The LLM endpoint failed for its own reasons (providerFault): how long the summary queue waits.
+   * `deferred` (it pushed back) goes back to the queue with nothing recorded; `failed` with this
+   * recorded its last_error without counting a failure.
+   */
+  waitMs?: number;
 }
 
 export interface SummarizeOptions {
@@ -252,6 +270,21 @@ async function runLocked(
     });
     return result('failed', { error, ...(recorded ? { status: recorded.status } : {}) });
   };
+  /**
+   * The endpoint's fault, not the session's: nothing counts toward a stall. Pushed back (429, or a
+   * retry-after), the run is deferred and records nothing; down or failing, last_error says so.
+   */
+  const providerFailed = async (error: string, fault: ProviderFault): Promise<SummarizeResult> => {
+    if (fault.pushback) return result('deferred', { error, waitMs: fault.waitMs });
+    opts.metrics?.chunks.inc({ outcome: 'failed' });
+    const noted = await recordSummaryProviderError(db, {
+      tenantId,
+      sessionId,
+      generation: ctx.generation,
+      error,
+    });
+    return result('failed', { error, waitMs: fault.waitMs, ...(noted ? { status: noted.status } : {}) });
+  };
 
   /**
    * Merges a chunk into the working summary and saves it with the cursor at `coverEnd`: null when
@@ -283,6 +316,7 @@ async function runLocked(
     }
     const lost = lostLease();
     if (lost) return lost;
+    if (answer.provider) return providerFailed(answer.error, answer.provider);
     if (answer.refused && chunk.length > 1) {
       opts.metrics?.chunks.inc({ outcome: 'refused' });
       const half = Math.ceil(chunk.length / 2);
@@ -373,8 +407,15 @@ async function runLocked(
  * already recorded on the summary row (failures, last_error, stall); the job then fails without
  * BullMQ retries (the next sweep retries from the cursor), so it shows as failed in Bull Board
  * and GET /v1/jobs. Infrastructure errors (Postgres down) throw normally and are retried.
+ *
+ * A run the LLM endpoint failed for its own reasons (`waitMs`) makes the whole queue wait, in
+ * every worker process (BullMQ's manual rate limit; the worker's limiter, workers/main.ts): each
+ * worker slot moving on to the next session met the same 429, and counted it as that session's
+ * failure. A deferred job goes back to the queue, its attempts and the session untouched; its
+ * lease is released already (summarizeSession's finally), so its next run is not `busy`.
  */
 export function makeSummaryProcessor(deps: CoreDeps, opts: SummarizeOptions = {}) {
+  const warnWait = throttledWarn(deps.logger, 'LLM endpoint failed or pushed back: the summary queue waits');
   return async (job: Job, token?: string, stop?: AbortSignal): Promise<unknown> => {
     const p = parsePayload('summary', job.data);
     if (p.kind === 'sweep') return runSummarySweep(deps);
@@ -386,6 +427,13 @@ export function makeSummaryProcessor(deps: CoreDeps, opts: SummarizeOptions = {}
       throw err;
     }
     opts.metrics?.jobs.inc({ outcome: r.outcome });
+    if (r.waitMs !== undefined) {
+      // Never shortened: a job in flight when another set a longer wait may be told less.
+      const queue = deps.queues.summary;
+      if ((await queue.getRateLimitTtl()) < r.waitMs) await queue.rateLimit(r.waitMs);
+      warnWait({ error: r.error, waitMs: r.waitMs, outcome: r.outcome });
+      if (r.outcome === 'deferred') throw new RateLimitError();
+    }
     if (r.outcome === 'stopped' && token) {
       // Back to the queue (not failed, not retried against its attempts): another worker, or this
       // one's successor, goes on from the saved cursor a second from now.
@@ -403,7 +451,7 @@ async function summarizeChunk(
   previous: unknown,
   chunk: Block[],
   signal: AbortSignal,
-): Promise<ParseOutcome<Summary> & { refused?: Refusal }> {
+): Promise<ParseOutcome<Summary> & { refused?: Refusal; provider?: ProviderFault }> {
   const { config } = deps;
   const messages = summaryPrompt({
     previous,
@@ -434,8 +482,41 @@ async function summarizeChunk(
     return parsed;
   } catch (err) {
     const refused = refusalOf(err);
-    return { ok: false, error: describeLlmFailure(err), ...(refused ? { refused } : {}) };
+    const provider = providerFault(err);
+    return {
+      ok: false,
+      error: describeLlmFailure(err),
+      ...(refused ? { refused } : {}),
+      ...(provider ? { provider } : {}),
+    };
   }
+}
+
+/**
+ * A failure of the LLM endpoint, not of this session's input, left after the client's retries:
+ * it pushed back (`pushback`: 429 rate_limited, or a 5xx that said when to come back), or it is
+ * down, failing or slow (network, 5xx, timeout). The queue waits `waitMs`; the session's summary
+ * is not backed off and cannot stall for it. Everything else is the session's (an invalid or
+ * refused answer, bad_request) or the configuration's (auth, a wrong model name): counted, and
+ * stalled after STALL_AFTER_FAILURES.
+ */
+interface ProviderFault {
+  pushback: boolean;
+  waitMs: number;
+}
+
+const PROVIDER_KINDS = new Set<LlmErrorKind>(['rate_limited', 'server', 'network', 'timeout']);
+
+function providerFault(err: unknown): ProviderFault | undefined {
+  if (!(err instanceof LlmError) || !PROVIDER_KINDS.has(err.kind)) return undefined;
+  const asked = err.retryAfterMs;
+  // OpenAI's 429 `insufficient_quota` (billing) is no pushback: waiting will not end it, so it is
+  // recorded on the session, yet still not counted.
+  const pushback = err.code !== 'insufficient_quota' && (err.kind === 'rate_limited' || asked !== undefined);
+  return {
+    pushback,
+    waitMs: Math.min(PROVIDER_WAIT_MAX_MS, Math.max(PROVIDER_WAIT_MIN_MS, asked ?? PROVIDER_WAIT_MS)),
+  };
 }
 
 /**

@@ -320,6 +320,29 @@ export async function clearSummaryBackoff(q: Queryable, tenantId: string | null)
   return r.rowCount ?? 0;
 }
 
+/**
+ * Notes a run that failed for the LLM endpoint's reasons (down, failing, slow, or pushing back):
+ * `last_error` says why, and nothing else changes: no failure is counted, so an outage stalls no
+ * session (workers/summarize.ts backs off the queue instead). A session without a row gets the
+ * placeholder (failures 0) so the error is visible. Only while the session is at `generation`.
+ */
+export async function recordSummaryProviderError(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; generation: number; error: string },
+): Promise<{ status: string } | null> {
+  const r = await q.query<{ status: string }>(
+    `INSERT INTO summaries (tenant_id, session_id, summary, cursor_seq, version, status, failures, last_error, updated_at)
+     SELECT $1, $2, 'null'::jsonb, 0, 0, 'ok', 0, $3, now()
+     WHERE EXISTS (SELECT 1 FROM sessions
+                   WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL AND generation = $4)
+     ON CONFLICT (tenant_id, session_id) DO UPDATE SET last_error = EXCLUDED.last_error, updated_at = now()
+     WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 AND generation = $4)
+     RETURNING status`,
+    [a.tenantId, a.sessionId, a.error, a.generation],
+  );
+  return r.rows[0] ?? null;
+}
+
 export interface SummaryCandidate {
   tenant_id: string;
   id: string;

@@ -76,6 +76,11 @@ export class LlmError extends Error {
   readonly retryable: boolean;
   readonly status: number | undefined;
   readonly kind: LlmErrorKind;
+  /**
+   * How long the endpoint asked to wait (`retry-after-ms`, `retry-after`), as it asked: the client
+   * retries within a call only when this is at most its maxDelayMs; a longer wait is the caller's
+   * (the summary queue waits it out, workers/summarize.ts).
+   */
   readonly retryAfterMs?: number;
   /**
    * What went wrong, machine-readable and never endpoint text: the endpoint's error code
@@ -123,7 +128,11 @@ export interface LlmClientOptions {
   maxAttempts?: number;
   /** Default 250. */
   baseDelayMs?: number;
-  /** Caps both computed backoff and server-sent retry-after. Default 8000. */
+  /**
+   * Caps the computed backoff, and the server-sent retry-after a call waits for: a failure whose
+   * retry-after is longer ends the call at once (a retry sooner than asked is refused again; the
+   * error carries the wait asked for). Default 8000.
+   */
   maxDelayMs?: number;
   onUsage?: (u: LlmUsage) => void | Promise<void>;
   /** Called after every attempt (not every call), for metrics. */
@@ -256,7 +265,6 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
           externallyAborted: external?.aborted === true,
           timedOut,
           timeoutMs,
-          maxDelayMs,
         });
         emitCall({
           purpose: ctx.purpose,
@@ -271,6 +279,9 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
       }
 
       if (!failure.retryable || n >= attempts) throw failure;
+      // The endpoint asked for a longer wait than a call waits: a retry after 8 s of its 60 was
+      // refused again, and every such retry counts against the limit it enforces.
+      if (failure.retryAfterMs !== undefined && failure.retryAfterMs > maxDelayMs) throw failure;
       const delayMs = failure.retryAfterMs ?? fullJitter(n, baseDelayMs, maxDelayMs);
       logger?.warn(
         {
@@ -567,7 +578,6 @@ interface ClassifyContext {
   externallyAborted: boolean;
   timedOut: boolean;
   timeoutMs: number;
-  maxDelayMs: number;
 }
 
 function classify(err: unknown, ctx: ClassifyContext): LlmError {
@@ -589,8 +599,7 @@ function classify(err: unknown, ctx: ClassifyContext): LlmError {
       cause: err,
     });
   }
-  if (err instanceof APIError && typeof err.status === 'number')
-    return classifyStatus(err, err.status, ctx.maxDelayMs);
+  if (err instanceof APIError && typeof err.status === 'number') return classifyStatus(err, err.status);
   // A 200 whose body claims to be JSON but is not.
   if (err instanceof SyntaxError) {
     return new LlmError('llm endpoint returned malformed JSON', {
@@ -616,7 +625,7 @@ function classify(err: unknown, ctx: ClassifyContext): LlmError {
   });
 }
 
-function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmError {
+function classifyStatus(err: APIError, status: number): LlmError {
   // The endpoint's own error text stays out: gateways quote the input in it (message content, a
   // prompt, a masked key), and this message reaches logs, BullMQ's failed reasons, GET /v1/jobs
   // and Redis's event streams. OpenAI's machine-readable type and code say what went wrong.
@@ -636,7 +645,7 @@ function classifyStatus(err: APIError, status: number, maxDelayMs: number): LlmE
     (CONTEXT_EXCEEDED.test(err.message) ? 'context_length_exceeded' : undefined) ??
     [err.type].find((t): t is string => typeof t === 'string' && WORD_CODE.test(t));
   const withCode = code === undefined ? {} : { code };
-  const retryAfterMs = retryAfter(err.headers, maxDelayMs);
+  const retryAfterMs = retryAfter(err.headers);
   const withDelay = retryAfterMs === undefined ? {} : { retryAfterMs };
   const init = { status, ...withCode, cause: err };
   if (status === 429)
@@ -684,8 +693,8 @@ function throwIfErrorBody(body: unknown, answerKey: string): void {
   throw new LlmError(message, { kind: 'invalid_response', retryable: false, ...init });
 }
 
-/** retry-after-ms (OpenAI's extension) or retry-after (seconds or HTTP date), capped. */
-function retryAfter(headers: Headers | undefined, maxDelayMs: number): number | undefined {
+/** retry-after-ms (OpenAI's extension) or retry-after (seconds or HTTP date), as asked (≥ 0). */
+function retryAfter(headers: Headers | undefined): number | undefined {
   if (!headers) return undefined;
   let ms: number | undefined;
   const msHeader = headers.get('retry-after-ms');
@@ -703,7 +712,7 @@ function retryAfter(headers: Headers | undefined, maxDelayMs: number): number | 
     }
   }
   if (ms === undefined) return undefined;
-  return Math.min(Math.max(0, ms), maxDelayMs);
+  return Math.max(0, ms);
 }
 
 function fullJitter(attempt: number, baseDelayMs: number, maxDelayMs: number): number {

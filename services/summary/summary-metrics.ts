@@ -40,7 +40,7 @@ export function makeSummaryMetrics(registry: Registry, db: Queryable): SummaryMe
       () =>
         new Counter({
           name: 'mnemos_summarize_jobs_total',
-          help: 'Summarize jobs by outcome (summarized, pruned, cursor_set, noop, failed, busy, lost_race, gone, disabled)',
+          help: 'Summarize jobs by outcome (summarized, pruned, cursor_set, noop, failed, deferred, busy, lost_race, gone, disabled, stopped)',
           labelNames: ['outcome'] as const,
           registers: [registry],
         }),
