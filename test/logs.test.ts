@@ -8,8 +8,10 @@ import { makePgDb } from '../db/pool.js';
 import { AppError } from '../services/errors.js';
 import { openErrorMemory } from '../services/error-memory/error-store.js';
 import { makeErrorHandler } from '../services/http-errors.js';
+import { makeLlmClient } from '../services/llm/llm-client.js';
 import { drainSession } from '../workers/ingest.js';
 import { startWorkers } from '../workers/main.js';
+import { startFakeOpenAI } from './support/fake-openai.js';
 import { deleteRedisPrefix, eventually, startTestService, testPrefix } from './support/harness.js';
 import { startPrivatePostgres } from './support/private-postgres.js';
 import { startPrivateRedis } from './support/private-redis.js';
@@ -477,6 +479,50 @@ void describe('job and worker log lines', () => {
       if (down) await server.start();
       await db.close();
       await server.destroy();
+    }
+  });
+});
+
+void describe('LLM client log lines', () => {
+  void test('retried LLM attempts are one line per purpose, model and failure per 5 s, naming the tenant and session', async () => {
+    // Setup: an endpoint that answers 500 to every call, and a client logging as the service does.
+    const fake = await startFakeOpenAI();
+    fake.onChat(() => ({ status: 500 }));
+    const { lines, logger } = capturedLogger('warn');
+    const llm = makeLlmClient({ baseURL: fake.url, timeoutMs: 5000, baseDelayMs: 1, maxDelayMs: 5, logger });
+    try {
+      // Action: 20 summary calls of 3 attempts each fail: 40 attempts are retried.
+      const calls = Array.from({ length: 20 }, (_, i) =>
+        llm
+          .chat({
+            purpose: 'summary',
+            model: 'sum-model',
+            tenantId: 'tenant-1',
+            sessionId: `session-${i}`,
+            messages: [{ role: 'user', content: 'private message text' }],
+          })
+          .then(
+            () => 'answered',
+            () => 'failed',
+          ),
+      );
+      assert.deepEqual(new Set(await Promise.all(calls)), new Set(['failed']));
+
+      // Assert: one line (before, one per retried attempt), saying whose call it was.
+      const retried = () => lines.filter((l) => l.msg === 'llm call failed, retrying');
+      assert.equal(retried().length, 1, JSON.stringify(retried()));
+      const line = retried()[0]!;
+      assert.deepEqual(
+        [line.purpose, line.model, line.tenantId, line.kind, line.status, line.suppressed],
+        ['summary', 'sum-model', 'tenant-1', 'server', 500, 0],
+      );
+      assert.match(String(line.sessionId), /^session-\d+$/);
+      // At the end of the 5 s, the last attempt left out is written, counting the 38 others.
+      const last = await eventually(async () => retried()[1], 10_000, 'the line counting the others');
+      assert.equal(last.suppressed, 38, JSON.stringify(last));
+      assert.ok(!JSON.stringify(lines).includes('private message text'), 'no prompt text');
+    } finally {
+      await fake.close();
     }
   });
 });

@@ -5,6 +5,7 @@ import { makeRedis } from '../services/redis.js';
 import { enqueueSummarizeMany } from '../services/summary/enqueue-summarize.js';
 import { SWEEP_SCHEDULER_ID } from '../services/summary/summary-extension.js';
 import { makeQueues } from '../workers/queues.js';
+import { runSummarySweep } from '../workers/summary-sweep.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { ChatScript, FakeOpenAI } from './support/fake-openai.js';
 import {
@@ -163,6 +164,45 @@ void describe('summary sweep', () => {
         (await queue.getJobs(['prioritized'])).some((j) => j.id === ids[joined]),
         "(await queue.getJobs(['prioritized'])).some((j) => j.id === ids[joined])",
       );
+    } finally {
+      await queue.resume();
+    }
+  });
+
+  void test("the sweep interleaves tenants: a tenant whose id sorts late is not behind another's backlog", async () => {
+    fake.reset();
+    fake.onChat(echoSummary);
+    const queue = svc.deps.queues.summary;
+    // Setup: two tenants, in the order the sweep reads them, and no sweep running meanwhile.
+    const tenants = [await svc.newTenant(), await svc.newTenant()];
+    const order = await svc.deps.db.query<{ id: string }>(
+      'SELECT id FROM tenants WHERE id = ANY($1::text[]) ORDER BY id',
+      [tenants.map((t) => t.tenantId)],
+    );
+    const [early, late] = order.rows.map((r) => tenants.find((t) => t.tenantId === r.id)!);
+    await queue.pause();
+    await eventually(async () => (await queue.getActiveCount()) === 0, 20_000, 'running jobs to end');
+    try {
+      // The first with a backlog of four changed sessions, the second with two.
+      const base = sid('fair');
+      const backlog = [0, 1, 2, 3].map((i) => `${base}-b${i}`);
+      const few = [0, 1].map((i) => `${base}-f${i}`);
+      for (const s of backlog) await archive(early!.api, s, [user(`[T:fb] ${s}`)]);
+      for (const s of few) await archive(late!.api, s, [user(`[T:ff] ${s}`)]);
+
+      // Action: a sweep, reading two sessions a page.
+      await runSummarySweep(svc.deps, { pageSize: 2 });
+
+      // Assert: workers take the tenants' sessions in turn (the second tenant's came after all
+      // of the first's).
+      assert.deepEqual(await takeOrder(queue, [early!.tenantId, late!.tenantId]), [
+        backlog[0],
+        few[0],
+        backlog[1],
+        few[1],
+        backlog[2],
+        backlog[3],
+      ]);
     } finally {
       await queue.resume();
     }

@@ -7,7 +7,7 @@ import { extractJsonObject, parseSummaryAnswer } from '../services/summary/summa
 import { planChunks } from '../services/summary/chunking.js';
 import { renderBlock } from '../services/summary/render.js';
 import type { Block, SourceMessage } from '../services/summary/render.js';
-import { summarizeSession } from '../workers/summarize.js';
+import { leaseWaitMs, summarizeSession } from '../workers/summarize.js';
 import { summaryConfigFingerprint } from '../workers/summary-sweep.js';
 import { newUsageRetentionState, pruneUsage } from '../workers/usage-retention.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
@@ -1375,6 +1375,83 @@ void describe('once per session', () => {
       [tenantId, s],
     );
     assert.equal(left.rows.length, 0, 'the lease is released after the run');
+  });
+
+  void test("a job that finds a killed run's lease waits for it to expire, then summarises (not busy until the next sweep)", async () => {
+    // Setup: the lease of a run killed mid-way (kill -9): nobody renews it, 2 s of it are left.
+    const s = sid('deadlease');
+    await archive(s, [user('[T:dl1] q'), assistant('[T:dl2] a')]);
+    fake.onChat(echoSummary);
+    await svc.deps.db.query(
+      `INSERT INTO summary_leases (tenant_id, session_id, holder, expires_at) VALUES ($1, $2, 'killed', now() + interval '2 seconds')`,
+      [tenantId, s],
+    );
+
+    // Action: the session's job runs (as BullMQ's re-run of the killed run's stalled job does).
+    const started = Date.now();
+    const body = await summarize(s);
+
+    // Assert: summarised once the lease lapsed (it ended as `busy`, with no summary).
+    assert.equal(body.outcome, 'summarized');
+    assert.equal(body.version, 1);
+    assert.equal(body.summary.current_discussion.description, '[T:dl1] [T:dl2]');
+    assert.ok(Date.now() - started >= 2000, 'not before the lease expired');
+  });
+
+  void test("a job that finds a live run's lease, renewed while it waits, ends as busy with no LLM call", async () => {
+    // Setup: a run holding the lease and renewing it, 1.5 s at a time.
+    const s = sid('livelease');
+    await archive(s, [user('[T:ll1] q')]);
+    fake.onChat(echoSummary);
+    const renew = () =>
+      svc.deps.db.query(
+        `INSERT INTO summary_leases (tenant_id, session_id, holder, expires_at)
+         VALUES ($1, $2, 'alive', now() + interval '1.5 seconds')
+         ON CONFLICT (tenant_id, session_id) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
+        [tenantId, s],
+      );
+    await renew();
+    const renewal = setInterval(() => void renew(), 300);
+    try {
+      // Action
+      const body = await summarize(s);
+
+      // Assert: the other run is doing the work.
+      assert.equal(body.outcome, 'busy');
+      assert.equal(summaryCalls().length, 0);
+    } finally {
+      clearInterval(renewal);
+      await svc.deps.db.query('DELETE FROM summary_leases WHERE tenant_id = $1 AND session_id = $2', [
+        tenantId,
+        s,
+      ]);
+    }
+  });
+
+  void test('a busy job waits for a lease it has not seen, or that was not renewed since, and not for a renewed one', () => {
+    const held = (holder: string, expiresAtMs: number, remainingMs: number) => ({
+      holder,
+      expiresAtMs,
+      remainingMs,
+    });
+    assert.equal(leaseWaitMs(undefined, held('a', 60_000, 40_000)), 41_000, 'first look: until the expiry');
+    assert.equal(
+      leaseWaitMs({ holder: 'a', expiresAtMs: 60_000 }, held('a', 60_000, 300)),
+      1300,
+      'woke early',
+    );
+    assert.equal(
+      leaseWaitMs({ holder: 'a', expiresAtMs: 60_000 }, held('a', 80_000, 50_000)),
+      null,
+      'renewed',
+    );
+    assert.equal(
+      leaseWaitMs({ holder: 'a', expiresAtMs: 60_000 }, held('b', 90_000, 60_000)),
+      61_000,
+      'another',
+    );
+    assert.equal(leaseWaitMs(undefined, held('a', 60_000, -5)), 1000, 'expired meanwhile');
+    assert.equal(leaseWaitMs({ holder: 'a', expiresAtMs: 60_000 }, null), 1000, 'released meanwhile');
   });
 
   void test('a run that loses its lease mid-chunk saves nothing', async () => {

@@ -30,6 +30,8 @@ export const payloads = {
       reason: z.enum(['sweep', 'api']),
       // Set by the API so `?wait=true` can tell its own job from one it joined (deduplication).
       requestId: z.string().max(64).optional(),
+      // The lease of another run this job waited for (makeSummaryProcessor, leaseWaitMs).
+      leaseSeen: z.object({ holder: z.string().max(64), expiresAtMs: z.number() }).optional(),
     }),
   ]),
   // Periodic tasks; each extension registers the kinds it runs (see services/extension.ts).

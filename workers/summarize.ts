@@ -11,6 +11,7 @@ import {
   insertSummary,
   lockForSummarySave,
   pageSummarySource,
+  readSummaryLease,
   recordSummaryFailure,
   recordSummaryProviderError,
   releaseSummaryLease,
@@ -45,9 +46,10 @@ import { runSummarySweep, summaryConfigFingerprint } from './summary-sweep.js';
  * into its rolling summary, chunk by chunk, moving the cursor only past merged chunks.
  *
  * Once per session across processes: the run holds a lease row (summary_leases) that it renews
- * while it works; without it the run ends at once as `busy`. Every save happens in a transaction
- * that re-checks the lease and the session generation and is guarded on the exact version and
- * cursor the run last saw, so even a run that lost its lease cannot overwrite newer work.
+ * while it works; without it the run ends at once as `busy` (its job may then wait for the lease:
+ * leaseWaitMs). Every save happens in a transaction that re-checks the lease and the session
+ * generation and is guarded on the exact version and cursor the run last saw, so even a run that
+ * lost its lease cannot overwrite newer work.
  */
 
 export const STALL_AFTER_FAILURES = 5;
@@ -103,6 +105,16 @@ export interface SummarizeResult {
    * recorded its last_error without counting a failure.
    */
   waitMs?: number;
+  /** For `busy`: the lease as the run found it (null: gone by the time it looked). */
+  lease?: HeldLease | null;
+}
+
+/** A summary lease another run holds: its holder's token and expiry (Postgres's clock). */
+export interface HeldLease {
+  holder: string;
+  expiresAtMs: number;
+  /** Until the expiry, by Postgres's clock (≤ 0: expired). */
+  remainingMs: number;
 }
 
 export interface SummarizeOptions {
@@ -134,7 +146,9 @@ export async function summarizeSession(
   const holder = randomUUID();
   const ttlMs = opts.leaseTtlMs ?? 60_000;
   const lease = { tenantId, sessionId, holder, ttlMs };
-  if (!(await acquireSummaryLease(deps.db, lease))) return none('busy');
+  if (!(await acquireSummaryLease(deps.db, lease))) {
+    return { ...none('busy'), lease: await readSummaryLease(deps.db, tenantId, sessionId) };
+  }
   const controller = new AbortController();
   const renewal = setInterval(
     () => {
@@ -419,13 +433,15 @@ export function makeSummaryProcessor(deps: CoreDeps, opts: SummarizeOptions = {}
   return async (job: Job, token?: string, stop?: AbortSignal): Promise<unknown> => {
     const p = parsePayload('summary', job.data);
     if (p.kind === 'sweep') return runSummarySweep(deps);
-    let r: SummarizeResult;
+    let found: SummarizeResult;
     try {
-      r = await summarizeSession(deps, p, { ...opts, ...(stop ? { stop } : {}) });
+      found = await summarizeSession(deps, p, { ...opts, ...(stop ? { stop } : {}) });
     } catch (err) {
       opts.metrics?.jobs.inc({ outcome: 'error' });
       throw err;
     }
+    // The lease's holder is not shown (the job's result is, in GET /v1/jobs).
+    const { lease, ...r } = found;
     opts.metrics?.jobs.inc({ outcome: r.outcome });
     if (r.waitMs !== undefined) {
       // Never shortened: a job in flight when another set a longer wait may be told less.
@@ -433,6 +449,14 @@ export function makeSummaryProcessor(deps: CoreDeps, opts: SummarizeOptions = {}
       if ((await queue.getRateLimitTtl()) < r.waitMs) await queue.rateLimit(r.waitMs);
       warnWait({ error: r.error, waitMs: r.waitMs, outcome: r.outcome });
       if (r.outcome === 'deferred') throw new RateLimitError();
+    }
+    const wait = r.outcome === 'busy' && token ? leaseWaitMs(p.leaseSeen, lease ?? null) : null;
+    if (wait !== null && token) {
+      // Back to the queue until the lease expires, remembering the lease it waits for.
+      const leaseSeen = lease ? { holder: lease.holder, expiresAtMs: lease.expiresAtMs } : undefined;
+      await job.updateData({ ...p, leaseSeen });
+      await job.moveToDelayed(Date.now() + wait, token);
+      throw new DelayedError();
     }
     if (r.outcome === 'stopped' && token) {
       // Back to the queue (not failed, not retried against its attempts): another worker, or this
@@ -443,6 +467,31 @@ export function makeSummaryProcessor(deps: CoreDeps, opts: SummarizeOptions = {}
     if (r.outcome === 'failed') throw new UnrecoverableError(r.error ?? 'summary chunk failed');
     return r;
   };
+}
+
+/** After a lease's expiry, the wait before trying again: Postgres's and BullMQ's clocks differ. */
+const LEASE_WAIT_SLACK_MS = 1000;
+
+/**
+ * How long a job that found the session's lease held (`busy`) waits in the queue before it tries
+ * again, or null when it ends as `busy`. A run killed mid-way (kill -9, a lost machine) leaves its
+ * lease for up to its TTL (60 s), and BullMQ re-runs its stalled job once the job's lock lapses
+ * (30 s), usually before that: ended as `busy`, the session waited for the next sweep (15 min by
+ * default). One look cannot tell a dead holder from a live one (a live one renews every 20 s), so:
+ * - a holder the job has not seen before (`seen`): it waits until that lease's expiry;
+ * - the holder it waited for, whose lease was not renewed since (the job woke early): the same;
+ * - the holder it waited for, with its lease renewed since: a live run is doing the work: `busy`;
+ * - no lease any more (released as the job looked): it tries again a second later.
+ * A dead holder's job thus runs once the lease lapses, and a live one's ends as `busy` after one
+ * wait of at most the TTL.
+ */
+export function leaseWaitMs(
+  seen: { holder: string; expiresAtMs: number } | undefined,
+  held: HeldLease | null,
+): number | null {
+  if (!held) return LEASE_WAIT_SLACK_MS;
+  if (seen && seen.holder === held.holder && held.expiresAtMs > seen.expiresAtMs) return null;
+  return Math.max(0, held.remainingMs) + LEASE_WAIT_SLACK_MS;
 }
 
 async function summarizeChunk(

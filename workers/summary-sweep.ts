@@ -24,7 +24,8 @@ export function summaryConfigFingerprint(config: Pick<Config, 'summaryModel' | '
  * happened under another LLM configuration (a model name or endpoint fixed since) is due at once. Sessions are read in
  * keyset pages so any number of them costs bounded memory; jobs are deduplicated per session
  * (see enqueue-summarize.ts), so overlapping sweeps, several worker processes and API requests
- * never queue two jobs for one session.
+ * never queue two jobs for one session. Pages come in (tenant, session) order; each job's rank
+ * among its tenant's interleaves the tenants in the queue (enqueueSummarizeMany).
  */
 export async function runSummarySweep(
   deps: Pick<CoreDeps, 'db' | 'queues' | 'llm' | 'config'>,
@@ -36,11 +37,17 @@ export async function runSummarySweep(
   let afterSessionId = '';
   let candidates = 0;
   const config = summaryConfigFingerprint(deps.config);
+  // Each session's place among its tenant's (whose sessions are contiguous, across pages).
+  let tenant = '';
+  let rank = 0;
   for (;;) {
     const page = await pageSummaryCandidates(deps.db, { afterTenantId, afterSessionId, limit, config });
     await enqueueSummarizeMany(
       deps.queues,
-      page.map((c) => ({ tenantId: c.tenant_id, sessionId: c.id })),
+      page.map((c) => {
+        if (c.tenant_id !== tenant) [tenant, rank] = [c.tenant_id, 0];
+        return { tenantId: c.tenant_id, sessionId: c.id, rank: rank++ };
+      }),
     );
     candidates += page.length;
     const last = page[page.length - 1];

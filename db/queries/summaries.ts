@@ -128,6 +128,27 @@ export async function acquireSummaryLease(
   return r.rows.length > 0;
 }
 
+/**
+ * Who holds the session's lease and until when (Postgres's clock, epoch ms), with the time left
+ * by Postgres's clock; null when there is none.
+ */
+export async function readSummaryLease(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+): Promise<{ holder: string; expiresAtMs: number; remainingMs: number } | null> {
+  const r = await q.query<{ holder: string; expires_ms: number; remaining_ms: number }>(
+    `SELECT holder, extract(epoch FROM expires_at)::float8 * 1000 AS expires_ms,
+            extract(epoch FROM expires_at - now())::float8 * 1000 AS remaining_ms
+     FROM summary_leases WHERE tenant_id = $1 AND session_id = $2`,
+    [tenantId, sessionId],
+  );
+  const row = r.rows[0];
+  return row
+    ? { holder: row.holder, expiresAtMs: Number(row.expires_ms), remainingMs: Number(row.remaining_ms) }
+    : null;
+}
+
 /** Extends the lease; false when it is no longer ours (expired and taken over). */
 export async function renewSummaryLease(
   q: Queryable,

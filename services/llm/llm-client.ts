@@ -8,6 +8,7 @@
  * job) whether trying again later can help.
  */
 import OpenAI, { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
+import { throttledKinds, throttledWarn } from '../logger.js';
 import { cutUnits } from '../text/fts-text.js';
 
 export type LlmPurpose = 'summary' | 'noise' | 'supersede' | 'relevance' | 'embedding';
@@ -179,6 +180,10 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
   const maxDelayMs = Math.max(0, opts.maxDelayMs ?? 8000);
   const logger = opts.logger;
   const endpoint = splitBaseURL(opts.baseURL || DEFAULT_BASE_URL);
+  // Attempts that will be retried: one line per purpose, model and failure per 5 s. An endpoint
+  // answering 500 to every call logged a line per attempt: 2,426 in 2 minutes for 253 sessions'
+  // summaries. A call that fails for good is its caller's to log.
+  const retryLogOf = throttledKinds(100);
 
   // Everything is passed explicitly so the SDK does not pick up OPENAI_* variables behind the
   // config module's back; its own logging is off because it can dump request bodies.
@@ -283,18 +288,18 @@ export function makeLlmClient(opts: LlmClientOptions): LlmClient {
       // refused again, and every such retry counts against the limit it enforces.
       if (failure.retryAfterMs !== undefined && failure.retryAfterMs > maxDelayMs) throw failure;
       const delayMs = failure.retryAfterMs ?? fullJitter(n, baseDelayMs, maxDelayMs);
-      logger?.warn(
-        {
-          purpose: ctx.purpose,
-          model,
-          kind: failure.kind,
-          status: failure.status,
-          attempt: n,
-          maxAttempts: attempts,
-          delayMs,
-        },
-        'llm call failed, retrying',
-      );
+      const retried = `${ctx.purpose} ${model} ${failure.kind} ${failure.status ?? ''}`;
+      retryLogOf(retried, () => throttledWarn(logger, 'llm call failed, retrying'))({
+        purpose: ctx.purpose,
+        model,
+        tenantId: ctx.tenantId,
+        ...(ctx.sessionId ? { sessionId: ctx.sessionId } : {}),
+        kind: failure.kind,
+        status: failure.status,
+        attempt: n,
+        maxAttempts: attempts,
+        delayMs,
+      });
       await sleep(delayMs, external);
     }
   }

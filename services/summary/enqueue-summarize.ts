@@ -26,6 +26,8 @@ export type SummarizeReason = 'sweep' | 'api';
  * thousands of summaries held every other tenant's request behind them the same way.
  */
 const SWEEP_PRIORITY = MAX_FAIR_PRIORITY + 1;
+/** BullMQ's lowest priority (its highest number). */
+const LAST_PRIORITY = 2_097_152;
 
 function job(
   tenantId: string,
@@ -85,11 +87,21 @@ export async function enqueueSummarize(
   return { id, job: existing };
 }
 
-/** The sweep's jobs, behind every request's (SWEEP_PRIORITY). */
+/**
+ * The sweep's jobs, behind every request's (SWEEP_PRIORITY), a session of `rank` (its place among
+ * its tenant's sessions in this sweep, from 0) `rank` places further back: BullMQ takes every
+ * tenant's first session, then every tenant's second, and so on, so a tenant with five changed
+ * sessions is not behind another's 2,000 (with one priority for all, the sweep's tenant order
+ * was the queue's: a tenant whose id sorted late waited behind every other tenant's backlog).
+ */
 export async function enqueueSummarizeMany(
   queues: Pick<QueueRegistry, 'summary'>,
-  sessions: Array<{ tenantId: string; sessionId: string }>,
+  sessions: Array<{ tenantId: string; sessionId: string; rank?: number }>,
 ): Promise<void> {
   if (sessions.length === 0) return;
-  await queues.summary.addBulk(sessions.map((s) => job(s.tenantId, s.sessionId, 'sweep', SWEEP_PRIORITY)));
+  await queues.summary.addBulk(
+    sessions.map((s) =>
+      job(s.tenantId, s.sessionId, 'sweep', Math.min(SWEEP_PRIORITY + (s.rank ?? 0), LAST_PRIORITY)),
+    ),
+  );
 }
