@@ -12,6 +12,7 @@ import { afterRestoreCommand } from './lifecycle/after-restore.js';
 import { addLifecycleCommands, refuseWithoutSchema } from './lifecycle/lifecycle-cli.js';
 import { runFromEnv } from './main.js';
 import { reembedCommand } from './recent-index/reembed.js';
+import { redisNamespaceCommand } from './redis-namespace.js';
 import { createKey, createTenant, keyIdOf, keyList, revokeKey, tenantList } from './tenants.js';
 
 /**
@@ -56,6 +57,7 @@ const NEEDS_EMBEDDED_DB = new Set([
   'key revoke',
   'export',
   'reembed',
+  'redis-namespace',
 ]);
 
 async function refuseWithoutEmbeddedDb(command: Command, config: Config): Promise<void> {
@@ -214,6 +216,35 @@ program
       });
     });
   });
+
+program
+  .command('redis-namespace')
+  .description(
+    'show the Redis namespace (MNEMOS_PREFIX and REDIS_URL database number) the database is used with; ' +
+      '--accept records the configured one',
+  )
+  .option(
+    '--accept',
+    'record the configured namespace (after the old one is drained and every process is stopped)',
+  )
+  .option('--force', 'with --accept: record it even while messages still wait under the old namespace')
+  .addHelpText(
+    'after',
+    '\nThe first start records the namespace; serve, api, worker and the commands that use Redis refuse\n' +
+      'another one. To move a deployment: stop the API processes, let the workers archive what waits\n' +
+      'under the old settings, stop every mnemos process, run `mnemos redis-namespace --accept` with the\n' +
+      'new settings, then start them. --accept refuses while messages still wait in the old inboxes on\n' +
+      'this Redis.',
+  )
+  .action((o: { accept?: boolean; force?: boolean }) =>
+    withDb((db) =>
+      redisNamespaceCommand(db, loadConfig(process.env), {
+        accept: o.accept === true,
+        force: o.force === true,
+        print,
+      }),
+    ),
+  );
 
 program
   .command('after-restore')

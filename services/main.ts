@@ -14,6 +14,7 @@ import type { CoreDeps } from './deps.js';
 import type { Extension, ExtensionFactory } from './extension.js';
 import { makeLogger } from './logger.js';
 import type { Logger } from './logger.js';
+import { refuseOtherNamespace } from './redis-namespace.js';
 import { redisDurabilityWarnings, refuseMissingScripting, waitForRedis } from './redis.js';
 import { closeDeps, embeddedBannerLines, openDeps } from './runtime.js';
 import { AppError } from './errors.js';
@@ -119,6 +120,9 @@ export async function startService(
       throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)} (is it running?)`);
     }
     await refuseMissingScripting(deps.redis);
+    // Once Redis answers in the configured database: a first start refused for its REDIS_URL
+    // records nothing that the corrected one would be refused for.
+    await refuseOtherNamespace(deps.db, config);
     for (const w of [
       ...config.warnings,
       ...(await redisDurabilityWarnings(deps.redis)),

@@ -33,7 +33,7 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     }),
     messagesDropped: new Counter({
       name: 'mnemos_messages_dropped_total',
-      help: 'Inbox entries dropped because their session was reset or deleted, or their tenant erased, meanwhile, or their id was archived already (Redis lost its id state)',
+      help: 'Inbox entries dropped because their session was reset or deleted, or their tenant erased, meanwhile, or their id was archived already (Redis lost its id state), or their seq went to another message (another Redis namespace was used meanwhile)',
       registers: [registry],
     }),
     ingestDeadLetter: new Counter({

@@ -12,11 +12,15 @@ import { embeddedBannerLines, FIRST_KEY_FILE } from '../services/runtime.js';
 import { createTenant, keyList } from '../services/tenants.js';
 import {
   ADMIN_URL,
+  REDIS_URL,
+  api,
   createTestDatabase,
   deleteRedisPrefix,
   dropTestDatabase,
+  startTestService,
   testPrefix,
 } from './support/harness.js';
+import type { TestService } from './support/harness.js';
 import { waitExit } from './support/child-service.js';
 
 /**
@@ -345,6 +349,83 @@ void describe('start-up configuration', () => {
       assert.match(banner, new RegExp(`^ {2}Prefix: +${prefix} +\\(MNEMOS_PREFIX`, 'm'));
     } finally {
       await deleteRedisPrefix(prefix);
+      await dropTestDatabase(url);
+    }
+  });
+});
+
+void describe('the Redis namespace a database is used with', () => {
+  void test('a start with another MNEMOS_PREFIX or Redis database is refused, saying how to move; the move works once the old prefix is drained', async () => {
+    // Setup: an API-only process on prefix A accepts c1, which waits in A's inbox (no worker).
+    const url = await createTestDatabase();
+    const [a, b] = [testPrefix(), testPrefix()];
+    const running: TestService[] = [];
+    const start = async (
+      prefix: string,
+      mode: 'api' | 'serve' = 'serve',
+      env: Record<string, string> = {},
+    ) => {
+      const svc = await startTestService({ databaseUrl: url, prefix, mode, env });
+      running.push(svc);
+      return svc;
+    };
+    try {
+      const first = await start(a, 'api');
+      const t = await first.newTenant();
+      const post = (svc: TestService, id: string) =>
+        api(svc.base, t.apiKey).post('/v1/sessions/s/messages?wait=true', {
+          messages: [{ id, role: 'user', content: `text of ${id}` }],
+        });
+      assert.equal((await post(first, 'c1')).status, 202);
+      await first.stop();
+
+      // Action and assert: serve on prefix B, A in another Redis database, and a CLI command that
+      // uses Redis, each refuse, naming both namespaces and the way to move on purpose.
+      await assert.rejects(start(b), (err: Error) => {
+        assert.match(
+          err.message,
+          new RegExp(
+            `used with Redis prefix "${a}" in Redis database 0, but this process is configured with prefix "${b}" in Redis database 0`,
+          ),
+        );
+        assert.match(err.message, /If the setting changed by mistake, set it back/);
+        assert.match(err.message, /run `mnemos redis-namespace --accept` with the new settings/);
+        return true;
+      });
+      await assert.rejects(
+        start(a, 'serve', { REDIS_URL: `${REDIS_URL}/1` }),
+        /configured with prefix "[^"]+" in Redis database 1/,
+      );
+      const cliB = (args: string[]) => cli(args, { DATABASE_URL: url, MNEMOS_PREFIX: b });
+      const del = cliB(['tenant', 'delete', t.tenantId]);
+      assert.equal(del.status, 1, del.stderr);
+      assert.match(del.stderr, new RegExp(`^mnemos: this database is used with Redis prefix "${a}"`, 'm'));
+
+      // The move: refused while c1 waits under A; recorded once A's worker archived it.
+      const early = cliB(['redis-namespace', '--accept']);
+      assert.equal(early.status, 1, early.stdout);
+      assert.match(
+        early.stderr,
+        new RegExp(`1 accepted message still waits to be archived under prefix "${a}" in Redis database 0`),
+      );
+      const drain = await start(a);
+      assert.equal((await post(drain, 'c1')).status, 201);
+      await drain.stop();
+      const moved = cliB(['redis-namespace', '--accept']);
+      assert.equal(moved.status, 0, moved.stderr);
+      assert.match(moved.stdout, new RegExp(`^recorded prefix "${b}" in Redis database 0$`, 'm'));
+
+      // Under B the session goes on after c1; A is the one refused now.
+      const next = await start(b);
+      const d1 = await post(next, 'd1');
+      assert.equal(d1.status, 201, d1.text);
+      assert.deepEqual(d1.body.messages, [{ id: 'd1', seq: 2 }]);
+      await next.stop();
+      await assert.rejects(start(a), new RegExp(`used with Redis prefix "${b}"`));
+    } finally {
+      for (const svc of running) await svc.stop().catch(() => undefined);
+      await deleteRedisPrefix(a);
+      await deleteRedisPrefix(b);
       await dropTestDatabase(url);
     }
   });

@@ -476,7 +476,8 @@ void describe('tenants, keys and the admin API', () => {
           env: {
             ...process.env,
             DATABASE_URL: svc.config.databaseUrl!,
-            MNEMOS_PREFIX: `${svc.config.prefix}-listen`,
+            // The database's own prefix: another one is refused before any of this is tried.
+            MNEMOS_PREFIX: svc.config.prefix,
             LOG_LEVEL: 'silent',
             ...env,
           },

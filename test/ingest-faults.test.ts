@@ -6,8 +6,9 @@ import { pino } from 'pino';
 import { migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import { deleteSessionMessages, markSessionCleared } from '../db/queries/lifecycle.js';
-import { confirmArchived } from '../services/messages/accept-messages.js';
+import { acceptMessages, confirmArchived } from '../services/messages/accept-messages.js';
 import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/inbox.js';
+import { parseMessages } from '../services/messages/message-input.js';
 import { createTenant } from '../services/tenants.js';
 import { DRAIN_BATCH, DRAIN_MAX_BYTES, drainSession } from '../workers/ingest.js';
 import { runIngestSweep } from '../workers/ingest-sweep.js';
@@ -1603,6 +1604,74 @@ void describe('ingestion under faults and many processes', () => {
       lines.filter((l) => /whose id this session had archived already/.test(String(l.msg))).length,
       1,
     );
+  });
+
+  void test("a message left in another prefix's inbox, whose seq the archive gave to another message, is counted and logged when drained; replays stay quiet", async () => {
+    // Setup: an api process on prefix A (the test runs the drains) accepts c1 at seq 1, which
+    // waits in A's inbox. Meanwhile the session is served under prefix B (as a process started
+    // with another MNEMOS_PREFIX did): B numbers it from the archive, where nothing is, and d1 is
+    // archived at seq 1.
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const svc = await startTestService({ mode: 'api', logger });
+    const other = testPrefix();
+    cleanups.push(async () => {
+      await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+      await deleteRedisPrefix(other);
+    });
+    const t = await svc.newTenant();
+    const c1 = await t.api.post('/v1/sessions/s/messages', { messages: [user('c1', { id: 'c1' })] });
+    assert.deepEqual(c1.body.messages, [{ id: 'c1', seq: 1 }]);
+    const underB = { ...svc.deps, config: { ...svc.deps.config, prefix: other } };
+    const d1 = await acceptMessages(
+      underB,
+      t.tenantId,
+      's',
+      parseMessages({ messages: [user('d1', { id: 'd1' })] }, 'UTC'),
+    );
+    assert.deepEqual(d1.outcome.messages, [{ id: 'd1', seq: 1 }]);
+    assert.equal((await drainSession(underB, t.tenantId, 's')).archived, 1);
+    const dropped = async () => (await svc.deps.metrics.messagesDropped.get()).values[0]?.value ?? 0;
+    const said = () =>
+      lines.filter((l) => /whose seqs the archive holds other messages at/.test(String(l.msg)));
+
+    // Action: prefix A's drain (A back in use).
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, 's');
+    const drain = await drainSession(svc.deps, t.tenantId, 's');
+
+    // Assert: c1 is gone from A's inbox and not archived (the archive keeps d1 at seq 1), and the
+    // loss is counted as a drop and logged once, naming the session and the likely cause.
+    assert.equal(drain.archived, 0);
+    assert.equal(drain.dropped, 1);
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.id}`),
+      ['1:d1'],
+    );
+    assert.equal(await dropped(), 1);
+    assert.equal(said().length, 1, JSON.stringify(lines));
+    assert.equal(said()[0]!.tenantId, t.tenantId);
+    assert.equal(said()[0]!.sessionId, 's');
+    assert.equal(said()[0]!.dropped, 1);
+    assert.match(String(said()[0]!.msg), /another Redis namespace \(MNEMOS_PREFIX or Redis database\)/);
+
+    // A replay (an archived message read again, as after a drain whose trim was lost) is no drop.
+    assert.equal(
+      (await t.api.post('/v1/sessions/s/messages', { messages: [user('c2', { id: 'c2' })] })).status,
+      202,
+    );
+    const replay = (await svc.deps.redis.lrange(keys.inbox, 0, 0))[0]!;
+    assert.equal((await drainSession(svc.deps, t.tenantId, 's')).archived, 1);
+    await svc.deps.redis.lpush(keys.inbox, replay);
+    await drainSession(svc.deps, t.tenantId, 's');
+    assert.equal(await svc.deps.redis.llen(keys.inbox), 0);
+    assert.deepEqual(
+      (await allMessages(t.api, 's')).map((m) => `${m.seq}:${m.id}`),
+      ['1:d1', '2:c2'],
+    );
+    assert.equal(await dropped(), 1);
+    assert.equal(said().length, 1);
   });
 
   void test('a deleted session posted to again is visible at once, before its first drain', async () => {

@@ -1,6 +1,6 @@
 import type { Job } from 'bullmq';
 import { pgCode, withTransaction } from '../db/pool.js';
-import { archiveBatch } from '../db/queries/messages.js';
+import { archiveBatch, archivedFingerprints } from '../db/queries/messages.js';
 import type { ArchiveInsertRow } from '../db/queries/messages.js';
 import { lockOrCreateSession, lockSession } from '../db/queries/sessions.js';
 import type { CoreDeps } from '../services/deps.js';
@@ -222,6 +222,8 @@ export async function drainSession(
       dropped: number;
       /** Messages whose id the archive holds at another seq already (idTakenDrops). */
       idTaken: number;
+      /** Messages below next_seq that the archive does not hold (seqTakenDrops). */
+      seqTaken: number;
       /** Inbox entries read (trimmed after the commit). */
       read: number;
       hotBytes: number;
@@ -280,6 +282,24 @@ export async function drainSession(
         const unreadable = current.filter((e) => e.message === null).map((e) => e.raw);
         if (unreadable.length > 0) throw new DeadEntries(unreadable);
         const stale = entries.filter((e) => !isCurrent(e)).length;
+        // Below next_seq: a replay (its drain committed, then stopped before the trim) has its id
+        // and fingerprint archived. One that has not was given a seq the archive holds another
+        // message at: Redis handed it out while another namespace (MNEMOS_PREFIX, Redis
+        // database) numbered this session from the archive, or Redis went back behind it.
+        const below = entries.filter(
+          (e): e is InboxEntry & { message: AcceptedMessage } =>
+            isCurrent(e) && e.seq < nextSeq && e.message !== null,
+        );
+        const archivedFps =
+          below.length === 0
+            ? null
+            : await archivedFingerprints(
+                tx,
+                tenantId,
+                sessionId,
+                below.map((e) => e.message.id),
+              );
+        const seqTaken = below.filter((e) => archivedFps?.get(e.message.id) !== e.message.fp).length;
         const rows = keep.map((e) => toArchiveRow(e.seq, e.message));
         const lastRead = entries[entries.length - 1]!.seq;
         const counters = await archiveBatch(tx, { tenantId, sessionId, nextSeq: lastRead + 1, rows });
@@ -298,6 +318,7 @@ export async function drainSession(
           dropped: stale,
           // Replays (seq < next_seq) were left out above: a row not inserted is an id conflict.
           idTaken: rows.length - counters.archived,
+          seqTaken,
           read: entries.length,
           hotBytes: Number(counters.hot_bytes),
           generation: session.generation,
@@ -374,12 +395,13 @@ export async function drainSession(
     // (syncRedisGeneration): the entries this drain read but did not trim are those.
     if (Number.isFinite(trimmed)) batch.dropped = Math.max(0, batch.dropped - (batch.read - trimmed));
     total.archived += batch.archived;
-    total.dropped += batch.dropped + batch.idTaken;
+    total.dropped += batch.dropped + batch.idTaken + batch.seqTaken;
     total.hotBytes = batch.hotBytes;
     total.generation = batch.generation;
     deps.metrics.messagesArchived.inc(batch.archived);
     if (batch.dropped > 0) deps.metrics.messagesDropped.inc(batch.dropped);
     if (batch.idTaken > 0) idTakenDrops(deps, tenantId, sessionId, batch.idTaken);
+    if (batch.seqTaken > 0) seqTakenDrops(deps, tenantId, sessionId, batch.seqTaken);
     await hooked;
     if (left === 0) return { ...total, more: false };
   }
@@ -406,6 +428,28 @@ function idTakenDrops(
     'dropped accepted messages whose id this session had archived already: Redis lost the ' +
       "session's id state (a maxmemory-policy other than noeviction evicted it, or a restore), " +
       'so their re-posts were given new seqs; the archive keeps the first message of each id',
+  );
+}
+
+/**
+ * Messages below the session's next_seq that the archive does not hold: not replays, but messages
+ * whose seq the archive gave to another message meanwhile. Skipped as replays, they were once lost
+ * without a count or a line: a process started with another MNEMOS_PREFIX numbered the session
+ * afresh from the archive while the first message waited in the old prefix's inbox, and the
+ * drain of the old prefix, back in use, dropped it.
+ */
+function seqTakenDrops(
+  deps: Pick<CoreDeps, 'metrics' | 'logger'>,
+  tenantId: string,
+  sessionId: string,
+  dropped: number,
+): void {
+  deps.metrics.messagesDropped.inc(dropped);
+  deps.logger.warn(
+    { tenantId, sessionId, dropped },
+    'dropped accepted messages whose seqs the archive holds other messages at: this database was ' +
+      'used with another Redis namespace (MNEMOS_PREFIX or Redis database) while they waited, or Redis ' +
+      'went back behind the archive; the archive keeps the messages it holds',
   );
 }
 

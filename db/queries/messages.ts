@@ -250,3 +250,17 @@ export async function maxArchivedSeq(q: Queryable, tenantId: string, sessionId: 
   );
   return Number(r.rows[0]?.m ?? 0);
 }
+
+/** The fingerprints of those of `ids` the session's archive holds, by id. */
+export async function archivedFingerprints(
+  q: Queryable,
+  tenantId: string,
+  sessionId: string,
+  ids: string[],
+): Promise<Map<string, string>> {
+  const r = await q.query<{ id: string; fingerprint: string }>(
+    'SELECT id, fingerprint FROM messages WHERE tenant_id = $1 AND session_id = $2 AND id = ANY($3::text[])',
+    [tenantId, sessionId, ids],
+  );
+  return new Map(r.rows.map((row) => [row.id, row.fingerprint]));
+}

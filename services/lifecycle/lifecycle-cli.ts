@@ -16,6 +16,7 @@ import type { Extension, ExtensionFactory } from '../extension.js';
 import { makeLogger } from '../logger.js';
 import { assertSessionId } from '../messages/message-input.js';
 import { waitForRedis } from '../redis.js';
+import { refuseOtherNamespace } from '../redis-namespace.js';
 import { closeDeps, openDeps } from '../runtime.js';
 import { agenvoyExitStatus, importAgenvoySessions } from './agenvoy-migrate.js';
 import type { AgenvoySessionReport } from './agenvoy-migrate.js';
@@ -71,6 +72,7 @@ async function withRuntime<T>(
     await migrate(deps.db);
     if (!(await waitForRedis(deps.redis, 5000)))
       throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)}`);
+    await refuseOtherNamespace(deps.db, config);
     for (const f of factories ?? []) extensions.push(await f(deps, extensions));
     return await fn({ deps, extensions });
   } finally {

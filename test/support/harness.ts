@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { migrate } from '../../db/migrate.js';
 import { makePgDb } from '../../db/pool.js';
+import { getRedisNamespace } from '../../db/queries/redis-namespace.js';
 import { loadConfig } from '../../services/config.js';
 import type { Config } from '../../services/config.js';
 import { defaultExtensions } from '../../services/extensions.js';
@@ -85,7 +86,27 @@ export interface TestService extends RunningService {
   newTenant(name?: string): Promise<{ tenantId: string; apiKey: string; api: Api }>;
 }
 
-/** Starts mnemos in this process against a test database and a unique Redis prefix. */
+/**
+ * The prefix a database records (redis_namespace), or null. A database is used with one prefix
+ * (services/redis-namespace.ts): a service started again on it without a prefix takes that one,
+ * as a restart of the same deployment would.
+ */
+async function recordedPrefix(databaseUrl: string): Promise<string | null> {
+  // No session settings: through a transaction pooler they would reach other clients' statements.
+  const db = makePgDb({ connectionString: databaseUrl, max: 1, transactionPooler: true });
+  try {
+    return (await getRedisNamespace(db))?.prefix ?? null;
+  } catch {
+    return null;
+  } finally {
+    await db.close().catch(() => undefined);
+  }
+}
+
+/**
+ * Starts mnemos in this process against a test database and a unique Redis prefix (the one the
+ * database records, when given one that a service started on before).
+ */
 export async function startTestService(
   opts: {
     mode?: Mode;
@@ -99,7 +120,8 @@ export async function startTestService(
 ): Promise<TestService> {
   const config = testConfig({
     DATABASE_URL: opts.databaseUrl ?? (await createTestDatabase()),
-    MNEMOS_PREFIX: opts.prefix ?? testPrefix(),
+    MNEMOS_PREFIX:
+      opts.prefix ?? (opts.databaseUrl && (await recordedPrefix(opts.databaseUrl))) ?? testPrefix(),
     ...opts.env,
   });
   const svc = await startService(opts.mode ?? 'serve', config, {
