@@ -1079,6 +1079,25 @@ void describe('stripPriorSummary', () => {
       `No ${TURN_CONTEXT_HEADER} here.\n\nBye.`,
     );
   });
+
+  void test('braces in prose after the header are no JSON; a blockquoted leak goes', () => {
+    // `{like this}` does not parse: a mention, not a leak (it became `Use\n\nin docs.`).
+    const prose = `Use ${TURN_CONTEXT_HEADER} {like this} in docs.`;
+    assert.equal(stripPriorSummary(prose), prose);
+    assert.equal(
+      stripPriorSummary(
+        `Use ${TURN_CONTEXT_HEADER} {"broken": } and ${TURN_CONTEXT_HEADER}\n{"ok":true}\nEnd.`,
+      ),
+      `Use ${TURN_CONTEXT_HEADER} {"broken": } and\n\nEnd.`,
+    );
+    // A reply quoting its context: the quoted header and the quoted JSON lines go, pretty-printed
+    // or fenced, and the rest of the quote stays.
+    const pretty = `Intro.\n> ${TURN_CONTEXT_HEADER}\n> {\n>   "key_decisions": ["Do: x}"]\n> }\n> more quoted\nAfter.`;
+    assert.equal(stripPriorSummary(pretty), 'Intro.\n\n> more quoted\nAfter.');
+    const fenced = `Intro.\n> \`\`\`json\n> ${TURN_CONTEXT_HEADER}\n> {"a":1}\n> \`\`\`\nAfter.`;
+    assert.equal(stripPriorSummary(fenced), 'Intro.\n\nAfter.');
+    assert.equal(stripPriorSummary(`Cut.\n> ${TURN_CONTEXT_HEADER}\n> {"a":[1,`), 'Cut.');
+  });
 });
 
 void test('generic rules kept whatever the decision model says include length and brevity', () => {

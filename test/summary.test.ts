@@ -233,6 +233,28 @@ void describe('summary shape', () => {
     assert.ok(total <= budget, `chunk of ${total}`);
   });
 
+  void test('a body of many line breaks is cut as close under the size as it can be', () => {
+    for (const body of [
+      'ok\n\n'.repeat(5000),
+      'a\n'.repeat(12_000),
+      'x\r\ny\r'.repeat(6000),
+      '😀\n'.repeat(9000),
+    ]) {
+      for (const max of [500, 4000, 32_000]) {
+        const label = `${JSON.stringify(body.slice(0, 6))} at ${max}`;
+        const b = renderBlock(sourceMessage(1, 'user', body), 'UTC', max);
+        // One more code point adds at most a line break and its indentation (3): within 2 of max.
+        assert.ok(b.size <= max && b.size >= max - 2, `${label}: size ${b.size}`);
+        const cut = /^\[[^\]]+\] user:\n {2}([^]*)…\[truncated (\d+) characters\]$/.exec(b.text);
+        assert.ok(cut, `${label}: ${b.text.slice(-80)}`);
+        // Line breaks come out as LF, each followed by the indentation.
+        const kept = cut[1]!.replace(/\n {2}/g, '\n');
+        assert.ok(kept.length > 0 && body.replace(/\r\n?/g, '\n').startsWith(kept), label);
+        if (!body.includes('\r')) assert.equal(codePoints(kept) + Number(cut[2]), codePoints(body), label);
+      }
+    }
+  });
+
   void test('questions that would keep nothing of their text beside the reply are cut apart instead', () => {
     const budget = 394;
     const questions = [1, 2, 3].map((k) => `Question ${k}: ${'q'.repeat(48)}`);
@@ -315,11 +337,32 @@ void describe('summary shape', () => {
       ['Do:\u00a0use tabs', 'Do: use tabs'],
       ['Don‘t: use emoji', "Don't: use emoji"],
       ["Don't:\u3000use emoji", "Don't: use emoji"],
+      // Any case, spaces before the colon, a list bullet, a line break or zero-width characters
+      // after it (each failed the whole chunk, or kept the invisible character).
+      ['do: use tabs', 'Do: use tabs'],
+      ["DON'T: use emoji", "Don't: use emoji"],
+      ['Do :use tabs', 'Do: use tabs'],
+      ["Don't : use emoji", "Don't: use emoji"],
+      ['Do：\n使用', 'Do: 使用'],
+      ['Do:\nuse tabs', 'Do: use tabs'],
+      ['- Do: use tabs', 'Do: use tabs'],
+      ['* Don’t: use emoji', "Don't: use emoji"],
+      ['• Do：使用', 'Do: 使用'],
+      ['Do：\u200b使用', 'Do: 使用'],
+      ['Do: \u200b\ufeffuse tabs', 'Do: use tabs'],
     ]) {
       const r = decisions(written!);
       assert.deepEqual(r.ok ? r.value.key_decisions : r.error, [stored], JSON.stringify(written));
     }
-    for (const d of ['Do：', 'Do:\nuse tabs', 'Do：\n使用', 'Do；使用', 'Don‘t use emoji']) {
+    for (const d of [
+      'Do：',
+      'Do：\n',
+      'Do：\u200b',
+      'Do:\u200buse tabs',
+      '-Do: x',
+      'Do；使用',
+      'Don‘t use emoji',
+    ]) {
       assert.equal(decisions(d).ok, false, JSON.stringify(d));
     }
   });
@@ -1325,6 +1368,60 @@ void describe('decision model', () => {
     assert.equal(r.dropped, 1);
     const summarized = summaryCalls().flatMap((c) => tokensIn(transcriptOf(c)));
     assert.deepEqual(summarized, ['[T:capq]', '[T:capa]'], 'the request once, the thanks dropped');
+  });
+
+  void test('a turn still running at the previous run: its later replies are judged with its request', async () => {
+    const s = sid('midturn');
+    await archive(s, [
+      user('[T:mt1] deploy the billing service to staging and run the smoke tests'),
+      assistant('[T:mt2] starting the deploy'),
+    ]);
+    script('{"noise": []}');
+    assert.equal((await summarizeSession(deps, { tenantId, sessionId: s })).outcome, 'summarized');
+    // The agent's result arrives after the run: the request is behind the cursor.
+    await archive(s, [
+      assistant('[T:mt3] smoke tests: 42 passed, 0 failed'),
+      assistant('[T:mt4] deployed to staging, all green'),
+      user('[T:mt5] thanks!'),
+    ]);
+    fake.reset();
+    script('{"noise": []}');
+    const r = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'summarized');
+    const logs = decisionCalls(/filter noise/).map(logOf);
+    assert.equal(logs.length, 1);
+    const [first, second] = logs[0]!.split(/\n\n(?=\[c\d+\] )/);
+    assert.deepEqual(first!.split('\n').slice(1), [
+      'user: [T:mt1] deploy the billing service to staging and run the smoke tests',
+      '… 1 earlier message left out (judged before) …',
+      'assistant: [T:mt3] smoke tests: 42 passed, 0 failed',
+      'assistant: [T:mt4] deployed to staging, all green',
+    ]);
+    assert.deepEqual(second!.split('\n').slice(1), ['user: [T:mt5] thanks!']);
+    // The request is not summarised again.
+    const summarized = summaryCalls().flatMap((c) => tokensIn(transcriptOf(c)));
+    assert.deepEqual(summarized, ['[T:mt3]', '[T:mt4]', '[T:mt5]']);
+
+    // A run that saw only the request: the replies follow it with nothing left out between.
+    const s2 = sid('midturn2');
+    await archive(s2, [user('[T:mu1] summarise the incident report')]);
+    fake.reset();
+    script('{"noise": []}');
+    await summarizeSession(deps, { tenantId, sessionId: s2 });
+    await archive(s2, [assistant('[T:mu2] the outage was a full disk on db-2')]);
+    fake.reset();
+    script('{"noise": []}');
+    await summarizeSession(deps, { tenantId, sessionId: s2 });
+    assert.deepEqual(
+      logOf(decisionCalls(/filter noise/)[0]!)
+        .split('\n')
+        .slice(1),
+      [
+        'user: [T:mu1] summarise the incident report',
+        '… (judged before) …',
+        'assistant: [T:mu2] the outage was a full disk on db-2',
+      ],
+    );
   });
 
   void test('when every conversation is noise, the cursor moves with no summary call', async () => {

@@ -17,8 +17,10 @@ import {
   releaseSummaryLease,
   renewSummaryLease,
   summaryRunCurrent,
+  turnOpenerAt,
   updateSummaryGuarded,
 } from '../db/queries/summaries.js';
+import type { SummarySourceRow } from '../db/queries/summaries.js';
 import type { CoreDeps } from '../services/deps.js';
 import { LlmError } from '../services/llm/llm-client.js';
 import type { LlmErrorKind } from '../services/llm/llm-client.js';
@@ -247,7 +249,10 @@ async function runLocked(
   const decisionModel = config.decisionModel;
   const render = (m: SourceMessage, max: number) => renderBlock(m, tz, max);
   const reader = makeReader(deps, tenantId, sessionId, startCursor, budget);
-  const readUnit = makeUnitReader(reader, budget, decisionModel === undefined ? undefined : tz);
+  const readUnit =
+    decisionModel === undefined
+      ? makeUnitReader(reader, budget, undefined)
+      : makeUnitReader(reader, budget, tz, await turnSoFar(deps, ctx, startCursor, reader, budget));
   const loaded: number[] = [];
   let pending: SourceMessage[] = [];
   let working: unknown = state.summary;
@@ -647,15 +652,7 @@ function makeReader(
       maxChars: budget,
       maxArgChars: TOOL_ARGUMENT_CHARS,
     });
-    buffer = rows.map((r) => ({
-      seq: Number(r.seq),
-      role: r.role,
-      name: r.name,
-      sentAtNs: r.sent_at_ns,
-      content: r.content,
-      contentChars: r.content_chars,
-      toolCalls: r.tool_calls_text,
-    }));
+    buffer = rows.map(sourceOf);
     at = 0;
     if (rows.length < PAGE_SIZE) done = true;
     const last = buffer[buffer.length - 1];
@@ -679,6 +676,41 @@ function makeReader(
   };
 }
 
+const sourceOf = (r: SummarySourceRow): SourceMessage => ({
+  seq: Number(r.seq),
+  role: r.role,
+  name: r.name,
+  sentAtNs: r.sent_at_ns,
+  content: r.content,
+  contentChars: r.content_chars,
+  toolCalls: r.tool_calls_text,
+});
+
+/**
+ * A run that starts within a turn (the cursor is past its request, and replies came after the
+ * previous run): the turn's request and how many of its messages the cursor has passed, so the
+ * decision model judges the new replies with the request they answer, as after a cut by the
+ * unit's message cap. Undefined when the next message opens a turn, or no request precedes it.
+ */
+async function turnSoFar(
+  deps: Deps,
+  ctx: RunContext,
+  cursor: number,
+  reader: Reader,
+  budget: number,
+): Promise<Conversation['continues']> {
+  const next = await reader.peek();
+  if (cursor === 0 || next === null || next.role === 'user') return undefined;
+  const row = await turnOpenerAt(deps.db, {
+    tenantId: ctx.tenantId,
+    sessionId: ctx.sessionId,
+    atSeq: cursor,
+    maxChars: budget,
+    maxArgChars: TOOL_ARGUMENT_CHARS,
+  });
+  return row ? { opener: sourceOf(row), earlier: Number(row.turn_messages) } : undefined;
+}
+
 interface Unit {
   messages: SourceMessage[];
   /** With a decision model: the unit's conversations, their prompts within DECISION_LOG_CHARS. */
@@ -687,14 +719,20 @@ interface Unit {
 
 /**
  * Work units: whole conversations (a unit ends just before a user message) up to a size that
- * keeps memory and decision prompts bounded. `timeZone` is set when a decision model judges them.
+ * keeps memory and decision prompts bounded. `timeZone` is set when a decision model judges them;
+ * `startsWithin` is the turn the run's cursor is in (turnSoFar).
  */
-function makeUnitReader(reader: Reader, budget: number, timeZone: string | undefined): () => Promise<Unit> {
+function makeUnitReader(
+  reader: Reader,
+  budget: number,
+  timeZone: string | undefined,
+  startsWithin?: Conversation['continues'],
+): () => Promise<Unit> {
   if (timeZone === undefined) {
     return async () => ({ messages: await readUnit(reader, budget), conversations: [] });
   }
-  // The conversation the message cap cut, carried into the next unit.
-  let carried: Conversation['continues'];
+  // The conversation the message cap cut (or the run's cursor), carried into the next unit.
+  let carried = startsWithin;
   return async () => {
     const messages: SourceMessage[] = [];
     const conversations: Conversation[] = [];

@@ -61,6 +61,21 @@ export interface SummarySourceRow {
   tool_calls_text: string | null;
 }
 
+/** The columns of a SummarySourceRow from `messages m`, with the placeholders of its two caps. */
+const sourceColumns = (maxChars: string, maxArgChars: string) =>
+  `m.seq, m.role, m.name, m.sent_at_ns,
+   left(coalesce(m.content, ''), ${maxChars}::int) AS content,
+   char_length(coalesce(m.content, '')) AS content_chars,
+   CASE WHEN jsonb_typeof(m.tool_calls) = 'array' THEN (
+     SELECT string_agg(
+       coalesce(tc -> 'function' ->> 'name', 'tool') || '(' ||
+         CASE WHEN char_length(coalesce(tc -> 'function' ->> 'arguments', '')) > ${maxArgChars}::int
+           THEN left(tc -> 'function' ->> 'arguments', ${maxArgChars}::int) || '…'
+           ELSE coalesce(tc -> 'function' ->> 'arguments', '') END || ')',
+       chr(30) ORDER BY x.ord)
+     FROM jsonb_array_elements(m.tool_calls) WITH ORDINALITY AS x (tc, ord)
+   ) END AS tool_calls_text`;
+
 /** The next page of archived messages after `afterSeq`, in seq order. */
 export async function pageSummarySource(
   q: Queryable,
@@ -74,18 +89,7 @@ export async function pageSummarySource(
   },
 ): Promise<SummarySourceRow[]> {
   const r = await q.query<SummarySourceRow>(
-    `SELECT m.seq, m.role, m.name, m.sent_at_ns,
-       left(coalesce(m.content, ''), $5::int) AS content,
-       char_length(coalesce(m.content, '')) AS content_chars,
-       CASE WHEN jsonb_typeof(m.tool_calls) = 'array' THEN (
-         SELECT string_agg(
-           coalesce(tc -> 'function' ->> 'name', 'tool') || '(' ||
-             CASE WHEN char_length(coalesce(tc -> 'function' ->> 'arguments', '')) > $6::int
-               THEN left(tc -> 'function' ->> 'arguments', $6::int) || '…'
-               ELSE coalesce(tc -> 'function' ->> 'arguments', '') END || ')',
-           chr(30) ORDER BY x.ord)
-         FROM jsonb_array_elements(m.tool_calls) WITH ORDINALITY AS x (tc, ord)
-       ) END AS tool_calls_text
+    `SELECT ${sourceColumns('$5', '$6')}
      FROM messages m
      WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq > $3::bigint
      ORDER BY m.seq
@@ -93,6 +97,29 @@ export async function pageSummarySource(
     [a.tenantId, a.sessionId, a.afterSeq, a.limit, a.maxChars, a.maxArgChars],
   );
   return r.rows;
+}
+
+/**
+ * The request of the turn going on at `atSeq`: the last user message at or before it, with the
+ * number of the turn's messages up to `atSeq` (the request included). Null when there is none.
+ * The scan reads back over the turn's replies (the primary key, newest first).
+ */
+export async function turnOpenerAt(
+  q: Queryable,
+  a: { tenantId: string; sessionId: string; atSeq: number; maxChars: number; maxArgChars: number },
+): Promise<(SummarySourceRow & { turn_messages: string }) | null> {
+  const r = await q.query<SummarySourceRow & { turn_messages: string }>(
+    `SELECT ${sourceColumns('$4', '$5')},
+       (SELECT count(*) FROM messages t
+        WHERE t.tenant_id = $1 AND t.session_id = $2 AND t.seq BETWEEN m.seq AND $3::bigint)
+         AS turn_messages
+     FROM messages m
+     WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq <= $3::bigint AND m.role = 'user'
+     ORDER BY m.seq DESC
+     LIMIT 1`,
+    [a.tenantId, a.sessionId, a.atSeq, a.maxChars, a.maxArgChars],
+  );
+  return r.rows[0] ?? null;
 }
 
 export async function hasMessagesAfter(

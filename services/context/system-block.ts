@@ -27,51 +27,62 @@ export function turnContextMessage(summary: unknown): { role: 'user'; content: s
 
 /**
  * Removes a leaked turn-context block from model output: the header, the JSON object after it
- * (matched by bracket depth, strings respected; to the end of the text if it never closes) and a
- * markdown fence around them. A header that no JSON object follows is a mention in prose ("I
- * cannot show the Prior summary JSON, sorry.") and stays, as does text without the header.
+ * (matched by bracket depth, strings respected, and parsed: `{like this}` in prose is no JSON; to
+ * the end of the text if it never closes) and a markdown fence around them. A header in a
+ * blockquote (`> Prior summary JSON` and `> {…}` on the lines below) goes with the quoted lines
+ * its JSON takes. A header that no JSON object follows is a mention in prose ("I cannot show the
+ * Prior summary JSON, sorry.") and stays, as does text without the header.
  */
 export function stripPriorSummary(text: string): string {
   if (!text.includes(TURN_CONTEXT_HEADER)) return text;
   let out = text;
   let from = 0;
   for (let at = out.indexOf(TURN_CONTEXT_HEADER); at >= 0; at = out.indexOf(TURN_CONTEXT_HEADER, from)) {
-    let i = at + TURN_CONTEXT_HEADER.length;
-    const after = /^[ \t]*:?\s*(```[\w-]*\s*)?/.exec(out.slice(i))!;
-    if (out[i + after[0].length] !== '{') {
-      from = i;
-      continue;
-    }
     const lineStart = out.lastIndexOf('\n', at - 1) + 1;
     const lead = /^\s*(```[\w-]*\s*|>\s*)?$/.exec(out.slice(lineStart, at));
+    // In a blockquote, the JSON is read from the quoted lines without their `>`.
+    const quote = lead?.[1]?.startsWith('>') ? unquote(out, lineStart) : null;
+    const view = quote ? quote.text : out;
+    let i = (quote ? quote.at.indexOf(at) : at) + TURN_CONTEXT_HEADER.length;
+    const after = /^[ \t]*:?\s*(```[\w-]*\s*)?/.exec(view.slice(i))!;
+    i += after[0].length;
+    const end = objectEnd(view, i);
+    if (end < 0) {
+      from = at + TURN_CONTEXT_HEADER.length;
+      continue;
+    }
     let start = lead ? lineStart : at;
     let fenced = Boolean(lead?.[1]?.startsWith('```'));
-    if (lead && !lead[1] && lineStart > 0) {
+    if (lead && (!lead[1] || quote) && lineStart > 0) {
       // An opening fence on the line above, as in "```json\nPrior summary JSON\n{...}\n```".
       const prevStart = out.lastIndexOf('\n', lineStart - 2) + 1;
-      if (/^\s*```[\w-]*\s*$/.test(out.slice(prevStart, lineStart - 1))) {
+      const fence = quote ? /^\s*>\s*```[\w-]*\s*$/ : /^\s*```[\w-]*\s*$/;
+      if (fence.test(out.slice(prevStart, lineStart - 1))) {
         start = prevStart;
         fenced = true;
       }
     }
     if (after[1]) fenced = true;
-    i += after[0].length;
-    i = jsonEnd(out, i);
+    i = end;
     if (fenced) {
-      const close = /^\s*```/.exec(out.slice(i));
+      const close = /^\s*```/.exec(view.slice(i));
       if (close) i += close[0].length;
     }
+    const stop = quote ? quote.at[i - 1]! + 1 : i;
     const head = out.slice(0, start).trimEnd();
-    const tail = out.slice(i).trimStart();
+    const tail = out.slice(stop).trimStart();
     out = head && tail ? `${head}\n\n${tail}` : head + tail;
     from = head.length;
   }
   return out;
 }
 
-/** Index just past the JSON object or array starting at `i`; `i` itself when none starts there. */
-function jsonEnd(s: string, i: number): number {
-  if (s[i] !== '{' && s[i] !== '[') return i;
+/**
+ * Index just past the JSON object starting at `i`: its bracket-matched span when that parses as
+ * an object, the end of `s` when it never closes (a reply cut short), -1 when none starts there.
+ */
+function objectEnd(s: string, i: number): number {
+  if (s[i] !== '{') return -1;
   let depth = 0;
   let inString = false;
   for (let k = i; k < s.length; k++) {
@@ -83,8 +94,33 @@ function jsonEnd(s: string, i: number): number {
     else if (c === '{' || c === '[') depth++;
     else if (c === '}' || c === ']') {
       depth--;
-      if (depth === 0) return k + 1;
+      if (depth === 0) {
+        try {
+          return typeof JSON.parse(s.slice(i, k + 1)) === 'object' ? k + 1 : -1;
+        } catch {
+          return -1;
+        }
+      }
     }
   }
   return s.length;
+}
+
+/**
+ * The blockquote from the line at `lineStart` on, without each line's `>` and one space after it,
+ * with `at[k]`, the index in `s` of the text's k-th UTF-16 unit.
+ */
+function unquote(s: string, lineStart: number): { text: string; at: number[] } {
+  let text = '';
+  const at: number[] = [];
+  for (let line = lineStart; line < s.length;) {
+    const prefix = /^[ \t]*>[ \t]?/.exec(s.slice(line, line + 64));
+    if (!prefix) break;
+    const next = s.indexOf('\n', line);
+    const stop = next < 0 ? s.length : next + 1;
+    for (let k = line + prefix[0].length; k < stop; k++) at.push(k);
+    text += s.slice(line + prefix[0].length, stop);
+    line = stop;
+  }
+  return { text, at };
 }

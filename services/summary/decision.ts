@@ -46,8 +46,9 @@ export const CONVERSATION_CHARS = 4_000;
 /**
  * A user message and the replies after it (messages before the first user message form one too;
  * the work units of workers/summarize.ts group them). `continues`: the conversation began in an
- * earlier unit (the unit's message cap cut it); its opening message is shown again, so the
- * replies are judged with the request they answer.
+ * earlier unit (the unit's message cap cut it) or before the run's cursor (the turn was still
+ * going on at the previous run); its opening message is shown again, so the replies are judged
+ * with the request they answer. `earlier`: its messages before this part, the opening one included.
  */
 export interface Conversation {
   id: string;
@@ -81,10 +82,9 @@ export function renderConversation(
   const when = first ? formatMessageTime(first.sentAtNs, timeZone).slice(0, 16) : '';
   const head = [`[${c.id}] ${when}`];
   if (c.continues) {
-    head.push(
-      line(c.continues.opener),
-      `… ${c.continues.earlier - 1} earlier messages left out (judged before) …`,
-    );
+    const n = c.continues.earlier - 1;
+    const left = n === 0 ? '' : n === 1 ? '1 earlier message left out ' : `${n} earlier messages left out `;
+    head.push(line(c.continues.opener), `… ${left}(judged before) …`);
   }
   const lines = c.messages.map(line);
   const text = [...head, ...lines].join('\n');

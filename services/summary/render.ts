@@ -1,5 +1,5 @@
 import { TOOL_CALL_SEPARATOR } from '../../db/queries/summaries.js';
-import { codePoints, takeCodePoints } from '../text/code-points.js';
+import { codePoints, isHighSurrogate, isLowSurrogate, takeCodePoints } from '../text/code-points.js';
 import { oneLine } from '../text/one-line.js';
 import { wallClock } from '../time.js';
 
@@ -60,6 +60,7 @@ function header(m: SourceMessage, timeZone: string): string {
 const BODY_INDENT = '  ';
 // Line breaks as a model may read them: CRLF, LF, a lone CR, VT, FF, NEL, U+2028, U+2029.
 const LINE_BREAK = /\r\n|[\n\r\v\f\u0085\u2028\u2029]/g;
+const LINE_BREAK_CHARS = new Set(['\n', '\r', '\v', '\f', '\u0085', '\u2028', '\u2029']);
 
 /**
  * Every line of a body indented by BODY_INDENT: only headers start a line, so a message (a tool
@@ -82,23 +83,34 @@ export function renderBlock(m: SourceMessage, timeZone: string, maxSize: number)
   const hidden = Math.max(0, m.contentChars - codePoints(content));
   const bodyChars = codePoints(body);
   const room = maxSize - SEPARATOR_SIZE - codePoints(head);
-  const whole = indented(body);
+  // Indented, the body takes at least BODY_INDENT more: a body past that is not indented whole.
+  const whole = hidden === 0 && bodyChars + BODY_INDENT.length <= room ? indented(body) : null;
   let text: string;
-  if (hidden === 0 && codePoints(whole) <= room) {
+  if (whole !== null && codePoints(whole) <= room) {
     text = head + whole;
   } else {
-    // Cut the body, then indent what is kept: N counts the stored message's characters. The
-    // indentation and the marker's width depend on the cut; each pass takes off what is over.
-    let keep = Math.min(bodyChars, Math.max(0, room - codePoints(truncationMarker(bodyChars + hidden))));
-    for (;;) {
-      const kept = indented(takeCodePoints(body, keep)) + truncationMarker(bodyChars + hidden - keep);
-      const over = codePoints(kept) - room;
-      if (over <= 0 || keep === 0) {
-        text = head + kept;
-        break;
-      }
-      keep = Math.max(0, keep - over);
+    // Cut the body, then indent what is kept: N counts the stored message's characters. No more
+    // than `room` less the indentation and the shortest marker can fit; from there the cut walks
+    // back a code point at a time, taking off what each renders as (a line break is one more
+    // indentation), to the longest prefix that fits with its marker, however many line breaks it
+    // holds (taking off what was over in one go overshot: `ok\n\n` lines shrank by 2 per code
+    // point, and a cut meant for 500 kept nothing).
+    const marker = (keep: number) => codePoints(truncationMarker(bodyChars + hidden - keep));
+    let keep = Math.min(bodyChars, Math.max(0, room - BODY_INDENT.length - marker(bodyChars)));
+    const prefix = takeCodePoints(body, keep);
+    let end = prefix.length;
+    let size = codePoints(indented(prefix));
+    while (keep > 0 && size + marker(keep) > room) {
+      const pair =
+        end >= 2 && isLowSurrogate(prefix.charCodeAt(end - 1)) && isHighSurrogate(prefix.charCodeAt(end - 2));
+      const c = prefix[end - 1]!;
+      end -= pair ? 2 : 1;
+      keep--;
+      // The LF of a CRLF adds nothing: a lone CR is a line break as well.
+      if (c === '\n' && prefix[end - 1] === '\r') continue;
+      size -= !pair && LINE_BREAK_CHARS.has(c) ? 1 + BODY_INDENT.length : 1;
     }
+    text = head + indented(prefix.slice(0, end)) + truncationMarker(bodyChars + hidden - keep);
   }
   return { seq: m.seq, role: m.role, text, size: codePoints(text) + SEPARATOR_SIZE, source: m };
 }

@@ -11,14 +11,16 @@ export const MAX_KEY_DECISIONS = 8;
 export const MAX_PAST_DISCUSSIONS = 8;
 const MAX_FIELD_CHARS = 4000;
 
-// The marker as models write it: a typographic apostrophe, a full-width colon (zh-TW and ja text,
-// often with no space after it), more than one space, a tab or a no-break space after the colon.
-// Stored in the canonical `Do: ` / `Don't: ` form. A colon without any space after it, or no
-// colon, is no marker.
+// The marker as models write it, stored in the canonical `Do: ` / `Don't: ` form: the word in any
+// case, a typographic apostrophe, a list bullet before it (`- `, `* `, `• `), spaces before the
+// colon, a full-width colon (zh-TW and ja text, often with no space after it), and after the
+// colon any whitespace (several spaces, a tab, a no-break space, a line break) and zero-width
+// characters. An ASCII colon with nothing between it and the rule (`Do:x`), a marker without its
+// colon, or one with no rule after it is no marker.
 const MARKER =
-  /^(Do|Don['\u2018\u2019\u02bc\uff07`´]t)(?::[^\S\r\n\u2028\u2029]+|\uff1a[^\S\r\n\u2028\u2029]*)(?=\S)/;
+  /^(?:[-*\u2022][^\S\r\n\u2028\u2029]+)?(do|don['\u2018\u2019\u02bc\uff07`´]t)(?:[^\S\r\n\u2028\u2029]*\uff1a|[^\S\r\n\u2028\u2029]+:|:(?=\s))[\s\u200b-\u200d\u2060\ufeff]*(?=[^\s\u200b-\u200d\u2060\ufeff])/i;
 const normaliseMarker = (s: string) =>
-  s.trim().replace(MARKER, (_, word: string) => (word === 'Do' ? 'Do: ' : "Don't: "));
+  s.trim().replace(MARKER, (_, word: string) => (word.toLowerCase() === 'do' ? 'Do: ' : "Don't: "));
 
 // Postgres's jsonb cannot hold NUL or a lone surrogate: text with them is not a summary (a model's
 // answer with them is a failed chunk, an import's a 400), never a statement that fails to save.
