@@ -564,7 +564,7 @@ void describe('llm client: real providers', () => {
     await rejectsWith(llm.chat(chatReq()), (err) => assert.equal(err.code, 'no_text'));
   });
 
-  void test('a 200 with an error body is classified by its code: 429 and 5xx retried, others not', async () => {
+  void test('a 200 with an error body is classified by its code: 429, 5xx and none retried, a 4xx or a fault word not', async () => {
     const errorBody = (code: unknown) => ({
       status: 200,
       body: { error: { code, message: 'Provider returned error' } },
@@ -595,17 +595,34 @@ void describe('llm client: real providers', () => {
       ['rate_limited', 'ok', 'server', 'server', 'invalid_response'],
     );
 
-    fake.queueEmbeddings({ status: 200, body: { error: { code: 503, message: 'overloaded' } } }, 'ok', {
-      status: 200,
-      body: { error: { message: 'no code' } },
-    });
+    // No code, or one that says nothing (a gateway whose upstream timed out), is an outage: only a
+    // code naming the request's fault is not retried (the recent index takes it for the input's).
+    const errorOf = (error: Record<string, unknown>) => ({ status: 200, body: { error } });
+    fake.queueEmbeddings(
+      errorOf({ code: 503, message: 'overloaded' }),
+      'ok',
+      errorOf({ message: 'upstream request timed out' }),
+      'ok',
+      errorOf({ code: 'upstream_error', message: 'provider failed' }),
+      'ok',
+      errorOf({ code: 422, message: 'input rejected' }),
+      errorOf({ code: 'invalid_request_error', message: 'input rejected' }),
+      errorOf({ code: 'invalid_api_key', message: 'who are you' }),
+    );
     const embed = () => llm.embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['x'], dimensions: 8 });
-    assert.equal((await embed())[0]?.length, 8);
+    for (let i = 0; i < 3; i++) assert.equal((await embed())[0]?.length, 8);
+    for (let i = 0; i < 2; i++) {
+      await rejectsWith(embed(), (err) => {
+        assert.equal(err.kind, 'invalid_response');
+        assert.equal(err.retryable, false);
+        assert.equal(err.code, 'error_body');
+      });
+    }
     await rejectsWith(embed(), (err) => {
-      assert.equal(err.kind, 'invalid_response');
+      assert.equal(err.kind, 'auth');
       assert.equal(err.code, 'error_body');
     });
-    assert.equal(fake.embeddingRequests().length, 3);
+    assert.equal(fake.embeddingRequests().length, 9);
   });
 
   void test('a 200 error body with a word code is retried by what it says; a context-length text is context_length_exceeded', async () => {

@@ -4,6 +4,7 @@ import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { Worker } from 'bullmq';
 import { Redis } from 'ioredis';
+import { pino } from 'pino';
 import { vectorParam } from '../db/pool.js';
 import { archivingBehind, defineInboxScripts, finishDrain, inboxKeys } from '../services/messages/inbox.js';
 import { nearestInSession } from '../db/queries/vectors.js';
@@ -608,6 +609,108 @@ void describe('recent index with a model that is not sent `dimensions` (nomic-em
     lengthFor = () => D;
     const [third] = await post(t.api, 'resized', [user('third note')]);
     await vectorsFor(svc, t.tenantId, 'resized', [...notes, third!]);
+  });
+});
+
+void describe('recent index with an endpoint that sends errors under HTTP 200 (8 dims)', () => {
+  let fake: FakeOpenAI;
+  let svc: TestService;
+  const lines: Array<Record<string, unknown>> = [];
+
+  before(async () => {
+    fake = await startFakeOpenAI();
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    svc = await startTestService({
+      logger,
+      env: {
+        OPENAI_BASE_URL: fake.url,
+        EMBEDDING_MODEL: 'text-embedding-3-small',
+        EMBEDDING_DIMENSIONS: '8',
+      },
+    });
+  });
+  after(async () => {
+    await svc.stop();
+    await fake.close();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  /** Seq -> vector or skip reason, once every seq has one or the other. */
+  async function settled(tenantId: string, sid: string, seqs: number[]): Promise<Map<number, string>> {
+    return eventually(
+      async () => {
+        const r = await svc.deps.db.query<{ seq: string; state: string }>(
+          `SELECT seq, 'vector' AS state FROM message_vectors WHERE tenant_id = $1 AND session_id = $2
+           UNION ALL
+           SELECT seq, reason FROM message_vector_skips WHERE tenant_id = $1 AND session_id = $2`,
+          [tenantId, sid],
+        );
+        const states = new Map(r.rows.map((x) => [Number(x.seq), x.state]));
+        return seqs.every((s) => states.has(s)) ? states : null;
+      },
+      30_000,
+      `vectors or skips for seqs ${seqs.join(',')}`,
+    );
+  }
+
+  void test('an error without a code (a gateway whose upstream timed out) is an outage: retried, no message skipped', async () => {
+    const t = await svc.newTenant();
+    // Every second request is answered 200 with an error that has no code, the first included.
+    let n = 0;
+    fake.onEmbeddings(() =>
+      n++ % 2 === 0 ? { status: 200, body: { error: { message: 'upstream request timed out' } } } : undefined,
+    );
+    try {
+      for (const sid of ['flaky-a', 'flaky-b', 'flaky-c']) {
+        const seqs = await post(t.api, sid, [
+          user(`${sid} kiwi fruit`),
+          assistant(`${sid} mango salad`),
+          user(`${sid} lemon tart`),
+          assistant(`${sid} plum jam`),
+        ]);
+        const states = await settled(t.tenantId, sid, seqs);
+        assert.deepEqual(
+          seqs.map((s) => states.get(s)),
+          seqs.map(() => 'vector'),
+          sid,
+        );
+      }
+      assert.ok(n >= 6, `${n} embeddings requests`);
+    } finally {
+      fake.onEmbeddings(null);
+    }
+  });
+
+  void test('a message the endpoint refuses is skipped, logged at warn with its seq and reason, and counted', async () => {
+    const t = await svc.newTenant();
+    const skippedTotal = async () =>
+      (await svc.deps.metrics.registry.getSingleMetric('mnemos_embeddings_skipped_total')!.get()).values[0]
+        ?.value ?? 0;
+    const before = await skippedTotal();
+    fake.onEmbeddings((body: { input: string[] }) =>
+      body.input.some((text) => text.includes('poisonbody'))
+        ? { status: 200, body: { error: { code: 400, message: 'input rejected' } } }
+        : undefined,
+    );
+    try {
+      const seqs = await post(t.api, 'refused', [user('kiwi fruit'), assistant('poisonbody answer')]);
+      const states = await settled(t.tenantId, 'refused', seqs);
+      assert.deepEqual([states.get(seqs[0]!), states.get(seqs[1]!)], ['vector', 'error_body']);
+      const warning = await eventually(
+        async () => lines.find((l) => l['tenantId'] === t.tenantId && l['sessionId'] === 'refused'),
+        5000,
+        'a warning naming the skipped message',
+      );
+      assert.equal(warning['level'], 40);
+      assert.equal(warning['msg'], 'embeddings endpoint refused a message: it gets no vector');
+      assert.equal(warning['seq'], seqs[1]);
+      assert.equal(warning['reason'], 'error_body');
+      assert.equal(warning['model'], 'text-embedding-3-small');
+      assert.equal((await skippedTotal()) - before, 1);
+    } finally {
+      fake.onEmbeddings(null);
+    }
   });
 });
 

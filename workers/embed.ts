@@ -11,6 +11,7 @@ import {
 } from '../db/queries/vectors.js';
 import type { CoreDeps } from '../services/deps.js';
 import { LlmError } from '../services/llm/llm-client.js';
+import { throttledWarn } from '../services/logger.js';
 import { MAX_EMBED_CHARS, embedIsolating, prepareEmbedText } from '../services/recent-index/embedder.js';
 import type { Embedder } from '../services/recent-index/embedder.js';
 import { enqueueEmbed } from '../services/recent-index/jobs.js';
@@ -33,13 +34,15 @@ export interface EmbedSessionResult {
  * Embeds every hot message of EMBED_ROLES that has no vector yet, batch by batch, oldest first.
  * Vectors are written under a share lock of the session row and only if the session's generation
  * is still the one read (a reset or delete meanwhile drops them) and the message is still at or
- * after the cutoff (a compaction meanwhile drops it).
+ * after the cutoff (a compaction meanwhile drops it). `onRefused` hears of each message the
+ * embeddings endpoint refused, once its skip is recorded.
  */
 export async function embedSession(
   deps: Pick<CoreDeps, 'db' | 'config'>,
   embedder: Embedder,
   tenantId: string,
   sessionId: string,
+  onRefused?: (skip: { seq: string; reason: string }) => void,
 ): Promise<EmbedSessionResult> {
   const limit = embedder.local ? LOCAL_EMBED_BATCH : EMBED_BATCH;
   const total: EmbedSessionResult = { written: 0, skipped: 0, more: false };
@@ -63,7 +66,8 @@ export async function embedSession(
       todo.map((t) => t.text),
       { tenantId, sessionId },
     );
-    for (const s of outcome.skipped) skips.push({ seq: todo[s.index]!.seq, reason: s.reason });
+    const refused = outcome.skipped.map((s) => ({ seq: todo[s.index]!.seq, reason: s.reason }));
+    skips.push(...refused);
     const items = todo.flatMap((t, i) => {
       const embedding = outcome.vectors[i];
       return embedding ? [{ seq: t.seq, embedding }] : [];
@@ -90,6 +94,8 @@ export async function embedSession(
     if (written === null) return total;
     total.written += written;
     total.skipped += skips.length;
+    // The local embedder's skips (`no_features`: "👍") are the text's, not a refusal.
+    if (!embedder.local) for (const s of refused) onRefused?.(s);
     if (written === 0 && items.length > 0) {
       const index = await getVectorIndex(deps.db);
       if (!index) {
@@ -143,11 +149,14 @@ function archivingBehindCached(deps: Pick<CoreDeps, 'redis' | 'config'>): () => 
  * embeds whatever has no vector when it runs.
  */
 export function makeEmbedProcessor(
-  deps: Pick<CoreDeps, 'db' | 'config' | 'queues' | 'redis'>,
+  deps: Pick<CoreDeps, 'db' | 'config' | 'queues' | 'redis' | 'logger'>,
   embedder: Embedder,
   onResult?: (r: EmbedSessionResult) => void,
 ) {
   const behind = archivingBehindCached(deps);
+  // A message skipped for good is visible: a warning (throttled: a flood of refusals is one line a
+  // few seconds, counting the rest) and mnemos_embeddings_skipped_total (onResult).
+  const warnRefused = throttledWarn(deps.logger, 'embeddings endpoint refused a message: it gets no vector');
   return async (job: Job, token?: string): Promise<{ written: number; skipped: number }> => {
     const p = parsePayload('embed', job.data);
     const maxDefer = deps.config.embedMaxDeferMs;
@@ -159,7 +168,15 @@ export function makeEmbedProcessor(
     // session's, so the work always follows the generation read from Postgres.
     let r: EmbedSessionResult;
     try {
-      r = await embedSession(deps, embedder, p.tenantId, p.sessionId);
+      r = await embedSession(deps, embedder, p.tenantId, p.sessionId, (s) =>
+        warnRefused({
+          tenantId: p.tenantId,
+          sessionId: p.sessionId,
+          seq: Number(s.seq),
+          reason: s.reason,
+          model: embedder.model,
+        }),
+      );
     } catch (err) {
       // Outages (429, 5xx, timeouts) retry with the queue's backoff; the rest cannot get better.
       if (err instanceof LlmError && !err.retryable) throw new UnrecoverableError(err.message);

@@ -670,8 +670,13 @@ const CONTEXT_EXCEEDED = /maximum context length|context length (?:is|of)|contex
 /**
  * A 200 whose body is an error and not an answer (OpenRouter and some proxies report failures
  * found after the headers went out this way: `{"error":{"code":429,"message":...}}`), classified
- * by the status in its numeric code like a real one. `answerKey` is where the answer would be
- * (`choices`, `data`); an answer beside an error is left to be read.
+ * by the status in its numeric code like a real one, or by a word code. `answerKey` is where the
+ * answer would be (`choices`, `data`); an answer beside an error is left to be read. Only a code
+ * that says the request is at fault (a 4xx such as 400 or 422, `invalid_request_error`,
+ * `context_length_exceeded`, `model_not_found`) is not retried: one without a code, or with a
+ * code that says nothing (a gateway's `{"error":{"message":"upstream request timed out"}}`), is
+ * an outage like a 5xx: taken for the input's fault, it had the recent index skip a re-tester's
+ * messages for good while the endpoint failed every second request.
  */
 function throwIfErrorBody(body: unknown, answerKey: string): void {
   if (!isRecord(body)) return;
@@ -679,24 +684,43 @@ function throwIfErrorBody(body: unknown, answerKey: string): void {
   const answer = body[answerKey];
   if (error === undefined || error === null || (Array.isArray(answer) && answer.length > 0)) return;
   const raw = isRecord(error) ? error['code'] : undefined;
-  const status =
+  const numeric =
     typeof raw === 'number' && Number.isInteger(raw)
       ? raw
       : typeof raw === 'string' && /^\d{3}$/.test(raw)
         ? Number(raw)
-        : typeof raw === 'string' && /rate_limit|too_many_requests/i.test(raw)
+        : undefined;
+  const status =
+    numeric !== undefined
+      ? numeric >= 400 && numeric <= 599
+        ? numeric
+        : undefined
+      : typeof raw !== 'string'
+        ? undefined
+        : /rate_limit|too_many_requests/i.test(raw)
           ? 429
-          : typeof raw === 'string' && /overloaded|server_error|unavailable|timeout/i.test(raw)
+          : /overloaded|server_error|unavailable|timeout/i.test(raw)
             ? 503
-            : undefined;
+            : /auth|api_key|permission/i.test(raw)
+              ? 401
+              : BAD_REQUEST_WORDS.test(raw)
+                ? 400
+                : undefined;
   const message = `llm endpoint answered 200 with an error${status === undefined ? '' : ` (${status})`}`;
   const init = { code: 'error_body' };
   if (status === 429) throw new LlmError(message, { kind: 'rate_limited', retryable: true, ...init });
-  if (status !== undefined && status >= 500 && status <= 599) {
+  if (status === 408) throw new LlmError(message, { kind: 'timeout', retryable: true, ...init });
+  if (status === undefined || status >= 500 || status === 409) {
     throw new LlmError(message, { kind: 'server', retryable: true, ...init });
   }
+  if (status === 401 || status === 403)
+    throw new LlmError(message, { kind: 'auth', retryable: false, ...init });
   throw new LlmError(message, { kind: 'invalid_response', retryable: false, ...init });
 }
+
+/** Word codes of an error under HTTP 200 that say the request is at fault (its input, its model). */
+const BAD_REQUEST_WORDS =
+  /invalid|bad_request|not_found|unsupported|not_supported|unprocessable|content_filter|content_policy|context_length|too_long|too_large|above_max/i;
 
 /** retry-after-ms (OpenAI's extension) or retry-after (seconds or HTTP date), as asked (≥ 0). */
 function retryAfter(headers: Headers | undefined): number | undefined {
@@ -863,7 +887,8 @@ function readEmbeddings(body: unknown, expected: number, dimensions: number | un
  * vector whose length is zero in float4 (all zeros, or values that round to 0 such as 1e-50: its
  * cosine distance to anything is NaN). Like any invalid_response it is not retried; as it may be
  * the fault of one input, the recent index isolates it (embedIsolating), as it does an answer with
- * fewer vectors than inputs (`missing_vectors`) and an error sent with a 200 (`error_body`).
+ * fewer vectors than inputs (`missing_vectors`) and an error sent with a 200 whose code blames the
+ * request (`error_body`).
  */
 export class BadVectorError extends LlmError {
   readonly index: number;

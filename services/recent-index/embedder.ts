@@ -160,16 +160,17 @@ export interface EmbedOutcome {
 export const CANARY_TEXT = 'mnemos embedding probe';
 
 /**
- * Codes of answers that may be one input's fault: an error sent with HTTP 200 that is no outage
- * (OpenRouter and proxies refuse an input so: `{"error":{"code":400}}`), and fewer vectors than
- * inputs (an endpoint that leaves out a text it cannot embed).
+ * Codes of answers that may be one input's fault: an error sent with HTTP 200 whose code says the
+ * request is at fault (OpenRouter and proxies refuse an input so: `{"error":{"code":400}}`; one
+ * without such a code is an outage, retried: see throwIfErrorBody), and fewer vectors than inputs
+ * (an endpoint that leaves out a text it cannot embed).
  */
 const INPUT_FAULT_CODES = new Set(['error_body', 'missing_vectors']);
 
 /**
  * An answer that may be the fault of one input: a 400 (too long for a model whose limit we do not
- * know, say), one of INPUT_FAULT_CODES, or a vector that cannot be stored or is of another length
- * (see BadVectorError). Retryable errors are not.
+ * know, say), an invalid response with one of INPUT_FAULT_CODES, or a vector that cannot be stored
+ * or is of another length (see BadVectorError). Retryable errors are not.
  */
 function refusesInput(err: unknown): err is LlmError {
   return (
@@ -177,7 +178,7 @@ function refusesInput(err: unknown): err is LlmError {
     !err.retryable &&
     (err.kind === 'bad_request' ||
       err instanceof BadVectorError ||
-      (err.code !== undefined && INPUT_FAULT_CODES.has(err.code)))
+      (err.kind === 'invalid_response' && err.code !== undefined && INPUT_FAULT_CODES.has(err.code)))
   );
 }
 
@@ -188,9 +189,9 @@ function skipReason(err: LlmError): string {
 }
 
 /**
- * Embeds a batch; when the endpoint refuses it (a 400, an error sent with a 200, a missing or an
- * unusable vector: refusesInput),
- * embeds the inputs one by one so a single poison input cannot block the rest. When every input
+ * Embeds a batch; when the endpoint refuses it (a 400, an error sent with a 200 that blames the
+ * request, a missing or an unusable vector: refusesInput), embeds the inputs one by one so a
+ * single poison input cannot block the rest. When every input
  * is refused alone (a batch of one included), a fixed short text (CANARY_TEXT) is embedded: if the
  * endpoint accepts it, the inputs are at fault and are all marked skipped, however many; if it is
  * refused too, the fault is the configuration (unknown model, bad parameter, an endpoint that
