@@ -220,9 +220,9 @@ export async function drainSession(
       lastRead: number;
       archived: number;
       dropped: number;
-      /** Messages whose id the archive holds at another seq already (idTakenDrops). */
+      /** Messages whose id the archive holds at another seq already (countDrops). */
       idTaken: number;
-      /** Messages below next_seq that the archive does not hold (seqTakenDrops). */
+      /** Messages below next_seq that the archive does not hold (countDrops). */
       seqTaken: number;
       /** Inbox entries read (trimmed after the commit). */
       read: number;
@@ -400,8 +400,8 @@ export async function drainSession(
     total.generation = batch.generation;
     deps.metrics.messagesArchived.inc(batch.archived);
     if (batch.dropped > 0) deps.metrics.messagesDropped.inc(batch.dropped);
-    if (batch.idTaken > 0) idTakenDrops(deps, tenantId, sessionId, batch.idTaken);
-    if (batch.seqTaken > 0) seqTakenDrops(deps, tenantId, sessionId, batch.seqTaken);
+    if (batch.idTaken > 0) countDrops(deps, tenantId, sessionId, batch.idTaken, 'idTaken');
+    if (batch.seqTaken > 0) countDrops(deps, tenantId, sessionId, batch.seqTaken, 'seqTaken');
     await hooked;
     if (left === 0) return { ...total, more: false };
   }
@@ -409,48 +409,38 @@ export async function drainSession(
 }
 
 /**
- * Messages the archive's `on conflict do nothing` left out: their id is archived at an earlier
- * seq. The accept answers a re-posted id from the session's id hash (or, once archived, from the
- * archive), so this is a Redis that lost that hash while the first message still waited in the
- * inbox (evicted under a volatile-* maxmemory-policy, restored from an older snapshot) and gave
- * the re-post a seq of its own. The archive keeps the first message of an id (SPEC); the re-post
- * was answered 202 and is gone, which was once neither counted nor logged.
+ * Why the drain drops accepted messages, each counted in `mnemos_messages_dropped_total` and said
+ * in one warn line per batch (both were once lost without a count or a line):
+ * - `idTaken`: the archive's `on conflict do nothing` left them out, as their id is archived at an
+ *   earlier seq. The accept answers a re-posted id from the session's id hash (or, once archived,
+ *   from the archive), so this is a Redis that lost that hash while the first message still waited
+ *   in the inbox (evicted under a volatile-* maxmemory-policy, restored from an older snapshot) and
+ *   gave the re-post a seq of its own. The archive keeps the first message of an id (SPEC).
+ * - `seqTaken`: below the session's next_seq and not in the archive, so not replays but messages
+ *   whose seq the archive gave to another message meanwhile: a process started with another
+ *   MNEMOS_PREFIX numbered the session afresh from the archive while they waited in the old
+ *   prefix's inbox, and the drain of the old prefix, back in use, came to them.
  */
-function idTakenDrops(
-  deps: Pick<CoreDeps, 'metrics' | 'logger'>,
-  tenantId: string,
-  sessionId: string,
-  dropped: number,
-): void {
-  deps.metrics.messagesDropped.inc(dropped);
-  deps.logger.warn(
-    { tenantId, sessionId, dropped },
+const DROP_REASONS = {
+  idTaken:
     'dropped accepted messages whose id this session had archived already: Redis lost the ' +
-      "session's id state (a maxmemory-policy other than noeviction evicted it, or a restore), " +
-      'so their re-posts were given new seqs; the archive keeps the first message of each id',
-  );
-}
+    "session's id state (a maxmemory-policy other than noeviction evicted it, or a restore), " +
+    'so their re-posts were given new seqs; the archive keeps the first message of each id',
+  seqTaken:
+    'dropped accepted messages whose seqs the archive holds other messages at: this database was ' +
+    'used with another Redis namespace (MNEMOS_PREFIX or Redis database) while they waited, or Redis ' +
+    'went back behind the archive; the archive keeps the messages it holds',
+} as const;
 
-/**
- * Messages below the session's next_seq that the archive does not hold: not replays, but messages
- * whose seq the archive gave to another message meanwhile. Skipped as replays, they were once lost
- * without a count or a line: a process started with another MNEMOS_PREFIX numbered the session
- * afresh from the archive while the first message waited in the old prefix's inbox, and the
- * drain of the old prefix, back in use, dropped it.
- */
-function seqTakenDrops(
+function countDrops(
   deps: Pick<CoreDeps, 'metrics' | 'logger'>,
   tenantId: string,
   sessionId: string,
   dropped: number,
+  why: keyof typeof DROP_REASONS,
 ): void {
   deps.metrics.messagesDropped.inc(dropped);
-  deps.logger.warn(
-    { tenantId, sessionId, dropped },
-    'dropped accepted messages whose seqs the archive holds other messages at: this database was ' +
-      'used with another Redis namespace (MNEMOS_PREFIX or Redis database) while they waited, or Redis ' +
-      'went back behind the archive; the archive keeps the messages it holds',
-  );
+  deps.logger.warn({ tenantId, sessionId, dropped }, DROP_REASONS[why]);
 }
 
 export function makeIngestProcessor(
