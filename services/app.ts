@@ -294,9 +294,11 @@ const readUnsizedJsonBody: RequestHandler = (req, _res, next) => {
     const buf = Buffer.concat(parts);
     bodyRead.get(req)?.(buf.length);
     checkJsonBytes(req, buf);
+    // body-parser's reading of an empty body (a BOM alone is one: it drops the BOM first), and
+    // strict: false.
+    const text = buf.toString('utf8').replace(/^\uFEFF/, '');
     try {
-      // body-parser's reading of an empty body, and strict: false.
-      req.body = buf.length === 0 ? {} : (JSON.parse(buf.toString('utf8').replace(/^\uFEFF/, '')) as unknown);
+      req.body = text === '' ? {} : (JSON.parse(text) as unknown);
     } catch {
       throw new AppError(400, 'malformed_json', 'request body is not valid JSON');
     }

@@ -4,6 +4,7 @@ import { isPgUnavailable, pgCode } from '../db/pool.js';
 import { AppError, asDependencyError } from './errors.js';
 import { errorMessage, throttledKinds, throttledLog } from './logger.js';
 import type { Logger } from './logger.js';
+import { closeOverUnreadBody } from './unread-body.js';
 
 /** Body-parser and friends throw errors with `type`/`status`; map them onto the API's error shape. */
 function fromExpressError(err: unknown): AppError | undefined {
@@ -142,6 +143,7 @@ export function sendError(res: Parameters<RequestHandler>[1], err: AppError): vo
   // A 401 names the scheme it wants (RFC 9110 §15.5.2): a bearer token, on every route but Bull
   // Board, whose Basic challenge is set where it is refused.
   if (err.status === 401 && !res.hasHeader('www-authenticate')) res.setHeader('www-authenticate', 'Bearer');
+  closeOverUnreadBody(res.req, res);
   res.status(err.status).json(errorBody(err));
 }
 

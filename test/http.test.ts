@@ -229,6 +229,17 @@ void describe('clients that stop reading', () => {
     assert.equal(whole.text.trim().split('\n').length, 21);
   });
 
+  void test("stalled exports are cut and give their slots back: the tenant's next export runs", async () => {
+    // Its 2 slots (its share of the process's 4), each held by a client that stops reading.
+    const stalled = await Promise.all(
+      [1, 2].map(() => stallReading(request('GET', `/v1/sessions/${big}/export`, t.key))),
+    );
+    for (const r of stalled) assert.ok(r.serverClosed, 'the server closed the connection');
+    const next = await t.api.get(`/v1/sessions/${big}/export`);
+    assert.equal(next.status, 200, next.text.slice(0, 300));
+    assert.equal(next.text.trim().split('\n').length, 21);
+  });
+
   void test('one big JSON answer whose client stops reading is cut', async () => {
     const r = await stallReading(request('GET', `/v1/sessions/${big}/messages?limit=500`, t.key));
     assert.ok(r.serverClosed, 'the server closed the connection');
@@ -406,6 +417,125 @@ void describe('request framing and headers', () => {
       socket.destroy();
     }
     assert.equal((await t.api.get(`/v1/sessions/${s}`)).status, 404, 'nothing stored');
+  });
+
+  void test('a body refused before it was read to its end closes its connection: a request after it is not left hanging', async () => {
+    const t = await newTenant();
+    const junk = Buffer.alloc(1024 * 1024, 'a');
+    const gz = gzipSync(JSON.stringify({ messages: [{ role: 'user', content: 'first' }] }));
+    const next = Buffer.from(request('GET', `/v1/sessions/${sid('next')}/messages`, t.key));
+    for (const [what, raw, code] of [
+      [
+        'not gzip, with a length',
+        Buffer.concat([
+          Buffer.from(
+            request('POST', `/v1/sessions/${sid('gz')}/messages`, t.key, '', {
+              ...jsonHeaders,
+              'content-encoding': 'gzip',
+              'content-length': String(junk.length),
+            }),
+          ),
+          junk,
+        ]),
+        'malformed_body',
+      ],
+      [
+        'not br, chunked',
+        chunkedRequest('POST', `/v1/sessions/${sid('br')}/messages`, t.key, [junk], {
+          'content-encoding': 'br',
+        }),
+        'malformed_body',
+      ],
+      [
+        'data after the end of the gzip data, chunked',
+        chunkedRequest('POST', `/v1/sessions/${sid('after')}/messages`, t.key, [gz, junk], {
+          'content-encoding': 'gzip',
+        }),
+        'malformed_body',
+      ],
+      [
+        'a JSON Lines import whose first line is no JSON, chunked',
+        chunkedRequest(
+          'POST',
+          `/v1/sessions/${sid('lines')}/import`,
+          t.key,
+          [Buffer.from('no json\n'), junk],
+          {
+            'content-type': 'application/x-ndjson',
+          },
+        ),
+        'malformed_json',
+      ],
+    ] as const) {
+      const socket = net.connect(port, '127.0.0.1');
+      let got: Buffer = Buffer.alloc(0);
+      try {
+        await once(socket, 'connect');
+        socket.on('error', () => undefined);
+        socket.on('data', (d: Buffer) => (got = Buffer.concat([got, d])));
+        // The keep-alive timeout (65 s) is far past this wait: the connection stuck behind the
+        // rest of the body was reset only then.
+        const closed = Promise.race([
+          once(socket, 'close').then(() => true),
+          new Promise<boolean>((r) => setTimeout(() => r(false), 10_000).unref()),
+        ]);
+        socket.write(Buffer.concat([raw, next]));
+        assert.ok(await closed, `${what}: the connection is closed, not left waiting`);
+      } finally {
+        socket.destroy();
+      }
+      const [r] = parseAnswers(got).answers;
+      assert.equal(r?.status, 400, `${what}: ${got.toString('latin1').slice(0, 300)}`);
+      assert.equal(r.json.error.code, code, what);
+      assert.equal(r.headers.connection, 'close', `${what}: the answer says the connection closes`);
+    }
+  });
+
+  void test('a refusal that closes the connection before the body is read reaches a client still sending, with no reset', async () => {
+    const t = await newTenant();
+    const mib = Buffer.alloc(1024 * 1024, ' ');
+    for (const [what, headers, status] of [
+      ['a declared length past 8 MiB', { 'content-length': String(20 * 1024 * 1024) }, 413],
+      [
+        'a body that is not gzip',
+        { 'content-encoding': 'gzip', 'content-length': String(20 * 1024 * 1024) },
+        400,
+      ],
+    ] as const) {
+      // A client that writes its body before it reads the answer (curl, an SDK's upload).
+      const socket = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true });
+      let got: Buffer = Buffer.alloc(0);
+      let failed: string | undefined;
+      try {
+        await once(socket, 'connect');
+        socket.on('error', (err: NodeJS.ErrnoException) => (failed = err.code));
+        socket.on('data', (d: Buffer) => (got = Buffer.concat([got, d])));
+        const ended = once(socket, 'end');
+        socket.write(
+          request('POST', `/v1/sessions/${sid('rst')}/messages`, t.key, '', { ...jsonHeaders, ...headers }),
+        );
+        socket.write(mib);
+        await eventually(
+          async () => parseAnswers(got).answers.length > 0 || failed !== undefined,
+          10_000,
+          'the answer',
+        );
+        for (let i = 0; i < 2 && failed === undefined; i++) {
+          socket.write(mib);
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        socket.end();
+        await Promise.race([ended, new Promise((r) => setTimeout(r, 10_000).unref())]);
+        // Closed at once with the client's bytes unread, the server's kernel answered them with
+        // a reset: EPIPE, often before the answer was read.
+        assert.equal(failed, undefined, `${what}: the connection was reset`);
+      } finally {
+        socket.destroy();
+      }
+      const [r] = parseAnswers(got).answers;
+      assert.equal(r?.status, status, `${what}: ${got.toString('latin1').slice(0, 300)}`);
+      assert.equal(r.headers.connection, 'close', what);
+    }
   });
 
   void test('charset us-ascii is UTF-8 enough; a charset inside a quoted parameter is no charset', async () => {
@@ -648,6 +778,25 @@ void describe('JSON body encodings', () => {
       got.body.messages.map((m: { content: string }) => m.content),
       ['plain', 'gzip', 'chunked'],
     );
+  });
+
+  void test('a body that is only a BOM is an empty body on every path: 400 validation_failed', async () => {
+    const t = await newTenant();
+    const s = sid('bom-only');
+    const bom = Buffer.from([0xef, 0xbb, 0xbf]);
+    const plain = await post(t.api, s, bom, 'identity');
+    const gzipped = await post(t.api, s, gzipSync(bom), 'gzip');
+    const [chunked] = await rawExchange(
+      chunkedRequest('POST', `/v1/sessions/${s}/messages`, t.key, [bom], { connection: 'close' }),
+    );
+    for (const [what, status, body] of [
+      ['plain', plain.status, plain.body],
+      ['gzip', gzipped.status, gzipped.body],
+      ['chunked', chunked!.status, chunked!.json],
+    ] as const) {
+      assert.equal(status, 400, `${what}: ${JSON.stringify(body)}`);
+      assert.equal(body.error.code, 'validation_failed', `${what}: ${JSON.stringify(body)}`);
+    }
   });
 });
 

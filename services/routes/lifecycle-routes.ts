@@ -274,7 +274,11 @@ export function makeLifecycleRoutes(deps: CoreDeps, ctx: { extensions: Extension
     let input: ImportInput;
     if (req.is(JSON_LINES)) {
       try {
-        const body = decodedBody(clientBody(req), req.headers['content-encoding']);
+        // Left as it is when the reading stops (a refused line, past the limit): destroying the
+        // request destroyed its connection, the client's bytes unread (a reset), where the error's
+        // answer closes it once the client has it (sendError).
+        const unread = req.iterator({ destroyOnReturn: false }) as AsyncIterable<Buffer>;
+        const body = decodedBody(clientBody(unread), req.headers['content-encoding']);
         input = await parseImportLines(
           readJsonLines(share.metered(body), MAX_IMPORT_BYTES),
           deps.config.timeZone,
