@@ -171,6 +171,17 @@ function chunkedRequest(method: string, path: string, key: string, chunks: Buffe
 }
 
 /** Archives `n` messages of about 1 MiB each (ASCII), seven to a post. */
+/** The contents of a session's messages once `n` are archived, in seq order. */
+async function archivedContents(api: Api, session: string, n: number): Promise<string[]> {
+  await eventually(
+    async () => (await api.get(`/v1/sessions/${session}/messages`)).body.messages?.length === n,
+    15000,
+    `the ${n} messages archived`,
+  );
+  const got = await api.get(`/v1/sessions/${session}/messages`);
+  return got.body.messages.map((m: { content: string }) => m.content);
+}
+
 async function archiveBig(t: Api, session: string, n: number): Promise<void> {
   for (let i = 0; i < n; i += 7) {
     const messages = Array.from({ length: Math.min(7, n - i) }, (_, j) => ({
@@ -683,16 +694,7 @@ void describe('JSON body encodings', () => {
       const r = await post(t.api, s, body, coding);
       assert.equal(r.status, 202, `${coding}: ${r.text}`);
     }
-    await eventually(
-      async () => (await t.api.get(`/v1/sessions/${s}/messages`)).body.messages?.length === 3,
-      15000,
-      'the three messages archived',
-    );
-    const got = await t.api.get(`/v1/sessions/${s}/messages`);
-    assert.deepEqual(
-      got.body.messages.map((m: { content: string }) => m.content),
-      ['gz', 'df', 'br'],
-    );
+    assert.deepEqual(await archivedContents(t.api, s, 3), ['gz', 'df', 'br']);
     // body-parser's decoder stopped at a stream's end and dropped the rest: these were stored, 202.
     const other = sid('after');
     for (const [coding, body] of [
@@ -768,16 +770,7 @@ void describe('JSON body encodings', () => {
       chunkedRequest('POST', `/v1/sessions/${s}/messages`, t.key, [bom('chunked')], { connection: 'close' }),
     );
     assert.equal(chunked!.status, 202, chunked!.body.toString());
-    await eventually(
-      async () => (await t.api.get(`/v1/sessions/${s}/messages`)).body.messages?.length === 3,
-      15000,
-      'the three messages archived',
-    );
-    const got = await t.api.get(`/v1/sessions/${s}/messages`);
-    assert.deepEqual(
-      got.body.messages.map((m: { content: string }) => m.content),
-      ['plain', 'gzip', 'chunked'],
-    );
+    assert.deepEqual(await archivedContents(t.api, s, 3), ['plain', 'gzip', 'chunked']);
   });
 
   void test('a body that is only a BOM is an empty body on every path: 400 validation_failed', async () => {

@@ -77,6 +77,48 @@ async function vectorsFor(
   );
 }
 
+/**
+ * An endpoint that refuses every input (`refuseAll` sets it up: an unknown model, a gateway's
+ * error for all, a model of another size): a batch of two is sent whole, each input alone and then
+ * the canary, and nothing is marked; once `heal` has run, those two messages and a later one get
+ * their vectors. With `failedWith`, the embed job must fail with that reason first.
+ */
+async function refusedEverywhere(
+  svc: TestService,
+  fake: FakeOpenAI,
+  t: { tenantId: string; api: Api },
+  sid: string,
+  opts: { refuseAll: () => void; heal: () => void; failedWith?: RegExp },
+): Promise<void> {
+  opts.refuseAll();
+  const before = fake.embeddingRequests().length;
+  const notes = await post(t.api, sid, [user('first note'), user('second note')]);
+  const sent = () => fake.embeddingRequests().slice(before);
+  if (opts.failedWith) {
+    const failed = await eventually(async () => {
+      const jobs = await svc.deps.queues.embed.getFailed();
+      return jobs.find((j) => j.data.tenantId === t.tenantId && j.data.sessionId === sid) ?? null;
+    });
+    assert.match(failed.failedReason, opts.failedWith);
+  } else {
+    // The batch, each input alone, the canary; then the job fails.
+    await eventually(async () => sent().length >= 4);
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  assert.deepEqual(
+    sent().map((r) => (r.body as { input: string[] }).input),
+    [['first note', 'second note'], ['first note'], ['second note'], ['mnemos embedding probe']],
+  );
+  const marks = await svc.deps.db.query(
+    'SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = $2',
+    [t.tenantId, sid],
+  );
+  assert.deepEqual(marks.rows, []);
+  opts.heal();
+  const [third] = await post(t.api, sid, [user('third note')]);
+  await vectorsFor(svc, t.tenantId, sid, [...notes, third!]);
+}
+
 function assertClose(actual: number[], expected: number[]): void {
   assert.equal(actual.length, expected.length);
   // pgvector stores float32.
@@ -344,24 +386,14 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
 
       // Every answer an error under HTTP 200 (a gateway that serves no such model): the canary
       // is refused too and nothing is marked; the messages get their vectors once it is fixed.
-      fake.onEmbeddings(() => ({ status: 200, body: { error: { code: 400, message: 'no such model' } } }));
-      const before = fake.embeddingRequests().length;
-      const notes = await post(t.api, 'gateway', [user('first note'), user('second note')]);
-      const sent = () => fake.embeddingRequests().slice(before);
-      await eventually(async () => sent().length >= 4);
-      await new Promise((r) => setTimeout(r, 500));
-      assert.deepEqual(
-        sent().map((r) => (r.body as { input: string[] }).input),
-        [['first note', 'second note'], ['first note'], ['second note'], ['mnemos embedding probe']],
-      );
-      const marks = await svc.deps.db.query(
-        `SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = 'gateway'`,
-        [t.tenantId],
-      );
-      assert.deepEqual(marks.rows, []);
-      fake.onEmbeddings(null);
-      const [third] = await post(t.api, 'gateway', [user('third note')]);
-      await vectorsFor(svc, t.tenantId, 'gateway', [...notes, third!]);
+      await refusedEverywhere(svc, fake, t, 'gateway', {
+        refuseAll: () =>
+          fake.onEmbeddings(() => ({
+            status: 200,
+            body: { error: { code: 400, message: 'no such model' } },
+          })),
+        heal: () => fake.onEmbeddings(null),
+      });
     } finally {
       fake.onEmbeddings(null);
     }
@@ -391,25 +423,10 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
 
       // Every call refused, whatever the input (an unknown model, say): the canary is refused too,
       // nothing is marked, and the messages get their vectors once the endpoint takes them.
-      fake.onEmbeddings(() => ({ status: 400 }));
-      const before = fake.embeddingRequests().length;
-      const seqs = await post(t.api, 'misconfigured', [user('first note'), user('second note')]);
-      const sent = () => fake.embeddingRequests().slice(before);
-      // The batch, each input alone, the canary; then the job fails.
-      await eventually(async () => sent().length >= 4);
-      await new Promise((r) => setTimeout(r, 500));
-      assert.deepEqual(
-        sent().map((r) => (r.body as { input: string[] }).input),
-        [['first note', 'second note'], ['first note'], ['second note'], ['mnemos embedding probe']],
-      );
-      const marks = await svc.deps.db.query(
-        `SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = 'misconfigured'`,
-        [t.tenantId],
-      );
-      assert.deepEqual(marks.rows, []);
-      fake.onEmbeddings(null);
-      const [third] = await post(t.api, 'misconfigured', [user('third note')]);
-      await vectorsFor(svc, t.tenantId, 'misconfigured', [...seqs, third!]);
+      await refusedEverywhere(svc, fake, t, 'misconfigured', {
+        refuseAll: () => fake.onEmbeddings(() => ({ status: 400 })),
+        heal: () => fake.onEmbeddings(null),
+      });
     } finally {
       fake.onEmbeddings(null);
     }
@@ -583,32 +600,11 @@ void describe('recent index with a model that is not sent `dimensions` (nomic-em
 
     // Every vector of another length (EMBEDDING_DIMENSIONS does not match the model): the canary's
     // too, so the job fails naming both numbers and no message is marked.
-    lengthFor = () => D - 1;
-    const before = fake.embeddingRequests().length;
-    const notes = await post(t.api, 'resized', [user('first note'), user('second note')]);
-    const failed = await eventually(async () => {
-      const jobs = await svc.deps.queues.embed.getFailed();
-      return jobs.find((j) => j.data.tenantId === t.tenantId && j.data.sessionId === 'resized') ?? null;
+    await refusedEverywhere(svc, fake, t, 'resized', {
+      refuseAll: () => (lengthFor = () => D - 1),
+      heal: () => (lengthFor = () => D),
+      failedWith: /embedder nomic-embed-text returned 7 dimensions but EMBEDDING_DIMENSIONS is 8/,
     });
-    assert.match(
-      failed.failedReason,
-      /embedder nomic-embed-text returned 7 dimensions but EMBEDDING_DIMENSIONS is 8/,
-    );
-    assert.deepEqual(
-      fake
-        .embeddingRequests()
-        .slice(before)
-        .map((r) => (r.body as { input: string[] }).input),
-      [['first note', 'second note'], ['first note'], ['second note'], ['mnemos embedding probe']],
-    );
-    const marks = await svc.deps.db.query(
-      `SELECT seq FROM message_vector_skips WHERE tenant_id = $1 AND session_id = 'resized'`,
-      [t.tenantId],
-    );
-    assert.deepEqual(marks.rows, []);
-    lengthFor = () => D;
-    const [third] = await post(t.api, 'resized', [user('third note')]);
-    await vectorsFor(svc, t.tenantId, 'resized', [...notes, third!]);
   });
 });
 
