@@ -20,6 +20,7 @@ import { QUERY_EMBED_DEADLINE_MS } from '../services/search/query-embedding.js';
 import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
 import { maintainSessionIndexes } from '../services/search/session-indexes.js';
 import { refreshTableStatistics } from '../services/search/table-statistics.js';
+import { exclusively, maintenanceLockKeys } from '../workers/maintenance-lock.js';
 import {
   FTS_CJK_PASS,
   FTS_ARGS_PASS,
@@ -2240,6 +2241,19 @@ void describe('a huge session deleted while its own index is built', () => {
   after(async () => {
     await svc?.stop();
   });
+  // The tests' passes hold the worker's locks on their tables, as a worker's pass does, so that
+  // the drop pass a delete asks the service's own worker for waits for them. Unlocked, its DROP
+  // INDEX CONCURRENTLY waited for a build's table lock while the build waited out the drop's
+  // snapshot: Postgres broke that deadlock by failing one of the two, once the tests' build (CI).
+  const asWorker = async <T extends object>(
+    kind: 'search-indexes' | 'search-indexes-gone' | 'ann-indexes',
+    pass: () => Promise<T>,
+  ): Promise<T> => {
+    const keys = maintenanceLockKeys(svc.config.prefix, kind);
+    const r = await exclusively(svc.deps.redis, keys, pass, { waitMs: 120_000 });
+    assert.ok(!('skipped' in r), `the ${kind} pass got its locks`);
+    return r as T;
+  };
 
   void test('the index built meanwhile is dropped when the build finishes, not left to the next pass', async () => {
     // Setup: a session over the threshold, and a transaction holding an old snapshot open, which
@@ -2254,7 +2268,9 @@ void describe('a huge session deleted while its own index is built', () => {
     const snapshot = await holdOldSnapshot(svc.config.databaseUrl!);
     try {
       const name = sessionIndexName(tenantId, s, 'fts');
-      const pass = maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
+      const pass = asWorker('search-indexes', () =>
+        maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 }),
+      );
       await indexBuildWaiting(svc.deps.db, name);
 
       // Action: the session is deleted while the build waits; then the build finishes.
@@ -2325,8 +2341,10 @@ void describe('a huge session deleted while its own index is built', () => {
       await locked.release();
       assert.equal((await api.del(`/v1/sessions/${doomed}`)).status, 204);
       for (let i = 0; i < 2; i++) {
-        await maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 });
-        await maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 1 });
+        await asWorker('search-indexes', () =>
+          maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1 }),
+        );
+        await asWorker('ann-indexes', () => maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds: 1 }));
       }
 
       // Assert: no index of the deleted session is left (before, one built by the dead worker
@@ -2393,19 +2411,18 @@ void describe('a huge session deleted while its own index is built', () => {
 
       // Action: the session is deleted, and a pass runs while the build still waits.
       assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
-      await maintainSessionIndexes(svc.deps, {
-        minMessages: 20,
-        maxSessions: 4,
-        maxBuilds: 1,
-        goneOnly: true,
-      });
+      await asWorker('search-indexes-gone', () =>
+        maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1, goneOnly: true }),
+      );
       await holding.release();
       await build;
     } finally {
       await holding.release();
       await orphan.close();
     }
-    await maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1, goneOnly: true });
+    await asWorker('search-indexes-gone', () =>
+      maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds: 1, goneOnly: true }),
+    );
 
     // Assert: once built, the index goes (before, the first pass forgot the record of an index
     // not yet in the catalog, and the build then left one no pass would drop).
@@ -2430,8 +2447,11 @@ void describe('a huge session deleted while its own index is built', () => {
     await archive(erased.api, c, notes(30));
     await ensureVectors(svc, erased.tenantId, c);
     const search = (maxBuilds: number) =>
-      maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds });
-    const ann = (maxBuilds: number) => maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds });
+      asWorker('search-indexes', () =>
+        maintainSessionIndexes(svc.deps, { minMessages: 20, maxSessions: 4, maxBuilds }),
+      );
+    const ann = (maxBuilds: number) =>
+      asWorker('ann-indexes', () => maintainAnnIndexes(svc.deps, { minVectors: 20, maxBuilds }));
     const indexesOf = (tenant: string, session: string) => [
       sessionIndexName(tenant, session, 'fts'),
       sessionIndexName(tenant, session, 'trgm'),

@@ -7,7 +7,7 @@ import { throttledKinds, throttledWarn } from '../services/logger.js';
 import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
 import { makeIngestProcessor } from './ingest.js';
-import { TASK_TABLES, exclusively } from './maintenance-lock.js';
+import { exclusively, maintenanceLockKeys } from './maintenance-lock.js';
 import { runIngestSweep } from './ingest-sweep.js';
 import { REQUESTED, parsePayload, scheduleMaintenance } from './queues.js';
 import { USAGE_RETENTION_EVERY_MS, makeUsageRetention } from './usage-retention.js';
@@ -100,9 +100,8 @@ export async function startWorkers(
         }
         return { skipped: 'unknown maintenance task in this build' };
       }
-      const tables = TASK_TABLES[p.kind];
-      if (!tables) return task();
-      const keys = tables.map((t) => `${deps.config.prefix}:maintenance:lock:${t}`);
+      const keys = maintenanceLockKeys(deps.config.prefix, p.kind);
+      if (keys.length === 0) return task();
       return exclusively(deps.redis, keys, task, {
         waitMs: job.name === REQUESTED ? REQUESTED_WAIT_MS : 0,
         ...(signal ? { signal } : {}),

@@ -18,6 +18,11 @@ export const TASK_TABLES: Record<string, readonly string[]> = {
   'tenant-erasures': ['tenant-erasures'],
 };
 
+/** The Redis keys of the table locks a maintenance task of `kind` holds; none: it runs unlocked. */
+export function maintenanceLockKeys(prefix: string, kind: string): string[] {
+  return (TASK_TABLES[kind] ?? []).map((t) => `${prefix}:maintenance:lock:${t}`);
+}
+
 /** How long a lock outlives a worker that died holding it; renewed every third of it. */
 export const MAINTENANCE_LOCK_MS = 60_000;
 const POLL_MS = 500;
