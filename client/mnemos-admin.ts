@@ -1,5 +1,6 @@
 /**
- * The admin API (SPEC §4 "Admin API"): tenants and their API keys, behind `MNEMOS_ADMIN_TOKEN`.
+ * The admin API (SPEC §4 "Admin API"): tenants and their API keys, and the retry of stalled
+ * summaries, behind `MNEMOS_ADMIN_TOKEN`.
  * A tenant key is never an admin key, and without the token configured the server answers 404.
  * API keys are shown once, in the answers of `createTenant` and `createKey`.
  */
@@ -92,6 +93,22 @@ export function createMnemosAdmin(options: MnemosAdminOptions) {
         path: `/v1/admin/keys/${enc(keyId)}`,
         idempotent: true,
       });
+    },
+
+    /**
+     * Clears the back-off of every failed or stalled summary (of one tenant, by id or name, or of
+     * all) and has the sweep retry them now: after a fix the service cannot see, such as a new API
+     * key at the same LLM endpoint. Returns how many sessions were cleared; repeating it is harmless.
+     */
+    async retrySummaries(opts: CallOptions & { tenantId?: string } = {}): Promise<number> {
+      const r = await call<{ sessions: number }>({
+        ...callOpts(opts),
+        method: 'POST',
+        path: '/v1/admin/summaries/retry',
+        json: opts.tenantId === undefined ? {} : { tenant_id: opts.tenantId },
+        idempotent: true,
+      });
+      return r.sessions;
     },
   };
 }

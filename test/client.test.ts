@@ -22,7 +22,7 @@ import type {
 import { runTurn } from '../examples/agent-loop.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
-import { ADMIN_TOKEN, startTestService } from './support/harness.js';
+import { ADMIN_TOKEN, eventually, startTestService } from './support/harness.js';
 import type { TestService } from './support/harness.js';
 
 const sid = (what: string) => `client-${what}-${randomBytes(3).toString('hex')}`;
@@ -1122,6 +1122,41 @@ void describe('client: summaries with an LLM', () => {
     assert.equal(ctx.summary_version, view.version);
     assert.match(ctx.system_block, /Prior Conversation Context/);
     assert.match(String(ctx.messages.at(-2)?.content), /^Prior summary JSON/);
+    fake.onChat(null);
+  });
+
+  void test("admin's retrySummaries clears a failed session's back-off, and a retry then summarizes it", async () => {
+    // Setup: a session whose summary failed once (an answer that is not a summary).
+    const tenant = await llmSvc.newTenant();
+    const own = createMnemosClient({ baseUrl: llmSvc.base, apiKey: tenant.apiKey });
+    const admin = createMnemosAdmin({ baseUrl: llmSvc.base, adminToken: ADMIN_TOKEN });
+    const s = sid('retry');
+    fake.reset();
+    fake.onChat(() => ({ content: 'not a summary' }));
+    await own.postMessages(s, [{ role: 'user', content: 'please keep answers short' }], { wait: true });
+    const failed = await own.summarize(s, { wait: true });
+    assert.ok(failed.done, 'failed.done');
+    assert.equal(failed.failures, 1);
+
+    // Action: the endpoint is mended, and the admin asks for a retry of the tenant's summaries.
+    fake.onChat(() => ({
+      content: JSON.stringify({
+        key_decisions: ['Do: keep answers short'],
+        past_discussions: [],
+        current_discussion: { topic: 'style', description: '', perspectives: '', direction: '' },
+      }),
+    }));
+    assert.equal(await admin.retrySummaries({ tenantId: tenant.tenantId }), 1);
+
+    // Assert: the sweep the retry queued summarizes the session; an unknown tenant is a 404.
+    await eventually(
+      async () => ((await own.getSummary(s).catch(() => null))?.version ?? 0) >= 1,
+      30_000,
+      'the retried summary',
+    );
+    assert.deepEqual((await own.getSummary(s)).summary?.key_decisions, ['Do: keep answers short']);
+    assert.equal((await rejects(admin.retrySummaries({ tenantId: 'no-such-tenant' }))).status, 404);
+    assert.equal(await admin.retrySummaries(), 0, 'nothing failed is left');
     fake.onChat(null);
   });
 });
