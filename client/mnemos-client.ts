@@ -117,13 +117,21 @@ export function createMnemosClient(options: MnemosClientOptions) {
         beforeSeq?: number;
         limit?: number;
         order?: 'asc' | 'desc';
+        /** The first page's `generation`: a later page then answers 409 `session_changed` after a reset or delete. */
+        generation?: number;
       } = {},
     ): Promise<MessagePage> {
       return call({
         ...callOpts(opts),
         method: 'GET',
         path: `${session(sid)}/messages`,
-        query: { after_seq: opts.afterSeq, before_seq: opts.beforeSeq, limit: opts.limit, order: opts.order },
+        query: {
+          after_seq: opts.afterSeq,
+          before_seq: opts.beforeSeq,
+          limit: opts.limit,
+          order: opts.order,
+          generation: opts.generation,
+        },
         idempotent: true,
       });
     },
@@ -131,7 +139,9 @@ export function createMnemosClient(options: MnemosClientOptions) {
     /**
      * Every archived message in seq order (or newest first with `order: 'desc'`), page by page.
      * Ascending without `beforeSeq` it follows messages archived meanwhile, so on a session that
-     * keeps growing it may not end: pass `beforeSeq` for a fixed range.
+     * keeps growing it may not end: pass `beforeSeq` for a fixed range. A reset or delete of the
+     * session between two pages rejects with a MnemosError of code `session_changed` (409) rather
+     * than going on with the new session's messages: start over.
      */
     async *iterateMessages(
       sid: string,
@@ -143,6 +153,7 @@ export function createMnemosClient(options: MnemosClientOptions) {
       } = {},
     ): AsyncGenerator<StoredMessage> {
       let { afterSeq, beforeSeq } = opts;
+      let generation: number | undefined;
       for (;;) {
         const page = await client.listMessages(sid, {
           ...callOpts(opts),
@@ -150,7 +161,10 @@ export function createMnemosClient(options: MnemosClientOptions) {
           beforeSeq,
           order: opts.order,
           limit: opts.pageSize ?? 500,
+          generation,
         });
+        // Every later page must come from the generation of the first.
+        generation ??= page.generation;
         yield* page.messages;
         if (page.next === null) return;
         if (opts.order === 'desc') beforeSeq = page.next;

@@ -66,6 +66,11 @@ export interface PostMessagesResult {
 export interface MessagePage {
   messages: StoredMessage[];
   next: number | null;
+  /**
+   * The session's generation, which a reset or delete changes: pass the first page's as
+   * `generation` on the later pages, so that a listing cannot run on into a new session.
+   */
+  generation: number;
 }
 
 export interface SessionListItem {

@@ -56,6 +56,10 @@ export const messagePage = z.strictObject({
     .int()
     .nullable()
     .describe('the seq to continue after (or before, with order=desc); null at the end'),
+  generation: z
+    .number()
+    .int()
+    .describe('the session generation the page was read from: pass it as ?generation= on the next pages'),
 });
 
 export const sessionList = z.strictObject({

@@ -155,6 +155,42 @@ void describe('client: messages', () => {
     assert.ok(!Number.isNaN(Date.parse(createdAt)), '!Number.isNaN(Date.parse(createdAt))');
   });
 
+  void test('an iterator whose session is reset or deleted between two pages rejects with session_changed, never mixing two sessions', async () => {
+    for (const clear of ['reset', 'delete'] as const) {
+      // Setup: two turns; pages of two, so the clear lands between the first and second page.
+      const s = sid(`changed-${clear}`);
+      await mnemos.postMessages(
+        s,
+        ['old1', 'old1-reply', 'old2', 'old2-reply'].map((content, i) => ({
+          role: i % 2 === 0 ? 'user' : 'assistant',
+          content,
+        })),
+        { wait: true },
+      );
+      // Action: read the first page, clear the session and write to it again, then read on.
+      const seen: unknown[] = [];
+      const err = await rejects(
+        (async () => {
+          for await (const m of mnemos.iterateMessages(s, { pageSize: 2 })) {
+            seen.push(m.content);
+            if (seen.length !== 2) continue;
+            if (clear === 'reset') await mnemos.resetSession(s);
+            else assert.equal(await mnemos.deleteSession(s), true);
+            await mnemos.postMessages(s, [{ role: 'user', content: 'new1' }], { wait: true });
+          }
+        })(),
+      );
+      // Assert: a 409 after the first page, not old1, old1-reply, new1 as if it were one listing.
+      assert.equal(err.status, 409, clear);
+      assert.equal(err.code, 'session_changed');
+      assert.deepEqual(seen, ['old1', 'old1-reply']);
+      // Starting over reads the new session.
+      const fresh = [];
+      for await (const m of mnemos.iterateMessages(s, { pageSize: 2 })) fresh.push(m.content);
+      assert.deepEqual(fresh, ['new1']);
+    }
+  });
+
   void test('an empty id is refused by the server, not replaced by a made-up one', async () => {
     const s = sid('empty-id');
     const err = await rejects(mnemos.postMessages(s, [{ id: '', role: 'user', content: 'x' }]));

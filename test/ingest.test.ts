@@ -714,7 +714,16 @@ void describe('ingestion', () => {
     const descLast = await t.api.get('/v1/sessions/p/messages?limit=4&order=desc&before_seq=5');
     assert.equal(descLast.body.messages.length, 4);
     assert.equal(descLast.body.next, null);
-    for (const q of ['limit=0', 'limit=501', 'after_seq=-1', 'order=up', 'bogus=1']) {
+    for (const q of [
+      'limit=0',
+      'limit=501',
+      'after_seq=-1',
+      'order=up',
+      'bogus=1',
+      'generation=x',
+      'generation=-1',
+      'generation=1.5',
+    ]) {
       const r = await t.api.get(`/v1/sessions/p/messages?${q}`);
       assert.equal(r.status, 400, q);
     }
@@ -723,6 +732,9 @@ void describe('ingestion', () => {
     assert.equal(huge.body.error.message, 'limit: must be at most 500');
     const longSeq = await t.api.get('/v1/sessions/p/messages?after_seq=1000000000000000');
     assert.match(longSeq.body.error.message, /^after_seq: .*at most 15 digits/);
+    const badGeneration = await t.api.get('/v1/sessions/p/messages?generation=one');
+    assert.equal(badGeneration.body.error.code, 'validation_failed');
+    assert.match(badGeneration.body.error.message, /^generation: .*non-negative integer/);
     const context = await t.api.post('/v1/sessions/p/context', { max_messages: 1e308 });
     assert.equal(context.status, 400);
     assert.match(context.body.error.message, /max_messages: .*1000/);

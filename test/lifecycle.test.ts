@@ -1628,6 +1628,79 @@ void describe('export and import', () => {
   });
 });
 
+void describe('listing across a reset or delete', () => {
+  const contents = (r: { body: any }) => r.body.messages.map((m: { content: unknown }) => m.content);
+
+  void test("a listing's next page after a reset, or a delete and a new post, answers 409 session_changed, not the new session's messages", async () => {
+    for (const clear of ['reset', 'delete'] as const) {
+      // Setup: two turns, the first of them read as the listing's first page.
+      const t = await svc.newTenant();
+      const s = sid(`list-${clear}`);
+      await archive(t.api, s, [user('old1'), assistant('old1-reply')]);
+      await archive(t.api, s, [user('old2'), assistant('old2-reply')]);
+      const first = await t.api.get(`/v1/sessions/${s}/messages?limit=2`);
+      assert.equal(first.status, 200, JSON.stringify(first.body));
+      assert.deepEqual(contents(first), ['old1', 'old1-reply']);
+      assert.equal(first.body.next, 2);
+      const generation: unknown = first.body.generation;
+      assert.equal(typeof generation, 'number');
+      const page2 = `/v1/sessions/${s}/messages?limit=2&after_seq=2&generation=${String(generation)}`;
+      // The first page's generation is the current one until the clear: the listing goes on.
+      const unchanged = await t.api.get(page2);
+      assert.equal(unchanged.status, 200, JSON.stringify(unchanged.body));
+      assert.deepEqual(contents(unchanged), ['old2', 'old2-reply']);
+      assert.equal(unchanged.body.generation, generation);
+
+      // Action: the session is cleared and written to again.
+      const cleared =
+        clear === 'reset'
+          ? await t.api.post(`/v1/sessions/${s}/reset`)
+          : await t.api.del(`/v1/sessions/${s}`);
+      assert.equal(cleared.status, clear === 'reset' ? 200 : 204);
+      if (clear === 'delete') {
+        // A deleted session is not found, whatever generation the client holds.
+        const gone = await t.api.get(page2);
+        assert.equal(gone.status, 404, JSON.stringify(gone.body));
+        assert.equal(gone.body.error.code, 'not_found');
+      }
+      await archive(t.api, s, [user('new1'), assistant('new1-reply')]);
+
+      // Assert: the listing's next page is refused, where it used to be the new session's messages.
+      const next = await t.api.get(page2);
+      assert.equal(next.status, 409, `${clear}: ${JSON.stringify(next.body)}`);
+      assert.equal(next.body.error.code, 'session_changed');
+      assert.match(next.body.error.message, /reset or deleted/);
+      // Starting over lists the new session alone, under a generation of its own.
+      const again = await t.api.get(`/v1/sessions/${s}/messages?limit=1`);
+      assert.deepEqual(contents(again), ['new1']);
+      assert.notEqual(again.body.generation, generation);
+      const rest = await t.api.get(
+        `/v1/sessions/${s}/messages?limit=1&after_seq=${again.body.next}&generation=${again.body.generation}`,
+      );
+      assert.equal(rest.status, 200, JSON.stringify(rest.body));
+      assert.deepEqual(contents(rest), ['new1-reply']);
+      assert.equal(rest.body.next, null);
+    }
+  });
+
+  void test('an empty page carries the generation too, and a stale one on it is a 409', async () => {
+    const t = await svc.newTenant();
+    const s = sid('list-empty');
+    await archive(t.api, s, [user('only')]);
+    const last = await t.api.get(`/v1/sessions/${s}/messages?after_seq=1`);
+    assert.equal(last.status, 200, JSON.stringify(last.body));
+    assert.deepEqual(last.body.messages, []);
+    assert.equal(last.body.next, null);
+    assert.equal(typeof last.body.generation, 'number');
+    assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 200);
+    const stale = await t.api.get(
+      `/v1/sessions/${s}/messages?after_seq=1&generation=${last.body.generation}`,
+    );
+    assert.equal(stale.status, 409, JSON.stringify(stale.body));
+    assert.equal(stale.body.error.code, 'session_changed');
+  });
+});
+
 void describe('temp reaper', () => {
   void test('deletes idle temp- sessions by the injected clock, keeps active and non-temp ones', async () => {
     const t = await svc.newTenant();

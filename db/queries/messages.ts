@@ -221,6 +221,17 @@ export async function pageMessages(
 export const PAGE_MAX_BYTES = 32 * 1024 * 1024;
 
 /**
+ * pageMessagesWithin's page as SQL (`p`: the rows within the limit, `w`: those within the bytes, with
+ * `fetched` the count of `p`); $1 tenant, $2 session, $3 after, $4 before, $5 limit, $6 bytes.
+ */
+const pageWithinCtes = (dir: 'ASC' | 'DESC') => `p AS (
+       SELECT ${MSG_COLS}, sum(bytes) OVER (ORDER BY seq ${dir}) - bytes AS bytes_before FROM messages
+       WHERE tenant_id = $1 AND session_id = $2
+         AND ($3::bigint IS NULL OR seq > $3) AND ($4::bigint IS NULL OR seq < $4)
+       ORDER BY seq ${dir} LIMIT $5),
+     w AS (SELECT ${MSG_COLS}, (SELECT count(*) FROM p)::int AS fetched FROM p WHERE bytes_before < $6)`;
+
+/**
  * pageMessages under `maxBytes` (PAGE_MAX_BYTES by default): `cut` says that messages within the
  * page's limit were left out for their size (the caller then offers the next page).
  */
@@ -230,17 +241,39 @@ export async function pageMessagesWithin(
 ): Promise<{ rows: StoredMessageRow[]; cut: boolean }> {
   const dir = a.desc ? 'DESC' : 'ASC';
   const r = await q.query<StoredMessageRow & { fetched: number }>(
-    `WITH p AS (
-       SELECT ${MSG_COLS}, sum(bytes) OVER (ORDER BY seq ${dir}) - bytes AS bytes_before FROM messages
-       WHERE tenant_id = $1 AND session_id = $2
-         AND ($3::bigint IS NULL OR seq > $3) AND ($4::bigint IS NULL OR seq < $4)
-       ORDER BY seq ${dir} LIMIT $5)
-     SELECT ${MSG_COLS}, (SELECT count(*) FROM p)::int AS fetched FROM p
-     WHERE bytes_before < $6 ORDER BY seq ${dir}`,
+    `WITH ${pageWithinCtes(dir)} SELECT * FROM w ORDER BY seq ${dir}`,
     [a.tenantId, a.sessionId, a.afterSeq, a.beforeSeq, a.limit, a.maxBytes ?? PAGE_MAX_BYTES],
   );
   const fetched = r.rows[0]?.fetched ?? 0;
   return { rows: r.rows.map(({ fetched: _, ...row }) => row), cut: fetched > r.rows.length };
+}
+
+/**
+ * The listing's page (pageMessagesWithin) with the live session's generation, read by the same
+ * statement, so by one snapshot: a reset or delete commits either before both or after both, and
+ * the generation a page carries is the one its rows belong to. Null when the session does not
+ * exist or is deleted.
+ */
+export async function pageSessionMessages(
+  q: Queryable,
+  a: Parameters<typeof pageMessages>[1],
+): Promise<{ generation: number; rows: StoredMessageRow[]; cut: boolean } | null> {
+  const dir = a.desc ? 'DESC' : 'ASC';
+  // The session's one row joined to the page's rows, or to one row of nulls for an empty page.
+  const r = await q.query<
+    Omit<StoredMessageRow, 'seq'> & { seq: string | null; generation: number; fetched: number | null }
+  >(
+    `WITH s AS (SELECT generation FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL),
+     ${pageWithinCtes(dir)}
+     SELECT s.generation, w.* FROM s LEFT JOIN w ON true ORDER BY w.seq ${dir}`,
+    [a.tenantId, a.sessionId, a.afterSeq, a.beforeSeq, a.limit, PAGE_MAX_BYTES],
+  );
+  const first = r.rows[0];
+  if (!first) return null;
+  const rows = r.rows
+    .filter((row) => row.seq !== null)
+    .map(({ generation: _, fetched: __, ...row }) => row as StoredMessageRow);
+  return { generation: first.generation, rows, cut: (first.fetched ?? 0) > rows.length };
 }
 
 export async function maxArchivedSeq(q: Queryable, tenantId: string, sessionId: string): Promise<number> {

@@ -1,12 +1,12 @@
 import { Router } from 'express';
 import { messagePage, postMessagesAnswer, sessionInfo, sessionList } from '../openapi-responses.js';
 import { z } from 'zod';
-import { pageMessagesWithin } from '../../db/queries/messages.js';
+import { pageSessionMessages } from '../../db/queries/messages.js';
 import type { StoredMessageRow } from '../../db/queries/messages.js';
 import { getSession, listSessions } from '../../db/queries/sessions.js';
 import { getSummaryState } from '../../db/queries/summaries.js';
 import type { CoreDeps } from '../deps.js';
-import { notFound } from '../errors.js';
+import { AppError, notFound } from '../errors.js';
 import { acceptMessages, confirmArchived, waitArchived, waitSignal } from '../messages/accept-messages.js';
 import { inboxKeys } from '../messages/inbox.js';
 import {
@@ -41,6 +41,12 @@ const pageQuery = z
     before_seq: seqParam.optional(),
     limit: limitParam.optional(),
     order: z.enum(['asc', 'desc', '']).optional().transform(emptyAsAbsent),
+    // Read like a seq (empty is absent): a generation counts resets and deletes, far below 15 digits.
+    generation: seqParam
+      .optional()
+      .describe(
+        "the `generation` of the listing's first page: a page of a session reset or deleted since answers 409 session_changed",
+      ),
   })
   .strict();
 
@@ -121,9 +127,7 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
     const tenantId = res.locals.tenantId as string;
     const limit = q.limit ?? 100;
     const desc = q.order === 'desc';
-    const session = await getSession(deps.db, tenantId, sid);
-    if (!session) throw notFound('session');
-    const { rows, cut } = await pageMessagesWithin(deps.db, {
+    const read = await pageSessionMessages(deps.db, {
       tenantId,
       sessionId: sid,
       afterSeq: q.after_seq ?? null,
@@ -131,11 +135,26 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
       limit: limit + 1,
       desc,
     });
+    if (!read) throw notFound('session');
+    // Seqs have gaps, so a listing that crossed a reset or delete (and re-creation) read on into
+    // the new session's messages with nothing to tell it: the generation its first page carried
+    // tells it, as export does.
+    if (q.generation !== undefined && q.generation !== read.generation) {
+      throw new AppError(
+        409,
+        'session_changed',
+        'the session was reset or deleted since the first page of this listing: list it again from the start',
+      );
+    }
     // A page also ends at PAGE_MAX_BYTES of messages: `next` then continues after the last shown.
-    const page = pageOf(rows, limit);
+    const page = pageOf(read.rows, limit);
     const messages = page.items.map(toStoredMessage);
     const last = messages[messages.length - 1];
-    res.json({ messages, next: (page.more || cut) && last ? last.seq : null });
+    res.json({
+      messages,
+      next: (page.more || read.cut) && last ? last.seq : null,
+      generation: read.generation,
+    });
   });
 
   router.get('/', async (req, res) => {
