@@ -2,6 +2,7 @@ import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { CronExpressionParser } from 'cron-parser';
 import { z } from 'zod';
+import { HNSW_MAX_DIMENSIONS } from '../db/queries/ann-indexes.js';
 
 /**
  * Every environment variable of SPEC §2, parsed once. A malformed value stops start-up with the
@@ -530,6 +531,14 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
     if (unnamed) warnings.push(unnamed);
     const unused = unusedEmbeddedWarning(e.MNEMOS_DATA_DIR);
     if (unused) warnings.push(unused);
+    // Embedded mode builds no per-session index at all, so only Postgres has something to lose.
+    if (e.ANN_MIN_VECTORS > 0 && (e.EMBEDDING_DIMENSIONS ?? 0) > HNSW_MAX_DIMENSIONS) {
+      warnings.push(
+        `EMBEDDING_DIMENSIONS=${e.EMBEDDING_DIMENSIONS}: pgvector builds HNSW indexes of at most ${HNSW_MAX_DIMENSIONS} ` +
+          `dimensions, so ANN_MIN_VECTORS is ignored and huge sessions keep the exact (slower) semantic search; ` +
+          `set ANN_MIN_VECTORS=0 to say so, or EMBEDDING_DIMENSIONS=${HNSW_MAX_DIMENSIONS} or fewer for an index`,
+      );
+    }
   }
   warnings.push(...unknownVariableWarnings(env));
   // SPEC §1: without an LLM, LLM-dependent work reports itself disabled rather than failing.

@@ -24,7 +24,7 @@ import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
 import { searchSession } from '../services/search/search-session.js';
 import { reembed } from '../services/recent-index/reembed.js';
 import { compactSession } from '../workers/compact.js';
-import { makeQueues } from '../workers/queues.js';
+import { REQUESTED, makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
 import {
@@ -1070,6 +1070,82 @@ void describe('a huge session deleted while its HNSW index is built', () => {
     } finally {
       await snapshot.release();
     }
+  });
+});
+
+void describe('a recent index wider than HNSW allows (EMBEDDING_DIMENSIONS=2500)', () => {
+  // pgvector builds HNSW over `vector` up to 2,000 dimensions; text-embedding-3-large has 3,072.
+  let svc: TestService;
+  const logged: string[] = [];
+  before(async () => {
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void logged.push(line) });
+    svc = await startTestService({ env: { EMBEDDING_DIMENSIONS: '2500', ANN_MIN_VECTORS: '20' }, logger });
+  });
+  after(async () => {
+    await svc.stop();
+    await deleteRedisPrefix(svc.config.prefix);
+    await dropTestDatabase(svc.config.databaseUrl!);
+  });
+
+  void test('a huge session gets no index, the ann-indexes pass succeeds and says why once, and search answers', async () => {
+    // Setup: a session over ANN_MIN_VECTORS, embedded at 2,500 dimensions.
+    const t = await svc.newTenant();
+    const texts = Array.from({ length: 30 }, (_, i) =>
+      i === 17 ? 'the quokka migration plan for the billing cluster' : `routine status update number ${i}`,
+    );
+    const seqs = await post(
+      t.api,
+      'wide',
+      texts.map((x, i) => (i % 2 === 0 ? user(x) : assistant(x))),
+    );
+    const v = await vectorsFor(svc, t.tenantId, 'wide', seqs);
+    assert.equal(v.get(seqs[0]!)!.length, 2500);
+    assert.ok(
+      svc.config.warnings.some((w) => /EMBEDDING_DIMENSIONS=2500: .*ANN_MIN_VECTORS is ignored/.test(w)),
+      JSON.stringify(svc.config.warnings),
+    );
+
+    // Action: two passes run by the worker, as the schedule or a delete asks for them.
+    const pass = async () => {
+      const job = await svc.deps.queues.maintenance.add(
+        REQUESTED,
+        { v: 1, kind: 'ann-indexes' },
+        { removeOnComplete: false },
+      );
+      // A failed attempt waits (delayed) for its retry: only completed or failed is an outcome.
+      const state = await eventually(
+        async () => {
+          const s = await svc.deps.queues.maintenance.getJobState(job.id!);
+          return s === 'completed' || s === 'failed' ? s : null;
+        },
+        30_000,
+        'the ann-indexes pass finished',
+      );
+      const done = await svc.deps.queues.maintenance.getJob(job.id!);
+      return { state, failedReason: done?.failedReason, result: done?.returnvalue as unknown };
+    };
+    const first = await pass();
+    const second = await pass();
+
+    // Assert: no pass failed or was dead-lettered, none built an index, and each says why.
+    for (const p of [first, second]) {
+      assert.equal(p.state, 'completed', p.failedReason);
+      assert.match(JSON.stringify(p.result), /2500 dimensions, more than the 2000/);
+    }
+    assert.equal((await svc.deps.queues.maintenance.getFailed()).length, 0);
+    const indexes = await svc.deps.db.query(
+      `SELECT 1 FROM vector_ann_indexes UNION ALL SELECT 1 FROM pg_class WHERE relname LIKE 'mv_ann_%'`,
+    );
+    assert.equal(indexes.rowCount, 0);
+    const warned = logged.filter((l) => l.includes('huge sessions get no HNSW index of their own'));
+    assert.equal(warned.length, 1, 'said once per process, not every pass');
+    const search = await t.api.post('/v1/sessions/wide/search', {
+      query: 'quokka migration',
+      match: 'semantic',
+      limit: 3,
+    });
+    assert.equal(search.status, 200, search.text);
+    assert.equal(search.body.hits[0]?.seq, seqs[17]);
   });
 });
 

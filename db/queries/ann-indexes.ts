@@ -25,6 +25,13 @@ export interface AnnIndexRow {
   vectors: number;
 }
 
+/**
+ * The most dimensions pgvector (0.8) indexes with HNSW over `vector`: a build over more fails
+ * ("column cannot have more than 2000 dimensions for hnsw index"), so a recent index wider than
+ * this (text-embedding-3-large's 3,072) gets no per-session index and its search stays exact.
+ */
+export const HNSW_MAX_DIMENSIONS = 2000;
+
 /** The index of a session at a dimension: a stable name Postgres accepts (≤ 63 bytes). */
 export const ANN_INDEX_PREFIX = 'mv_ann_';
 

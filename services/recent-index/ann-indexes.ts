@@ -1,5 +1,6 @@
 import {
   ANN_INDEX_PREFIX,
+  HNSW_MAX_DIMENSIONS,
   buildAnnIndex,
   dropAnnIndex,
   listAnnIndexes,
@@ -26,6 +27,8 @@ import { requestMaintenance } from '../../workers/queues.js';
 export interface AnnMaintenanceResult {
   built: string[];
   dropped: string[];
+  /** Why nothing was built although sessions may need it (the recent index is too wide). */
+  skipped?: string;
 }
 
 /**
@@ -34,7 +37,8 @@ export interface AnnMaintenanceResult {
  * shrank below half the threshold (reset, compaction) or hold another dimension than the recent
  * index (reembed), forgets indexes that vanished (a reembed swaps the table), then builds at most
  * `maxBuilds` missing ones, largest session first (dropping one at once whose session was deleted
- * or reset while it was built). Postgres only: PGlite is one connection, where
+ * or reset while it was built), none when the recent index is wider than HNSW allows (`skipped`
+ * says so). Postgres only: PGlite is one connection, where
  * a build would stall everything.
  */
 export async function maintainAnnIndexes(
@@ -56,6 +60,14 @@ export async function maintainAnnIndexes(
     if (!out.dropped.includes(a.index_name)) out.dropped.push(a.index_name);
   }
   if (minVectors <= 0 || opts.goneOnly || !index || index.state !== 'ready') return out;
+  // Every build would fail at Postgres, be retried and dead-lettered, pass after pass, on the same
+  // largest session first, so no session ever got an index. Such sessions keep the exact k-NN.
+  if (index.dimensions > HNSW_MAX_DIMENSIONS) {
+    return {
+      ...out,
+      skipped: `the recent index has ${index.dimensions} dimensions, more than the ${HNSW_MAX_DIMENSIONS} pgvector indexes with HNSW`,
+    };
+  }
   const todo = await sessionsNeedingAnnIndex(deps.db, { minVectors, limit: opts.maxBuilds ?? 1 });
   for (const s of todo) {
     const started = Date.now();

@@ -75,6 +75,20 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
     'outcome',
   ]);
   const log = deps.logger.child({ module: 'recent-index' });
+  // A pass skipped for a recent index too wide for HNSW says so once per process, not every
+  // 10 minutes (loadConfig warns at start too).
+  let warnedTooWide = false;
+  const maintainAnn = async (opts: { goneOnly?: boolean } = {}) => {
+    const r = await maintainAnnIndexes(deps, opts);
+    if (r.skipped && !warnedTooWide) {
+      warnedTooWide = true;
+      log.warn(
+        { reason: r.skipped },
+        'huge sessions get no HNSW index of their own: their semantic search stays exact',
+      );
+    }
+    return r;
+  };
 
   return {
     name: 'recent-index',
@@ -104,9 +118,9 @@ export const recentIndexExtension: ExtensionFactory = async (deps) => {
         if (n > 0) log.info({ sessions: n }, 'embed sweep: re-enqueued sessions missing vectors');
         return n;
       },
-      'ann-indexes': () => maintainAnnIndexes(deps),
+      'ann-indexes': () => maintainAnn(),
       // Asked for by a delete: drops the indexes of sessions no longer live, nothing else.
-      'ann-indexes-gone': () => maintainAnnIndexes(deps, { goneOnly: true }),
+      'ann-indexes-gone': () => maintainAnn({ goneOnly: true }),
     },
     async schedule() {
       await scheduleMaintenance(deps.queues, 'embed-sweep', EMBED_SWEEP_EVERY_MS);
