@@ -15,6 +15,7 @@ import { monotonicNow } from './time.js';
 import type { CoreDeps } from './deps.js';
 import { AppError } from './errors.js';
 import { makeErrorHandler, notFoundHandler, routeLabel } from './http-errors.js';
+import { timeAnswer } from './metrics.js';
 import { buildOpenApi } from './openapi.js';
 import { forRequests } from './deps.js';
 import { responseChecker } from './response-check.js';
@@ -438,18 +439,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
 
   app.use(requestId);
   app.use((req, res, next) => {
-    const end = deps.metrics.httpDuration.startTimer();
-    // A request its client gave up on never finishes: it is timed when its connection closes, with
-    // status 499 (nginx's "client closed request"); otherwise the slowest requests, those whose
-    // clients time out, would drop out of the request rate and the latency quantiles.
-    let timed = false;
-    const record = (status: string) => {
-      if (timed) return;
-      timed = true;
-      end({ method: req.method, route: routeLabel(req, res), status });
-    };
-    res.on('finish', () => record(String(res.statusCode)));
-    res.on('close', () => record(res.writableFinished ? String(res.statusCode) : '499'));
+    timeAnswer(deps.metrics, res, () => ({ method: req.method, route: routeLabel(req, res) }));
     next();
   });
   // Bodies are read only after authentication (below): a caller without a valid key gets a 401,

@@ -6,6 +6,7 @@ import { startWorkers } from '../workers/main.js';
 import type { RunningWorkers, WorkerOptions } from '../workers/main.js';
 import { makeApp, makeOpsApp } from './app.js';
 import { startQueueSampler } from './metrics-sampler.js';
+import { timeAnswer } from './metrics.js';
 import { endWaits } from './messages/accept-messages.js';
 import { loadConfig, shownUrl } from './config.js';
 import type { Config } from './config.js';
@@ -155,19 +156,33 @@ export async function startService(
       // answered here instead, in the JSON error shape.
       // Every answer under way, for the stall watch (inFlight leaves out those begun while stopping).
       const answering = new Set<ServerResponse>();
+      // What is answered here, before the app, is timed as the app times its answers, with the
+      // route "unmatched" (no route ran): the request metric counts every answer, and these were
+      // missing from it. The method is the one Node parsed, from its fixed list.
+      const refuse = (
+        req: IncomingMessage,
+        res: ServerResponse,
+        status: number,
+        code: string,
+        message: string,
+      ) => {
+        timeAnswer(deps.metrics, res, () => ({ method: req.method ?? 'unknown', route: 'unmatched' }));
+        rawError(res, status, code, message);
+      };
       const handle = (req: IncomingMessage, res: ServerResponse) => {
         if (stopping) res.setHeader('connection', 'close');
         if (req.headers.host === undefined && req.httpVersion !== '1.0') {
-          rawError(res, 400, 'missing_host', 'an HTTP/1.1 request must carry a Host header');
+          refuse(req, res, 400, 'missing_host', 'an HTTP/1.1 request must carry a Host header');
           return;
         }
         if ((req.headersDistinct.host?.length ?? 0) > 1) {
-          rawError(res, 400, 'duplicate_host', 'a request carries one Host header (RFC 9112 §3.2)');
+          refuse(req, res, 400, 'duplicate_host', 'a request carries one Host header (RFC 9112 §3.2)');
           return;
         }
         const codings = unsupportedTransferCoding(req);
         if (codings !== null) {
-          rawError(
+          refuse(
+            req,
             res,
             501,
             'unsupported_transfer_coding',
@@ -204,8 +219,8 @@ export async function startService(
       // `Expect: 100-continue` is answered by the app once the caller is authenticated (app.ts),
       // not by Node before any route runs: a caller without a valid key is not invited to upload.
       s.on('checkContinue', track);
-      s.on('checkExpectation', (_req: IncomingMessage, res: ServerResponse) =>
-        rawError(res, 417, 'expectation_failed', 'the only supported expectation is Expect: 100-continue'),
+      s.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) =>
+        refuse(req, res, 417, 'expectation_failed', 'the only supported expectation is Expect: 100-continue'),
       );
       // What Node refuses before a request exists (headers over its 16 KB limit, a malformed
       // request line) gets the same JSON error body as every other error, not an empty one.
@@ -217,7 +232,19 @@ export async function startService(
           socket.destroy();
           return;
         }
-        socket.end(clientErrorResponse(err.code));
+        // Timed from the refusal to the answer's last byte written (when the request began is not
+        // known here). No request exists to tell its method: "unknown", which keeps the label to
+        // Node's list of methods and this one.
+        const { status, raw } = clientErrorResponse(err.code);
+        const end = deps.metrics.httpDuration.startTimer({ method: 'unknown', route: 'unmatched' });
+        let timed = false;
+        const record = (sent: boolean) => {
+          if (timed) return;
+          timed = true;
+          end({ status: sent ? String(status) : '499' });
+        };
+        socket.once('close', () => record(socket.writableFinished));
+        socket.end(raw, () => record(socket.writableFinished));
       });
       server = s;
       await new Promise<void>((resolve, reject) => {
@@ -453,8 +480,8 @@ function rawError(res: ServerResponse, status: number, code: string, message: st
   res.end(body);
 }
 
-/** The raw HTTP answer to a request Node's parser refused, in mnemos's error shape. */
-export function clientErrorResponse(code: string | undefined): string {
+/** The raw HTTP answer to a request Node's parser refused, in mnemos's error shape, and its status. */
+export function clientErrorResponse(code: string | undefined): { status: number; raw: string } {
   const [status, errorCode, message] =
     code === 'HPE_HEADER_OVERFLOW'
       ? [431, 'headers_too_large', 'request headers are larger than 16 KB']
@@ -462,10 +489,12 @@ export function clientErrorResponse(code: string | undefined): string {
         ? [408, 'request_timeout', 'the request was not received in time']
         : [400, 'bad_request', 'malformed HTTP request'];
   const body = JSON.stringify(errorBody(new AppError(status, errorCode, message)));
-  return (
-    `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\n` +
-    `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`
-  );
+  return {
+    status,
+    raw:
+      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\n` +
+      `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  };
 }
 
 /**

@@ -1,3 +1,4 @@
+import type { ServerResponse } from 'node:http';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
 /**
@@ -11,9 +12,10 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     registry,
     httpDuration: new Histogram({
       name: 'mnemos_http_request_duration_seconds',
-      help: 'HTTP request duration by route and status',
+      help: 'HTTP request duration by method, route and status: every answer, those given before any route ran under route "unmatched" (method "unknown" when Node could not parse the request)',
       labelNames: ['method', 'route', 'status'] as const,
-      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      // Up to 60 s: a summarize?wait=true waits that long, and would otherwise land in +Inf only.
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
       registers: [registry],
     }),
     messagesAccepted: new Counter({
@@ -53,9 +55,10 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     }),
     jobDuration: new Histogram({
       name: 'mnemos_job_duration_seconds',
-      help: 'Job processing time by queue',
+      help: 'Job processing time by queue: runs that end their job (done or failed), not runs that put it back (delayed, rate-limited)',
       labelNames: ['queue'] as const,
-      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      // Up to 10 minutes: a summary job runs several LLM calls of up to 60 s each in turn.
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600],
       registers: [registry],
     }),
     jobFailures: new Counter({
@@ -66,7 +69,7 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     }),
     queueJobs: new Gauge({
       name: 'mnemos_queue_jobs',
-      help: 'Jobs per queue and state (sampled)',
+      help: 'Jobs per queue and state (sampled); delayed includes the next run each job scheduler keeps there, a constant baseline',
       labelNames: ['queue', 'state'] as const,
       registers: [registry],
     }),
@@ -95,7 +98,7 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     }),
     errorMemoryHits: new Counter({
       name: 'mnemos_error_memory_hits_total',
-      help: 'Error-memory records returned by search, lookup and read',
+      help: 'Error-memory records returned, by via: search, lookup, get (a read by id)',
       labelNames: ['via'] as const,
       registers: [registry],
     }),
@@ -117,13 +120,13 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
     }),
     llmCalls: new Counter({
       name: 'mnemos_llm_calls_total',
-      help: 'LLM calls by purpose, model and outcome',
+      help: 'LLM call attempts (each retry counts) by purpose, model and outcome: ok, or the failure kind; an answer with text under HTTP 200 is ok even when its caller cannot use it',
       labelNames: ['purpose', 'model', 'outcome'] as const,
       registers: [registry],
     }),
     llmTokens: new Counter({
       name: 'mnemos_llm_tokens_total',
-      help: 'LLM tokens by purpose, model and direction',
+      help: 'LLM tokens by purpose, model and direction (input, output)',
       labelNames: ['purpose', 'model', 'direction'] as const,
       registers: [registry],
     }),
@@ -132,3 +135,26 @@ export function makeMetrics(opts: { defaultMetrics?: boolean } = {}) {
 }
 
 export type Metrics = ReturnType<typeof makeMetrics>;
+
+/**
+ * Times one answer into mnemos_http_request_duration_seconds, from now until it is sent. An answer
+ * its client gave up on never finishes: it is timed when its connection closes, with status 499
+ * (nginx's "client closed request"); otherwise the slowest requests, those whose clients time out,
+ * would drop out of the request rate and the latency quantiles. The labels are read when the answer
+ * ends (the route is known only once the app has routed the request).
+ */
+export function timeAnswer(
+  metrics: Pick<Metrics, 'httpDuration'>,
+  res: ServerResponse,
+  labels: () => { method: string; route: string },
+): void {
+  const end = metrics.httpDuration.startTimer();
+  let timed = false;
+  const record = (status: string) => {
+    if (timed) return;
+    timed = true;
+    end({ ...labels(), status });
+  };
+  res.on('finish', () => record(String(res.statusCode)));
+  res.on('close', () => record(res.writableFinished ? String(res.statusCode) : '499'));
+}

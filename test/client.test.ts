@@ -1344,6 +1344,11 @@ const PLANNED_METRICS = [
   'mnemos_search_duration_seconds',
   'mnemos_error_memory_hits_total',
   'mnemos_rate_limited_total',
+  // The README tells operators to alert on these: each needs a panel too.
+  'mnemos_queue_longest_active_job_seconds',
+  'mnemos_redis_behind_total',
+  'mnemos_ingest_inbox_moved_total',
+  'mnemos_error_memory_upkeep_skipped_total',
 ];
 const OTHER_KNOWN_METRICS = [
   'mnemos_messages_duplicate_total',
@@ -1417,5 +1422,7 @@ void describe('docs/grafana/mnemos.json', () => {
     const used = new Set(panels.flatMap((p) => (p.targets ?? []).flatMap((t) => metricsOf(t.expr))));
     const missing = [...used].filter((n) => !exposed.has(n) && !notYet.includes(n));
     assert.deepEqual(missing, []);
+    // A search may run up to SEARCH_TIMEOUT_MS (10 s): it has a bucket below +Inf.
+    assert.match(text, /mnemos_search_duration_seconds_bucket\{le="10",/);
   });
 });

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import type { IncomingMessage } from 'node:http';
+import { connect } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
 import pg from 'pg';
@@ -107,6 +108,72 @@ void describe('operations', () => {
     assert.match(text, /mnemos_process_resident_memory_bytes/);
     assert.doesNotMatch(text, /secret-session-name/);
     assert.ok(!text.includes(t.tenantId), 'no tenant ids in metrics');
+  });
+
+  void test('answers given before the app runs (no Host, an unknown coding or expectation, a parse error) are in the request metric', async () => {
+    const port = Number(new URL(svc.base).port);
+    // The whole answer, once the server closes the connection (each of these answers closes it).
+    const exchange = (request: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = connect(port, '127.0.0.1', () => socket.write(request));
+        let data = '';
+        socket.on('data', (d) => (data += d.toString()));
+        socket.on('close', () => resolve(data));
+        // Refused before all of it was read (the oversized headers): what came back still counts.
+        socket.on('error', () => undefined);
+        socket.setTimeout(10_000, () => {
+          socket.destroy();
+          reject(new Error(`no answer within 10 s; read: ${JSON.stringify(data)}`));
+        });
+      });
+    const series = [
+      ['GET', 400],
+      ['POST', 501],
+      ['GET', 417],
+      ['unknown', 431],
+      ['unknown', 400],
+    ] as const;
+    const counts = async () => {
+      const text = await (await fetch(`${svc.base}/metrics`)).text();
+      const of = ([method, status]: (typeof series)[number]) =>
+        metricValue(
+          text,
+          'mnemos_http_request_duration_seconds_count',
+          `method="${method}",route="unmatched",status="${status}"`,
+        ) || 0;
+      return { text, counts: series.map(of) };
+    };
+    const before = await counts();
+
+    const host = `host: 127.0.0.1:${port}\r\n`;
+    const answers = [
+      await exchange('GET /v1/sessions HTTP/1.1\r\n\r\n'),
+      await exchange(`GET /v1/sessions HTTP/1.1\r\n${host}host: other.example\r\n\r\n`),
+      await exchange(
+        `POST /v1/sessions/x/messages HTTP/1.1\r\n${host}transfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n`,
+      ),
+      await exchange(`GET /v1/sessions HTTP/1.1\r\n${host}expect: foo\r\n\r\n`),
+      await exchange(`GET /v1/sessions HTTP/1.1\r\n${host}x-big: ${'a'.repeat(20_000)}\r\n\r\n`),
+      await exchange('NOT HTTP\r\n\r\n'),
+    ];
+    assert.deepEqual(
+      answers.map((a) => a.slice(0, 12)),
+      ['HTTP/1.1 400', 'HTTP/1.1 400', 'HTTP/1.1 501', 'HTTP/1.1 417', 'HTTP/1.1 431', 'HTTP/1.1 400'],
+    );
+
+    // Each answer is counted under its method and status, as "unmatched" (no route ran); the two
+    // Host refusals share a series. Counted once the answer is sent.
+    let after = await counts();
+    await eventually(async () => {
+      after = await counts();
+      return after.counts.every((n, k) => n > before.counts[k]!);
+    }, 5000).catch(() => undefined);
+    assert.deepEqual(
+      after.counts.map((n, i) => n - before.counts[i]!),
+      [2, 1, 1, 1, 1],
+    );
+    // A summarize?wait=true waits up to 60 s: it has a bucket below +Inf.
+    assert.match(after.text, /mnemos_http_request_duration_seconds_bucket\{le="60",/);
   });
 
   void test('summary lag counts from archiving, not from a back-dated message time', async () => {

@@ -1,4 +1,4 @@
-import { Worker } from 'bullmq';
+import { RATE_LIMIT_ERROR, Worker } from 'bullmq';
 import type { Job, Processor } from 'bullmq';
 import { getTenantById } from '../db/queries/lifecycle.js';
 import type { CoreDeps } from '../services/deps.js';
@@ -114,12 +114,14 @@ export async function startWorkers(
   for (const [name, processor] of Object.entries(processors) as Array<[QueueName, Processor]>) {
     const timedProcessor: Processor = async (job, token, signal) => {
       const end = deps.metrics.jobDuration.startTimer({ queue: name });
+      let deferred = false;
       try {
         // The signal also tells a processor that the worker is shutting down (a summarize job
         // stops between chunks).
         const stop = signal ? AbortSignal.any([signal, stopping.signal]) : stopping.signal;
         return await processor(job, token, stop);
       } catch (err) {
+        deferred = isDeferral(err);
         // A job of a tenant erased meanwhile ends as done, not failed: a failed job's record
         // (its tenant and session ids) is kept by count alone, for ever, and the erasure has
         // already swept (a summary whose LLM answered, unusable, after the erasure; re-tester r4).
@@ -133,7 +135,9 @@ export async function startWorkers(
         }
         throw err;
       } finally {
-        end();
+        // A run that put its job back (delayed, rate-limited) did not end it: observing it counted
+        // one summary job as many short ones, each deferral a "job" of its own.
+        if (!deferred) end();
       }
     };
     // The recent index is derived and catches up in bigger batches; archiving gets the rest.
@@ -219,4 +223,18 @@ export async function startWorkers(
       connection.disconnect();
     },
   };
+}
+
+/**
+ * Whether a processor's error puts its job back rather than ending the run: as BullMQ's worker
+ * tells them apart (by class or name, and a manual rate limit by its message).
+ */
+function isDeferral(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  return (
+    err.message === RATE_LIMIT_ERROR ||
+    err.name === 'DelayedError' ||
+    err.name === 'WaitingError' ||
+    err.name === 'WaitingChildrenError'
+  );
 }

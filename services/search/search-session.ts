@@ -103,7 +103,8 @@ export function searchDuration(registry: Registry): Histogram<'match'> {
     name: DURATION_METRIC,
     help: 'Search latency by match mode (query embedding included)',
     labelNames: ['match'] as const,
-    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+    // Up to 10 s: SEARCH_TIMEOUT_MS's default stops a search's statement there.
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
     registers: [registry],
   });
 }

@@ -25,7 +25,7 @@ export function makeSummaryMetrics(registry: Registry, db: Queryable): SummaryMe
     () =>
       new Gauge({
         name: 'mnemos_summaries_stalled',
-        help: 'Summaries stalled after repeated failures (sampled at scrape)',
+        help: 'Summaries stalled after repeated failures (sampled at scrape by every process: aggregate with max(), not sum())',
         registers: [registry],
         async collect() {
           const n = await orNull(countStalledSummaries(db), SAMPLE_TIMEOUT_MS);
