@@ -9,7 +9,7 @@ import type { Config } from './config.js';
 import { AppError } from './errors.js';
 import { defaultExtensions } from './extensions.js';
 import { afterRestoreCommand } from './lifecycle/after-restore.js';
-import { addLifecycleCommands, refuseWithoutSchema } from './lifecycle/lifecycle-cli.js';
+import { addLifecycleCommands, cliMigrationLog, refuseWithoutSchema } from './lifecycle/lifecycle-cli.js';
 import { runFromEnv } from './main.js';
 import { reembedCommand } from './recent-index/reembed.js';
 import { redisNamespaceCommand } from './redis-namespace.js';
@@ -31,9 +31,7 @@ async function withDb<T>(
   try {
     if (!opts.install) await refuseWithoutSchema(db, config);
     // A migration giving way to a long transaction says so, rather than hang silently.
-    const applied = await migrate(db, undefined, {
-      logger: { warn: (_fields, msg) => void process.stderr.write(`mnemos: warning: ${msg}\n`) },
-    });
+    const applied = await migrate(db, undefined, { logger: cliMigrationLog });
     return await fn(db, applied);
   } finally {
     await db.close();

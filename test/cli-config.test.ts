@@ -17,6 +17,7 @@ import {
   createTestDatabase,
   deleteRedisPrefix,
   dropTestDatabase,
+  holdTransaction,
   startTestService,
   testPrefix,
 } from './support/harness.js';
@@ -146,6 +147,58 @@ void describe('CLI commands and the database they are given', () => {
       await db.close();
       assert.equal(ledger.rows[0]!.n, (await loadMigrations()).length);
     } finally {
+      await old.drop();
+    }
+  });
+
+  void test('an export whose pending migration gives way to a long transaction says so on stderr, as migrate does', async () => {
+    // Setup: a database one migration behind (018, an index on sessions, which needs a lock every
+    // write of the table conflicts with), and a transaction holding a session row's write.
+    const old = await emptyDatabase();
+    const db = makePgDb({ connectionString: old.url, max: 1 });
+    let holder: { release(): Promise<void> } | null = null;
+    try {
+      const all = await loadMigrations();
+      await migrate(
+        db,
+        all.filter((m) => m.version < 18),
+      );
+      const { tenant_id } = await createTenant(db, 'behind');
+      await db.query(`INSERT INTO sessions (tenant_id, id) VALUES ($1, 'held')`, [tenant_id]);
+      await migrate(
+        db,
+        all.filter((m) => m.version !== 18),
+      );
+      holder = await holdTransaction(old.url, [`UPDATE sessions SET hot_bytes = 0 WHERE id = 'held'`]);
+
+      // Action: an export, whose start applies 018; the transaction ends once the export has said
+      // why it waits (or after 20 s, when it never says so).
+      const child = spawn(process.execPath, ['bin/mnemos.js', 'export', 'held', '--tenant', tenant_id], {
+        env: { ...process.env, LOG_LEVEL: '', MNEMOS_PREFIX: filePrefix, DATABASE_URL: old.url },
+      });
+      let stderr = '';
+      child.stdout.resume();
+      const told = new Promise<void>((resolve) => {
+        child.stderr.on('data', (d: Buffer) => {
+          stderr += d.toString();
+          if (stderr.includes('gave way')) resolve();
+        });
+      });
+      await Promise.race([told, new Promise((r) => setTimeout(r, 20_000))]);
+      await holder.release();
+      const code = await new Promise<number | null>((r) => child.on('exit', r));
+
+      // Assert
+      assert.match(
+        stderr,
+        /^mnemos: warning: migration 018_\w+ gave way to a transaction holding a lock it needs; trying again$/m,
+      );
+      assert.equal(code, 0, stderr);
+      const ledger = await db.query('SELECT 1 FROM schema_migrations WHERE version = 18');
+      assert.equal(ledger.rows.length, 1, 'applied once the transaction ended');
+    } finally {
+      await holder?.release();
+      await db.close();
       await old.drop();
     }
   });

@@ -4,6 +4,7 @@ import path from 'node:path';
 import type { Writable } from 'node:stream';
 import type { Command } from 'commander';
 import { migrate, schemaState } from '../../db/migrate.js';
+import type { MigrateOptions } from '../../db/migrate.js';
 import type { Db } from '../../db/pool.js';
 import { findTenant } from '../../db/queries/tenants.js';
 import type { AfterArchive } from '../../workers/ingest.js';
@@ -57,6 +58,11 @@ interface Runtime {
   extensions: Extension[];
 }
 
+/** Where a CLI command's migrations say they give way to a long transaction: one stderr line each. */
+export const cliMigrationLog: MigrateOptions['logger'] = {
+  warn: (_fields, msg) => void process.stderr.write(`mnemos: warning: ${msg}\n`),
+};
+
 async function withRuntime<T>(
   factories: ExtensionFactory[] | null,
   fn: (rt: Runtime) => Promise<T>,
@@ -69,7 +75,9 @@ async function withRuntime<T>(
   const extensions: Extension[] = [];
   try {
     await refuseWithoutSchema(deps.db, config);
-    await migrate(deps.db);
+    // An export or an import that applies a migration is as vocal as `mnemos migrate` (it was
+    // silent for as long as the migration gave way: up to 15 minutes).
+    await migrate(deps.db, undefined, { logger: cliMigrationLog });
     if (!(await waitForRedis(deps.redis, 5000)))
       throw new Error(`cannot reach Redis at ${shownUrl(config.redisUrl)}`);
     await refuseOtherNamespace(deps.db, config);
