@@ -327,6 +327,9 @@ void describe('context without a decision model', () => {
       user('again'),
       { ...calls('call_r'), content: '' },
       user('third'),
+      // Content parts of empty text only say nothing either (t7).
+      { ...calls('call_s'), content: [{ type: 'text', text: '' }] },
+      user('fourth'),
     ]);
 
     const r = await context(t.api, s, { max_messages: 100 });
@@ -336,6 +339,7 @@ void describe('context without a decision model', () => {
       { role: 'user', content: 'q' },
       { role: 'user', content: 'again' },
       { role: 'user', content: 'third' },
+      { role: 'user', content: 'fourth' },
     ]);
   });
 

@@ -142,7 +142,15 @@ export function wellFormedWindow(rows: readonly WindowMessageRow[]): HotWindow {
   const usedIds = new Set<string>();
   let renamed = new Map<string, string>();
   for (const { row, calls } of out) {
-    const emptyContent = row.content === null || row.content === '';
+    // Content parts that are all empty text say nothing either (an agent framework's way of
+    // writing no content).
+    const emptyContent =
+      row.content === null ||
+      row.content === '' ||
+      (Array.isArray(row.content) &&
+        row.content.every(
+          (p) => (p as { type?: unknown }).type === 'text' && (p as { text?: unknown }).text === '',
+        ));
     if (row.role === 'assistant' && row.tool_calls && !calls && emptyContent) {
       // Every call of this message went unanswered and it says nothing else.
       continue;
