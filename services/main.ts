@@ -377,6 +377,14 @@ export function unsupportedTransferCoding(req: IncomingMessage): string | null {
  * are queued in order): 20 pipelined posts got their seqs shuffled, and a GET pipelined after a
  * post that created the session answered 404. Each request's handler starts once the previous
  * request's answer has finished or its connection closed.
+ *
+ * A request whose connection can no longer carry an answer when its turn comes is not run at all:
+ * the answer before it closed the connection (`connection: close`, as every answer does once the
+ * server is stopping), the client half-closed it, or it is gone. Run, a post pipelined behind a
+ * `?wait=true` in flight at SIGTERM stored its messages and was never answered, and a client
+ * retrying it without ids stored them twice. Not run, the client sees the connection close with no
+ * answer, which is safe to retry. The connection is left to close as Node closes it: destroyed here,
+ * the answer before it could lose bytes still on their way out.
  */
 export function oneAtATimePerConnection(
   handle: (req: IncomingMessage, res: ServerResponse) => void,
@@ -401,7 +409,11 @@ export function oneAtATimePerConnection(
     }
     return line;
   };
-  const run = (req: IncomingMessage, res: ServerResponse) => {
+  const run = (req: IncomingMessage, res: ServerResponse, line: Line) => {
+    // Node ends the socket (without destroying it) as soon as an answer that closes the
+    // connection has finished, before that answer's `close` lets the next request go: a socket
+    // that is no longer writable is one nothing more will be written on.
+    if (line.closed || req.socket.destroyed || !req.socket.writable) return;
     try {
       handle(req, res);
     } catch (err) {
@@ -425,8 +437,8 @@ export function oneAtATimePerConnection(
     void done.then(() => {
       if (line.tail === done) line.tail = null;
     });
-    if (before === null) run(req, res);
-    else void before.then(() => run(req, res));
+    if (before === null) run(req, res, line);
+    else void before.then(() => run(req, res, line));
   };
 }
 

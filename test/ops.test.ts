@@ -1,8 +1,11 @@
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
 import type { IncomingMessage } from 'node:http';
 import { connect } from 'node:net';
+import type { Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import express from 'express';
+import { Redis } from 'ioredis';
 import pg from 'pg';
 import { pino } from 'pino';
 import { makePgDb } from '../db/pool.js';
@@ -18,6 +21,7 @@ import { startFakeOpenAI } from './support/fake-openai.js';
 import {
   ADMIN_TOKEN,
   ADMIN_URL,
+  REDIS_URL,
   api,
   createTestDatabase,
   deleteRedisPrefix,
@@ -594,6 +598,82 @@ void describe('graceful shutdown', () => {
     await stopped;
     agent.destroy();
     await deleteRedisPrefix(svc.config.prefix);
+  });
+
+  void test('a post pipelined behind a ?wait=true in flight at the stop is not run: no answer, nothing stored', async () => {
+    // Setup: session a exists, and its row is held, so that A (a ?wait=true to it) stays in flight
+    // until one second before the 2 s deadline. Workers run: B, once accepted, would be archived.
+    const svc = await startTestService({ env: { SHUTDOWN_TIMEOUT_MS: '2000' } });
+    const locker = new pg.Client({ connectionString: svc.config.databaseUrl });
+    await locker.connect();
+    const redis = new Redis(REDIS_URL);
+    let socket: Socket | null = null;
+    let stopped = false;
+    try {
+      const t = await svc.newTenant();
+      const first = await t.api.post('/v1/sessions/a/messages?wait=true', {
+        messages: [{ role: 'user', content: 'first' }],
+      });
+      assert.equal(first.status, 201);
+      await locker.query('BEGIN');
+      await locker.query('SELECT 1 FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE', [
+        t.tenantId,
+        'a',
+      ]);
+      const post = (path: string, content: string) => {
+        const body = JSON.stringify({ messages: [{ role: 'user', content }] });
+        return (
+          `POST ${path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${t.apiKey}\r\n` +
+          `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+        );
+      };
+      // Heard before the app's own listener, which rewrites req.url to its router's part.
+      const bRead = new Promise<void>((resolve) =>
+        svc.server!.prependListener('request', (req: IncomingMessage) => {
+          if (req.url === '/v1/sessions/b/messages') resolve();
+        }),
+      );
+      const raw = connect(Number(new URL(svc.base).port), '127.0.0.1');
+      socket = raw;
+      raw.on('error', () => undefined);
+      let received = '';
+      raw.setEncoding('latin1');
+      raw.on('data', (d: string) => (received += d));
+      const closed = new Promise<void>((resolve) => raw.once('close', () => resolve()));
+      await once(raw, 'connect');
+      raw.write(post('/v1/sessions/a/messages?wait=true', 'A') + post('/v1/sessions/b/messages', 'B'));
+      const inboxA = inboxKeys(svc.config.prefix, t.tenantId, 'a').inbox;
+      await eventually(async () => (await redis.llen(inboxA)) === 1, 10_000, "A's message accepted");
+      await bRead;
+
+      // Action
+      stopped = true;
+      await svc.stop();
+      await closed;
+
+      // Assert: A is answered and closes the connection; B gets no answer, and was not run.
+      const statusLines = received.split('\r\n').filter((l) => l.startsWith('HTTP/1.1 '));
+      assert.deepEqual(statusLines, ['HTTP/1.1 202 Accepted'], received);
+      assert.match(received, /\r\nconnection: close\r\n/i);
+      const b = inboxKeys(svc.config.prefix, t.tenantId, 'b');
+      assert.equal(await redis.exists(b.inbox, b.sess, b.ids), 0, "B's message is not in an inbox");
+      const sessions = await locker.query<{ id: string }>('SELECT id FROM sessions WHERE tenant_id = $1', [
+        t.tenantId,
+      ]);
+      assert.deepEqual(
+        sessions.rows.map((r) => r.id),
+        ['a'],
+        'no session b in Postgres',
+      );
+    } finally {
+      socket?.destroy();
+      await locker.query('COMMIT').catch(() => undefined);
+      await locker.end();
+      redis.disconnect();
+      // A failure before the stop above left the service running.
+      if (!stopped) await svc.stop();
+      await deleteRedisPrefix(svc.config.prefix);
+    }
   });
 
   /** A service whose summary calls answer only after 20 s, a tenant, and a session `s` of two messages. */
