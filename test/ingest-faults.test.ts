@@ -4,9 +4,8 @@ import { afterEach, describe, test } from 'node:test';
 import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { migrate } from '../db/migrate.js';
-import { makePgDb, withTransaction } from '../db/pool.js';
-import { deleteSessionMessages, markSessionCleared, upsertImportedSummary } from '../db/queries/lifecycle.js';
-import { deleteUnusedSession, lockOrCreateSession, recordArchived } from '../db/queries/sessions.js';
+import { makePgDb } from '../db/pool.js';
+import { deleteSessionMessages, markSessionCleared } from '../db/queries/lifecycle.js';
 import { acceptMessages, confirmArchived } from '../services/messages/accept-messages.js';
 import { defineInboxScripts, inboxKeys, readInbox } from '../services/messages/inbox.js';
 import { parseMessages } from '../services/messages/message-input.js';
@@ -21,7 +20,6 @@ import {
   deleteRedisPrefix,
   dropTestDatabase,
   eventually,
-  holdTransaction,
   spawnService,
   startTestService,
   testPrefix,
@@ -892,144 +890,6 @@ void describe('ingestion under faults and many processes', () => {
       rows.map((r) => r.id),
       ['one', 'two'],
       'the rejected requests stored nothing',
-    );
-  });
-
-  void test('a first post whose accept fails after its seed committed leaves no empty session behind', async () => {
-    const { redis, svc } = await onPrivateRedis();
-    const t = await svc.newTenant();
-    const dbUrl = svc.config.databaseUrl!;
-    const db = makePgDb({ connectionString: dbUrl, max: 1 });
-    cleanups.push(() => db.close());
-    // Setup: a new session's row commits only once the test lets it (a deferred trigger waits on
-    // an advisory lock the test holds), so Redis can die after the seed and before the accept.
-    await db.query(
-      `CREATE FUNCTION wait_for_gate() RETURNS trigger LANGUAGE plpgsql AS $$
-       BEGIN PERFORM pg_advisory_xact_lock(7201); RETURN NULL; END $$`,
-    );
-    await db.query(
-      `CREATE CONSTRAINT TRIGGER row_commit_waits AFTER INSERT ON sessions
-       DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION wait_for_gate()`,
-    );
-    const gate = await holdTransaction(dbUrl, ['SELECT pg_advisory_xact_lock(7201)']);
-    cleanups.push(() => gate.release());
-
-    // Action: the first post seeds the session, and its commit waits at the gate.
-    const posting = t.api.post('/v1/sessions/first/messages', { messages: [user('hello', { id: 'h1' })] });
-    await eventually(
-      async () =>
-        (
-          await db.query(
-            `SELECT 1 FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`,
-          )
-        ).rowCount === 1,
-      10_000,
-      "the seed's commit waits at the gate",
-    );
-    await redis.kill();
-    // The API has seen its connection go (a command sent before that would be a "may be stored").
-    await eventually(
-      async () => svc.deps.redis.status !== 'ready',
-      10_000,
-      "the API's Redis connection lost",
-    );
-    await gate.release();
-    const failed = await posting;
-    await db.query('DROP TRIGGER row_commit_waits ON sessions');
-    await redis.start();
-    await eventually(
-      async () => svc.deps.redis.status === 'ready',
-      10_000,
-      "the API's Redis connection back",
-    );
-
-    // Assert: the 503 stored nothing, and no session exists without an accepted message.
-    assert.equal(failed.status, 503, failed.text);
-    assert.deepEqual(failed.body.error.details, { dependency: 'redis' });
-    const listed = await t.api.get('/v1/sessions');
-    assert.equal(listed.status, 200, listed.text);
-    assert.deepEqual(
-      listed.body.sessions.map((s: { id: string }) => s.id),
-      [],
-      'no session is listed before a message was accepted',
-    );
-    assert.equal((await t.api.get('/v1/sessions/first')).status, 404);
-    // The client's retry makes the session, with the message at seq 1.
-    const again = await t.api.post('/v1/sessions/first/messages?wait=true', {
-      messages: [user('hello', { id: 'h1' })],
-    });
-    assert.equal(again.status, 201, again.text);
-    assert.deepEqual(again.body.messages, [{ id: 'h1', seq: 1 }]);
-    const session = await t.api.get('/v1/sessions/first');
-    assert.equal(session.status, 200, session.text);
-    assert.equal(session.body.message_count, 1);
-  });
-
-  void test('the row of a failed first post goes only while unused: archived into, cleared or summarised, it stays', async () => {
-    const dbUrl = await createTestDatabase();
-    cleanups.push(() => dropTestDatabase(dbUrl));
-    const db = makePgDb({ connectionString: dbUrl, max: 1 });
-    cleanups.push(() => db.close());
-    const { tenant_id: tenantId } = await createTenant(db, 'unused-rows');
-    const create = (sid: string) => withTransaction(db, (tx) => lockOrCreateSession(tx, tenantId, sid));
-    // Setup: rows as first posts created them; other work reaches all but one before the cleanup.
-    const rows = {
-      unused: await create('unused'),
-      drained: await create('drained'),
-      reset: await create('reset'),
-      deleted: await create('deleted'),
-      summarised: await create('summarised'),
-    };
-    assert.equal(rows.unused.created, true);
-    assert.equal((await create('unused')).created, false, 'a row that exists is not created again');
-    await recordArchived(db, {
-      tenantId,
-      sessionId: 'drained',
-      nextSeq: 2,
-      count: 1,
-      bytes: 5,
-      lastSentNs: null,
-    });
-    await markSessionCleared(db, {
-      tenantId,
-      sessionId: 'reset',
-      generation: 2,
-      deleted: false,
-      clearedThroughSeq: 0,
-    });
-    await markSessionCleared(db, {
-      tenantId,
-      sessionId: 'deleted',
-      generation: 2,
-      deleted: true,
-      clearedThroughSeq: 0,
-    });
-    await upsertImportedSummary(db, {
-      tenantId,
-      sessionId: 'summarised',
-      summary: { key_decisions: [], past_discussions: [], current_discussion: null },
-      cursorSeq: null,
-    });
-
-    // Action
-    const removed: Record<string, boolean> = {};
-    for (const [name, row] of Object.entries(rows)) removed[name] = await deleteUnusedSession(db, row);
-
-    // Assert: only the unused row went.
-    assert.deepEqual(removed, {
-      unused: true,
-      drained: false,
-      reset: false,
-      deleted: false,
-      summarised: false,
-    });
-    const left = await db.query<{ id: string }>('SELECT id FROM sessions WHERE tenant_id = $1 ORDER BY id', [
-      tenantId,
-    ]);
-    assert.deepEqual(
-      left.rows.map((r) => r.id),
-      ['deleted', 'drained', 'reset', 'summarised'],
     );
   });
 

@@ -23,38 +23,20 @@ const COLS = `tenant_id, id, generation, next_seq, message_count, hot_bytes, sta
 /**
  * Locks the session row, creating it first if needed; the caller holds a transaction. The row
  * almost always exists (it is created when the session is seeded), so try the lock first and pay
- * the INSERT only on a miss. `created` says whether this transaction inserted it.
+ * the INSERT only on a miss.
  */
 export async function lockOrCreateSession(
   q: Queryable,
   tenantId: string,
   sessionId: string,
-): Promise<SessionRow & { created: boolean }> {
+): Promise<SessionRow> {
   const existing = await lockSession(q, tenantId, sessionId);
-  if (existing) return { ...existing, created: false };
-  const ins = await q.query(`INSERT INTO sessions (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, [
+  if (existing) return existing;
+  await q.query(`INSERT INTO sessions (tenant_id, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, [
     tenantId,
     sessionId,
   ]);
-  return { ...(await lockSession(q, tenantId, sessionId))!, created: ins.rowCount === 1 };
-}
-
-/**
- * Removes a session row that a first post created and then failed to use, if it is still as it
- * was created: no message archived or imported, no summary, never reset, deleted or revived. One
- * statement, so a drain or an import that used the row in the meantime keeps it; a message
- * accepted meanwhile and not yet archived brings the row back at its drain (drainSession makes a
- * missing row). True when the row was removed.
- */
-export async function deleteUnusedSession(q: Queryable, created: SessionRow): Promise<boolean> {
-  const r = await q.query(
-    `DELETE FROM sessions s
-     WHERE s.tenant_id = $1 AND s.id = $2 AND s.generation = $3 AND s.next_seq = $4::bigint
-       AND s.cleared_through_seq = $5::bigint AND s.message_count = 0 AND s.deleted_at IS NULL
-       AND NOT EXISTS (SELECT 1 FROM summaries m WHERE m.tenant_id = $1 AND m.session_id = $2)`,
-    [created.tenant_id, created.id, created.generation, created.next_seq, created.cleared_through_seq],
-  );
-  return r.rowCount === 1;
+  return (await lockSession(q, tenantId, sessionId))!;
 }
 
 export async function lockSession(

@@ -1,8 +1,7 @@
 import { withTransaction } from '../../db/pool.js';
 import { NO_SESSION_STATE, acceptLookup } from '../../db/queries/messages.js';
 import { reviveSession } from '../../db/queries/lifecycle.js';
-import { deleteUnusedSession, getSession, lockOrCreateSession } from '../../db/queries/sessions.js';
-import type { SessionRow } from '../../db/queries/sessions.js';
+import { getSession, lockOrCreateSession } from '../../db/queries/sessions.js';
 import type { CoreDeps } from '../deps.js';
 import { AppError, asDependencyError, unavailable } from '../errors.js';
 import { syncRedisGeneration } from '../lifecycle/session-lifecycle.js';
@@ -91,8 +90,6 @@ export async function acceptMessages(
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
   defineInboxScripts(deps.redis);
   const results: Array<{ id: string; seq: number } | null> = messages.map(() => null);
-  // The session row this request's seed created (committed before the accept runs), if it did.
-  let created: SessionRow | null = null;
   try {
     // Ids already archived (their Redis idempotency entry may have expired or been lost), and
     // the archive's highest seq: the accept never hands out a seq at or below it, also when Redis
@@ -130,7 +127,7 @@ export async function acceptMessages(
       let outcome = await accept();
       const retry = (o: typeof outcome) => o.kind === 'seed' || o.kind === 'stale' || o.kind === 'importing';
       for (let attempt = 0; retry(outcome) && attempt < 3; attempt++) {
-        if (outcome.kind === 'seed') created = (await seedSession(deps, tenantId, sessionId)) ?? created;
+        if (outcome.kind === 'seed') await seedSession(deps, tenantId, sessionId);
         // Answered as a duplicate of an import that then proves aborted, the message was lost:
         // the import is settled first (its messages removed if it never committed).
         else if (outcome.kind === 'importing')
@@ -163,8 +160,6 @@ export async function acceptMessages(
           outcome.indexes.map((j) => pending[j]!),
           messages,
         );
-      // Accepted: the row is now the session of these messages, whatever fails after.
-      created = null;
       outcome.results.forEach((r, j) => {
         const i = pending[j]!;
         results[i] = { id: messages[i]!.id, seq: r.seq };
@@ -214,47 +209,20 @@ export async function acceptMessages(
       archived: pending.length === 0,
     };
   } catch (err) {
-    const e = asDependencyError(err);
-    if (created) await forgetCreatedSession(deps, created, e);
-    throw e;
+    throw asDependencyError(err);
   }
-}
-
-/**
- * A first post that failed after its seed committed the session row (Redis gone before the
- * accept, the seed retries used up) left a live, empty session: listed, and a 200 on GET, though
- * no message was accepted and its 503 said nothing was stored. The row goes again while still
- * unused. Not after a 503 that says the messages may be stored: their accept may have run, and
- * the row is then the session they belong to.
- */
-async function forgetCreatedSession(deps: CoreDeps, created: SessionRow, err: unknown): Promise<void> {
-  if (err instanceof AppError && (err.details as { maybe_stored?: boolean } | undefined)?.maybe_stored)
-    return;
-  // Best effort: a row left behind is what happened before, and the answer stays the request's own.
-  await deleteUnusedSession(deps.db, created).catch((e: unknown) =>
-    deps.logger.warn(
-      { err: { message: (e as Error).message } },
-      'could not remove the empty session row of a failed first post',
-    ),
-  );
 }
 
 /**
  * Creates the session row if needed and seeds its Redis state from Postgres while holding the
  * row lock, so no drain can commit in between: the counter starts after everything archived
- * (invariant 3, also when Redis came back empty). Returns the row as created when this seed
- * created it, else null.
+ * (invariant 3, also when Redis came back empty).
  */
-export async function seedSession(
-  deps: CoreDeps,
-  tenantId: string,
-  sessionId: string,
-): Promise<SessionRow | null> {
+export async function seedSession(deps: CoreDeps, tenantId: string, sessionId: string): Promise<void> {
   const keys = inboxKeys(deps.config.prefix, tenantId, sessionId);
-  return withTransaction(deps.db, async (tx) => {
-    const { created, ...row } = await lockOrCreateSession(tx, tenantId, sessionId);
+  await withTransaction(deps.db, async (tx) => {
+    const row = await lockOrCreateSession(tx, tenantId, sessionId);
     await seedInbox(deps.redis, keys, Number(row.next_seq) - 1, row.generation, row.deleted);
-    return created ? row : null;
   });
 }
 
