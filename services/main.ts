@@ -235,7 +235,13 @@ export async function startService(
         // Timed from the refusal to the answer's last byte written (when the request began is not
         // known here). No request exists to tell its method: "unknown", which keeps the label to
         // Node's list of methods and this one.
+        // A request the app has (a body that stopped coming: a 408) is timed by the app already,
+        // when its response closes: timed here too, it counted twice (r1).
         const { status, raw } = clientErrorResponse(err.code);
+        if (current) {
+          socket.end(raw);
+          return;
+        }
         const end = deps.metrics.httpDuration.startTimer({ method: 'unknown', route: 'unmatched' });
         let timed = false;
         const record = (sent: boolean) => {

@@ -180,6 +180,47 @@ void describe('operations', () => {
     assert.match(after.text, /mnemos_http_request_duration_seconds_bucket\{le="60",/);
   });
 
+  void test('a body that stops coming is one answer in the request metric, not two', async () => {
+    // Setup: a short request timeout (Node checks it every 30 s at most) and an authenticated post
+    // whose body stops half-way.
+    const server = svc.server!;
+    const saved = server.requestTimeout;
+    server.requestTimeout = 1000;
+    const t = await svc.newTenant();
+    const total = async () =>
+      [
+        ...(await (await fetch(`${svc.base}/metrics`)).text()).matchAll(
+          /^mnemos_http_request_duration_seconds_count\{[^}]*status="(?:4\d\d|499)"[^}]*\} (\d+)$/gm,
+        ),
+      ].reduce((n, m) => n + Number(m[1]), 0);
+    try {
+      const before = await total();
+
+      // Action
+      const answer = await new Promise<string>((resolve) => {
+        const socket = connect(Number(new URL(svc.base).port), '127.0.0.1', () =>
+          socket.write(
+            `POST /v1/sessions/slow/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${t.apiKey}\r\n` +
+              `content-type: application/json\r\ncontent-length: 1000\r\n\r\n{"messages":[`,
+          ),
+        );
+        let data = '';
+        socket.on('data', (d) => (data += d.toString()));
+        socket.on('close', () => resolve(data));
+        socket.on('error', () => undefined);
+      });
+
+      // Assert: the client got a 408, and the metric counts one refused request (it counted the
+      // raw 408 and the app's own answer both).
+      assert.match(answer, /^HTTP\/1\.1 408 /);
+      await eventually(async () => (await total()) > before, 5000, 'the request counted');
+      await new Promise((r) => setTimeout(r, 200));
+      assert.equal((await total()) - before, 1);
+    } finally {
+      server.requestTimeout = saved;
+    }
+  });
+
   void test('summary lag counts from archiving, not from a back-dated message time', async () => {
     const t = await svc.newTenant();
     const old = { messages: [{ role: 'user', content: 'from last year', sent_at: '2025-01-01T00:00:00Z' }] };
