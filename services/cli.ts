@@ -41,6 +41,35 @@ async function withDb<T>(
 const print = (s: string) => process.stdout.write(`${s}\n`);
 
 /**
+ * What is lost with stdout beyond the output itself: set before the one showing of an API key.
+ * `tenant create > /dev/full` created the tenant, never showed its only key, and said nothing but a
+ * stack trace; now stderr names what was created and the way on.
+ */
+let lostWithStdout: string | null = null;
+const printKey = (s: string, lost: string) => {
+  lostWithStdout = lost;
+  print(s);
+};
+
+/**
+ * A CLI command whose stdout fails stops there (it died of an unhandled 'error' event, with a stack
+ * trace, or waited forever for a 'drain'). A reader that went away (`mnemos export … | head`, EPIPE)
+ * ends it as SIGPIPE ends a Unix tool: without a word and with status 141 (128 + 13). Any other
+ * failure (a full disk) is one line on stderr and status 1.
+ */
+function stdoutFailed(err: NodeJS.ErrnoException): never {
+  if (err.code !== 'EPIPE' || lostWithStdout)
+    process.stderr.write(
+      `mnemos: cannot write to stdout (${err.message})${lostWithStdout ? `: ${lostWithStdout}` : ''}\n`,
+    );
+  process.exit(err.code === 'EPIPE' ? 141 : 1);
+}
+
+/** The way on from a new key that was not shown: it exists and works, and only its id is shown again. */
+const unseenKeyWayOn = (tenantId: string, keyId: string) =>
+  `run \`mnemos key create --tenant ${tenantId}\` for a new key, and \`mnemos key revoke ${keyId}\` to revoke the unseen one`;
+
+/**
  * Embedded mode: the commands that only read, change what exists, or need a tenant that a new
  * database cannot have. On a data directory without a database they refuse, creating nothing (run
  * from the wrong directory, `tenant list` printed nothing and left a 39 MB empty database there,
@@ -79,6 +108,7 @@ const program = new Command('mnemos')
   // and `after-restore` as much as to a service.
   .hook('preAction', async (_, command) => {
     if (['serve', 'api', 'worker'].includes(command.name()) && command.parent === program) return;
+    process.stdout.on('error', stdoutFailed);
     const config = loadConfig(process.env);
     for (const w of config.warnings) process.stderr.write(`mnemos: warning: ${w}\n`);
     await refuseWithoutEmbeddedDb(command, config);
@@ -123,8 +153,16 @@ tenant
   .action((name: string, o: { json?: boolean }) =>
     withDb(async (db) => {
       const t = await createTenant(db, name);
-      if (o.json) print(JSON.stringify(t));
-      else print(`tenant_id: ${t.tenant_id}\napi_key:   ${t.api_key}\n(the key is shown once; store it now)`);
+      const keyId = keyIdOf(t.api_key) ?? '?';
+      const lost =
+        `tenant ${t.tenant_id} was created, but its API key (key id ${keyId}) was not shown and cannot be ` +
+        `shown again: ${unseenKeyWayOn(t.tenant_id, keyId)}`;
+      if (o.json) printKey(JSON.stringify(t), lost);
+      else
+        printKey(
+          `tenant_id: ${t.tenant_id}\napi_key:   ${t.api_key}\n(the key is shown once; store it now)`,
+          lost,
+        );
     }),
   );
 tenant
@@ -153,8 +191,12 @@ key
   .action((o: { tenant: string; name: string; json?: boolean }) =>
     withDb(async (db) => {
       const k = await createKey(db, o.tenant, o.name);
-      if (o.json) print(JSON.stringify(k));
-      else print(`key_id:  ${k.key_id}\napi_key: ${k.api_key}\n(the key is shown once; store it now)`);
+      const lost =
+        `key ${k.key_id} of tenant ${k.tenant_id} was created, but it was not shown and cannot be shown ` +
+        `again: ${unseenKeyWayOn(k.tenant_id, k.key_id)}`;
+      if (o.json) printKey(JSON.stringify(k), lost);
+      else
+        printKey(`key_id:  ${k.key_id}\napi_key: ${k.api_key}\n(the key is shown once; store it now)`, lost);
     }),
   );
 key
@@ -266,6 +308,8 @@ program
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
+  // A command that failed because stdout did (export's writes) ends as stdoutFailed says.
+  if (process.stdout.errored) stdoutFailed(process.stdout.errored);
   if (err instanceof ConfigError || err instanceof AppError) {
     process.stderr.write(`mnemos: ${err.message}\n`);
   } else {

@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, test } from 'node:test';
+import { Redis } from 'ioredis';
 import { loadMigrations, migrate } from '../db/migrate.js';
 import { makePgDb } from '../db/pool.js';
 import { ConfigError, loadConfig } from '../services/config.js';
@@ -259,6 +260,112 @@ void describe('key revoke', () => {
   });
 });
 
+void describe('CLI output', () => {
+  /** Runs a CLI command whose stdout goes to /dev/full (a full disk). */
+  const toFullDisk = (args: string[], env: Record<string, string>) => {
+    const full = openSync('/dev/full', 'w');
+    try {
+      return spawnSync(process.execPath, ['bin/mnemos.js', ...args], {
+        env: { ...process.env, LOG_LEVEL: '', MNEMOS_PREFIX: filePrefix, ...env },
+        stdio: ['ignore', full, 'pipe'],
+        encoding: 'utf8',
+        timeout: 60_000,
+      });
+    } finally {
+      closeSync(full);
+    }
+  };
+  /** Runs a CLI command whose reader has gone before it writes (`… | head` once head is done). */
+  const toClosedPipe = async (args: string[], env: Record<string, string>) => {
+    const child = spawn(process.execPath, ['bin/mnemos.js', ...args], {
+      env: { ...process.env, LOG_LEVEL: '', MNEMOS_PREFIX: filePrefix, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    child.stdout.destroy();
+    let stderr = '';
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    await waitExit(child);
+    return { status: child.exitCode, stderr };
+  };
+  const noStackTrace = (stderr: string) => {
+    assert.doesNotMatch(stderr, /Unhandled 'error' event|^\s+at /m);
+    assert.ok(stderr.split('\n').length <= 2, `at most one line:\n${stderr}`);
+  };
+
+  void test('a failing stdout ends the command without a stack trace, and a key it could not show is named with the way on', async () => {
+    // Setup: a tenant with a session to export.
+    const url = await createTestDatabase();
+    const db = makePgDb({ connectionString: url, max: 1 });
+    const dir = mkdtempSync(path.join(tmpdir(), 'mnemos-out-'));
+    try {
+      const { tenant_id } = await createTenant(db, 'reader');
+      const lines = Array.from({ length: 5 }, (_, i) =>
+        JSON.stringify({ id: `m${i}`, role: 'user', content: `line ${i}` }),
+      );
+      writeFileSync(path.join(dir, 's.jsonl'), lines.join('\n') + '\n');
+      const imported = cli(
+        ['import', 'jsonl', path.join(dir, 's.jsonl'), '--tenant', tenant_id, '--session', 's'],
+        {
+          DATABASE_URL: url,
+        },
+      );
+      assert.equal(imported.status, 0, imported.stderr);
+
+      // Action and assert: export to a reader that is gone ends as SIGPIPE ends a Unix tool:
+      // status 141, nothing on stderr.
+      const piped = await toClosedPipe(['export', 's', '--tenant', tenant_id], { DATABASE_URL: url });
+      assert.equal(piped.status, 141, piped.stderr);
+      assert.equal(piped.stderr, '');
+
+      // A full disk: one line, status 1; with --out too (it waited forever for a 'drain').
+      const full = toFullDisk(['export', 's', '--tenant', tenant_id], { DATABASE_URL: url });
+      assert.equal(full.status, 1, full.stderr);
+      noStackTrace(full.stderr);
+      assert.match(
+        full.stderr,
+        /^mnemos: cannot write to stdout \(ENOSPC: no space left on device, write\)$/m,
+      );
+      const out = cli(['export', 's', '--tenant', tenant_id, '--out', '/dev/full'], { DATABASE_URL: url });
+      assert.equal(out.status, 1, out.stderr);
+      noStackTrace(out.stderr);
+      assert.match(out.stderr, /^mnemos: ENOSPC: no space left on device, write$/m);
+
+      // tenant create and key create name what they created, and the way on from a key not shown.
+      const created = toFullDisk(['tenant', 'create', 'unseen', '--json'], { DATABASE_URL: url });
+      assert.equal(created.status, 1, created.stderr);
+      noStackTrace(created.stderr);
+      const [, newTenant, lostKey] =
+        /^mnemos: cannot write to stdout \(ENOSPC[^)]*\): tenant (t_\w+) was created, but its API key \(key id (\w+)\) was not shown and cannot be shown again: run `mnemos key create --tenant \1` for a new key, and `mnemos key revoke \2` to revoke the unseen one$/m.exec(
+          created.stderr,
+        ) ?? assert.fail(created.stderr);
+      const keys = (await keyList(db, newTenant)).items;
+      assert.deepEqual(
+        keys.map((k) => [k.key_id, k.revoked_at]),
+        [[lostKey, null]],
+      );
+      const another = await toClosedPipe(['key', 'create', '--tenant', newTenant!], { DATABASE_URL: url });
+      assert.equal(another.status, 141, another.stderr);
+      noStackTrace(another.stderr);
+      const [, anotherKey] =
+        new RegExp(
+          `^mnemos: cannot write to stdout \\(write EPIPE\\): key (\\w+) of tenant ${newTenant} was created, but it was not shown and cannot be shown again: run \`mnemos key create --tenant ${newTenant}\` for a new key, and \`mnemos key revoke \\1\` to revoke the unseen one$`,
+          'm',
+        ).exec(another.stderr) ?? assert.fail(another.stderr);
+      assert.deepEqual(
+        (await keyList(db, newTenant)).items.map((k) => k.key_id).sort(),
+        [lostKey, anotherKey].sort(),
+      );
+      // The way on works as said.
+      const revoked = cli(['key', 'revoke', lostKey!], { DATABASE_URL: url });
+      assert.equal(revoked.status, 0, revoked.stderr);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+      await db.close();
+      await dropTestDatabase(url);
+    }
+  });
+});
+
 void describe('CLI and Redis', () => {
   void test('an unreachable Redis is said in a few lines, ending with the one that names it', async () => {
     // Setup
@@ -477,6 +584,38 @@ void describe('the Redis namespace a database is used with', () => {
       await assert.rejects(start(a), new RegExp(`used with Redis prefix "${b}"`));
     } finally {
       for (const svc of running) await svc.stop().catch(() => undefined);
+      await deleteRedisPrefix(a);
+      await deleteRedisPrefix(b);
+      await dropTestDatabase(url);
+    }
+  });
+  void test('a process or command refused for another MNEMOS_PREFIX leaves no key under that prefix', async () => {
+    // Setup: a database whose first start recorded prefix A.
+    const url = await createTestDatabase();
+    const [a, b] = [testPrefix(), testPrefix()];
+    try {
+      await (await startTestService({ databaseUrl: url, prefix: a, mode: 'api' })).stop();
+
+      // Action: a worker, a whole service and a CLI command that uses Redis, each on prefix B.
+      for (const mode of ['worker', 'serve'] as const)
+        await assert.rejects(
+          startTestService({ databaseUrl: url, prefix: b, mode }),
+          new RegExp(`used with Redis prefix "${a}"`),
+        );
+      const del = cli(['tenant', 'delete', 'nobody'], { DATABASE_URL: url, MNEMOS_PREFIX: b });
+      assert.equal(del.status, 1, del.stderr);
+      assert.match(del.stderr, new RegExp(`used with Redis prefix "${a}"`));
+
+      // Assert: nothing under B (BullMQ wrote each queue's <prefix>:<queue>:meta before the refusal,
+      // so a later look at that Redis showed a second deployment that never ran).
+      const redis = new Redis(REDIS_URL);
+      try {
+        const [, keys] = await redis.scan('0', 'MATCH', `${b}:*`, 'COUNT', 100_000);
+        assert.deepEqual(keys, []);
+      } finally {
+        redis.disconnect();
+      }
+    } finally {
       await deleteRedisPrefix(a);
       await deleteRedisPrefix(b);
       await dropTestDatabase(url);

@@ -104,28 +104,42 @@ export async function requestMaintenance(
 /** The name of a maintenance job asked for by requestMaintenance (scheduled ones bear their kind). */
 export const REQUESTED = 'requested';
 
+/**
+ * Each queue is constructed at its first use: a BullMQ `Queue` writes its `<prefix>:<queue>:meta`
+ * hash as soon as the connection is ready, and a process refused at start (another MNEMOS_PREFIX,
+ * services/redis-namespace.ts) left those keys under the prefix it was refused for, as if a second
+ * deployment used it. Nothing touches a queue before the start-up checks have passed.
+ */
 export function makeQueues(
   connection: ConnectionOptions,
   prefix: string,
   logger?: { warn(obj: object, msg: string): void },
 ): QueueRegistry {
-  const entries = QUEUE_NAMES.map(
-    (name) =>
-      [name, new Queue(name, { connection, prefix, defaultJobOptions: defaultJobOptions[name] })] as const,
-  );
-  const queues = Object.fromEntries(entries) as unknown as { [N in QueueName]: Queue<Payload<N>> };
-  for (const [name, q] of entries) {
+  const made = new Map<QueueName, Queue>();
+  let closed = false;
+  const queue = (name: QueueName): Queue => {
+    let q = made.get(name);
+    if (q) return q;
+    q = new Queue(name, { connection, prefix, defaultJobOptions: defaultJobOptions[name] });
     // One per reconnect attempt of the shared connection, whose own errors makeRedis logs: one
     // line per queue per 5 s, with the count left out.
     const warnError = throttledWarn(logger, 'queue error');
     q.on('error', (err: Error) => warnError({ queue: name, err: { message: err.message } }));
-  }
-  return {
-    ...queues,
+    // One first used after close() is a closed queue, as it would have been had it been made
+    // earlier (closing at once also skips its meta write).
+    if (closed) void q.close().catch(() => undefined);
+    made.set(name, q);
+    return q;
+  };
+  const registry = {
     async close() {
-      await Promise.allSettled(entries.map(([, q]) => q.close()));
+      closed = true;
+      await Promise.allSettled([...made.values()].map((q) => q.close()));
     },
   };
+  for (const name of QUEUE_NAMES)
+    Object.defineProperty(registry, name, { enumerable: true, get: () => queue(name) });
+  return registry as QueueRegistry;
 }
 
 /**

@@ -1,3 +1,4 @@
+import { once } from 'node:events';
 import { createReadStream, existsSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import path from 'node:path';
@@ -128,11 +129,19 @@ function assertTimeZone(zone: string): void {
   }
 }
 
+/**
+ * Writes `lines`, throwing the stream's error: a write that failed (`--out` on a full disk) left
+ * the export waiting for a 'drain' that never came, forever.
+ */
 async function writeAll(out: Writable, lines: AsyncIterable<string>): Promise<number> {
   let n = 0;
   for await (const line of lines) {
     n++;
-    if (!out.write(line)) await new Promise<void>((resolve) => out.once('drain', () => resolve()));
+    if (!out.write(line)) {
+      if (out.errored) throw out.errored;
+      // Rejects with the stream's 'error' when that comes instead.
+      await once(out, 'drain');
+    }
   }
   return n;
 }
@@ -253,8 +262,15 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
         let failed: Error | null = null;
         out.on('error', (err) => (failed ??= err));
         const n = await writeAll(out, lines);
+        // The write's error is the one to report (`errored`: its 'error' event waits for the file
+        // to close): `end` on the stream it destroyed fails with "Cannot call end after a stream
+        // was destroyed", which said nothing of a full disk.
         await new Promise<void>((resolve, reject) =>
-          out.end((err?: Error | null) => (err || failed ? reject(err ?? failed) : resolve())),
+          out.end((err?: Error | null) => {
+            const e = out.errored ?? failed ?? err;
+            if (e) reject(e);
+            else resolve();
+          }),
         );
         process.stderr.write(`wrote ${n} lines to ${o.out}\n`);
       }),
