@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import http from 'node:http';
 import { connect } from 'node:net';
 import type { Socket } from 'node:net';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -2439,17 +2440,15 @@ void describe('tenant isolation', () => {
 void describe('cli', () => {
   const run = promisify(execFile);
   const cli = path.resolve(import.meta.dirname, '..', 'bin', 'mnemos.js');
-  const mnemos = (...args: string[]) =>
-    run(process.execPath, [cli, ...args], {
-      env: {
-        ...process.env,
-        DATABASE_URL: svc.config.databaseUrl,
-        MNEMOS_PREFIX: svc.config.prefix,
-        REDIS_URL,
-        TZ: 'Asia/Taipei',
-        LOG_LEVEL: 'silent',
-      },
-    });
+  const cliEnv = () => ({
+    ...process.env,
+    DATABASE_URL: svc.config.databaseUrl,
+    MNEMOS_PREFIX: svc.config.prefix,
+    REDIS_URL,
+    TZ: 'Asia/Taipei',
+    LOG_LEVEL: 'silent',
+  });
+  const mnemos = (...args: string[]) => run(process.execPath, [cli, ...args], { env: cliEnv() });
 
   void test('mnemos tenant list shows since when a tenant is under erasure', async () => {
     const healthy = await svc.newTenant();
@@ -2506,6 +2505,76 @@ void describe('cli', () => {
       assert.equal((await q('SELECT 1 FROM sessions WHERE tenant_id = $1', [t.tenantId])).length, 0);
       await assert.rejects(mnemos('tenant', 'delete', name), /no tenant/);
     } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  void test('an export --out cut by a reset leaves no file, and an earlier file at that path as it was', async () => {
+    const t = await svc.newTenant();
+    const s = sid('cli-cut');
+    await archive(t.api, s, [user('one'), assistant('two'), user('three')]);
+    const dir = mkdtempSync(path.join(tmpdir(), 'mnemos-export-cut-'));
+    const file = path.join(dir, 'backup.jsonl');
+    const locker = new pg.Client({ connectionString: svc.config.databaseUrl });
+    await locker.connect();
+    try {
+      for (const earlier of [null, '{"type":"message","content":"an earlier export"}\n']) {
+        // Setup: the CLI's connections carry a name of their own, so its statements can be found.
+        if (earlier !== null) writeFileSync(file, earlier);
+        const app = `export-cut-${randomBytes(3).toString('hex')}`;
+        const url = new URL(svc.config.databaseUrl!);
+        url.searchParams.set('application_name', app);
+        // The summary read comes after every message line: the export waits there, its lines written.
+        await locker.query('BEGIN');
+        await locker.query('LOCK TABLE summaries IN ACCESS EXCLUSIVE MODE');
+        let child!: ChildProcess;
+        const exited = new Promise<{ code: number | null; stderr: string }>((resolve) => {
+          child = execFile(
+            process.execPath,
+            [cli, 'export', s, '--tenant', t.tenantId, '--out', file],
+            { env: { ...cliEnv(), DATABASE_URL: url.toString() } },
+            (err, _stdout, stderr) => resolve({ code: err ? (err.code as number) : 0, stderr }),
+          );
+        });
+        const backend = await eventually(
+          async () =>
+            (
+              await q<{ pid: number }>(
+                `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'
+                   AND query LIKE '%FROM summaries%'`,
+                [app],
+              )
+            )[0]?.pid,
+          30_000,
+          'the export waiting for the summary',
+        );
+
+        // Action: the CLI is held (SIGSTOP) while its summary read runs and the session is reset,
+        // so its next look at the session comes after the reset.
+        child.kill('SIGSTOP');
+        await locker.query('ROLLBACK');
+        await eventually(
+          async () =>
+            (await q(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'idle'`, [backend])).length >
+            0,
+          10_000,
+          'the summary read to end',
+        );
+        assert.equal((await t.api.post(`/v1/sessions/${s}/reset`)).status, 200);
+        child.kill('SIGCONT');
+        const { code, stderr } = await exited;
+
+        // Assert: exit 1 and the reason; nothing at the path, or the earlier file untouched.
+        assert.equal(code, 1, stderr);
+        assert.match(stderr, /the session was reset or deleted during the export/);
+        if (earlier === null) assert.equal(existsSync(file), false, 'a partial export was left at the path');
+        else assert.equal(readFileSync(file, 'utf8'), earlier);
+        assert.deepEqual(readdirSync(dir), earlier === null ? [] : ['backup.jsonl'], 'no temporary left');
+        // Written again for the next round (the reset emptied the session).
+        await archive(t.api, s, [user('one'), assistant('two'), user('three')]);
+      }
+    } finally {
+      await locker.end();
       rmSync(dir, { recursive: true, force: true });
     }
   });

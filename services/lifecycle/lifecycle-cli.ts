@@ -1,6 +1,6 @@
+import { constants, createReadStream, existsSync } from 'node:fs';
 import { once } from 'node:events';
-import { createReadStream, existsSync } from 'node:fs';
-import { open } from 'node:fs/promises';
+import { access, open, realpath, rename, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Writable } from 'node:stream';
 import type { Command } from 'commander';
@@ -137,13 +137,56 @@ async function writeAll(out: Writable, lines: AsyncIterable<string>): Promise<nu
   let n = 0;
   for await (const line of lines) {
     n++;
-    if (!out.write(line)) {
-      if (out.errored) throw out.errored;
-      // Rejects with the stream's 'error' when that comes instead.
-      await once(out, 'drain');
-    }
+    // A stream that failed (a full disk) emits no 'drain': its error is thrown, whether it came
+    // before this write or while waiting (once() rejects on 'error').
+    if (out.errored) throw out.errored;
+    if (!out.write(line)) await once(out, 'drain');
   }
   return n;
+}
+
+/**
+ * Writes an export to `file` whole or not at all. Written in place, an export cut midway (the
+ * session reset or deleted during it, a full disk) left the lines written so far, and that file
+ * imported as a shorter session. So the lines go to a temporary file beside the target, renamed
+ * over it once the export is complete; a failure removes the temporary, and an earlier file at
+ * the target stays as it was. A symlink is followed (the file it names is replaced, not the link);
+ * a target that is not a regular file (/dev/null, a FIFO) is written in place, as renaming over it
+ * would replace the device itself. An earlier file is replaced only where it could be written to,
+ * and keeps its permissions (an export chmod-ed 600 must not become world-readable).
+ */
+async function writeExportFile(file: string, lines: AsyncIterable<string>): Promise<number> {
+  const target = await realpath(file).catch(() => file);
+  const existing = await stat(target).catch(() => null);
+  const inPlace = existing !== null && !existing.isFile();
+  if (existing?.isFile()) await access(target, constants.W_OK);
+  const dest = inPlace ? target : `${target}.${process.pid}.part`;
+  // Opened before anything is written, so a missing directory or a read-only file is a
+  // one-line error, not an unhandled stream 'error' event.
+  const handle = await open(dest, 'w');
+  const out = handle.createWriteStream();
+  let failed: Error | null = null;
+  out.on('error', (err) => (failed ??= err));
+  try {
+    if (existing?.isFile()) await handle.chmod(existing.mode & 0o7777);
+    const n = await writeAll(out, lines);
+    // The write's error is the one to report (`errored`: its 'error' event waits for the file to
+    // close): `end` on the stream it destroyed fails with "Cannot call end after a stream was
+    // destroyed", which said nothing of a full disk.
+    await new Promise<void>((resolve, reject) =>
+      out.end((err?: Error | null) => {
+        const e = out.errored ?? failed ?? err;
+        if (e) reject(e);
+        else resolve();
+      }),
+    );
+    if (!inPlace) await rename(dest, target);
+    return n;
+  } catch (err) {
+    out.destroy();
+    if (!inPlace) await rm(dest, { force: true }).catch(() => undefined);
+    throw err;
+  }
 }
 
 function describe(r: AgenvoySessionReport): string {
@@ -228,6 +271,11 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
     .description('import a JSON Lines export (message lines, optional summary line) into an empty session')
     .requiredOption('--tenant <id|name>', 'tenant id or name')
     .requiredOption('--session <id>', 'target session id')
+    .addHelpText(
+      'after',
+      '\nAn empty file (the export of a session with neither messages nor a summary) is not imported:\n' +
+        'the command exits 1 with "nothing to import", and the session stays as it was.',
+    )
     .action((file: string, o: { tenant: string; session: string }) =>
       withRuntime(factories, async ({ deps, extensions }) => {
         const sid = assertSessionId(o.session);
@@ -246,6 +294,13 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
     .description('write a session as JSON Lines (messages, then the summary) to stdout or --out')
     .requiredOption('--tenant <id|name>', 'tenant id or name')
     .option('--out <file>', 'write to this file instead of stdout')
+    .addHelpText(
+      'after',
+      '\nWith --out, the file is written whole or not at all (through <file>.<pid>.part beside it):\n' +
+        'an export that fails, such as one whose session is reset or deleted meanwhile (exit 1),\n' +
+        'leaves an earlier file there as it was. To stdout, a failure midway has already written\n' +
+        'some lines: check the exit status (in a pipeline too), or use --out.',
+    )
     .action((session: string, o: { tenant: string; out?: string }) =>
       withRuntime(null, async ({ deps }) => {
         const sid = assertSessionId(session);
@@ -255,23 +310,7 @@ export function addLifecycleCommands(program: Command, tenant: Command, factorie
           await writeAll(process.stdout, lines);
           return;
         }
-        // Opened before anything is written, so a missing directory or a read-only file is a
-        // one-line error, not an unhandled stream 'error' event.
-        const file = await open(o.out, 'w');
-        const out = file.createWriteStream();
-        let failed: Error | null = null;
-        out.on('error', (err) => (failed ??= err));
-        const n = await writeAll(out, lines);
-        // The write's error is the one to report (`errored`: its 'error' event waits for the file
-        // to close): `end` on the stream it destroyed fails with "Cannot call end after a stream
-        // was destroyed", which said nothing of a full disk.
-        await new Promise<void>((resolve, reject) =>
-          out.end((err?: Error | null) => {
-            const e = out.errored ?? failed ?? err;
-            if (e) reject(e);
-            else resolve();
-          }),
-        );
+        const n = await writeExportFile(o.out, lines);
         process.stderr.write(`wrote ${n} lines to ${o.out}\n`);
       }),
     );
