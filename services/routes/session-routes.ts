@@ -143,7 +143,8 @@ export function makeSessionRoutes(deps: CoreDeps): Router {
       throw new AppError(
         409,
         'session_changed',
-        'the session was reset or deleted since the first page of this listing: list it again from the start',
+        `the session is at generation ${read.generation}, not ${q.generation}: it was reset or deleted since ` +
+          'the first page of this listing (or never had that generation); list it again from the start',
       );
     }
     // A page also ends at PAGE_MAX_BYTES of messages: `next` then continues after the last shown.
