@@ -17,7 +17,7 @@ import { makeLogger } from './logger.js';
 import type { Logger } from './logger.js';
 import { refuseOtherNamespace } from './redis-namespace.js';
 import { redisDurabilityWarnings, refuseMissingScripting, waitForRedis } from './redis.js';
-import { closeDeps, embeddedBannerLines, openDeps } from './runtime.js';
+import { adminKeyLine, closeDeps, embeddedBannerLines, openDeps } from './runtime.js';
 import { AppError } from './errors.js';
 import { errorBody } from './http-errors.js';
 
@@ -327,8 +327,14 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
           ]
         : [
             `mnemos ${mode} listening on ${svc.url}`,
+            // With an admin token, as in embedded mode: the admin API, which needs no shell on
+            // the server (a container's operator has none).
             ...(config.databaseUrl
-              ? [`  API keys:   npx mnemos tenant create <name>   (prints a tenant id and its first key)`]
+              ? [
+                  config.adminToken
+                    ? adminKeyLine(svc.url)
+                    : `  API keys:   npx mnemos tenant create <name>   (prints a tenant id and its first key)`,
+                ]
               : embeddedBannerLines(config, svc.url)),
             config.adminToken
               ? `  Bull Board: ${svc.url}/admin/queues   (user: any, password: MNEMOS_ADMIN_TOKEN)`

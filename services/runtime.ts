@@ -137,10 +137,14 @@ export function embeddedBannerLines(config: Config, url: string): string[] {
     existsSync(keyFile)
       ? `  API key:    export MNEMOS_API_KEY="$(cat ${shellQuoted(keyFile)})"   (tenant "default"; delete the file once stored)`
       : config.adminToken
-        ? `  API keys:   curl -X POST ${url}/v1/admin/tenants -H "authorization: Bearer $MNEMOS_ADMIN_TOKEN" -H 'content-type: application/json' -d '{"name":"me"}'`
+        ? adminKeyLine(url)
         : '  API keys:   stop the server and run `npx mnemos tenant create <name>`, or set MNEMOS_ADMIN_TOKEN for the admin API',
   ];
 }
+
+/** The banner line of a service with an admin token: a tenant and its first key over the admin API. */
+export const adminKeyLine = (url: string) =>
+  `  API keys:   curl -X POST ${url}/v1/admin/tenants -H "authorization: Bearer $MNEMOS_ADMIN_TOKEN" -H 'content-type: application/json' -d '{"name":"me"}'`;
 
 export async function closeDeps(deps: CoreDeps): Promise<void> {
   await deps.queues.close();

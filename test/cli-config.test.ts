@@ -480,14 +480,21 @@ void describe('start-up configuration', () => {
     assert.match(r.stderr, /MNEMOS_ADMIN_TOKEN: must be printable ASCII/);
   });
 
-  void test('the start banner shows the Redis prefix', async () => {
+  void test('the start banner shows the Redis prefix, and the admin API for keys when an admin token is set', async () => {
     // Setup
     const url = await createTestDatabase();
     const prefix = testPrefix();
     try {
       // Action
       const child = spawn(process.execPath, ['bin/mnemos.js', 'api'], {
-        env: { ...process.env, DATABASE_URL: url, MNEMOS_PREFIX: prefix, PORT: '0', LOG_LEVEL: 'silent' },
+        env: {
+          ...process.env,
+          DATABASE_URL: url,
+          MNEMOS_PREFIX: prefix,
+          PORT: '0',
+          LOG_LEVEL: 'silent',
+          MNEMOS_ADMIN_TOKEN: 'banner-admin-token-0123456789',
+        },
         stdio: ['ignore', 'pipe', 'inherit'],
       });
       let out = '';
@@ -507,6 +514,7 @@ void describe('start-up configuration', () => {
 
       // Assert
       assert.match(banner, new RegExp(`^ {2}Prefix: +${prefix} +\\(MNEMOS_PREFIX`, 'm'));
+      assert.match(banner, /^ {2}API keys: +curl -X POST http:\/\/\S+\/v1\/admin\/tenants /m);
     } finally {
       await deleteRedisPrefix(prefix);
       await dropTestDatabase(url);
