@@ -124,6 +124,10 @@ export async function startService(
     // Once Redis answers in the configured database: a first start refused for its REDIS_URL
     // records nothing that the corrected one would be refused for.
     await refuseOtherNamespace(deps.db, config);
+    // Each queue is made at its first use (workers/queues.ts), so that a refused start writes
+    // nothing under its prefix; a service makes them all now, as before, rather than first in the
+    // middle of a job, where a Queue made while Redis is away waits for it without a limit.
+    void Object.values(deps.queues);
     for (const w of [
       ...config.warnings,
       ...(await redisDurabilityWarnings(deps.redis)),
