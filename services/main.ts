@@ -236,28 +236,16 @@ export async function startService(
           socket.destroy();
           return;
         }
-        const { status, raw } = clientErrorResponse(err.code);
-        if (current) {
-          // The request the app has, whose body stopped coming (a 408): its answer is this one,
-          // and the app times it when its response closes (timed here too, it counted twice: r1).
-          if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
-            socket.end(raw);
-            return;
-          }
-          // A request pipelined behind one still being answered, which the parser refused: its
-          // refusal written now went out in place of that answer, whose request had run (r2: a
-          // post stored, and a 431 read as its answer). The connection closes once that answer is
-          // sent instead; the refused request and any read after it get none and never ran, which
-          // is safe to retry.
-          const res = current as ServerResponse;
-          const close = () => void socket.end();
-          res.once('finish', close);
-          res.once('close', close);
-          return;
-        }
         // Timed from the refusal to the answer's last byte written (when the request began is not
         // known here). No request exists to tell its method: "unknown", which keeps the label to
         // Node's list of methods and this one.
+        // A request the app has (a body that stopped coming: a 408) is timed by the app already,
+        // when its response closes: timed here too, it counted twice (r1).
+        const { status, raw } = clientErrorResponse(err.code);
+        if (current) {
+          socket.end(raw);
+          return;
+        }
         const end = deps.metrics.httpDuration.startTimer({ method: 'unknown', route: 'unmatched' });
         let timed = false;
         const record = (sent: boolean) => {
