@@ -520,6 +520,33 @@ void describe('POST /v1/sessions/{sid}/search', () => {
     ]);
   });
 
+  void test('an excluded phrase with stop words leaves out only the messages that hold it', async () => {
+    const s = sid('exclude-stop');
+    const [failed, green, disk, possessive, list] = await archiveSpaced(api, s, [
+      user('the build failed with an error in step 3'),
+      user('no error this time, build is green'),
+      user('error: disk full on build host'),
+      user("the user's key expired"),
+      user('user list refreshed'),
+    ]);
+    await ensureVectors(svc, tenantId, s);
+    // Full text drops `no` from the phrase: its tsquery alone would exclude every "error".
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'error -"no error"', match: 'keyword' })), [
+      failed,
+      disk,
+    ]);
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: "user -user's", match: 'keyword' })), [list]);
+    for (const match of ['semantic', 'hybrid'] as const) {
+      const got = await hitSeqs(api, s, { query: 'error build -"no error"', match, limit: 32 });
+      assert.ok(
+        got.includes(failed) && got.includes(disk) && !got.includes(green),
+        `${match}: ${got.join()}`,
+      );
+      const users = await hitSeqs(api, s, { query: "user -user's", match, limit: 32 });
+      assert.ok(users.includes(list) && !users.includes(possessive), `${match}: ${users.join()}`);
+    }
+  });
+
   void test('keyword: CJK queries of 2, 3 and 4 characters match inside longer text', async () => {
     const s = sid('cjk');
     const [sys, weather, mem, log, ja] = await archiveSpaced(api, s, [

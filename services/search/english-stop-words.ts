@@ -1,3 +1,5 @@
+import { CJK_RUN, foldForIndex } from '../text/fts-text.js';
+
 /**
  * The stop words of Postgres's `english` text search configuration (PostgreSQL 15's
  * `tsearch_data/english.stop`, Snowball's list), which full text leaves out of a
@@ -14,4 +16,18 @@ export const ENGLISH_STOP_WORDS: ReadonlySet<string> = new Set(
 export function onlyStopWords(text: string): boolean {
   const words = text.toLowerCase().match(/[\p{L}\p{N}]+/gu) ?? [];
   return words.every((w) => ENGLISH_STOP_WORDS.has(w));
+}
+
+/**
+ * Whether some but not all English words of `text` (folded as the archive's text, CJK left out)
+ * are stop words: the words full text would test are then fewer than the term's.
+ */
+export function partlyStopWords(text: string): boolean {
+  const words =
+    foldForIndex(text)
+      .replace(CJK_RUN, ' ')
+      .toLowerCase()
+      .match(/[\p{L}\p{N}]+/gu) ?? [];
+  const stops = words.filter((w) => ENGLISH_STOP_WORDS.has(w)).length;
+  return stops > 0 && stops < words.length;
 }

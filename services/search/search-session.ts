@@ -25,7 +25,7 @@ import {
 import type { FtsLeaf, QueryTerm } from './parse-query.js';
 import { hasLocalFeatures, localFeatureSet, sharesLocalFeature } from '../llm/local-embedder.js';
 import { prepareEmbedText } from '../recent-index/embedder.js';
-import { onlyStopWords } from './english-stop-words.js';
+import { onlyStopWords, partlyStopWords } from './english-stop-words.js';
 import { ownIndexes } from './indexed-sessions.js';
 import { embedQuery } from './query-embedding.js';
 import { fuseRrf, rankKeyword, rankSemantic, selectHits } from './rank-hits.js';
@@ -216,7 +216,13 @@ async function run(
 ): Promise<{ hits: DetailedHit[] }> {
   const parsed = parseSearchQuery(params.query);
   const substrings = substringTerms(parsed);
-  const excludeLeaves = parsed.exclude.map(ftsLeaves);
+  // An excluded term whose words are partly stop words is tested by its substring alone where it
+  // has one: full text drops the stop words, and `-"no error"` (the tsquery `'error'`) hid every
+  // message with "error" in it, `-user's` every "user". Past the substring budget full text still
+  // tests the rest of its words, the wider exclusion.
+  const excludeLeaves = parsed.exclude.map((t) =>
+    substrings.has(t.text) && partlyStopWords(t.text) ? [] : ftsLeaves(t),
+  );
   // An excluded term that nothing can test, or one past the query's 64 terms: no message can be
   // shown not to hold it. (Full text cannot test a term of stop words only, `because`: its
   // tsquery is empty.)
