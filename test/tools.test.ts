@@ -238,6 +238,10 @@ void describe('agent tools', () => {
       [40, 41],
     );
     const read = await call(a.api, 's1', 'chat_history', { mode: 'read', from_seq: 3, to_seq: 5 });
+    assert.match(read, /^Messages #3–#5:/);
+    // Past the session's end: the header names what is shown, not the range asked for.
+    const past = await call(a.api, 's1', 'chat_history', { mode: 'read', from_seq: 40, to_seq: 100 });
+    assert.match(past, /^Messages #40–#41:/);
     assert.deepEqual(
       [...read.matchAll(/#(\d+)\]/g)].map((m) => Number(m[1])),
       [3, 4, 5],

@@ -319,7 +319,11 @@ async function chatHistory(
     const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
     return boundedLines(
       body,
-      `Messages #${from}–#${to}${more ? ` (the first ${rows.length} of them)` : ''}:`,
+      // The range asked for while more of it is left to read; else the range shown (a read of
+      // #1–#100 on a 50-message session showed "Messages #1–#100").
+      more
+        ? `Messages #${from}–#${to} (the first ${rows.length} of them):`
+        : `Messages #${Number(rows[0]!.seq)}–#${last}:`,
       'first',
       (left, at) =>
         `…[${left} more message(s) not shown (output limit)${more ? ', and more after them' : ''}: read on with ${readOn(Number(rows[at]?.seq ?? 0))}]`,
