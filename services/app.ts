@@ -438,6 +438,14 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.set('query parser', (qs: string) => querystring.parse(qs, undefined, undefined, { maxKeys: 0 }));
 
   app.use(requestId);
+  // Nor does a wildcard validator get a 304: Express counts `If-None-Match: *` as matching any
+  // answer, with or without an ETag, and answered GETs with an empty 304. No answer here is
+  // conditional.
+  app.use((req, _res, next) => {
+    delete req.headers['if-none-match'];
+    delete req.headers['if-modified-since'];
+    next();
+  });
   app.use((req, res, next) => {
     timeAnswer(deps.metrics, res, () => ({ method: req.method, route: routeLabel(req, res) }));
     next();

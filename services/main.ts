@@ -503,6 +503,8 @@ function rawError(res: ServerResponse, status: number, code: string, message: st
   res.writeHead(status, {
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(body),
+    // As every answer under /v1 (errors included) says: these come before the path is read.
+    'cache-control': 'no-store',
     connection: 'close',
   });
   res.end(body);
@@ -521,7 +523,7 @@ export function clientErrorResponse(code: string | undefined): { status: number;
     status,
     raw:
       `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\n` +
-      `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      `content-length: ${Buffer.byteLength(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n${body}`,
   };
 }
 

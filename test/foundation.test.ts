@@ -820,6 +820,7 @@ void describe('tenants, keys and the admin API', () => {
       headers: { authorization: `Bearer ${'x'.repeat(20_000)}` },
     });
     assert.equal(headers.status, 431);
+    assert.equal(headers.headers.get('cache-control'), 'no-store');
     assert.deepEqual(headers.body, {
       error: { code: 'headers_too_large', message: 'request headers are larger than 16 KB', details: null },
     });
@@ -967,6 +968,9 @@ void describe('tenants, keys and the admin API', () => {
     assert.equal(jsonOf(twoHosts).error.code, 'duplicate_host');
     const expectation = await exchange(post(`${host}${auth}expect: something-else\r\n`));
     assert.match(expectation, /^HTTP\/1\.1 417 /);
+    // Answered before the path is read, and no-store as every answer under /v1.
+    for (const answer of [noHost, twoHosts, expectation])
+      assert.match(answer.split('\r\n\r\n')[0]!, /\r\ncache-control: no-store\r\n/i);
     assert.equal(jsonOf(expectation).error.code, 'expectation_failed');
     // A bad key is refused before the client is invited to send its body.
     const refused = await exchange(post(`${host}authorization: Bearer nope\r\nexpect: 100-continue\r\n`));
