@@ -233,6 +233,55 @@ void describe('summary shape', () => {
     assert.ok(total <= budget, `chunk of ${total}`);
   });
 
+  void test('an instruction before a log longer than the budget goes with the reply, the log cut', () => {
+    const budget = 1000;
+    const instruction = 'Fix this, target PostgreSQL 16, never MySQL.';
+    const render = (m: SourceMessage, max: number) => renderBlock(m, 'UTC', max);
+    const plan = (messages: SourceMessage[]) =>
+      planChunks(
+        messages.map((m) => render(m, budget)),
+        budget,
+        (b, max) => render(b.source, max),
+      );
+    const log = 'ERROR at build step: ' + 'stack frame line\n'.repeat(180);
+    const reply = 'Use PostgreSQL 16 and fix the migration.';
+    for (const order of [
+      [instruction, log],
+      [log, instruction],
+    ]) {
+      const chunks = plan([
+        sourceMessage(1, 'user', order[0]!),
+        sourceMessage(2, 'user', order[1]!),
+        sourceMessage(3, 'assistant', reply),
+      ]);
+      // Cut apart, the instruction (or the log) was summarised alone, without the reply.
+      assert.deepEqual(
+        chunks.map((c) => c.map((b) => b.seq)),
+        [[1, 2, 3]],
+      );
+      const blocks = chunks[0]!;
+      const [question] = blocks.filter((b) => b.source.content === instruction);
+      assert.ok(question!.text.endsWith(`:\n  ${instruction}`), question!.text);
+      assert.ok(blocks[2]!.text.endsWith(reply), blocks[2]!.text);
+      assert.match(blocks.find((b) => b.source.content === log)!.text, /…\[truncated \d+ characters\]$/);
+      const total = blocks.reduce((n, b) => n + b.size, 0);
+      assert.ok(total <= budget, `chunk of ${total}`);
+    }
+    // Questions that each fit whole are still cut apart rather than all shortened.
+    const whole = Array.from({ length: 3 }, (_, k) => `Question ${k}: ${'q'.repeat(400)}`);
+    const apart = plan([
+      ...whole.map((q, k) => sourceMessage(k + 1, 'user', q)),
+      sourceMessage(4, 'assistant', reply),
+    ]);
+    assert.deepEqual(
+      apart.map((c) => c.map((b) => b.seq)),
+      [
+        [1, 2],
+        [3, 4],
+      ],
+    );
+  });
+
   void test('a body of many line breaks is cut as close under the size as it can be', () => {
     for (const body of [
       'ok\n\n'.repeat(5000),

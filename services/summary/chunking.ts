@@ -11,7 +11,8 @@ import type { Block } from './render.js';
  * one case that still ends on a user message is a run of consecutive user messages without any
  * reply that by itself exceeds the budget (or is so long that shortening every message to share
  * the budget with the reply would not fit): it is cut where it must be, keeping its last message
- * for the reply's chunk.
+ * for the reply's chunk; unless the messages that sharing would shorten are only ones cut to the
+ * budget anyway (`fitRunWithReply`).
  */
 export function planChunks(
   blocks: Block[],
@@ -39,6 +40,16 @@ export function planChunks(
     // blocks i..j-1 are all user messages (they fit together) and the next one does not fit
     const next = blocks[j]!;
     if (next.role === 'user') {
+      // A run past the budget only because one of its messages is too long for any chunk (a
+      // pasted log): the whole run goes with its reply, the others whole. Cut apart, the
+      // instruction before the log was summarised alone, without the reply, in a call of its own.
+      const runStart = i === 0 || blocks[i - 1]!.role !== 'user';
+      const joined = runStart ? fitRunWithReply(blocks, i, budget, refit) : null;
+      if (joined) {
+        chunks.push(joined);
+        i += joined.length;
+        continue;
+      }
       // The run of questions goes on past the budget: these share a chunk, and the run's last
       // question is paired with the reply further on. (Cut one question at a time, a run of short
       // questions before a long one cost a call each.)
@@ -58,6 +69,28 @@ export function planChunks(
     i = j - 1;
   }
   return chunks;
+}
+
+/**
+ * The run of user messages starting at `start` and the reply after it, as one chunk shortened by
+ * `fitWithReply`, when the only messages it shortens are ones cut anyway (rendered `cut` to the
+ * budget): cutting the run apart would then keep no more of them, and costs a call without the
+ * reply. Null otherwise (no reply, or a message that would lose text it keeps on its own).
+ */
+function fitRunWithReply(
+  blocks: Block[],
+  start: number,
+  budget: number,
+  refit: (b: Block, maxSize: number) => Block,
+): Block[] | null {
+  let end = start;
+  while (end < blocks.length && blocks[end]!.role === 'user') end++;
+  if (end === blocks.length) return null;
+  const users = blocks.slice(start, end);
+  if (!users.some((b) => b.cut)) return null;
+  const group = fitWithReply(users, blocks[end]!, budget, refit);
+  if (!group || users.some((b, k) => group[k] !== b && !b.cut)) return null;
+  return group;
 }
 
 /**

@@ -37,6 +37,8 @@ export interface Block {
   text: string;
   size: number;
   source: SourceMessage;
+  /** Cut to fit the size it was rendered for (`…[truncated N characters]`). */
+  cut?: boolean;
 }
 
 export const BLOCK_SEPARATOR = '\n\n';
@@ -86,9 +88,11 @@ export function renderBlock(m: SourceMessage, timeZone: string, maxSize: number)
   // Indented, the body takes at least BODY_INDENT more: a body past that is not indented whole.
   const whole = hidden === 0 && bodyChars + BODY_INDENT.length <= room ? indented(body) : null;
   let text: string;
+  let cut = false;
   if (whole !== null && codePoints(whole) <= room) {
     text = head + whole;
   } else {
+    cut = true;
     // Cut the body, then indent what is kept: N counts the stored message's characters. No more
     // than `room` less the indentation and the shortest marker can fit; from there the cut walks
     // back a code point at a time, taking off what each renders as (a line break is one more
@@ -112,7 +116,7 @@ export function renderBlock(m: SourceMessage, timeZone: string, maxSize: number)
     }
     text = head + indented(prefix.slice(0, end)) + truncationMarker(bodyChars + hidden - keep);
   }
-  return { seq: m.seq, role: m.role, text, size: codePoints(text) + SEPARATOR_SIZE, source: m };
+  return { seq: m.seq, role: m.role, text, size: codePoints(text) + SEPARATOR_SIZE, source: m, cut };
 }
 
 /** The transcript of a chunk as sent to the model. */
