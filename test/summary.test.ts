@@ -1323,6 +1323,56 @@ void describe('decision model', () => {
     assert.deepEqual(tokensIn(transcriptOf(summaryCalls()[0]!)), ['[T:g5]']);
   });
 
+  void test('a decision call the endpoint pushes back defers the run: no summary call, nothing summarised', async () => {
+    const s = sid('decide429');
+    const seqs = await archive(s, [user('[T:d0] earlier')]);
+    await seedSummary(
+      s,
+      { ...JSON.parse(validSummary(['[T:old]'])), key_decisions: ['Do: deploy on mondays'] },
+      seqs[0]!,
+    );
+    await archive(s, [
+      user('[T:d1] hello'),
+      assistant('[T:d2] hi'),
+      user('[T:d3] deploy fridays'),
+      assistant('[T:d4] ok'),
+    ]);
+    const summaryRow = async () =>
+      (
+        await svc.deps.db.query(
+          `SELECT version, cursor_seq::int AS cursor, failures, last_error FROM summaries WHERE tenant_id = $1 AND session_id = $2`,
+          [tenantId, s],
+        )
+      ).rows[0];
+    const before = await summaryRow();
+    // Past the client's own retry limit: it gives up at once, and the run must wait, as a summary
+    // call's 429 makes it (each step used to keep everything and call the endpoint again at once).
+    for (const step of [/filter noise/, /overturn/]) {
+      fake.reset();
+      fake.onChat((body) => {
+        if (body.model !== DECIDER) return echoSummary(body);
+        const system = (body.messages as Array<{ role: string; content: string }>)[0]!.content;
+        if (step.test(system)) return { status: 429, headers: { 'retry-after': '40' } };
+        return { content: '{"noise": [{"id": "c1", "confidence": 0.9}]}' };
+      });
+      const r = await summarizeSession(deps, { tenantId, sessionId: s });
+      assert.equal(r.outcome, 'deferred', `${step}: ${JSON.stringify(r)}`);
+      assert.equal(r.waitMs, 40_000, `${step}`);
+      assert.equal(summaryCalls().length, 0, `${step}: no summary call`);
+      assert.deepEqual(await summaryRow(), before, `${step}: nothing recorded`);
+    }
+    // Once the endpoint answers, the noise is dropped as judged.
+    fake.reset();
+    fake.onChat((body) =>
+      body.model !== DECIDER
+        ? echoSummary(body)
+        : { content: '{"noise": [{"id": "c1", "confidence": 0.9}], "key_decisions": []}' },
+    );
+    const r = await summarizeSession(deps, { tenantId, sessionId: s });
+    assert.equal(r.outcome, 'summarized');
+    assert.deepEqual(tokensIn(transcriptOf(summaryCalls()[0]!)), ['[T:d3]', '[T:d4]']);
+  });
+
   /** The conversations of a noise prompt, without its heading and closing line. */
   const logOf = (r: RecordedRequest) =>
     userOf(r).slice('Conversations:\n\n'.length, -'\n\nReturn the JSON.'.length);

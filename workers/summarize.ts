@@ -362,10 +362,31 @@ async function runLocked(
     // 3. The decision model: drop noise, then prune what the kept conversations overturn.
     let survivors = unit;
     if (decisionModel) {
-      const call = { tenantId, sessionId, model: decisionModel, timeZone: tz, signal };
+      // An endpoint that pushes back (429, retry-after) defers the run as a summary call's does:
+      // each step keeping everything on it sent the summary call at once, and summarised the
+      // noise it could not judge for good.
+      const call = {
+        tenantId,
+        sessionId,
+        model: decisionModel,
+        timeZone: tz,
+        signal,
+        rethrow: (err: unknown) => providerFault(err)?.pushback === true,
+      };
+      const pushedBack = (err: unknown) => {
+        calls++;
+        const fault = providerFault(err);
+        if (!fault?.pushback) throw err;
+        return lostLease() ?? providerFailed(describeLlmFailure(err), fault);
+      };
       const before = await stale();
       if (before) return before;
-      const noise = await judgeNoise(deps, call, conversations);
+      let noise: Set<string> | null;
+      try {
+        noise = await judgeNoise(deps, call, conversations);
+      } catch (err) {
+        return pushedBack(err);
+      }
       calls++;
       const kept = noise ? conversations.filter((c) => !noise.has(c.id)) : conversations;
       if (noise && noise.size > 0) {
@@ -377,7 +398,12 @@ async function runLocked(
       if (kept.length > 0 && entries.keyDecisions.length + entries.pastDiscussions.length > 0) {
         const between = await stale();
         if (between) return between;
-        const overturned = await findSuperseded(deps, call, working, kept);
+        let overturned: Awaited<ReturnType<typeof findSuperseded>>;
+        try {
+          overturned = await findSuperseded(deps, call, working, kept);
+        } catch (err) {
+          return pushedBack(err);
+        }
         calls++;
         if (overturned && overturned.keyDecisions.length + overturned.pastDiscussions.length > 0) {
           working = pruneSummary(working, overturned);

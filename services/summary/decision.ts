@@ -125,6 +125,11 @@ interface DecisionCall {
   model: string;
   timeZone: string;
   signal?: AbortSignal;
+  /**
+   * A failure the step must not swallow: thrown on to the caller instead of keeping everything
+   * (the summary run defers when the endpoint pushes back, rather than calling it again at once).
+   */
+  rethrow?: (err: unknown) => boolean;
 }
 
 const noiseAnswer = z.object({
@@ -228,6 +233,7 @@ async function ask<S extends z.ZodType>(
     );
     return null;
   } catch (err) {
+    if (call.rethrow?.(err)) throw err;
     const kind = err instanceof LlmError ? err.kind : err instanceof SyntaxError ? 'not_json' : 'error';
     if (kind !== 'aborted') {
       deps.logger.warn({ purpose, model: call.model, kind }, 'decision step failed; keeping everything');
