@@ -388,11 +388,19 @@ void describe('TTL', () => {
       outcome: 'resolved',
     });
     assert.ok((await redis.pttl(recKey(tenant, rec.id))) > 89 * 86_400_000, 'written for 90 days');
+    const [dedupeKey, ...others] = await redis.keys(`${PREFIX}:err:${tenant}:dedupe:*`);
+    assert.ok(dedupeKey !== undefined && others.length === 0, `one dedupe key: ${dedupeKey}`);
     const shorter = await openErrorMemory({ redisUrl: REDIS_URL, prefix: PREFIX, ttlDays: 1 });
     extraStores.push(shorter);
     await shorter.sweepExpired();
     const pttl = await redis.pttl(recKey(tenant, rec.id));
     assert.ok(pttl > 0 && pttl <= 86_400_000, `ttl of ${pttl} ms after the sweep`);
+    // Its dedupe key, which names the tool, does not outlive it by 89 days.
+    const dedupePttl = await redis.pttl(dedupeKey);
+    assert.ok(
+      dedupePttl > 0 && dedupePttl <= 86_400_000,
+      `dedupe key ttl of ${dedupePttl} ms after the sweep`,
+    );
     // A longer lifetime is not pressed on a record by the sweep: only its next hit renews it.
     await errors.sweepExpired();
     assert.ok((await redis.pttl(recKey(tenant, rec.id))) <= 86_400_000, 'still at most a day');

@@ -780,6 +780,15 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       const longLived = chunk.filter((_, j) => ttls[j]! > ttlMs);
       await Promise.all(longLived.map((id) => client.pExpire(k.rec(id), ttlMs)));
       chunk.forEach((id, j) => ttls[j] === -2 && dead.add(id));
+      // And so do their dedupe keys, which name the tool and outlived the records they point to
+      // (also those a sweep before this one shortened).
+      const live = chunk.filter((_, j) => ttls[j] !== -2);
+      const dedupes = await Promise.all(live.map((id) => client.hGet(k.rec(id), 'dedupe')));
+      const dedupeKeys = dedupes.filter((d): d is string => Boolean(d)).map((d) => k.dedupePrefix + d);
+      const dedupeTtls = await Promise.all(dedupeKeys.map((key) => client.pTTL(key)));
+      await Promise.all(
+        dedupeKeys.filter((_, j) => dedupeTtls[j]! > ttlMs).map((key) => client.pExpire(key, ttlMs)),
+      );
     }
     const marked = await client.sMembers(k.dead);
     for (const id of marked) dead.add(id);
