@@ -163,8 +163,12 @@ export async function schemaState(db: Db): Promise<{ database: string; installed
   }
 }
 
-/** Unknown host, no such database, authentication refused: a connection that cannot be made. */
+/**
+ * Unknown host, no socket in the socket directory (ENOENT), no such database, authentication
+ * refused: a connection that cannot be made.
+ */
 const CONNECT_CODES = new Set([
+  'ENOENT',
   'ENOTFOUND',
   'EAI_AGAIN',
   'EHOSTUNREACH',

@@ -229,7 +229,12 @@ void describe('configuration', () => {
     assert.notEqual(slash.status, 0);
     assert.match(slash.stderr, /DATABASE_URL: is not a valid URL: percent-encode .*\(\/ as %2F/);
     // A Postgres that cannot be reached names the setting to check.
-    for (const url of ['postgres://postgres@127.0.0.1:1/x', 'postgres://postgres@nohost.invalid/x']) {
+    for (const url of [
+      'postgres://postgres@127.0.0.1:1/x',
+      'postgres://postgres@nohost.invalid/x',
+      // A socket directory without Postgres's socket (ENOENT).
+      'postgres://postgres@/x?host=/nonexistent-socket-dir',
+    ]) {
       const down = spawnSync(process.execPath, ['bin/mnemos.js', 'tenant', 'list'], {
         env: { ...process.env, DATABASE_URL: url },
         encoding: 'utf8',
