@@ -267,6 +267,39 @@ void describe('job and worker log lines', () => {
     }
   });
 
+  void test("a job's Postgres refusal is logged as a request's: its SQLSTATE and at most 200 characters of it", async () => {
+    // Setup: workers whose embed processor meets a Postgres error that quotes a long value.
+    const { lines, logger } = capturedLogger('warn');
+    const own = await startTestService({ mode: 'api' });
+    const quoted = `secret-${'v'.repeat(400)}`;
+    const workers = await startWorkers({ ...own.deps, logger }, [
+      { name: 'failing', processors: { embed: () => own.deps.db.query('SELECT $1::int', [quoted]) } },
+    ]);
+    try {
+      const { tenantId } = await own.newTenant();
+
+      // Action
+      const job = await own.deps.queues.embed.add('embed', { v: 1, tenantId, sessionId: 's' } as never, {
+        attempts: 1,
+      });
+
+      // Assert: the SQLSTATE, and the message cut as request lines cut it (it was 437 characters).
+      const failed = await eventually(
+        async () => lines.find((l) => l.msg === 'job failed' && l.jobId === job.id),
+        15_000,
+        'the job to fail',
+      );
+      assert.equal(failed.pg_code, '22P02', JSON.stringify(failed));
+      const logged = (failed.err as { message: string }).message;
+      assert.ok(logged.length <= 200, JSON.stringify(failed));
+      assert.match(logged, /^invalid input syntax for type integer/);
+    } finally {
+      await workers.close(5000);
+      await own.stop();
+      await deleteRedisPrefix(own.config.prefix);
+    }
+  });
+
   void test('a job failing while Postgres is unreachable is kept as failed, not dropped as an erased tenant’s', async () => {
     // Setup: workers whose embed processor fails, and whose database cannot be reached: whether
     // the job's tenant was erased cannot be read.

@@ -3,6 +3,7 @@ import type { Job, Processor } from 'bullmq';
 import { getTenantById } from '../db/queries/lifecycle.js';
 import type { CoreDeps } from '../services/deps.js';
 import type { Extension } from '../services/extension.js';
+import { pgLogFields } from '../services/http-errors.js';
 import { throttledKinds, throttledWarn } from '../services/logger.js';
 import { makeRedis } from '../services/redis.js';
 import type { Redis } from '../services/redis.js';
@@ -165,13 +166,17 @@ export async function startWorkers(
       // Final: no attempt left, or a permanent fault (UnrecoverableError skips the rest).
       const final = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';
       deps.metrics.jobFailures.inc({ queue: name, final: final ? 'true' : 'false' });
+      // A Postgres refusal as the request lines log it: its SQLSTATE and its main message, bounded
+      // (it can quote a value: `invalid input syntax for type integer: "…"`).
+      const pg = pgLogFields(err);
       const fields = {
         queue: name,
         jobId: job?.id,
         ...jobSubject(job?.data),
         attempts: job?.attemptsMade,
         final,
-        err: { message: err.message },
+        err: { message: pg.pg_message ?? err.message },
+        ...pg,
       };
       if (final) {
         deps.logger.warn(fields, 'job failed');
