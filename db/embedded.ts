@@ -257,9 +257,15 @@ function parseOwner(text: string): Owner {
   };
 }
 
-/** A lock left by a dead process on this host, or by this very pid (pid 1 in a restarted container). */
-const isStale = (o: Owner) =>
-  o.pid === 0 || (o.host === hostname() && (o.pid === process.pid || !isAlive(o.pid)));
+/**
+ * A lock left by a dead process on this host, or by this very pid (pid 1 in a restarted
+ * container). With `socketHeld` (this process holds the directory's socket, bindHostLock) any
+ * lock of this host is stale: a live holder would hold the socket. Its pid may name a live
+ * process that is not mnemos: pids start over after a reboot, and such a lock refused every start
+ * until it was deleted by hand.
+ */
+const isStale = (o: Owner, socketHeld = false) =>
+  o.pid === 0 || (o.host === hostname() && (socketHeld || o.pid === process.pid || !isAlive(o.pid)));
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -348,8 +354,9 @@ async function takeLock(dataDir: string): Promise<() => Promise<void>> {
         continue;
       }
       const owner = parseOwner(seen);
-      // Losing the race to another starter ends here too: its fresh lock names a live process.
-      if (!isStale(owner) || attempt >= 5) throw new EmbeddedLockedError(dataDir, owner);
+      // Losing the race to another starter ends here too: its fresh lock names a live process
+      // (with the socket held, only another host's starter can have written it).
+      if (!isStale(owner, server !== null) || attempt >= 5) throw new EmbeddedLockedError(dataDir, owner);
       // Remove only the stale lock we judged. With the socket held nobody else on this host can
       // replace it between the two steps; without it (see above) this is the racy part.
       if ((await readFile(file, 'utf8').catch(() => '')) === seen) await unlink(file).catch(() => undefined);
