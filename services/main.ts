@@ -309,13 +309,12 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
     logger.info({ sig }, 'signal during start: stopping once started');
     setTimeout(() => process.exit(1), config.shutdownTimeoutMs + 5000).unref();
   };
-  const earlyTerm = () => onEarly('SIGTERM');
-  const earlyInt = () => onEarly('SIGINT');
-  process.on('SIGTERM', earlyTerm);
-  process.on('SIGINT', earlyInt);
+  // SIGHUP too: the terminal that runs `npm start` closing ended the process as a kill -9 would.
+  const STOP_SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
+  const earlyHandlers = STOP_SIGNALS.map((sig) => [sig, () => onEarly(sig)] as const);
+  for (const [sig, handler] of earlyHandlers) process.on(sig, handler);
   const svc = await startService(mode, config, { logger, extensions });
-  process.off('SIGTERM', earlyTerm);
-  process.off('SIGINT', earlyInt);
+  for (const [sig, handler] of earlyHandlers) process.off(sig, handler);
   if (svc.url) {
     logger.info({ url: svc.url }, `mnemos ${mode} listening on ${svc.url}`);
     // Shown because the default is shared: two deployments on one Redis with the same prefix take
@@ -371,8 +370,7 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
       },
     );
   };
-  process.on('SIGTERM', () => onSignal('SIGTERM'));
-  process.on('SIGINT', () => onSignal('SIGINT'));
+  for (const sig of STOP_SIGNALS) process.on(sig, () => onSignal(sig));
   if (early !== null) onSignal(early);
 }
 
