@@ -522,20 +522,31 @@ void describe('POST /v1/sessions/{sid}/search', () => {
 
   void test('an excluded phrase with stop words leaves out only the messages that hold it', async () => {
     const s = sid('exclude-stop');
-    const [failed, green, disk, possessive, list] = await archiveSpaced(api, s, [
+    const [failed, green, disk, possessive, list, cjkOf, cjk] = await archiveSpaced(api, s, [
       user('the build failed with an error in step 3'),
       user('no error this time, build is green'),
       user('error: disk full on build host'),
       user("the user's key expired"),
       user('user list refreshed'),
+      user('記憶 of the error'),
+      user('記憶 error again'),
     ]);
     await ensureVectors(svc, tenantId, s);
     // Full text drops `no` from the phrase: its tsquery alone would exclude every "error".
     assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'error -"no error"', match: 'keyword' })), [
       failed,
       disk,
+      cjkOf,
+      cjk,
     ]);
     assert.deepEqual(sorted(await hitSeqs(api, s, { query: "user -user's", match: 'keyword' })), [list]);
+    // A stop word beside CJK text: full text would test the CJK alone, and drop every 記憶.
+    assert.deepEqual(sorted(await hitSeqs(api, s, { query: 'error -"記憶 of"', match: 'keyword' })), [
+      failed,
+      green,
+      disk,
+      cjk,
+    ]);
     for (const match of ['semantic', 'hybrid'] as const) {
       const got = await hitSeqs(api, s, { query: 'error build -"no error"', match, limit: 32 });
       assert.ok(

@@ -267,6 +267,15 @@ void describe('summary shape', () => {
       const total = blocks.reduce((n, b) => n + b.size, 0);
       assert.ok(total <= budget, `chunk of ${total}`);
     }
+    // Several logs, each past the budget: each keeps a chunk of its own rather than a third of one.
+    const logs = plan([
+      ...[1, 2, 3].map((k) => sourceMessage(k, 'user', log)),
+      sourceMessage(4, 'assistant', reply),
+    ]);
+    assert.deepEqual(
+      logs.map((c) => c.map((b) => b.seq)),
+      [[1], [2], [3, 4]],
+    );
     // Questions that each fit whole are still cut apart rather than all shortened.
     const whole = Array.from({ length: 3 }, (_, k) => `Question ${k}: ${'q'.repeat(400)}`);
     const apart = plan([

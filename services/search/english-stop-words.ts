@@ -19,15 +19,18 @@ export function onlyStopWords(text: string): boolean {
 }
 
 /**
- * Whether some but not all English words of `text` (folded as the archive's text, CJK left out)
- * are stop words: the words full text would test are then fewer than the term's.
+ * Whether some but not all of the words of `text` (folded as the archive's text) are English stop
+ * words, a CJK run counting as a word that is not one: the words full text would test are then
+ * fewer than the term's (`-"no error"`, `-"記憶 of"`).
  */
 export function partlyStopWords(text: string): boolean {
+  const folded = foldForIndex(text);
   const words =
-    foldForIndex(text)
+    folded
       .replace(CJK_RUN, ' ')
       .toLowerCase()
       .match(/[\p{L}\p{N}]+/gu) ?? [];
   const stops = words.filter((w) => ENGLISH_STOP_WORDS.has(w)).length;
-  return stops > 0 && stops < words.length;
+  const others = words.length - stops + (folded.match(CJK_RUN)?.length ?? 0);
+  return stops > 0 && others > 0;
 }

@@ -11,8 +11,8 @@ import type { Block } from './render.js';
  * one case that still ends on a user message is a run of consecutive user messages without any
  * reply that by itself exceeds the budget (or is so long that shortening every message to share
  * the budget with the reply would not fit): it is cut where it must be, keeping its last message
- * for the reply's chunk; unless the messages that sharing would shorten are only ones cut to the
- * budget anyway (`fitRunWithReply`).
+ * for the reply's chunk; unless the message that sharing would shorten is the one message cut to
+ * the budget anyway (`fitRunWithReply`).
  */
 export function planChunks(
   blocks: Block[],
@@ -73,9 +73,10 @@ export function planChunks(
 
 /**
  * The run of user messages starting at `start` and the reply after it, as one chunk shortened by
- * `fitWithReply`, when the only messages it shortens are ones cut anyway (rendered `cut` to the
- * budget): cutting the run apart would then keep no more of them, and costs a call without the
- * reply. Null otherwise (no reply, or a message that would lose text it keeps on its own).
+ * `fitWithReply`, when the only message it shortens is the one cut anyway (rendered `cut` to the
+ * budget): cutting the run apart would keep little more of it, and costs a call without the
+ * reply. Null otherwise (no reply, several such messages, or a message that would lose text it
+ * keeps on its own).
  */
 function fitRunWithReply(
   blocks: Block[],
@@ -87,7 +88,8 @@ function fitRunWithReply(
   while (end < blocks.length && blocks[end]!.role === 'user') end++;
   if (end === blocks.length) return null;
   const users = blocks.slice(start, end);
-  if (!users.some((b) => b.cut)) return null;
+  // One such message: with several, each would keep a share of what one kept cut apart.
+  if (users.filter((b) => b.cut).length !== 1) return null;
   const group = fitWithReply(users, blocks[end]!, budget, refit);
   if (!group || users.some((b, k) => group[k] !== b && !b.cut)) return null;
   return group;
