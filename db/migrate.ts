@@ -164,11 +164,13 @@ export async function schemaState(db: Db): Promise<{ database: string; installed
 }
 
 /**
- * Unknown host, no socket in the socket directory (ENOENT), no such database, authentication
- * refused: a connection that cannot be made.
+ * Unknown host, no socket in the socket directory (ENOENT, ENOTDIR, EACCES), no such database,
+ * authentication refused: a connection that cannot be made.
  */
 const CONNECT_CODES = new Set([
   'ENOENT',
+  'ENOTDIR',
+  'EACCES',
   'ENOTFOUND',
   'EAI_AGAIN',
   'EHOSTUNREACH',

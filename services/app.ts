@@ -424,6 +424,16 @@ const rememberMount: RequestHandler = (req, res, next) => {
   next();
 };
 
+/**
+ * No answer is conditional: Express counts `If-None-Match: *` as matching any answer, with or
+ * without an ETag, and answered GETs with an empty 304.
+ */
+const unconditional: RequestHandler = (req, _res, next) => {
+  delete req.headers['if-none-match'];
+  delete req.headers['if-modified-since'];
+  next();
+};
+
 export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express {
   const app = express();
   const bodyMemory = byteBudget(BODY_MEMORY_BYTES, BODY_MEMORY_BYTES / 2);
@@ -438,14 +448,7 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   app.set('query parser', (qs: string) => querystring.parse(qs, undefined, undefined, { maxKeys: 0 }));
 
   app.use(requestId);
-  // Nor does a wildcard validator get a 304: Express counts `If-None-Match: *` as matching any
-  // answer, with or without an ETag, and answered GETs with an empty 304. No answer here is
-  // conditional.
-  app.use((req, _res, next) => {
-    delete req.headers['if-none-match'];
-    delete req.headers['if-modified-since'];
-    next();
-  });
+  app.use(unconditional);
   app.use((req, res, next) => {
     timeAnswer(deps.metrics, res, () => ({ method: req.method, route: routeLabel(req, res) }));
     next();
@@ -457,15 +460,16 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
   // record renewed its TTL, one of an export ran the whole export): under /v1 and /admin it has
   // no route, as any method a route does not list. The ops routes (probes) keep it. So does
   // OPTIONS, which Express answered itself in plain text, listing HEAD (there is no CORS here).
+  // A tenant's answers (and the admin API's keys) are for their caller only, and stale the moment
+  // a message is posted: no shared cache or client may keep or serve a copy. First, so that every
+  // answer below says it (the HEAD and OPTIONS 404s did not).
+  app.use('/v1', (_req, res, next) => {
+    res.setHeader('cache-control', 'no-store');
+    next();
+  });
   app.use(['/v1', '/admin'], (req, _res, next) => {
     if (req.method === 'HEAD' || req.method === 'OPTIONS')
       throw new AppError(404, 'not_found', `no route for ${req.method} ${req.baseUrl}${req.path}`);
-    next();
-  });
-  // A tenant's answers (and the admin API's keys) are for their caller only, and stale the moment
-  // a message is posted: no shared cache or client may keep or serve a copy.
-  app.use('/v1', (_req, res, next) => {
-    res.setHeader('cache-control', 'no-store');
     next();
   });
 
@@ -558,7 +562,10 @@ export function makeApp(deps: CoreDeps, opts: AppOptions = {}): express.Express 
 export function makeOpsApp(deps: CoreDeps): express.Express {
   const app = express();
   app.disable('x-powered-by');
+  // As the API's: no ETag, no 304.
+  app.set('etag', false);
   app.use(requestId);
+  app.use(unconditional);
   const checker = responseChecker([{ prefix: '', router: express.Router(), meta: opsRoutesMeta }]);
   if (checker) app.use(checker);
   app.use(

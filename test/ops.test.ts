@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { get as httpGet } from 'node:http';
 import type { IncomingMessage } from 'node:http';
 import { connect } from 'node:net';
 import type { Socket } from 'node:net';
@@ -591,6 +592,18 @@ void describe('operations', () => {
       // Sampled by API processes only: a worker's constant 0 would read as "no lag".
       assert.doesNotMatch(metrics, /mnemos_summary_lag_seconds/);
       assert.equal((await api(worker.base).get('/v1/sessions')).status, 404);
+      // As the API's: no ETag and no 304, even for a wildcard validator (over node:http: fetch
+      // adds `cache-control: no-cache` to a conditional request, which Express honours).
+      for (const path of ['/healthz', '/readyz', '/metrics', '/openapi.json']) {
+        const r = await new Promise<IncomingMessage>((resolve, reject) =>
+          httpGet(`${worker.base}${path}`, { headers: { 'if-none-match': '*' } }, (res) => {
+            res.resume();
+            res.on('end', () => resolve(res));
+          }).on('error', reject),
+        );
+        assert.equal(r.statusCode, 200, path);
+        assert.equal(r.headers.etag, undefined, path);
+      }
     } finally {
       await worker.stop();
     }
