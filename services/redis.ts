@@ -74,6 +74,19 @@ const refusals = new WeakMap<Redis, Error>();
 /** ioredis names the command an error answered (`err.command`): here its handshake's SELECT. */
 const refusedSelect = (err: Error) => (err as { command?: { name?: string } }).command?.name === 'select';
 
+/** Redis refusing the connection's login (a wrong password or user, or none given). */
+const refusedLogin = (err: Error) => /^(WRONGPASS|NOAUTH)\b/.test(err.message);
+
+/**
+ * What a start says of a refused login: Redis is running (a start said "cannot reach Redis … (is
+ * it running?)" after 5 s of WRONGPASS warnings).
+ */
+const loginRefused = (err: Error) =>
+  new Error(
+    `Redis refused mnemos's login (${err.message.slice(0, 200)}): check the user and password in REDIS_URL ` +
+      '(redis://user:password@host:port/db, percent-encoded)',
+  );
+
 /** What a start says of a refused SELECT: the database, Redis's answer, and what to check. */
 const databaseRefused = (redis: Redis, err: Error) =>
   new Error(
@@ -163,6 +176,11 @@ export async function waitForRedis(redis: Redis, timeoutMs: number): Promise<boo
       resolve(true);
     };
     const onError = (err: Error) => {
+      if (refusedLogin(err)) {
+        done();
+        reject(loginRefused(err));
+        return;
+      }
       if (!refusedSelect(err)) return;
       done();
       reject(databaseRefused(redis, err));

@@ -205,6 +205,30 @@ void test('waiting for Redis names the database it refuses, refused before the w
   }
 });
 
+void test('waiting for Redis says at once that it refused the login, not that it cannot be reached', async () => {
+  // Setup: a Redis that wants a password.
+  const r = await startPrivateRedis();
+  const admin = new Redis(r.url);
+  await admin.config('SET', 'requirepass', 'right-0123456789');
+  admin.disconnect();
+  const wrong = makeRedis(`redis://:wrong-0123456789@127.0.0.1:${r.port}`, 'producer');
+  const none = makeRedis(r.url, 'producer');
+  try {
+    // Action and assert: refused, long before the wait's end ("cannot reach Redis (is it running?)").
+    const started = Date.now();
+    await assert.rejects(waitForRedis(wrong, 30_000), /^Error: Redis refused mnemos's login \(WRONGPASS/);
+    await assert.rejects(waitForRedis(none, 30_000), /Redis refused mnemos's login \(NOAUTH/);
+    assert.ok(Date.now() - started < 15_000, `${Date.now() - started} ms`);
+  } finally {
+    wrong.disconnect();
+    none.disconnect();
+    const admin2 = new Redis(r.url, { password: 'right-0123456789' });
+    await admin2.config('SET', 'requirepass', '');
+    admin2.disconnect();
+    await r.stop();
+  }
+});
+
 void test('a connection that comes back refused its database writes nothing to database 0, and goes on once allowed', async () => {
   // Setup: a user whose connections (the API's, a worker's and BullMQ's copy of it) use database 5.
   const r = await startPrivateRedis();
