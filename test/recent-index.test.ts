@@ -541,6 +541,7 @@ void describe('recent index with an OpenAI-compatible embedder (fake server, 153
       // A second run has nothing to do.
       const again = await run(process.execPath, ['bin/mnemos.js', 'reembed'], { env });
       assert.match(again.stdout, /already built with local-hash\/384; nothing to do/);
+      assert.doesNotMatch(again.stdout, /building/, 'nothing is built');
     } finally {
       await next.stop();
       await deleteRedisPrefix(next.config.prefix);

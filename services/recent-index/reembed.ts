@@ -241,7 +241,8 @@ export async function reembedCommand(
         })
       : null;
   const embedder = makeEmbedder(config, llm);
-  opts.print(`reembed: building the recent index for ${embedder.model}/${embedder.dimensions}`);
+  // Not "building": an index already built says so next, with nothing to do.
+  opts.print(`reembed: the recent index for ${embedder.model}/${embedder.dimensions}`);
   let lastPrint = 0;
   const result = await reembed(db, config, embedder, {
     ...(opts.batchSize !== undefined ? { batchSize: opts.batchSize } : {}),
