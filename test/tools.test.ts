@@ -334,6 +334,8 @@ void describe('agent tools', () => {
     assert.ok(read.length <= MAX_OUTPUT_CHARS, `read answer ${read.length} chars`);
     const shown = seqsOf(read);
     assert.ok(shown.length >= 5 && shown.length < 12, `read ${shown.length}`);
+    // The heading counts what is shown, not what was read.
+    assert.match(read, new RegExp(`^Messages #1–#12 \\(the first ${shown.length} of them\\):`));
     assert.deepEqual(
       shown,
       Array.from({ length: shown.length }, (_, i) => i + 1),

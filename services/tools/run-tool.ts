@@ -148,13 +148,16 @@ function bounded(blocks: string[], header: string): string {
  */
 function boundedLines(
   lines: string[],
-  header: string,
+  heading: string | ((shown: number) => string),
   keep: 'first' | 'last',
   more: (left: number, at: number) => string,
   tail?: string,
 ): string {
+  // A heading may name what is shown: its longest form is budgeted.
+  const head = typeof heading === 'string' ? () => heading : heading;
+  const headRoom = Math.max(head(0).length, head(lines.length).length);
   // Room for the note about what was left out (its numbers are at most 16 digits each).
-  const budget = MAX_OUTPUT_CHARS - header.length - Math.max(more(0, 0).length, tail?.length ?? 0) - 40;
+  const budget = MAX_OUTPUT_CHARS - headRoom - Math.max(more(0, 0).length, tail?.length ?? 0) - 40;
   const order = keep === 'first' ? lines.map((_, i) => i) : lines.map((_, i) => lines.length - 1 - i);
   let used = 0;
   let shown = 0;
@@ -163,6 +166,7 @@ function boundedLines(
     used += lines[i]!.length + 1;
     shown++;
   }
+  const header = head(shown);
   if (shown === lines.length) return `${header}\n\n${lines.join('\n')}${tail ? `\n\n${tail}` : ''}`;
   const left = lines.length - shown;
   if (keep === 'first') {
@@ -319,11 +323,13 @@ async function chatHistory(
     const body = rows.map((r) => formatMessage(toStoredMessage(r), tz));
     return boundedLines(
       body,
-      // The range asked for while more of it is left to read; else the range shown (a read of
-      // #1–#100 on a 50-message session showed "Messages #1–#100").
-      more
-        ? `Messages #${from}–#${to} (the first ${rows.length} of them):`
-        : `Messages #${Number(rows[0]!.seq)}–#${last}:`,
+      // The range asked for while more of it is left to read (also when the output limit cuts
+      // the page: "the first 50" of which 10 were shown), with how many are shown; else the range
+      // shown (a read of #1–#100 on a 50-message session showed "Messages #1–#100").
+      (shown) =>
+        more || shown < rows.length
+          ? `Messages #${from}–#${to} (the first ${shown} of them):`
+          : `Messages #${Number(rows[0]!.seq)}–#${last}:`,
       'first',
       (left, at) =>
         `…[${left} more message(s) not shown (output limit)${more ? ', and more after them' : ''}: read on with ${readOn(Number(rows[at]?.seq ?? 0))}]`,
