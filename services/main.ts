@@ -309,12 +309,13 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
     logger.info({ sig }, 'signal during start: stopping once started');
     setTimeout(() => process.exit(1), config.shutdownTimeoutMs + 5000).unref();
   };
-  // SIGHUP too: the terminal that runs `npm start` closing ended the process as a kill -9 would.
-  const STOP_SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
-  const earlyHandlers = STOP_SIGNALS.map((sig) => [sig, () => onEarly(sig)] as const);
-  for (const [sig, handler] of earlyHandlers) process.on(sig, handler);
+  const earlyTerm = () => onEarly('SIGTERM');
+  const earlyInt = () => onEarly('SIGINT');
+  process.on('SIGTERM', earlyTerm);
+  process.on('SIGINT', earlyInt);
   const svc = await startService(mode, config, { logger, extensions });
-  for (const [sig, handler] of earlyHandlers) process.off(sig, handler);
+  process.off('SIGTERM', earlyTerm);
+  process.off('SIGINT', earlyInt);
   if (svc.url) {
     logger.info({ url: svc.url }, `mnemos ${mode} listening on ${svc.url}`);
     // Shown because the default is shared: two deployments on one Redis with the same prefix take
@@ -370,7 +371,8 @@ export async function runFromEnv(mode: Mode, extensions: ExtensionFactory[] = []
       },
     );
   };
-  for (const sig of STOP_SIGNALS) process.on(sig, () => onSignal(sig));
+  process.on('SIGTERM', () => onSignal('SIGTERM'));
+  process.on('SIGINT', () => onSignal('SIGINT'));
   if (early !== null) onSignal(early);
 }
 
