@@ -1,6 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { createHash } from 'node:crypto';
-import { constants } from 'node:fs';
+import { constants, readFileSync } from 'node:fs';
 import { access, link, mkdir, readdir, readFile, realpath, unlink, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import type { Server } from 'node:net';
@@ -242,10 +242,12 @@ export async function lockDataDir(dataDir: string): Promise<() => Promise<void>>
 interface Owner {
   pid: number;
   host: string;
+  /** When the lock was taken (its `started_at`), if it says. */
+  startedAtMs: number | null;
 }
 
 function parseOwner(text: string): Owner {
-  let owner: { pid?: unknown; host?: unknown } = {};
+  let owner: { pid?: unknown; host?: unknown; started_at?: unknown } = {};
   try {
     owner = JSON.parse(text) as typeof owner;
   } catch {
@@ -254,18 +256,40 @@ function parseOwner(text: string): Owner {
   return {
     pid: typeof owner.pid === 'number' ? owner.pid : 0,
     host: typeof owner.host === 'string' ? owner.host : hostname(),
+    startedAtMs: typeof owner.started_at === 'string' ? Date.parse(owner.started_at) || null : null,
   };
 }
 
 /**
  * A lock left by a dead process on this host, or by this very pid (pid 1 in a restarted
- * container). With `socketHeld` (this process holds the directory's socket, bindHostLock) any
- * lock of this host is stale: a live holder would hold the socket. Its pid may name a live
- * process that is not mnemos: pids start over after a reboot, and such a lock refused every start
- * until it was deleted by hand.
+ * container), or naming a process that started after the lock was taken: its pid was reused
+ * (pids start over after a reboot, and such a lock refused every start until it was deleted by
+ * hand). Not "any lock while this process holds the directory's socket": abstract sockets are per
+ * network namespace, and a process in another one took a live serve's lock over.
  */
-const isStale = (o: Owner, socketHeld = false) =>
-  o.pid === 0 || (o.host === hostname() && (socketHeld || o.pid === process.pid || !isAlive(o.pid)));
+const isStale = (o: Owner) =>
+  o.pid === 0 ||
+  (o.host === hostname() && (o.pid === process.pid || !isAlive(o.pid) || startedAfter(o.pid, o.startedAtMs)));
+
+/**
+ * Whether process `pid` started (by Linux's /proc) more than a few seconds after `atMs`, the time
+ * its lock says it was taken: then it is not the lock's process. False when either is unknown
+ * (another OS, a lock without `started_at`). The slack covers /proc's whole-second boot time.
+ */
+function startedAfter(pid: number, atMs: number | null): boolean {
+  if (atMs === null || process.platform !== 'linux') return false;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Fields after the command name (which may hold spaces and parentheses): the 22nd, starttime,
+    // in clock ticks (USER_HZ, 100 on Linux) since boot.
+    const ticks = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
+    const boot = Number(/^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))?.[1]);
+    if (!Number.isFinite(ticks) || !Number.isFinite(boot)) return false;
+    return boot * 1000 + ticks * 10 > atMs + 5000;
+  } catch {
+    return false;
+  }
+}
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -354,9 +378,8 @@ async function takeLock(dataDir: string): Promise<() => Promise<void>> {
         continue;
       }
       const owner = parseOwner(seen);
-      // Losing the race to another starter ends here too: its fresh lock names a live process
-      // (with the socket held, only another host's starter can have written it).
-      if (!isStale(owner, server !== null) || attempt >= 5) throw new EmbeddedLockedError(dataDir, owner);
+      // Losing the race to another starter ends here too: its fresh lock names a live process.
+      if (!isStale(owner) || attempt >= 5) throw new EmbeddedLockedError(dataDir, owner);
       // Remove only the stale lock we judged. With the socket held nobody else on this host can
       // replace it between the two steps; without it (see above) this is the racy part.
       if ((await readFile(file, 'utf8').catch(() => '')) === seen) await unlink(file).catch(() => undefined);

@@ -607,7 +607,7 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     await assert.rejects(openPgliteDb(dir), EmbeddedLockedError);
   });
 
-  void it('takes over a lock left by a dead process, or naming a live one that does not hold the directory, but not one held by a live process', async () => {
+  void it('takes over a lock left by a dead process, or naming a live one started after it, but not one held by a live process', async () => {
     await db.close();
     const lock = path.join(dir, 'mnemos.lock');
     const dead = spawnSync(process.execPath, ['-e', '0']).pid!;
@@ -615,14 +615,21 @@ void describe('openPgliteDb (the embedded Db adapter)', () => {
     db = await openPgliteDb(dir);
     assert.equal((JSON.parse(await readFile(lock, 'utf8')) as { pid: number }).pid, process.pid);
     await db.close();
-    // A pid reused by a live process that is not mnemos (after a reboot, pids start over): on
-    // Linux the directory's socket tells, and nobody holds it. It refused every start.
-    await writeFile(lock, JSON.stringify({ pid: process.ppid, host: hostname() }));
+    // A pid reused by a live process that started after the lock was taken (after a reboot, pids
+    // start over): on Linux /proc tells. It refused every start.
+    const yearAgo = new Date(Date.now() - 365 * 86_400_000).toISOString();
+    await writeFile(lock, JSON.stringify({ pid: process.ppid, host: hostname(), started_at: yearAgo }));
     if (process.platform === 'linux') {
       db = await openPgliteDb(dir);
       assert.equal((JSON.parse(await readFile(lock, 'utf8')) as { pid: number }).pid, process.pid);
       await db.close();
     }
+    // The same live pid with a lock taken after it started, or one that does not say when: its own.
+    for (const lockAt of [new Date().toISOString(), undefined]) {
+      await writeFile(lock, JSON.stringify({ pid: process.ppid, host: hostname(), started_at: lockAt }));
+      await assert.rejects(openPgliteDb(dir), EmbeddedLockedError, `lock taken at ${lockAt}`);
+    }
+    await rm(lock);
     // A live process that holds the directory is never passed over.
     const holder = lockStarter();
     try {
