@@ -83,7 +83,7 @@ const refusedLogin = (err: Error) => /^(WRONGPASS|NOAUTH)\b/.test(err.message);
  */
 const loginRefused = (err: Error) =>
   new Error(
-    `Redis refused mnemos's login (${err.message.slice(0, 200)}): check the user and password in REDIS_URL ` +
+    `Redis refused mnemos's login (${err.message.slice(0, 400)}): check the user and password in REDIS_URL ` +
       '(redis://user:password@host:port/db, percent-encoded)',
   );
 
