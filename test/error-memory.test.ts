@@ -1170,6 +1170,38 @@ void describe('crowded by failed attempts', () => {
   });
 });
 
+void test('an error of no significant term finds its own record by tool, and only that', async () => {
+  // `127.0.0.1:5432` and `第12行` leave no term once numbers are masked: a lookup of the same
+  // text answered NONE although the record of exactly it (its dedupe key) was there.
+  const tenant = newTenant();
+  const [addr, line] = await writeMany(tenant, [
+    { tool_name: 'psql', symptom: '127.0.0.1:5432', action: 'start postgres' },
+    { tool_name: 'lint', symptom: '第12行', action: '補上分號' },
+  ]);
+  const lookup = await call(tenant, 'POST', '/lookup', { tool_name: 'psql', error: '127.0.0.1:5432' });
+  assert.deepEqual(
+    lookup.body.records.map((r: ErrorRecord) => r.id),
+    [addr],
+  );
+  assert.equal(lookup.body.related_errors, '- [resolved] psql: 127.0.0.1:5432 → fix: start postgres');
+  // The same error at another address is the same record (numbers are masked).
+  const other = await call(tenant, 'POST', '/search', { tool_name: 'psql', query: '10.0.0.7:6432' });
+  assert.deepEqual(
+    other.body.records.map((r: ErrorRecord) => r.id),
+    [addr],
+  );
+  const cjk = await call(tenant, 'POST', '/search', { tool_name: 'lint', query: '第12行' });
+  assert.deepEqual(
+    cjk.body.records.map((r: ErrorRecord) => r.id),
+    [line],
+  );
+  // Another tool's record of the same text, and a search without a tool, match nothing.
+  const elsewhere = await call(tenant, 'POST', '/lookup', { tool_name: 'lint', error: '127.0.0.1:5432' });
+  assert.equal(elsewhere.body.related_errors, 'NONE');
+  const noTool = await call(tenant, 'POST', '/search', { query: '127.0.0.1:5432' });
+  assert.deepEqual(noTool.body.records, []);
+});
+
 void test('a fix written before the resolved set existed joins it at the sweep and comes first again', async () => {
   // What the previous release left: the fix in the per-tool term keys, in no resolved set, and
   // the tenant marked "2". Then more failed attempts of the same error than a lookup reads.

@@ -477,14 +477,16 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
   async function rankedSearch(tenantId: string, text: string, toolName: string | undefined, limit: number) {
     const k = keys(tenantId);
     const q = buildQuery(text, toolName, opts.embed);
-    if (q.terms.length === 0) return [];
+    // Without a term, only the record of exactly this text can match (`127.0.0.1:5432`, `第12行`):
+    // with a tool, it is read below.
+    if (q.terms.length === 0 && toolName === undefined) return [];
     // With a tool, its own term keys: the newest candidates of a term are then that tool's. Until
     // the sweep has upgraded a tenant whose records predate those keys (no layout mark), the
     // tenant-wide keys are read too; what only those find must pass the tool filter.
     const read = (key: string) => client.zRange(key, 0, CANDIDATES_PER_TERM - 1, { REV: true });
     const own = q.terms.map((t) => (toolName === undefined ? k.term(t) : k.toolTerm(toolName, t)));
     // The record of exactly this error (its dedupe key): a candidate however many newer records
-    // share its terms. Without a tool there is no such key.
+    // share its terms, and a match even when the text has none. Without a tool there is no such key.
     const [upgraded, ownLists, exact] = await Promise.all([
       toolName === undefined ? true : client.exists(k.version).then((n) => n === 1),
       Promise.all(own.map(read)),
@@ -542,6 +544,7 @@ export async function openErrorMemory(opts: ErrorMemoryOptions): Promise<ErrorMe
       fetched.filter((r): r is StoredError => r !== null),
       q,
       limit,
+      exact,
     );
     const at = now();
     // Dropping the gone ids and renewing the hits touch different ids: one round trip.

@@ -205,11 +205,21 @@ export function relevance(rec: StoredError, q: RankQuery): number | null {
 
 const OUTCOME_ORDER: Record<Outcome, number> = { resolved: 0, failed: 1, abandoned: 2 };
 
-export function rankRecords(records: readonly StoredError[], q: RankQuery, limit: number): StoredError[] {
+/**
+ * Ranks `records` for `q`. `exact` is the record of exactly the searched text (its tool's dedupe
+ * key: the same normalised symptom): it matches even when the text has no significant term
+ * (`127.0.0.1:5432`, `第12行`), ranked as one that shares them all.
+ */
+export function rankRecords(
+  records: readonly StoredError[],
+  q: RankQuery,
+  limit: number,
+  exact: string | null = null,
+): StoredError[] {
   const scored: Array<{ rec: StoredError; bucket: number }> = [];
   for (const rec of records) {
     if (q.toolName !== undefined && rec.tool_name !== q.toolName) continue;
-    const r = relevance(rec, q);
+    const r = relevance(rec, q) ?? (rec.id === exact ? 1 : null);
     if (r !== null) scored.push({ rec, bucket: Math.round(r * 20) });
   }
   scored.sort(
