@@ -260,6 +260,17 @@ void describe('agent tools', () => {
     const cases: Array<[string, unknown, RegExp]> = [
       ['chat_history', { mode: 'browse' }, /mode must be "search", "read" or "list"/],
       ['chat_history', { mode: 'search' }, /needs a non-empty keyword/],
+      // A search that lost its words, not a request for the last messages.
+      [
+        'chat_history',
+        { keyword: '  ', match: 'semantic', time_range: '1d' },
+        /keyword is blank, and match and time_range apply only to a search/,
+      ],
+      [
+        'chat_history',
+        { keyword: '', time_range: '7d' },
+        /keyword is blank, and time_range applies only to a search/,
+      ],
       ['chat_history', { mode: 'read', from_seq: 5 }, /needs from_seq and to_seq/],
       ['chat_history', { mode: 'read', from_seq: 5, to_seq: 2 }, /to_seq must not be below/],
       ['chat_history', { keyword: 'x', limit: 99 }, /limit must be an integer between 1 and 32/],
@@ -436,6 +447,13 @@ void describe('agent tools', () => {
       (await a.api.post('/v1/sessions/win/tools/chat_history?window_from_seq=x', args)).status,
       400,
     );
+    // Past 15 digits: a seq up to 2^53 - 1, as the search route takes it, and a bound that says so.
+    const far = await a.api.post(`/v1/sessions/win/tools/chat_history?window_from_seq=${2 ** 53 - 1}`, args);
+    assert.equal(far.status, 200, far.text);
+    assert.match(far.body.content, /^> .*#20\] marker020/m);
+    const beyond = await a.api.post(`/v1/sessions/win/tools/chat_history?window_from_seq=${2 ** 53}`, args);
+    assert.equal(beyond.status, 400);
+    assert.match(beyond.text, /must be at most 9007199254740991/);
     // Empty is absent, as on every other parameter: the default window, which holds #20.
     const empty = await a.api.post('/v1/sessions/win/tools/chat_history?window_from_seq=', args);
     assert.equal(empty.status, 200, empty.text);

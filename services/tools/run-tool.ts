@@ -254,6 +254,15 @@ async function chatHistory(
   if (unknown.length) throw guidance('chat_history', `unknown field(s) ${unknown.join(', ')}`, ex0);
   stringArg(args, 'keyword', 'chat_history', ex0);
   const keyword = typeof args.keyword === 'string' ? args.keyword.trim() : undefined;
+  // A blank keyword beside a search's own arguments is a search that lost its words, not a
+  // request for the last messages (which would drop `match` and `time_range` without a word).
+  const searchOnly = ['match', 'time_range'].filter((k) => args[k] !== undefined && args[k] !== null);
+  if ((args.mode === undefined || args.mode === null) && keyword === '' && searchOnly.length > 0)
+    throw guidance(
+      'chat_history',
+      `keyword is blank, and ${searchOnly.join(' and ')} ${searchOnly.length > 1 ? 'apply' : 'applies'} only to a search: give the words to search for, or leave keyword out to list the last messages`,
+      ex0,
+    );
   const mode = args.mode ?? (keyword ? 'search' : 'list');
   if (mode !== 'search' && mode !== 'read' && mode !== 'list')
     throw guidance('chat_history', 'mode must be "search", "read" or "list"', ex0);

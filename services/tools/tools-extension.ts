@@ -20,7 +20,10 @@ const runQuery = z
     // Empty is absent (the default window), as on every other parameter.
     window_from_seq: z
       .string()
-      .regex(/^(\d{1,15})?$/, 'must be a non-negative integer')
+      .regex(/^\d*$/, 'must be a non-negative integer')
+      .refine((v) => v === '' || Number(v) <= Number.MAX_SAFE_INTEGER, {
+        message: `must be at most ${Number.MAX_SAFE_INTEGER}`,
+      })
       .transform((v) => (v === '' ? undefined : Number(v)))
       .optional(),
   })
