@@ -1269,6 +1269,19 @@ void describe('export and import', () => {
     const r = await t.api.post(`/v1/sessions/${s}/import`, body, ndjson);
     assert.equal(r.status, 400);
     assert.equal(r.body.error.details.problems[0].path, 'lines[3].role');
+    // A 413 of a line's content names the line as a malformed line's 400 does (`line`, from 1),
+    // beside `index`, which counts the message lines from 0.
+    const huge = [
+      JSON.stringify({ type: 'message', role: 'user', content: 'fine' }),
+      '',
+      JSON.stringify({ type: 'message', role: 'user', content: 'x'.repeat(1_048_577) }),
+    ].join('\n');
+    const tooBig = await t.api.post(`/v1/sessions/${s}/import`, huge, ndjson);
+    assert.equal(tooBig.status, 413);
+    assert.equal(tooBig.body.error.code, 'message_too_large');
+    assert.equal(tooBig.body.error.details.path, 'lines[3].content');
+    assert.equal(tooBig.body.error.details.line, 3);
+    assert.equal(tooBig.body.error.details.index, 1);
 
     const broken = await t.api.post(
       `/v1/sessions/${s}/import`,

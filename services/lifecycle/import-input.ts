@@ -92,12 +92,13 @@ function validateImportChunk(
   offset: number,
   label: (index: number) => string,
   timeZone: string,
+  line?: (index: number) => number,
 ): void {
   let parsed: AcceptedMessage[];
   try {
     parsed = parseMessages({ messages: chunk }, timeZone);
   } catch (err) {
-    throw relabel(err, offset, label);
+    throw relabel(err, offset, label, line);
   }
   parsed.forEach((m, i) => out.push({ message: m, sourceSeq: sourceSeqs[i] ?? null }));
 }
@@ -138,14 +139,23 @@ function checkImportIds(out: ImportMessage[], label: (index: number) => string):
   return out;
 }
 
-function relabel(err: unknown, offset: number, label: (index: number) => string): unknown {
+function relabel(
+  err: unknown,
+  offset: number,
+  label: (index: number) => string,
+  line?: (index: number) => number,
+): unknown {
   if (!(err instanceof AppError)) return err;
   const fix = (s: string) => s.replace(/messages\[(\d+)\]/g, (_m, n: string) => label(offset + Number(n)));
   let details = err.details;
   if (details !== undefined) {
     details = JSON.parse(fix(JSON.stringify(details))) as unknown;
     if (details && typeof details === 'object' && 'index' in details && typeof details.index === 'number') {
-      (details as { index: number }).index += offset;
+      const d = details as { index: number; line?: number };
+      d.index += offset;
+      // JSON Lines: `index` counts the message lines from 0, the path names the line (from 1, a
+      // summary line counted): the line number too, so that a client need not tell them apart.
+      if (line) d.line = line(d.index);
     }
   }
   return new AppError(err.status, err.code, fix(err.message), details, err.headers);
@@ -187,7 +197,7 @@ export async function parseImportLines(
   const lineOf: number[] = [];
   const label = (i: number) => `lines[${lineOf[i] ?? i + 1}]`;
   const validate = () => {
-    validateImportChunk(out, raw, seqs, out.length, label, timeZone);
+    validateImportChunk(out, raw, seqs, out.length, label, timeZone, (i) => lineOf[i] ?? i + 1);
     raw = [];
     seqs = [];
     rawBytes = 0;
