@@ -388,6 +388,18 @@ void describe('ingestion', () => {
         'validation_failed',
         /\\"foo\\", \\"refusal\\" \(\\"refusal\\": of the chat completion response/,
       ],
+      // Python's model_dump() writes null for unset fields: the answer says to leave them out.
+      ...(['name', 'tool_call_id', 'tool_calls', 'id', 'sent_at', 'metadata'] as const).map(
+        (field) =>
+          [
+            { messages: [{ role: 'assistant', content: 'hi', [field]: null }] },
+            400,
+            'validation_failed',
+            new RegExp(
+              `messages\\[0\\]\\.${field}: must not be null: leave the field out .*exclude_none=True`,
+            ),
+          ] as [unknown, number, string, RegExp],
+      ),
     ];
     for (const [body, status, code, detail] of cases) {
       const r = await t.api.post('/v1/sessions/v/messages', body);

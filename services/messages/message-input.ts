@@ -72,10 +72,19 @@ const messageFields = (iss: { code?: string; keys?: string[] }) => {
   );
 };
 
+/**
+ * A null where a message field must have a value (`"name": null`): what Python's `model_dump()`
+ * writes for a field the model left unset. A bare "expected array, received null" did not say that
+ * leaving the field out is the fix.
+ */
+const NULL_FIELD =
+  "must not be null: leave the field out (Python's model_dump() writes null for unset fields: use model_dump(exclude_none=True))";
+const notNull = (iss: { input?: unknown }) => (iss.input === null ? NULL_FIELD : undefined);
+
 export const messageSchema = z
   .object(
     {
-      id: z.string().min(1).max(128).optional(),
+      id: z.string({ error: notNull }).min(1).max(128).optional(),
       role: z.enum(['user', 'assistant', 'system', 'developer', 'tool']),
       content: z
         .union([z.string(), z.null(), z.array(part).min(1)])
@@ -84,16 +93,19 @@ export const messageSchema = z
           description:
             'text, or content parts; at most 1 MiB of UTF-8 (parts: their JSON); null only on an assistant message with tool_calls',
         }),
-      name: z.string().min(1).max(256).optional(),
-      tool_call_id: z.string().min(1).max(256).optional(),
-      tool_calls: z.array(toolCall).min(1).max(128).optional(),
+      name: z.string({ error: notNull }).min(1).max(256).optional(),
+      tool_call_id: z.string({ error: notNull }).min(1).max(256).optional(),
+      tool_calls: z.array(toolCall, { error: notNull }).min(1).max(128).optional(),
       sent_at: z
-        .string({ error: 'must be a string: RFC 3339, unix ns as a decimal string, or YYYY-MM-DD HH:MM:SS' })
+        .string({
+          error: (iss) =>
+            notNull(iss) ?? 'must be a string: RFC 3339, unix ns as a decimal string, or YYYY-MM-DD HH:MM:SS',
+        })
         .optional(),
       // Checked, not copied: a copy made by assignment would drop an own `__proto__` key.
       metadata: z
         .custom<Record<string, unknown>>((v) => typeof v === 'object' && v !== null && !Array.isArray(v), {
-          message: 'must be a JSON object',
+          error: (iss) => notNull(iss) ?? 'must be a JSON object',
         })
         .meta({ type: 'object', description: 'free-form JSON object, at most 16 KiB' })
         .optional(),
