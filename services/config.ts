@@ -1,4 +1,5 @@
 import { readdirSync } from 'node:fs';
+import { isIP } from 'node:net';
 import path from 'node:path';
 import { CronExpressionParser } from 'cron-parser';
 import { z } from 'zod';
@@ -98,9 +99,27 @@ const cronPattern = z
     }
   });
 
+/**
+ * A host name: labels of letters, digits, `_` (container names have them; the resolver takes
+ * them) and inner `-`, joined by `.` (a final `.` allowed).
+ */
+const HOST_NAME =
+  /^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$/;
+
 const schema = z.object({
   PORT: int(0, 65535, 'TCP port of the HTTP listener').default(8080),
-  HOST: z.string().trim().min(1).default('127.0.0.1'),
+  // An IP address or a host name: what is neither cannot be
+  // listened on, and failed only after Redis and Postgres were reached (exit 1, not a
+  // configuration error). A name that does not resolve still fails at the listen, naming HOST.
+  HOST: z
+    .string()
+    .trim()
+    .min(1)
+    .refine((v) => isIP(v) !== 0 || HOST_NAME.test(v), {
+      message:
+        'must be an IP address (0.0.0.0, 127.0.0.1, or IPv6 without brackets: ::) or a host name (letters, digits, _, - and .)',
+    })
+    .default('127.0.0.1'),
   DATABASE_URL: urlText(
     ['postgres:', 'postgresql:'],
     'e.g. postgres://user@127.0.0.1:5432/mnemos, or postgres://user@/mnemos?host=/run/postgresql for a Unix socket',

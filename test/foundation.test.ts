@@ -501,10 +501,16 @@ void describe('tenants, keys and the admin API', () => {
     assert.equal(taken.code, 1, taken.out);
     assert.match(taken.out, /cannot listen on .*the port is in use \(PORT\)/);
     assert.doesNotMatch(taken.out, /listening on/);
+    // A HOST that is no address or host name at all is a configuration error (exit 78) before
+    // anything is reached; a host name that does not resolve fails at the listen, naming HOST.
     const badHost = await run({ PORT: '0', HOST: 'not a host!!' });
-    assert.equal(badHost.code, 1, badHost.out);
-    assert.match(badHost.out, /cannot listen on not a host!!:0: HOST/);
-    assert.doesNotMatch(badHost.out, /listening on/);
+    assert.equal(badHost.code, 78, badHost.out);
+    assert.match(badHost.out, /HOST: must be an IP address .* or a host name/);
+    assert.doesNotMatch(badHost.out, /listening on|cannot listen/);
+    const unknownHost = await run({ PORT: '0', HOST: 'no-such-host.invalid' });
+    assert.equal(unknownHost.code, 1, unknownHost.out);
+    assert.match(unknownHost.out, /cannot listen on no-such-host\.invalid:0: HOST/);
+    assert.doesNotMatch(unknownHost.out, /listening on/);
     // A Redis that cannot be reached is named without its password (SPEC §8).
     const noRedis = await run({ PORT: '0', REDIS_URL: 'redis://ops:s3cretRedisPw@127.0.0.1:1/0' });
     assert.equal(noRedis.code, 1, noRedis.out);

@@ -206,7 +206,9 @@ function describe(r: AgenvoySessionReport): string {
 export function addLifecycleCommands(program: Command, tenant: Command, factories: ExtensionFactory[]): void {
   tenant
     .command('delete <id|name>')
-    .description('erase a tenant and all its data (Postgres and Redis); its keys stop working at once')
+    .description(
+      'erase a tenant and all its data (Postgres and Redis); its keys stop working (within 5 s in running API processes: their key cache)',
+    )
     .action((idOrName: string) =>
       withRuntime(factories, async ({ deps, extensions }) => {
         const id = await tenantIdOf(deps, idOrName);
