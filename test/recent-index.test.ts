@@ -24,6 +24,8 @@ import { maintainAnnIndexes } from '../services/recent-index/ann-indexes.js';
 import { searchSession } from '../services/search/search-session.js';
 import { reembed } from '../services/recent-index/reembed.js';
 import { compactSession } from '../workers/compact.js';
+import { embedSession } from '../workers/embed.js';
+import type { EmbedContext } from '../services/recent-index/embedder.js';
 import { REQUESTED, makeQueues } from '../workers/queues.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { FakeOpenAI } from './support/fake-openai.js';
@@ -787,6 +789,46 @@ void describe('recent index with the local embedder', () => {
       limit: 5,
     });
     assert.deepEqual(none, []);
+  });
+
+  void test('an embed run that a compaction overtakes embeds the rows now past the cutoff', async () => {
+    // The reported race: the run read a page of rows, a compaction committed meanwhile and moved
+    // the cutoff past all of them, the write kept none, and the run ended there: the new hot tail
+    // had no vector until the embed sweep, minutes later.
+    const t = await svc.newTenant();
+    const sid = 'overtaken';
+    const seqs = await post(
+      t.api,
+      sid,
+      Array.from({ length: 300 }, (_, i) => user(`walrus note ${i}`)),
+    );
+    await vectorsFor(svc, t.tenantId, sid, seqs);
+    await svc.deps.db.query('DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2', [
+      t.tenantId,
+      sid,
+    ]);
+    const cutoff = seqs[280]!;
+    const local = makeEmbedder(svc.config, null);
+    let overtaken = false;
+    const embedder = {
+      ...local,
+      embed: async (texts: string[], ctx: EmbedContext) => {
+        if (!overtaken) {
+          overtaken = true;
+          // What a compaction commits: the cutoff, past this whole first page (256 rows).
+          await svc.deps.db.query('UPDATE sessions SET start_seq = $3 WHERE tenant_id = $1 AND id = $2', [
+            t.tenantId,
+            sid,
+            cutoff,
+          ]);
+        }
+        return local.embed(texts, ctx);
+      },
+    };
+    const result = await embedSession(svc.deps, embedder, t.tenantId, sid);
+    assert.ok(overtaken);
+    assert.equal(result.written, 20);
+    assert.deepEqual([...(await vectors(svc, t.tenantId, sid)).keys()], seqs.slice(280));
   });
 
   void test('the embed sweep re-enqueues quiet sessions that miss vectors, and only those', async () => {

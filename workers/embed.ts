@@ -73,9 +73,12 @@ export async function embedSession(
       return embedding ? [{ seq: t.seq, embedding }] : [];
     });
 
+    // The session's cutoff as the write found it: compaction may have moved it since the read.
+    let cutoff: string | null = null;
     const written = await withTransaction(deps.db, async (tx) => {
       const s = await lockSessionForVectors(tx, tenantId, sessionId);
       if (!s || s.generation !== page.generation) return null;
+      cutoff = s.start_seq;
       const n = await insertSessionVectors(tx, {
         tenantId,
         sessionId,
@@ -110,7 +113,15 @@ export async function embedSession(
             `${embedder.model}/${embedder.dimensions}: restart it with the new EMBEDDING_MODEL/EMBEDDING_DIMENSIONS`,
         );
       }
-      // Everything fell below a cutoff that moved meanwhile; nothing left to do for these rows.
+      // Everything fell below a cutoff that moved meanwhile (a compaction committed between the
+      // read and the write): the rows now past the cutoff are read again. Returning here left the
+      // new hot tail without vectors until the embed sweep, minutes later, when the session went
+      // quiet.
+      const lowest = items.reduce(
+        (m, it) => (BigInt(it.seq) < m ? BigInt(it.seq) : m),
+        BigInt(items[0]!.seq),
+      );
+      if (cutoff !== null && BigInt(cutoff) > lowest) continue;
       return total;
     }
     if (page.rows.length < limit) return total;
