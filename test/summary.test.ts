@@ -1802,6 +1802,35 @@ void describe('once per session', () => {
     assert.notEqual(r.body.job_id, started.body.job_id);
   });
 
+  void test('summarize without wait that joins a running run leaves a follow-up: what came before it is summarised without a sweep', async () => {
+    // Setup: a run reads the first two messages and is still at its LLM call when two more arrive
+    const s = sid('joinfollow');
+    await archive(s, [user('[T:jf1] q'), assistant('[T:jf2] a')]);
+    fake.onChat(slowEcho(600));
+    const started = await api.post(`/v1/sessions/${s}/summarize`);
+    assert.equal(started.status, 202, started.text);
+    await eventually(async () => summaryCalls().length === 1, 5000, 'the first run reading two messages');
+    await archive(s, [user('[T:jf3] q'), assistant('[T:jf4] a')]);
+
+    // Action: "summarize now" while that run is at its call
+    const joined = await api.post(`/v1/sessions/${s}/summarize`);
+
+    // Assert: it names the running job, and a run after it covers the two new messages (was: the
+    // run ended at cursor 2 and nothing more ran until the next sweep, here never)
+    assert.equal(joined.status, 202, joined.text);
+    assert.equal(joined.body.job_id, started.body.job_id);
+    const summary = await eventually(
+      async () => {
+        const r = await api.get(`/v1/sessions/${s}/summary`);
+        return r.status === 200 && r.body.cursor_seq === 4 ? r.body : undefined;
+      },
+      15_000,
+      'a follow-up run reaching seq 4',
+    );
+    assert.equal(summary.version, 2);
+    assert.equal(summaryCalls().length, 2, 'one follow-up call, not one per request');
+  });
+
   void test('a stale save can neither overwrite a newer version nor move the cursor backwards', async () => {
     const s = sid('guard');
     await archive(s, [user('[T:v1] q')]);

@@ -148,12 +148,14 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
         'no LLM is configured (set OPENAI_API_KEY or OPENAI_BASE_URL): summaries are disabled',
       );
     }
-    const requestId = randomUUID();
-    const enqueue = () =>
+    // A fresh id per add: the follow-up a join leaves is queued under the id of its add, and a
+    // second add of this request (below) must not name a job that has already run.
+    const enqueue = (requestId: string) =>
       enqueueSummarize(deps, tenantId, sid, 'api', requestId).catch(() => {
         throw redisDown();
       });
-    const first = await enqueue();
+    const requestId = randomUUID();
+    const first = await enqueue(requestId);
     let id = first.id;
     if (q.wait !== 'true') {
       res.status(202).json({ job_id: `summary.${id}` });
@@ -163,7 +165,8 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
     const deadline = performance.now() + SUMMARIZE_WAIT_MS;
     const signal = waitSignal(res);
     // Joined a run that had started: it may have read the archive before this request, so wait
-    // for it and then run once more to include everything archived now. One that has started
+    // for it and then run once more to include everything archived now (joining the follow-up
+    // the first add left, when it has not started yet). One that has started
     // includes one that ended between the add and this look (only `active` was taken for started,
     // and that run's result came back as this request's answer), and one already gone.
     const existing = first.job;
@@ -175,7 +178,7 @@ export function makeSummaryRoutes(deps: CoreDeps): Router {
         res.status(202).json({ job_id: `summary.${id}` });
         return;
       }
-      id = (await enqueue()).id;
+      id = (await enqueue(randomUUID())).id;
     }
     const done = await finished(id, deadline, signal);
     if (!done) {

@@ -45,7 +45,14 @@ function job(
     ...(requestId ? { requestId } : {}),
   };
   const opts: JobsOptions = {
-    deduplication: { id: summaryDedupId(tenantId, sessionId) },
+    // A request that finds the session's job running leaves one follow-up job (BullMQ keeps the
+    // latest such add and queues it when the run ends): the run may have read the archive before
+    // the request, and "summarize now" joined it and added nothing (its messages waited for the
+    // next sweep). The sweep's adds need no follow-up: the next sweep looks again anyway.
+    deduplication: {
+      id: summaryDedupId(tenantId, sessionId),
+      ...(reason === 'api' ? { keepLastIfActive: true } : {}),
+    },
     priority,
     // A request's job is named by the request, not by BullMQ's counter: a Redis restored from a
     // snapshot (or a replica promoted behind its primary) counts from an older value and handed
@@ -57,7 +64,8 @@ function job(
 }
 
 /**
- * Enqueues the session's summarize job, or joins the one already waiting or running; returns the
+ * Enqueues the session's summarize job, or joins the one already waiting or running (a request
+ * joining a running one also leaves a follow-up that runs when it ends, see `job`); returns the
  * BullMQ job id, and for an API request the job as it found it (undefined when it is gone
  * already). `requestId`, stored in the payload, tells the caller which of the two happened. A
  * request that joins a job still waiting at a later priority (the sweep's, behind the backlog)
