@@ -826,7 +826,7 @@ void describe('recent index with the local embedder', () => {
       },
     };
     const result = await embedSession(svc.deps, embedder, t.tenantId, sid);
-    assert.ok(overtaken);
+    assert.ok(overtaken, 'the compaction moved the cutoff during the run');
     assert.equal(result.written, 20);
     assert.deepEqual([...(await vectors(svc, t.tenantId, sid)).keys()], seqs.slice(280));
   });
