@@ -117,7 +117,7 @@ export function createMnemosClient(options: MnemosClientOptions) {
         beforeSeq?: number;
         limit?: number;
         order?: 'asc' | 'desc';
-        /** The first page's `generation`: a later page then answers 409 `session_changed` after a reset or delete. */
+        /** The first page's `generation`: a later page then answers 409 `session_changed` after a reset (404 after a delete). */
         generation?: number;
       } = {},
     ): Promise<MessagePage> {
@@ -139,9 +139,10 @@ export function createMnemosClient(options: MnemosClientOptions) {
     /**
      * Every archived message in seq order (or newest first with `order: 'desc'`), page by page.
      * Ascending without `beforeSeq` it follows messages archived meanwhile, so on a session that
-     * keeps growing it may not end: pass `beforeSeq` for a fixed range. A reset or delete of the
-     * session between two pages rejects with a MnemosError of code `session_changed` (409) rather
-     * than going on with the new session's messages: start over.
+     * keeps growing it may not end: pass `beforeSeq` for a fixed range. A reset of the session
+     * between two pages, or a delete and a new post, rejects with a MnemosError of code
+     * `session_changed` (409) rather than going on with the new session's messages: start over
+     * (a delete alone: `not_found`, 404).
      */
     async *iterateMessages(
       sid: string,
@@ -415,7 +416,9 @@ function batches(messages: MessageInput[]): MessageInput[][] {
     current.push(m);
     bytes += size;
   }
-  if (current.length > 0) out.push(current);
+  // No messages is one (empty) request, which the server refuses (400): a caller's list that came
+  // out empty was answered "durable" without a request.
+  if (current.length > 0 || out.length === 0) out.push(current);
   return out;
 }
 

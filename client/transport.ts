@@ -3,8 +3,9 @@
  * and the error type. Nothing but the platform `fetch` (Node ≥ 20): no dependencies.
  *
  * Retry policy (decided here once):
- * - 429 is retried for every request, after `retry-after` (seconds or an HTTP date, capped at
- *   `maxRetryAfterMs`, plus up to 10 % jitter so a crowd of clients spreads out), or after
+ * - 429 is retried for every request, after `retry-after` (seconds or an HTTP date, plus up to
+ *   10 % jitter so a crowd of clients spreads out; one longer than `maxRetryAfterMs` is not
+ *   waited for: the call fails at once with `retryAfterMs` on its error), or after
  *   exponential backoff when the header is missing: mnemos's rate limiter answers it before any
  *   route ran.
  * - 503 is retried the same way for idempotent requests (the write that matters most, POST
@@ -278,16 +279,17 @@ export function makeTransport(opts: TransportOptions): Transport {
       }
       live.end();
       const retryAfterMs = parseRetryAfter(res.headers.get('retry-after'));
+      // A wait longer than the cap ends the call at once: a retry sooner than asked meets the same
+      // refusal (a rate limit's 48 s spent four retries on 429s), and the error carries the wait.
       const retryable =
         !once &&
+        (retryAfterMs === null || retryAfterMs <= maxRetryAfter) &&
         (res.status === 429 ||
           (res.status === 503 && spec.retryUnavailable === true) ||
           (spec.idempotent && RETRY_IF_IDEMPOTENT.has(res.status)));
       if (retryable && attempt <= retries) {
         const delayMs =
-          retryAfterMs !== null
-            ? Math.round(Math.min(retryAfterMs, maxRetryAfter) * (1 + Math.random() * 0.1))
-            : backoff(attempt);
+          retryAfterMs !== null ? Math.round(retryAfterMs * (1 + Math.random() * 0.1)) : backoff(attempt);
         opts.onRetry?.({ attempt, delayMs, method: spec.method, path: spec.path, status: res.status });
         await sleep(delayMs, spec.signal);
         continue;

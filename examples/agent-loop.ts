@@ -17,7 +17,10 @@
  * never sees half a turn. Each message carries the time it happened (`sent_at`) and an id made up
  * front, so the post can be retried without duplicates. The price: if the process dies mid-turn,
  * that turn is not stored; a caller that needs the user message durable at once can post it first
- * with its id and call `context` WITHOUT `input` and with `minSeq` instead.
+ * with its id and still pass its text as `input` (with `minSeq`): the context then leaves the
+ * posted copy out of the history and puts it last, after the summary, where the `system_block`
+ * says the new request is. (Without `input` the question would sit in the history, before the
+ * summary, and the model would see the summary JSON last.)
  * For the next turn, pass the returned `lastSeq` as `minSeq` (read-your-writes after the 202).
  */
 import { pathToFileURL } from 'node:url';

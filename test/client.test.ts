@@ -398,6 +398,27 @@ void describe('client: retries', () => {
     assert.ok(calls[1]!.at - calls[0]!.at >= 990, 'calls[1]!.at - calls[0]!.at >= 990');
   });
 
+  void test('a retry-after longer than maxRetryAfterMs fails the call at once, naming the wait', async () => {
+    // Was: retried after the cap (2 s here) against a limit that asked for 48 s, meeting the same
+    // 429 on every retry.
+    const { impl, calls } = scriptedFetch(limited('48'), limited('48'), limited('48'));
+    const client = createMnemosClient({ baseUrl: svc.base, apiKey, fetch: impl, maxRetryAfterMs: 2000 });
+    const err = await rejects(client.listSessions());
+    assert.equal(calls.length, 1);
+    assert.equal(err.status, 429);
+    assert.equal(err.code, 'rate_limited');
+    assert.equal(err.attempts, 1);
+    assert.equal(err.retryAfterMs, 48_000);
+  });
+
+  void test('postMessages with no messages is the server’s 400, not a durable success', async () => {
+    const s = sid('empty');
+    const err = await rejects(mnemos.postMessages(s, [], { wait: true }));
+    assert.equal(err.status, 400);
+    assert.equal(err.code, 'validation_failed');
+    assert.equal((await rejects(mnemos.getSession(s))).status, 404);
+  });
+
   void test('a 503 is not repeated for a request that is not idempotent: a reset that was applied is not applied again', async () => {
     const s = sid('reset-503');
     await mnemos.postMessages(s, [{ role: 'user', content: 'before the reset' }], { wait: true });
