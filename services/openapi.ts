@@ -25,6 +25,8 @@ export interface RouteMeta {
   responses?: Record<number, z.ZodType>;
   /** Media type of a success answer that is not JSON (metrics, export). */
   produces?: string;
+  /** Response headers a client reads, per status: name → what it says (a string value). */
+  headers?: Record<number, Record<string, { description: string; enum?: string[] }>>;
 }
 
 export interface Mounted {
@@ -69,11 +71,24 @@ function jsonSchema(s: z.ZodType, io: 'input' | 'output' = 'input'): unknown {
 
 function responseEntry(meta: RouteMeta | undefined, code: number): Record<string, unknown> {
   const description = code < 300 ? 'success' : `answer with status ${code}`;
+  const named = meta?.headers?.[code];
+  const headers = named && {
+    headers: Object.fromEntries(
+      Object.entries(named).map(([name, h]) => [
+        name,
+        { description: h.description, schema: { type: 'string', ...(h.enum ? { enum: h.enum } : {}) } },
+      ]),
+    ),
+  };
   const schema = meta?.responses?.[code];
   if (schema)
-    return { description, content: { 'application/json': { schema: jsonSchema(schema, 'output') } } };
-  if (meta?.produces && code < 300) return { description, content: { [meta.produces]: {} } };
-  return { description };
+    return {
+      description,
+      ...headers,
+      content: { 'application/json': { schema: jsonSchema(schema, 'output') } },
+    };
+  if (meta?.produces && code < 300) return { description, ...headers, content: { [meta.produces]: {} } };
+  return { description, ...headers };
 }
 
 export function buildOpenApi(mounts: Mounted[], version: string): Record<string, unknown> {

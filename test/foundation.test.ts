@@ -1172,6 +1172,14 @@ void describe('tenants, keys and the admin API', () => {
     ]);
     // A context call without a body is valid (the docs' minimal request): the schema says so.
     assert.equal(doc.paths['/v1/sessions/{sid}/context'].post.requestBody.required, false);
+    // The header a context answer carries when its min_seq wait timed out (clients read it).
+    assert.deepEqual(
+      doc.paths['/v1/sessions/{sid}/context'].post.responses['200'].headers['x-mnemos-min-seq'].schema,
+      {
+        type: 'string',
+        enum: ['timeout'],
+      },
+    );
     assert.equal(doc.paths['/v1/sessions/{sid}/messages'].post.requestBody.required, true);
     const posted = doc.paths['/v1/sessions/{sid}/messages'].post;
     const messagesSchema = posted.requestBody.content['application/json'].schema.properties.messages;

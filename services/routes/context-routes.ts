@@ -28,6 +28,15 @@ export const contextRoutesMeta: Record<string, RouteMeta> = {
     body: contextBody,
     bodyOptional: true,
     responses: { 200: contextAnswer },
+    headers: {
+      200: {
+        [MIN_SEQ_HEADER]: {
+          description:
+            'timeout: min_seq was not archived within the wait, and the answer is built from what was',
+          enum: ['timeout'],
+        },
+      },
+    },
   },
 };
 
