@@ -101,8 +101,14 @@ export function requireAdmin(adminToken: string | undefined, opts: { basic?: boo
     }
     if (isAdminToken(adminToken, presented)) return next();
     if (opts.basic) res.setHeader('www-authenticate', 'Basic realm="mnemos admin"');
+    // Told by its form, not looked up: whatever key it is (live, revoked or made up), no `mn_`
+    // credential is an admin's, and an admin route is no oracle of which keys exist.
     if (presented?.startsWith('mn_')) {
-      throw new AppError(403, 'forbidden', 'a tenant API key cannot use admin routes');
+      throw new AppError(
+        403,
+        'forbidden',
+        'an API key (mn_…, live or not) is a tenant credential and never opens admin routes: send the admin token (MNEMOS_ADMIN_TOKEN)',
+      );
     }
     throw new AppError(401, 'unauthorized', presented ? 'invalid admin token' : 'missing admin token');
   };

@@ -762,6 +762,10 @@ void describe('tenants, keys and the admin API', () => {
     const asTenant = await api(svc.base, t.apiKey).get('/v1/admin/tenants');
     assert.equal(asTenant.status, 403);
     assert.equal(asTenant.body.error.code, 'forbidden');
+    // Told by its form: a made-up key gets the same answer, which says what to send instead.
+    const madeUp = await api(svc.base, 'mn_not_a_real_key').get('/v1/admin/tenants');
+    assert.equal(madeUp.status, 403);
+    assert.match(madeUp.body.error.message, /live or not.*send the admin token \(MNEMOS_ADMIN_TOKEN\)/);
     const basic = Buffer.from(`admin:${ADMIN_TOKEN}`).toString('base64');
     const board = await fetch(`${svc.base}/admin/queues`, { headers: { authorization: `Basic ${basic}` } });
     assert.equal(board.status, 200);
