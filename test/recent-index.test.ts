@@ -831,6 +831,45 @@ void describe('recent index with the local embedder', () => {
     assert.deepEqual([...(await vectors(svc, t.tenantId, sid)).keys()], seqs.slice(280));
   });
 
+  void test('a delete stops an embed call in flight: its text is not sent again after the 204', async () => {
+    // A slow endpoint held the call; the delete was answered, and the call's retries sent the
+    // deleted text again seconds later. The run watches the session's generation and aborts.
+    const t = await svc.newTenant();
+    const sid = 'deleted-mid-call';
+    const [seq] = await post(t.api, sid, [user('my password hint is aardvark')]);
+    await vectorsFor(svc, t.tenantId, sid, [seq!]);
+    await svc.deps.db.query('DELETE FROM message_vectors WHERE tenant_id = $1 AND session_id = $2', [
+      t.tenantId,
+      sid,
+    ]);
+    let called = false;
+    let aborted = false;
+    const local = makeEmbedder(svc.config, null);
+    const embedder = {
+      ...local,
+      local: false,
+      embed: (_texts: string[], ctx: EmbedContext) =>
+        new Promise<number[][]>((_resolve, reject) => {
+          called = true;
+          const answer = setTimeout(
+            () => reject(new Error('the endpoint answered before any abort')),
+            10_000,
+          );
+          ctx.signal?.addEventListener('abort', () => {
+            aborted = true;
+            clearTimeout(answer);
+            reject(new Error('aborted'));
+          });
+        }),
+    };
+    const run = embedSession(svc.deps, embedder, t.tenantId, sid);
+    await eventually(async () => called, 5000, 'the embed call');
+    assert.equal((await t.api.del(`/v1/sessions/${sid}`)).status, 204);
+    const result = await run;
+    assert.ok(aborted, 'the call was aborted, not answered');
+    assert.equal(result.written, 0);
+  });
+
   void test('the embed sweep re-enqueues quiet sessions that miss vectors, and only those', async () => {
     const t = await svc.newTenant();
     const seqs = await post(t.api, 'swept', [

@@ -1721,6 +1721,37 @@ void describe('once per session', () => {
     assert.deepEqual([kept.body.version, kept.body.failures, kept.body.last_error], [1, 0, null]);
   });
 
+  void test('a delete stops the summary call in flight: its text is not sent again after the 204', async () => {
+    // A call held by the endpoint ends when the session is deleted (it watches the generation),
+    // not at the lease's next renewal (20 s) or the endpoint's answer: was aborted by neither here.
+    const s = sid('delcall');
+    await archive(s, [user('[T:dc1] q'), assistant('[T:dc2] a')]);
+    let aborted = false;
+    let called = false;
+    const llm = {
+      ...svc.deps.llm!,
+      chat: (req: { signal?: AbortSignal }) =>
+        new Promise<never>((resolve, reject) => {
+          called = true;
+          const answer = setTimeout(
+            () => reject(new Error('the endpoint answered before any abort')),
+            10_000,
+          );
+          req.signal?.addEventListener('abort', () => {
+            aborted = true;
+            clearTimeout(answer);
+            reject(new Error('aborted'));
+          });
+        }),
+    };
+    const run = summarizeSession({ ...svc.deps, llm } as typeof svc.deps, { tenantId, sessionId: s });
+    await eventually(async () => called, 5000, 'the chunk call');
+    assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
+    const result = await run;
+    assert.equal(result.outcome, 'lost_race');
+    assert.ok(aborted, 'the call was aborted, not answered');
+  });
+
   void test('summarize?wait=true on a session deleted while it ran answers 404, not a summary state', async () => {
     const s = sid('waitdel');
     await archive(s, [user('[T:wd1] q'), assistant('[T:wd2] a')]);

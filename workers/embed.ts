@@ -15,6 +15,7 @@ import { throttledWarn } from '../services/logger.js';
 import { MAX_EMBED_CHARS, embedIsolating, prepareEmbedText } from '../services/recent-index/embedder.js';
 import type { Embedder } from '../services/recent-index/embedder.js';
 import { enqueueEmbed } from '../services/recent-index/jobs.js';
+import { watchSession } from '../services/session-watch.js';
 import { archivingBehind } from '../services/messages/inbox.js';
 import { parsePayload } from './queues.js';
 
@@ -61,11 +62,28 @@ export async function embedSession(
     const todo = prepared.filter((p): p is { seq: string; text: string } => p.text !== null);
     // SQL's notion of whitespace is narrower than JavaScript's; such rows are marked, not refetched.
     const skips = prepared.filter((p) => p.text === null).map((p) => ({ seq: p.seq, reason: 'no_text' }));
-    const outcome = await embedIsolating(
-      embedder,
-      todo.map((t) => t.text),
-      { tenantId, sessionId },
+    // A delete or reset while the call waits on a slow endpoint stops it and its retries: they
+    // would send the session's text again after the delete was answered.
+    const controller = new AbortController();
+    const stopWatching = watchSession(
+      deps.db,
+      { tenantId, sessionId, generation: page.generation },
+      controller,
     );
+    let outcome: Awaited<ReturnType<typeof embedIsolating>>;
+    try {
+      outcome = await embedIsolating(
+        embedder,
+        todo.map((t) => t.text),
+        { tenantId, sessionId, signal: controller.signal },
+      );
+    } catch (err) {
+      // Reset or deleted meanwhile: as below, the next job starts over.
+      if (controller.signal.aborted) return total;
+      throw err;
+    } finally {
+      stopWatching();
+    }
     const refused = outcome.skipped.map((s) => ({ seq: todo[s.index]!.seq, reason: s.reason }));
     skips.push(...refused);
     const items = todo.flatMap((t, i) => {

@@ -40,6 +40,7 @@ import type { Block, SourceMessage } from '../services/summary/render.js';
 import { parseSummaryAnswer, pruneSummary, summaryEntries } from '../services/summary/summary-shape.js';
 import type { ParseOutcome, Summary } from '../services/summary/summary-shape.js';
 import type { SummaryMetrics } from '../services/summary/summary-metrics.js';
+import { watchSession } from '../services/session-watch.js';
 import { parsePayload } from './queues.js';
 import { runSummarySweep, summaryConfigFingerprint } from './summary-sweep.js';
 
@@ -165,6 +166,13 @@ export async function summarizeSession(
     Math.max(200, Math.floor(ttlMs / 3)),
   );
   renewal.unref();
+  // A delete or reset stops the call at once, not at the next renewal (up to ttlMs / 3 later),
+  // so that neither it nor its retries send the session's text after the delete was answered.
+  const stopWatching = watchSession(
+    deps.db,
+    { tenantId, sessionId, generation: session.generation },
+    controller,
+  );
   try {
     return await runLocked(
       deps,
@@ -174,6 +182,7 @@ export async function summarizeSession(
     );
   } finally {
     clearInterval(renewal);
+    stopWatching();
     await releaseSummaryLease(deps.db, lease).catch(() => undefined);
   }
 }
