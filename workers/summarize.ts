@@ -125,6 +125,8 @@ export interface SummarizeOptions {
   metrics?: SummaryMetrics;
   /** The worker is shutting down: no LLM call after it (outcome `stopped`). */
   stop?: AbortSignal;
+  /** How often a call in flight looks for a delete or reset of its session (SESSION_WATCH_MS). */
+  watchMs?: number;
 }
 
 type Deps = Pick<CoreDeps, 'db' | 'llm' | 'config' | 'logger'>;
@@ -172,6 +174,7 @@ export async function summarizeSession(
     deps.db,
     { tenantId, sessionId, generation: session.generation },
     controller,
+    opts.watchMs,
   );
   try {
     return await runLocked(
