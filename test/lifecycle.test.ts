@@ -630,6 +630,35 @@ void describe('delete', () => {
     );
   });
 
+  void test('a session whose state and armed mark are lost while its inbox holds messages is flushed at its next post', async () => {
+    // The inbox outlived the session's state hash and its member of the armed set (and its flush
+    // job): the seed marked the session armed, so the next accept asked for no flush, and nothing
+    // (not the ingest sweeper, which reads the armed set) ever drained it.
+    const t = await svc.newTenant();
+    const s = sid('unarmed');
+    const keys = inboxKeys(svc.config.prefix, t.tenantId, s);
+    const ingest = svc.workers!.workers.find((w) => w.name === 'ingest')!;
+    await ingest.pause();
+    try {
+      const first = await t.api.post(`/v1/sessions/${s}/messages`, { messages: [user('waiting')] });
+      assert.equal(first.status, 202, first.text);
+      for (const job of await svc.deps.queues.ingest.getJobs(['waiting', 'prioritized', 'delayed'])) {
+        if (job.data.sessionId === s) await job.remove();
+      }
+      await redis.del(keys.sess);
+      assert.equal(await redis.zrem(keys.armed, keys.member), 1);
+      assert.equal(await redis.llen(keys.inbox), 1);
+    } finally {
+      await ingest.resume();
+    }
+    const second = await t.api.post(`/v1/sessions/${s}/messages?wait=true`, { messages: [user('next')] });
+    assert.equal(second.status, 201, second.text);
+    assert.deepEqual(
+      (await listed(t.api, s))!.map((m) => m.content),
+      ['waiting', 'next'],
+    );
+  });
+
   void test('deleting a deleted session whose new messages still wait removes those too', async () => {
     const t = await svc.newTenant();
     const s = sid('again');

@@ -157,6 +157,10 @@ return out
 // the counter backwards: it starts after both the archive and whatever is still in the inbox.
 // A deleted session (its row's deleted_at) is marked `deleted`, as the delete marks it, so that the
 // first accept revives its row: the mark must survive Redis losing the session's state.
+// It is seeded unarmed even when its inbox holds entries: the accept that follows arms it and asks
+// for a flush (one more flush is harmless: drains take the session's lock). Seeded armed, it asked
+// for none, and when the session had no member in the armed set either (nothing then looks at it,
+// not the ingest sweeper) its messages waited in the inbox for good.
 // ARGV: last archived seq (next_seq - 1), generation, deleted ('1' or '0').
 const SEED = `
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -168,7 +172,6 @@ if tail then
 end
 redis.call('HSET', KEYS[1], 'seq', seq, 'gen', ARGV[2], 'archived', ARGV[1])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'deleted', '1') end
-if redis.call('LLEN', KEYS[2]) > 0 then redis.call('HSET', KEYS[1], 'armed', '1') end
 redis.call('EXPIRE', KEYS[1], ${SESSION_STATE_TTL_SECONDS})
 return 1
 `;
