@@ -108,9 +108,9 @@ const HOST_NAME =
 
 const schema = z.object({
   PORT: int(0, 65535, 'TCP port of the HTTP listener').default(8080),
-  // An IP address or a host name: what is neither cannot be
-  // listened on, and failed only after Redis and Postgres were reached (exit 1, not a
-  // configuration error). A name that does not resolve still fails at the listen, naming HOST.
+  // An IP address or a host name: anything else cannot be listened on, and failed only after
+  // Redis and Postgres were reached (exit 1, not a configuration error). A name that does not
+  // resolve still fails at the listen, naming HOST.
   HOST: z
     .string()
     .trim()
