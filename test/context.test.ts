@@ -209,6 +209,39 @@ void describe('context without a decision model', () => {
     assert.deepEqual(r.body.window, { from_seq: 2, to_seq: 9 });
   });
 
+  void test('a tool-call run longer than 256 rows (stray results re-posted) keeps the call, trimmed to the results shown', async () => {
+    // 128 calls, then 172 results whose ids no call has, then the 128 real results: the look-back
+    // read 257 rows, stopped short of the assistant message, and the window came back empty.
+    const s = sid('longrun');
+    const calls = Array.from({ length: 128 }, (_, i) => ({
+      id: `k${i}`,
+      type: 'function',
+      function: { name: 'f', arguments: '{}' },
+    }));
+    await archive(t.api, s, [
+      { role: 'user', content: 'go' },
+      { role: 'assistant', content: null, tool_calls: calls },
+      ...Array.from({ length: 172 }, (_, i) => ({ role: 'tool', tool_call_id: `zz${i}`, content: 'junk' })),
+      ...Array.from({ length: 128 }, (_, i) => ({ role: 'tool', tool_call_id: `k${i}`, content: `r${i}` })),
+    ]);
+    const r = await context(t.api, s, { max_messages: 3 });
+    assert.equal(r.status, 200);
+    assert.deepEqual(
+      r.body.messages.map((m: Msg) => [
+        m.role,
+        m.tool_call_id ?? null,
+        ((m.tool_calls ?? []) as Array<{ id: string }>).map((c) => c.id),
+      ]),
+      [
+        ['assistant', null, ['k125', 'k126', 'k127']],
+        ['tool', 'k125', []],
+        ['tool', 'k126', []],
+        ['tool', 'k127', []],
+      ],
+    );
+    assert.deepEqual(r.body.window, { from_seq: 2, to_seq: 302 });
+  });
+
   void test('with a summary: turn context after the window and before the input, system block set', async () => {
     const s = sid('summary');
     await archive(t.api, s, turns(4));

@@ -59,15 +59,18 @@ export async function loadContext(
 /**
  * The messages in front of `beforeSeq` back to (and including) the nearest non-tool message at or
  * after the cutoff, oldest first: the assistant message a window-leading tool result answers, and
- * the results between. Empty when there is no such message within MAX_TOOL_RUN rows.
+ * the results between; the assistant message alone when the run is longer than MAX_TOOL_RUN rows
+ * or PAGE_MAX_BYTES. Empty when there is no such message.
  */
 export async function loadToolRunBefore(
   q: Queryable,
   a: { tenantId: string; sessionId: string; beforeSeq: number; startSeq: number },
 ): Promise<WindowMessageRow[]> {
-  // All of the run when it fits in PAGE_MAX_BYTES; else the assistant message alone, whose calls
-  // the well-formed window then trims to those the window's results answer (with nothing, a run
-  // of huge results left no message at all: each was an orphan).
+  // All of the run when it fits in PAGE_MAX_BYTES and MAX_TOOL_RUN rows; else the assistant message
+  // alone, whose calls the well-formed window then trims to those the window's results answer
+  // (with nothing, a run of huge results left no message at all: each was an orphan; so did a run
+  // of more than MAX_TOOL_RUN rows, duplicate or stray results re-posted after retries, whose
+  // rows read stopped short of the assistant message).
   const r = await q.query<{ messages: WindowMessageRow[] | null }>(
     `WITH head AS (
        SELECT p.seq FROM messages p
@@ -78,7 +81,7 @@ export async function loadToolRunBefore(
        SELECT m.seq, m.role, m.content, m.parts, m.name, m.tool_call_id, m.tool_calls, m.bytes FROM messages m
        WHERE m.tenant_id = $1 AND m.session_id = $2 AND m.seq < $3::bigint AND m.seq >= (SELECT seq FROM head)
        ORDER BY m.seq DESC LIMIT ${MAX_TOOL_RUN + 1})
-     SELECT CASE WHEN (SELECT sum(bytes) FROM w) <= $5
+     SELECT CASE WHEN (SELECT sum(bytes) FROM w) <= $5 AND (SELECT min(seq) FROM w) = (SELECT seq FROM head)
        THEN (SELECT json_agg(${WINDOW_JSON} ORDER BY w.seq) FROM w)
        ELSE (SELECT json_agg(${WINDOW_JSON}) FROM messages w
              WHERE w.tenant_id = $1 AND w.session_id = $2 AND w.seq = (SELECT seq FROM head)) END AS messages`,
