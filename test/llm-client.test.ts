@@ -608,6 +608,8 @@ void describe('llm client: real providers', () => {
       errorOf({ code: 422, message: 'input rejected' }),
       errorOf({ code: 'invalid_request_error', message: 'input rejected' }),
       errorOf({ code: 'invalid_api_key', message: 'who are you' }),
+      // OpenAI's own shape: the word in `type`, `code` null (was an outage, retried).
+      errorOf({ type: 'invalid_request_error', code: null, message: 'input rejected' }),
     );
     const embed = () => llm.embed({ ...CTX, purpose: 'embedding', model: 'e', input: ['x'], dimensions: 8 });
     for (let i = 0; i < 3; i++) assert.equal((await embed())[0]?.length, 8);
@@ -622,7 +624,11 @@ void describe('llm client: real providers', () => {
       assert.equal(err.kind, 'auth');
       assert.equal(err.code, 'error_body');
     });
-    assert.equal(fake.embeddingRequests().length, 9);
+    await rejectsWith(embed(), (err) => {
+      assert.equal(err.kind, 'invalid_response');
+      assert.equal(err.retryable, false);
+    });
+    assert.equal(fake.embeddingRequests().length, 10);
   });
 
   void test('a 200 error body with a word code is retried by what it says; a context-length text is context_length_exceeded', async () => {

@@ -690,22 +690,15 @@ function throwIfErrorBody(body: unknown, answerKey: string): void {
       : typeof raw === 'string' && /^\d{3}$/.test(raw)
         ? Number(raw)
         : undefined;
+  // Without a code that says anything, the error's `type` (OpenAI's shape: `"type":
+  // "invalid_request_error"`, `"code": null`), read the same way; was an outage, retried for ever.
+  const type = isRecord(error) ? error['type'] : undefined;
   const status =
     numeric !== undefined
       ? numeric >= 400 && numeric <= 599
         ? numeric
         : undefined
-      : typeof raw !== 'string'
-        ? undefined
-        : /rate_limit|too_many_requests/i.test(raw)
-          ? 429
-          : /overloaded|server_error|unavailable|timeout/i.test(raw)
-            ? 503
-            : /auth|api_key|permission/i.test(raw)
-              ? 401
-              : BAD_REQUEST_WORDS.test(raw)
-                ? 400
-                : undefined;
+      : (wordStatus(raw) ?? wordStatus(type));
   const message = `llm endpoint answered 200 with an error${status === undefined ? '' : ` (${status})`}`;
   const init = { code: 'error_body' };
   if (status === 429) throw new LlmError(message, { kind: 'rate_limited', retryable: true, ...init });
@@ -716,6 +709,15 @@ function throwIfErrorBody(body: unknown, answerKey: string): void {
   if (status === 401 || status === 403)
     throw new LlmError(message, { kind: 'auth', retryable: false, ...init });
   throw new LlmError(message, { kind: 'invalid_response', retryable: false, ...init });
+}
+
+/** The HTTP status a word code (or type) of an error under HTTP 200 stands for, if it says. */
+function wordStatus(word: unknown): number | undefined {
+  if (typeof word !== 'string') return undefined;
+  if (/rate_limit|too_many_requests/i.test(word)) return 429;
+  if (/overloaded|server_error|unavailable|timeout/i.test(word)) return 503;
+  if (/auth|api_key|permission/i.test(word)) return 401;
+  return BAD_REQUEST_WORDS.test(word) ? 400 : undefined;
 }
 
 /** Word codes of an error under HTTP 200 that say the request is at fault (its input, its model). */
