@@ -1,4 +1,5 @@
 import type { Queryable } from '../db/pool.js';
+import { summaryRunCurrent } from '../db/queries/summaries.js';
 
 /** How often a long LLM call of a session looks whether the session is still the one it read. */
 export const SESSION_WATCH_MS = 1000;
@@ -9,7 +10,8 @@ export const SESSION_WATCH_MS = 1000;
  * answered 204 while an embed call waited on a slow endpoint, and its retries sent the deleted text
  * again 2.5 and 6.8 s later. The first look comes after `intervalMs`: a quick call costs no query.
  * Returns the function that stops watching. A failed look is not an abort (Postgres will tell the
- * write, which checks the generation again).
+ * write, which checks the generation again). The look is the one a summary run makes before each
+ * call (`summaryRunCurrent`: same generation, not deleted, its tenant not being erased).
  */
 export function watchSession(
   db: Queryable,
@@ -21,13 +23,10 @@ export function watchSession(
   const timer = setInterval(() => {
     if (looking || controller.signal.aborted) return;
     looking = true;
-    db.query<{ generation: number }>(
-      'SELECT generation FROM sessions WHERE tenant_id = $1 AND id = $2 AND deleted_at IS NULL',
-      [s.tenantId, s.sessionId],
-    ).then(
-      (r) => {
+    summaryRunCurrent(db, s).then(
+      (current) => {
         looking = false;
-        if (r.rows[0]?.generation !== s.generation) controller.abort();
+        if (!current) controller.abort();
       },
       () => {
         looking = false;

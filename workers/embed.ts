@@ -135,11 +135,8 @@ export async function embedSession(
       // read and the write): the rows now past the cutoff are read again. Returning here left the
       // new hot tail without vectors until the embed sweep, minutes later, when the session went
       // quiet.
-      const lowest = items.reduce(
-        (m, it) => (BigInt(it.seq) < m ? BigInt(it.seq) : m),
-        BigInt(items[0]!.seq),
-      );
-      if (cutoff !== null && BigInt(cutoff) > lowest) continue;
+      // (The page comes in seq order: its first row is its lowest.)
+      if (cutoff !== null && BigInt(cutoff) > BigInt(items[0]!.seq)) continue;
       return total;
     }
     if (page.rows.length < limit) return total;
