@@ -87,6 +87,14 @@ async function putSummary(
 const context = (api: Api, session: string, body: Record<string, unknown> = {}) =>
   api.post(`/v1/sessions/${session}/context`, body);
 
+/** Each message as [role, tool_call_id, ids of its tool_calls]: what pairs calls and results. */
+const callShape = (messages: Msg[]) =>
+  messages.map((m) => [
+    m.role,
+    m.tool_call_id ?? null,
+    ((m.tool_calls ?? []) as Array<{ id: string }>).map((c) => c.id),
+  ]);
+
 const turnContextOf = (messages: Msg[]) =>
   messages.find((m) => typeof m.content === 'string' && m.content.startsWith(TURN_CONTEXT_HEADER));
 
@@ -195,17 +203,10 @@ void describe('context without a decision model', () => {
     const r = await context(t.api, s, { max_messages: 1 });
     assert.equal(r.status, 200);
     // It was empty: the run did not fit, and the lone result was an orphan.
-    assert.deepEqual(
-      r.body.messages.map((m: Msg) => [
-        m.role,
-        m.tool_call_id ?? null,
-        ((m.tool_calls ?? []) as Array<{ id: string }>).map((c) => c.id),
-      ]),
-      [
-        ['assistant', null, ['call6']],
-        ['tool', 'call6', []],
-      ],
-    );
+    assert.deepEqual(callShape(r.body.messages), [
+      ['assistant', null, ['call6']],
+      ['tool', 'call6', []],
+    ]);
     assert.deepEqual(r.body.window, { from_seq: 2, to_seq: 9 });
   });
 
@@ -226,19 +227,12 @@ void describe('context without a decision model', () => {
     ]);
     const r = await context(t.api, s, { max_messages: 3 });
     assert.equal(r.status, 200);
-    assert.deepEqual(
-      r.body.messages.map((m: Msg) => [
-        m.role,
-        m.tool_call_id ?? null,
-        ((m.tool_calls ?? []) as Array<{ id: string }>).map((c) => c.id),
-      ]),
-      [
-        ['assistant', null, ['k125', 'k126', 'k127']],
-        ['tool', 'k125', []],
-        ['tool', 'k126', []],
-        ['tool', 'k127', []],
-      ],
-    );
+    assert.deepEqual(callShape(r.body.messages), [
+      ['assistant', null, ['k125', 'k126', 'k127']],
+      ['tool', 'k125', []],
+      ['tool', 'k126', []],
+      ['tool', 'k127', []],
+    ]);
     assert.deepEqual(r.body.window, { from_seq: 2, to_seq: 302 });
   });
 

@@ -37,6 +37,7 @@ import {
   deleteRedisPrefix,
   dropTestDatabase,
   eventually,
+  heldCall,
   holdOldSnapshot,
   indexBuildWaiting,
   startTestService,
@@ -842,31 +843,17 @@ void describe('recent index with the local embedder', () => {
       t.tenantId,
       sid,
     ]);
-    let called = false;
-    let aborted = false;
-    const local = makeEmbedder(svc.config, null);
+    const held = heldCall();
     const embedder = {
-      ...local,
+      ...makeEmbedder(svc.config, null),
       local: false,
-      embed: (_texts: string[], ctx: EmbedContext) =>
-        new Promise<number[][]>((_resolve, reject) => {
-          called = true;
-          const answer = setTimeout(
-            () => reject(new Error('the endpoint answered before any abort')),
-            10_000,
-          );
-          ctx.signal?.addEventListener('abort', () => {
-            aborted = true;
-            clearTimeout(answer);
-            reject(new Error('aborted'));
-          });
-        }),
+      embed: (_texts: string[], ctx: EmbedContext) => held.call(ctx.signal),
     };
     const run = embedSession(svc.deps, embedder, t.tenantId, sid);
-    await eventually(async () => called, 5000, 'the embed call');
+    await eventually(async () => held.state.called, 5000, 'the embed call');
     assert.equal((await t.api.del(`/v1/sessions/${sid}`)).status, 204);
     const result = await run;
-    assert.ok(aborted, 'the call was aborted, not answered');
+    assert.ok(held.state.aborted, 'the call was aborted, not answered');
     assert.equal(result.written, 0);
   });
 

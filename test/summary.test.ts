@@ -12,7 +12,7 @@ import { summaryConfigFingerprint } from '../workers/summary-sweep.js';
 import { newUsageRetentionState, pruneUsage } from '../workers/usage-retention.js';
 import { startFakeOpenAI } from './support/fake-openai.js';
 import type { ChatScript, FakeOpenAI, RecordedRequest } from './support/fake-openai.js';
-import { eventually, startTestService } from './support/harness.js';
+import { eventually, heldCall, startTestService } from './support/harness.js';
 import type { Api, TestService } from './support/harness.js';
 
 const BUDGET = 500;
@@ -1730,30 +1730,14 @@ void describe('once per session', () => {
     // not at the lease's next renewal (20 s) or the endpoint's answer: was aborted by neither here.
     const s = sid('delcall');
     await archive(s, [user('[T:dc1] q'), assistant('[T:dc2] a')]);
-    let aborted = false;
-    let called = false;
-    const llm = {
-      ...svc.deps.llm!,
-      chat: (req: { signal?: AbortSignal }) =>
-        new Promise<never>((resolve, reject) => {
-          called = true;
-          const answer = setTimeout(
-            () => reject(new Error('the endpoint answered before any abort')),
-            10_000,
-          );
-          req.signal?.addEventListener('abort', () => {
-            aborted = true;
-            clearTimeout(answer);
-            reject(new Error('aborted'));
-          });
-        }),
-    };
+    const held = heldCall();
+    const llm = { ...svc.deps.llm!, chat: (req: { signal?: AbortSignal }) => held.call(req.signal) };
     const run = summarizeSession({ ...svc.deps, llm } as typeof svc.deps, { tenantId, sessionId: s });
-    await eventually(async () => called, 5000, 'the chunk call');
+    await eventually(async () => held.state.called, 5000, 'the chunk call');
     assert.equal((await api.del(`/v1/sessions/${s}`)).status, 204);
     const result = await run;
     assert.equal(result.outcome, 'lost_race');
-    assert.ok(aborted, 'the call was aborted, not answered');
+    assert.ok(held.state.aborted, 'the call was aborted, not answered');
   });
 
   void test('summarize?wait=true on a session deleted while it ran answers 404, not a summary state', async () => {
@@ -1800,16 +1784,22 @@ void describe('once per session', () => {
     }
   });
 
-  void test('summarize?wait=true that joins a run ending as it joins runs once more: its answer covers the messages before it', async () => {
-    // Setup: a run reads the first two messages and is still at its LLM call when two more arrive
-    const s = sid('joinend');
-    await archive(s, [user('[T:je1] q'), assistant('[T:je2] a')]);
+  /** A summarize request whose run reads messages 1–2 and is still at its LLM call when 3–4 arrive. */
+  const runAtItsCallWhenTwoMoreArrive = async (s: string, tag: string) => {
+    await archive(s, [user(`[T:${tag}1] q`), assistant(`[T:${tag}2] a`)]);
     fake.onChat(slowEcho(600));
     const started = await api.post(`/v1/sessions/${s}/summarize`);
     assert.equal(started.status, 202, started.text);
-    const runA = String(started.body.job_id).replace(/^summary\./, '');
     await eventually(async () => summaryCalls().length === 1, 5000, 'the first run reading two messages');
-    await archive(s, [user('[T:je3] q'), assistant('[T:je4] a')]);
+    await archive(s, [user(`[T:${tag}3] q`), assistant(`[T:${tag}4] a`)]);
+    return started;
+  };
+
+  void test('summarize?wait=true that joins a run ending as it joins runs once more: its answer covers the messages before it', async () => {
+    // Setup: a run reads the first two messages and is still at its LLM call when two more arrive
+    const s = sid('joinend');
+    const started = await runAtItsCallWhenTwoMoreArrive(s, 'je');
+    const runA = String(started.body.job_id).replace(/^summary\./, '');
 
     // Action: the request joins that run, which ends between the add and the look at its state
     const queue = svc.deps.queues.summary;
@@ -1840,12 +1830,7 @@ void describe('once per session', () => {
   void test('summarize without wait that joins a running run leaves a follow-up: what came before it is summarised without a sweep', async () => {
     // Setup: a run reads the first two messages and is still at its LLM call when two more arrive
     const s = sid('joinfollow');
-    await archive(s, [user('[T:jf1] q'), assistant('[T:jf2] a')]);
-    fake.onChat(slowEcho(600));
-    const started = await api.post(`/v1/sessions/${s}/summarize`);
-    assert.equal(started.status, 202, started.text);
-    await eventually(async () => summaryCalls().length === 1, 5000, 'the first run reading two messages');
-    await archive(s, [user('[T:jf3] q'), assistant('[T:jf4] a')]);
+    const started = await runAtItsCallWhenTwoMoreArrive(s, 'jf');
 
     // Action: "summarize now" while that run is at its call
     const joined = await api.post(`/v1/sessions/${s}/summarize`);

@@ -246,6 +246,28 @@ export async function indexBuildWaiting(
   );
 }
 
+/**
+ * An LLM endpoint's call that never answers of itself: it ends when its signal aborts (and says so
+ * in `state.aborted`), else fails after 10 s as an endpoint that answered before any abort.
+ */
+export function heldCall(): {
+  state: { called: boolean; aborted: boolean };
+  call: (signal?: AbortSignal) => Promise<never>;
+} {
+  const state = { called: false, aborted: false };
+  const call = (signal?: AbortSignal) =>
+    new Promise<never>((_resolve, reject) => {
+      state.called = true;
+      const answer = setTimeout(() => reject(new Error('the endpoint answered before any abort')), 10_000);
+      signal?.addEventListener('abort', () => {
+        state.aborted = true;
+        clearTimeout(answer);
+        reject(new Error('aborted'));
+      });
+    });
+  return { state, call };
+}
+
 export async function eventually<T>(
   check: () => Promise<T | undefined | null | false>,
   timeoutMs = 15000,
